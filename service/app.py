@@ -1,0 +1,230 @@
+"""The front-end process: wires listeners, dispatcher and supervisor, and runs the lifecycle.
+
+Start: remove segments of dead servers, resolve the model and device, start the supervisor and
+the listeners. Stop (SIGTERM, SIGINT or `drain`): stop accepting, answer what is in flight within
+the drain timeout, stop workers TERM then KILL, unlink segments, remove the control socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from service.dispatcher import Dispatcher, Group, Result
+from service.http import HttpProtocol, HttpServerState
+from service.logs import EventLog
+from service.routes import Router, v1_routes
+from service.settings import Config
+from service.supervisor import Supervisor
+from shm import segment
+from workers.artifact import ArtifactError, Manifest, default_artifact_dir, load_manifest
+
+SWEEP_S = 0.25
+
+
+def resolve_device(wanted: str, log: EventLog) -> str:
+    """`auto` means CUDA when torch sees a GPU; otherwise the CPU, said once."""
+    if wanted == "cpu":
+        return "cpu"
+    try:
+        import torch
+
+        has_cuda = bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken CUDA install means no CUDA
+        has_cuda = False
+    if wanted == "auto":
+        if has_cuda:
+            return "cuda"
+        log.info("device_auto", device="cpu", reason="CUDA is not available")
+        return "cpu"
+    if wanted.startswith("cuda"):
+        if not has_cuda:
+            raise SystemExit(f"ringserve: --device {wanted} asked for, but CUDA is not available")
+        return wanted
+    raise SystemExit(f"ringserve: unknown --device {wanted!r} (cpu, cuda, cuda:K or auto)")
+
+
+class Server:
+    def __init__(self, settings: Config) -> None:
+        self.settings = settings
+        self.log = EventLog(settings.log_level)
+        self.draining = False
+        self.stop_reason: str | None = None
+        self.stop_event: asyncio.Event | None = None
+        self.started = time.monotonic()
+        self.dispatcher = Dispatcher(settings.max_queue)
+        self.dispatcher.on_result = self.on_result
+        self.requests_total: dict[tuple[str, int], int] = {}
+        self.manifest: Manifest
+        self.model_dir = ""
+        self.device = "cpu"
+        self.labels: list[str] = []
+        self.buckets: tuple[int, ...] = ()
+        self.listeners: list[asyncio.AbstractServer] = []
+        self.http_state: HttpServerState | None = None
+        self.stats: Any = None  # service.metrics.Stats once wired
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        removed = segment.remove_stale(keep_pid=os.getpid())
+        if removed:
+            self.log.warning("stale_segments_removed", count=len(removed), names=removed[:20])
+        try:
+            model_dir = self.settings.model or str(default_artifact_dir(self.settings.cache_dir))
+            self.manifest = load_manifest(model_dir)
+        except ArtifactError as exc:
+            raise SystemExit(f"ringserve: {exc}") from None
+        self.model_dir = model_dir
+        self.labels = list(self.manifest.labels)
+        max_len = self.manifest.max_length
+        self.buckets = (*tuple(b for b in self.settings.buckets if b < max_len), max_len)
+        self.device = resolve_device(self.settings.device, self.log)
+        self.supervisor = Supervisor(
+            self.settings, self.dispatcher, self.model_dir, self.device, self.log
+        )
+        hooks = os.environ.get("RINGSERVE_TEST_GROW_BYTES_PER_BATCH")
+        if hooks:  # test-only: workers leak this much per batch (off unless set)
+            self.supervisor.hooks["grow_bytes_per_batch"] = int(hooks)
+
+    async def start_listeners(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        router = Router(self)
+        v1_routes(router)
+        self.add_routes(router)
+        self.http_state = HttpServerState(s, router)
+        state = self.http_state
+        http = await loop.create_server(
+            lambda: HttpProtocol(state), s.host, s.port, reuse_address=True, backlog=2048
+        )
+        self.listeners.append(http)
+        if s.binary_port:
+            from service.binary import start_binary
+
+            self.listeners.append(await start_binary(self, s.host, s.binary_port))
+        from service.control import start_control
+
+        self.listeners.append(await start_control(self, s.control))
+
+    def add_routes(self, router: Router) -> None:
+        from service import kserve, metrics
+
+        kserve.register(router)
+        metrics.register(router)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        self.prepare()
+        await self.start_listeners()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        loop.add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
+        sup = asyncio.create_task(self.supervisor.run())
+        sweeper = asyncio.create_task(self.sweep())
+        self.log.info(
+            "start",
+            pid=os.getpid(),
+            host=self.settings.host,
+            port=self.settings.port,
+            model=self.manifest.name,
+            fingerprint=self.manifest.fingerprint,
+            device=self.device,
+            workers=self.settings.serving_workers(),
+            spares=self.settings.spares,
+        )
+        stop_wait = asyncio.create_task(self.stop_event.wait())
+        await asyncio.wait([sup, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        if self.supervisor.fatal:
+            self.log.error("fatal", reason=self.supervisor.fatal)
+            print(f"ringserve: {self.supervisor.fatal}", file=sys.stderr)
+            code = 1
+        await self.drain()
+        for task in (sup, sweeper, stop_wait):
+            task.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        self.log.info("exit", code=code)
+        return code
+
+    def request_stop(self, reason: str) -> None:
+        if self.stop_event is not None and not self.stop_event.is_set():
+            self.stop_reason = reason
+            self.log.info("drain", reason=reason, inflight=self.dispatcher.depth)
+            self.draining = True
+            self.dispatcher.accepting = False
+            self.stop_event.set()
+
+    def reload(self, reason: str) -> None:
+        if not self.draining:
+            self.supervisor.reload()
+
+    async def drain(self) -> None:
+        self.draining = True
+        self.dispatcher.accepting = False
+        if self.http_state is not None:
+            self.http_state.closing = True
+        for listener in self.listeners:
+            listener.close()
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while self.dispatcher.depth and time.monotonic() < deadline and not self.supervisor.fatal:
+            await asyncio.sleep(0.01)
+        if self.dispatcher.depth:
+            self.log.warning("drain_timeout", unanswered=self.dispatcher.depth)
+            self.dispatcher.fail_all()
+        await asyncio.sleep(0)  # let the last answers reach their transports
+        if self.http_state is not None:
+            for conn in list(self.http_state.connections):
+                if conn.transport is not None:
+                    conn.transport.close()
+        await self.supervisor.stop()
+        with contextlib.suppress(OSError):
+            os.unlink(self.settings.control)
+        left = segment.list_segments(os.getpid())
+        if left:
+            self.log.warning("segments_left", names=left)
+
+    async def sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            if self.http_state is None:
+                continue
+            now, now_ns = time.monotonic(), time.monotonic_ns()
+            for conn in list(self.http_state.connections):
+                conn.sweep(now, now_ns)
+
+    # -- views ----------------------------------------------------------------------------------
+    def ready(self) -> bool:
+        return not self.draining and self.supervisor.ready_count() > 0
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "queue_depth": self.dispatcher.depth,
+            "draining": self.draining,
+            "restarts_total": self.supervisor.restarts_total,
+            "model": {"name": self.manifest.name, "fingerprint": self.manifest.fingerprint},
+            "workers": self.supervisor.status_rows(),
+        }
+
+    def count(self, protocol: str, code: int) -> None:
+        key = (protocol, code)
+        self.requests_total[key] = self.requests_total.get(key, 0) + 1
+
+    def on_result(self, group: Group, result: Result, latency_ns: int) -> None:
+        if self.stats is not None:
+            self.stats.observe(group, result, latency_ns)
+
+
+def serve(settings: Config) -> int:
+    import uvloop
+
+    server = Server(settings)
+    return uvloop.run(server.run())

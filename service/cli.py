@@ -1,0 +1,97 @@
+"""`ringserve` command line: serve, ctl, export, train, evaluate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+from service import settings as S
+
+USAGE = """ringserve <command> [options]
+
+commands:
+  serve      start the server (see `ringserve serve --help`)
+  ctl        control a running server: status | restart ID | scale N | drain | reload
+  export     build a model artifact from an encoder directory and a classifier head
+  train      fit a classifier head on frozen encoder embeddings from a labelled TSV
+  evaluate   print the held-out accuracy of a model artifact (default: the built-in model)
+"""
+
+
+def serve_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="ringserve serve", description="start the server")
+    S.add_arguments(parser)
+    cfg = S.from_namespace(parser.parse_args(argv))
+    from service.app import serve
+
+    return serve(cfg)
+
+
+def ctl_request(path: str, request: dict[str, object], timeout: float = 30.0) -> dict[str, object]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    reply: dict[str, object] = json.loads(data)
+    return reply
+
+
+def ctl_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="ringserve ctl", description="control a running server")
+    parser.add_argument(
+        "--control", default=os.environ.get("RINGSERVE_CONTROL", "./ringserve.sock")
+    )
+    parser.add_argument("command", choices=["status", "restart", "scale", "drain", "reload"])
+    parser.add_argument("arg", nargs="?", type=int, help="worker id (restart) or count (scale)")
+    args = parser.parse_args(argv)
+    request: dict[str, object] = {"cmd": args.command}
+    if args.command in ("restart", "scale"):
+        if args.arg is None:
+            parser.error(f"{args.command} needs a number")
+        request["worker" if args.command == "restart" else "workers"] = args.arg
+    try:
+        reply = ctl_request(args.control, request)
+    except OSError as exc:
+        print(f"ringserve ctl: cannot reach {args.control}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(reply, indent=2))
+    return 0 if reply.get("ok") else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        return serve_main(rest)
+    if command == "ctl":
+        return ctl_main(rest)
+    if command == "export":
+        from workers import export
+
+        return export.main(rest)
+    if command == "train":
+        from workers import train
+
+        return train.main(rest)
+    if command == "evaluate":
+        from workers import train
+
+        return train.evaluate_main(rest)
+    print(f"ringserve: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

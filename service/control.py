@@ -1,0 +1,129 @@
+"""The Unix control socket: one JSON object a line in, one a line out, always with `ok`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.app import Server
+
+
+class ControlProtocol(asyncio.Protocol):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.limit = server.settings.max_control_line
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(self.buffer[:end])
+            del self.buffer[: end + 1]
+            self.answer(self.handle(line))
+        if len(self.buffer) > self.limit:
+            self.answer({"ok": False, "error": f"line longer than {self.limit} bytes"})
+            assert self.transport is not None
+            self.transport.close()
+
+    def answer(self, reply: dict[str, Any]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(json.dumps(reply).encode() + b"\n")
+
+    def handle(self, line: bytes) -> dict[str, Any]:
+        if not line.strip():
+            return {"ok": False, "error": "empty line"}
+        try:
+            doc = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            return {"ok": False, "error": "not a JSON object"}
+        if not isinstance(doc, dict):
+            return {"ok": False, "error": "not a JSON object"}
+        cmd = doc.get("cmd")
+        handler = COMMANDS.get(cmd) if isinstance(cmd, str) else None
+        if handler is None:
+            return {
+                "ok": False,
+                "error": f"unknown command: {str(cmd)[:100]!r}",
+                "commands": sorted(COMMANDS),
+            }
+        try:
+            return handler(self.server, doc)
+        except (TypeError, ValueError) as exc:
+            return {"ok": False, "error": str(exc)}
+
+
+def _int_arg(doc: dict[str, Any], name: str) -> int:
+    value = doc.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f'"{name}" must be an integer')
+    return value
+
+
+def cmd_status(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+    return {"ok": True, **server.status()}
+
+
+def cmd_restart(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+    slot = _int_arg(doc, "worker")
+    if server.draining:
+        return {"ok": False, "error": "server is draining"}
+    if not server.supervisor.restart(slot):
+        return {"ok": False, "error": f"no serving worker with id {slot}"}
+    return {"ok": True, "worker": slot}
+
+
+def cmd_scale(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+    n = _int_arg(doc, "workers")
+    if not 1 <= n <= 256:
+        return {"ok": False, "error": "workers must be between 1 and 256"}
+    if server.draining:
+        return {"ok": False, "error": "server is draining"}
+    server.supervisor.scale(n)
+    return {"ok": True, "workers": n}
+
+
+def cmd_drain(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+    server.request_stop("control")
+    return {"ok": True, "draining": True}
+
+
+def cmd_reload(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+    if server.draining:
+        return {"ok": False, "error": "server is draining"}
+    server.reload("control")
+    return {"ok": True, "generation": server.supervisor.generation}
+
+
+COMMANDS = {
+    "status": cmd_status,
+    "restart": cmd_restart,
+    "scale": cmd_scale,
+    "drain": cmd_drain,
+    "reload": cmd_reload,
+}
+
+
+async def start_control(server: Server, path: str) -> asyncio.AbstractServer:
+    try:
+        os.unlink(path)  # a socket left by a killed server
+    except FileNotFoundError:
+        pass
+    old = os.umask(0o177)
+    try:
+        srv = await asyncio.get_running_loop().create_unix_server(
+            lambda: ControlProtocol(server), path
+        )
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    return srv

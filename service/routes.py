@@ -1,0 +1,240 @@
+"""HTTP routes: our JSON API (/v1), health, and the hooks for KServe v2, metrics and dashboard."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from service.dispatcher import Result
+from service.http import Exchange, HttpError, HttpProtocol
+from shm import layout as L
+
+if TYPE_CHECKING:
+    from service.app import Server
+
+Handler = Callable[[HttpProtocol, Exchange, dict[str, str]], None]
+
+STATUS_HTTP = {
+    L.STATUS_OK: 200,
+    L.STATUS_BAD_REQUEST: 400,
+    L.STATUS_OVERLOADED: 503,
+    L.STATUS_DEADLINE: 504,
+    L.STATUS_INTERNAL: 500,
+}
+STATUS_MESSAGE = {
+    L.STATUS_BAD_REQUEST: "text is empty or not valid UTF-8",
+    L.STATUS_OVERLOADED: "overloaded",
+    L.STATUS_DEADLINE: "request deadline passed",
+    L.STATUS_INTERNAL: "internal error",
+}
+RETRY_AFTER = [(b"retry-after", b"1")]
+
+
+def parse_json(ex: Exchange) -> Any:
+    body = b"".join(ex.body)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpError(400, "body is not valid UTF-8") from None
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        raise HttpError(400, "malformed JSON") from None
+
+
+def encode_text(value: Any, where: str) -> bytes:
+    if not isinstance(value, str):
+        raise HttpError(400, f"{where} must be a string")
+    if not value.strip():
+        raise HttpError(400, f"{where} is empty")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HttpError(400, f"{where} is not valid UTF-8 (lone surrogate)") from None
+
+
+def deadline_ns(server: Server, ex: Exchange) -> int:
+    raw = ex.headers.get(b"x-request-timeout-ms")
+    timeout_s = server.settings.request_timeout_s
+    if raw is not None:
+        try:
+            ms = float(raw)
+        except ValueError:
+            raise HttpError(400, "X-Request-Timeout-Ms must be a number") from None
+        if not ms > 0 or ms > 86_400_000:
+            raise HttpError(400, "X-Request-Timeout-Ms must be in (0, 86400000]")
+        timeout_s = ms / 1000
+    return ex.done_ns + int(timeout_s * 1e9)
+
+
+def latency_header(ex: Exchange) -> tuple[bytes, bytes]:
+    return (b"x-latency-ms", b"%.1f" % ((time.monotonic_ns() - ex.done_ns) / 1e6))
+
+
+def first_failure(results: list[Result]) -> Result | None:
+    for r in results:
+        if r.status != L.STATUS_OK:
+            return r
+    return None
+
+
+def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
+    status = STATUS_HTTP.get(failed.status, 500)
+    extra = [latency_header(ex)]
+    if status == 503:
+        extra += RETRY_AFTER
+    conn.respond_error(ex, status, STATUS_MESSAGE.get(failed.status, "internal error"), extra)
+
+
+def submit(
+    server: Server,
+    conn: HttpProtocol,
+    ex: Exchange,
+    texts: list[bytes],
+    on_done: Callable[[list[Result]], None],
+    protocol: str,
+) -> None:
+    """Admit texts for inference, or answer 503 at once."""
+    deadline = deadline_ns(server, ex)
+    if not server.dispatcher.submit(texts, deadline, on_done, protocol):
+        message = "server is draining" if server.draining else "queue is full"
+        if server.supervisor.fatal:
+            message = "no worker can serve"
+        conn.respond_error(ex, 503, message, [latency_header(ex), *RETRY_AFTER])
+        server.count(protocol, 503)
+
+
+def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    doc = parse_json(ex)
+    if not isinstance(doc, dict):
+        raise HttpError(400, "body must be a JSON object")
+    labels = server.labels
+    if "text" in doc and "texts" not in doc:
+        texts = [encode_text(doc["text"], "text")]
+        single = True
+    elif "texts" in doc and "text" not in doc:
+        items = doc["texts"]
+        if not isinstance(items, list):
+            raise HttpError(400, "texts must be a list of strings")
+        if not 1 <= len(items) <= server.settings.max_texts:
+            raise HttpError(400, f"texts must hold 1 to {server.settings.max_texts} items")
+        texts = [encode_text(t, f"texts[{i}]") for i, t in enumerate(items)]
+        single = False
+    else:
+        raise HttpError(400, 'body must have exactly one of "text" or "texts"')
+
+    def done(results: list[Result]) -> None:
+        failed = first_failure(results)
+        if failed is not None:
+            respond_failure(conn, ex, failed)
+            server.count("http", STATUS_HTTP.get(failed.status, 500))
+            return
+        items = [
+            {"label": labels[r.label_id], "label_id": r.label_id, "scores": r.scores.tolist()}  # type: ignore[union-attr]
+            for r in results
+        ]
+        body = json.dumps(items[0] if single else {"results": items}).encode()
+        conn.respond(ex, 200, body, extra=[latency_header(ex)])
+        server.count("http", 200)
+
+    submit(server, conn, ex, texts, done, "http")
+
+
+def model_info(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    m = server.manifest
+    body = {
+        "name": m.name,
+        "labels": m.labels,
+        "max_length": m.max_length,
+        "fingerprint": m.fingerprint,
+        "device": server.device,
+        "buckets": list(server.buckets),
+    }
+    conn.respond(ex, 200, json.dumps(body).encode())
+
+
+def health_live(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    conn.respond(ex, 200, b'{"live": true}')
+
+
+def health_ready(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    if server.ready():
+        conn.respond(ex, 200, b'{"ready": true}')
+    else:
+        conn.respond(ex, 503, b'{"ready": false}', extra=RETRY_AFTER)
+
+
+class Router:
+    """Exact paths and `{name}` patterns, each with the methods it allows."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.exact: dict[bytes, dict[bytes, Handler]] = {}
+        self.patterns: list[tuple[list[str], dict[bytes, Handler]]] = []
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        if "{" in path:
+            parts = path.strip("/").split("/")
+            for p, table in self.patterns:
+                if p == parts:
+                    table[method.encode()] = handler
+                    return
+            self.patterns.append((parts, {method.encode(): handler}))
+        else:
+            self.exact.setdefault(path.encode(), {})[method.encode()] = handler
+
+    def match(self, path: bytes) -> tuple[dict[bytes, Handler], dict[str, str]] | None:
+        table = self.exact.get(path)
+        if table is not None:
+            return table, {}
+        try:
+            parts = path.decode("utf-8").strip("/").split("/")
+        except UnicodeDecodeError:
+            return None
+        for pattern, table in self.patterns:
+            if len(pattern) != len(parts):
+                continue
+            params: dict[str, str] = {}
+            for want, got in zip(pattern, parts, strict=True):
+                if want.startswith("{"):
+                    if not got:
+                        break
+                    params[want[1:-1]] = got
+                elif want != got:
+                    break
+            else:
+                return table, params
+        return None
+
+    def __call__(self, conn: HttpProtocol, ex: Exchange) -> None:
+        path = ex.url.split(b"?", 1)[0]
+        found = self.match(path)
+        if found is None:
+            self.server.count("http", 404)
+            raise HttpError(404, f"no such path: {path.decode('utf-8', 'replace')[:200]}")
+        table, params = found
+        handler = table.get(ex.method)
+        if handler is None and ex.method == b"HEAD":
+            handler = table.get(b"GET")
+        if handler is None:
+            self.server.count("http", 405)
+            allowed = b", ".join(sorted(table))
+            conn.respond_error(
+                ex, 405, f"method {ex.method.decode()} not allowed", [(b"allow", allowed)]
+            )
+            return
+        try:
+            handler(conn, ex, params)
+        except HttpError as exc:
+            self.server.count("http", exc.status)
+            raise
+
+
+def v1_routes(router: Router) -> None:
+    s = router.server
+    router.add("POST", "/v1/classify", lambda c, e, p: classify(s, c, e, p))
+    router.add("GET", "/v1/model", lambda c, e, p: model_info(s, c, e, p))
+    router.add("GET", "/v2/health/live", lambda c, e, p: health_live(s, c, e, p))
+    router.add("GET", "/v2/health/ready", lambda c, e, p: health_ready(s, c, e, p))

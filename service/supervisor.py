@@ -1,0 +1,389 @@
+"""The supervisor: one loop in the front-end that keeps the worker pool at its target.
+
+Scale, restart, reload, crash and hang recovery all work the same way: change the desired set
+(slot count, a slot emptied, the model generation), then reconcile() toward it. Signal handlers
+and control commands only record what they want; tick() does the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from service.dispatcher import Dispatcher
+from service.pool import WorkerHandle
+from shm import layout as L
+from workers.spec import EXIT_BOOT_ERROR
+
+log = logging.getLogger("ringserve.supervisor")
+
+TICK_S = 0.05
+KILL_AFTER_S = 3.0  # TERM, then KILL when a stopping worker has not left by then
+BOOT_TIMEOUT_S = 180.0  # a worker that has not loaded by then is killed and replaced
+CRASH_WINDOW_S = 30.0
+CRASH_LIMIT = 5  # crashes of one slot within the window before restarts back off
+
+
+class BootFailure(Exception):
+    pass
+
+
+class Supervisor:
+    def __init__(
+        self,
+        settings: Any,
+        dispatcher: Dispatcher,
+        model_dir: str,
+        device: str,
+        events: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.model_dir = model_dir
+        self.device = device
+        self.events = events  # structured event log (service.logs), optional
+        self.target = settings.serving_workers()
+        self.target_spares = settings.spares
+        self.slots: dict[int, WorkerHandle | None] = {}
+        self.restarts: dict[int, int] = {}
+        self.crashes: dict[int, list[float]] = {}
+        self.backoff_until: dict[int, float] = {}
+        self.spares: list[WorkerHandle] = []  # starting or loaded, not serving
+        self.retiring: list[WorkerHandle] = []  # draining or stopping
+        self.all: dict[int, WorkerHandle] = {}  # serial -> handle, every live process
+        self.serial = 0
+        self.generation = 0
+        self.stopping = False
+        self.fatal: str | None = None
+        self.hooks: dict[str, Any] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.wake = asyncio.Event()
+        self.started = time.monotonic()
+        self.restarts_total = 0
+        self.ncpu = sorted(os.sched_getaffinity(0))
+
+    # -- the desired set ------------------------------------------------------------------------
+    def scale(self, n: int) -> None:
+        self.target = max(0, n)
+        self.wake.set()
+
+    def restart(self, slot: int) -> bool:
+        handle = self.slots.get(slot)
+        if handle is None:
+            return False
+        self._vacate(slot, "restart")
+        self.restarts[slot] = self.restarts.get(slot, 0) + 1
+        self.restarts_total += 1
+        self.wake.set()
+        return True
+
+    def reload(self) -> None:
+        """Bump the generation: reconcile then replaces every worker, one at a time."""
+        self.generation += 1
+        for h in list(self.spares):  # spares carry the old model: replace them at once
+            self.spares.remove(h)
+            self._retire(h)
+        self._event("reload", generation=self.generation)
+        self.wake.set()
+
+    # -- processes ------------------------------------------------------------------------------
+    def cpus_for(self, slot: int | None) -> list[int]:
+        if slot is None:
+            return list(self.ncpu)
+        per = max(1, self.settings.threads)
+        start = (slot * per) % len(self.ncpu)
+        return [self.ncpu[(start + i) % len(self.ncpu)] for i in range(per)]
+
+    def spawn(self, slot: int | None) -> WorkerHandle:
+        self.serial += 1
+        handle = WorkerHandle(
+            self.serial,
+            self.cpus_for(slot),
+            self.device,
+            self.model_dir,
+            self.generation,
+            self.settings,
+            self.hooks,
+        )
+        handle.slot = slot
+        handle.start()
+        self.all[handle.serial] = handle
+        assert self.loop is not None
+        self.loop.add_reader(handle.sentinel, self.on_exit, handle)
+        self.loop.add_reader(handle.eventfd.fd, self.on_doorbell, handle)
+        self._event("worker_started", worker=slot, serial=handle.serial, pid=handle.pid)
+        return handle
+
+    def on_doorbell(self, handle: WorkerHandle) -> None:
+        if handle.dead:
+            return
+        if handle.ready_at is None and handle.loaded():  # first ring after boot: it is ready
+            handle.ready_at = time.monotonic()
+            self._event(
+                "worker_ready",
+                worker=handle.slot,
+                pid=handle.pid,
+                boot_ms=handle.ctl.get("boot_ms"),
+            )
+            self.wake.set()
+        self.dispatcher.on_answers(handle)
+        if handle.draining and not handle.assigned:
+            handle.terminate()
+
+    def on_exit(self, handle: WorkerHandle) -> None:
+        """The process sentinel fired: the worker is gone (any signal, any exit)."""
+        assert self.loop is not None
+        self.loop.remove_reader(handle.sentinel)
+        code = handle.reap()
+        self._declare_dead(handle, f"exited with code {code}", code)
+
+    def _declare_dead(self, handle: WorkerHandle, reason: str, code: int | None) -> None:
+        if handle.dead:
+            return
+        was_loaded = handle.ready_at is not None or handle.loaded()
+        try:
+            self.dispatcher.on_answers(handle)  # answers it published before dying still count
+        except Exception:
+            log.exception("reading the answers of a dead worker")
+        handle.dead = True
+        slot = handle.slot
+        moved = self.dispatcher.reroute(handle)
+        level = logging.INFO if handle.draining else logging.WARNING
+        self._event(
+            "worker_died",
+            level=level,
+            worker=slot,
+            pid=handle.pid,
+            reason=reason,
+            exit_code=code,
+            rerouted=moved,
+        )
+        if handle in self.spares:
+            self.spares.remove(handle)
+        if handle in self.retiring:
+            self.retiring.remove(handle)
+        if slot is not None and self.slots.get(slot) is handle:
+            self.slots[slot] = None
+            self.restarts[slot] = self.restarts.get(slot, 0) + 1
+            self.restarts_total += 1
+            self._note_crash(slot)
+        self._update_serving()
+        if code == EXIT_BOOT_ERROR and not was_loaded and not self.stopping:
+            self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
+        self._finish(handle)
+        self.wake.set()
+
+    def _finish(self, handle: WorkerHandle) -> None:
+        assert self.loop is not None
+        self.loop.remove_reader(handle.eventfd.fd)
+        self.loop.remove_reader(handle.sentinel)
+        if handle.process.exitcode is None:  # declared dead while still running (hung)
+            handle.signal(signal.SIGKILL)
+            return  # released once its sentinel fires
+        self.all.pop(handle.serial, None)
+        handle.release()
+
+    def _note_crash(self, slot: int) -> None:
+        now = time.monotonic()
+        recent = [t for t in self.crashes.get(slot, []) if now - t < CRASH_WINDOW_S] + [now]
+        self.crashes[slot] = recent
+        if len(recent) >= CRASH_LIMIT:
+            delay = min(30.0, 0.5 * 2 ** (len(recent) - CRASH_LIMIT))
+            self.backoff_until[slot] = now + delay
+            self._event("worker_backoff", level=logging.WARNING, worker=slot, delay_s=delay)
+
+    def _vacate(self, slot: int, reason: str) -> None:
+        handle = self.slots.get(slot)
+        if handle is not None:
+            self.slots[slot] = None
+            self._retire(handle)
+            self._event("worker_retire", worker=slot, pid=handle.pid, reason=reason)
+        self._update_serving()
+
+    def _retire(self, handle: WorkerHandle) -> None:
+        """Stop sending it work; it is stopped once what it holds is answered."""
+        handle.draining = True
+        if handle not in self.retiring:
+            self.retiring.append(handle)
+        if not handle.assigned:
+            handle.terminate()
+
+    def _update_serving(self) -> None:
+        self.dispatcher.serving = [h for h in self.slots.values() if h is not None and h.serving()]
+        if self.dispatcher.serving:
+            self.dispatcher.flush_waiting()
+
+    # -- reconcile ------------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        if self.stopping:
+            return
+        now = time.monotonic()
+        for slot in [s for s in self.slots if s >= self.target]:  # scale down
+            self._vacate(slot, "scale")
+            del self.slots[slot]
+        for slot in range(self.target):
+            handle = self.slots.get(slot)
+            if handle is not None and handle.generation != self.generation:
+                if self._ready_spare() is not None:  # rolling reload, one slot at a time
+                    self._vacate(slot, "reload")
+                    handle = None
+                else:
+                    continue
+            if handle is not None or now < self.backoff_until.get(slot, 0.0):
+                continue
+            spare = self._ready_spare()
+            if spare is not None:
+                self._promote(spare, slot)
+            else:
+                self.slots[slot] = self.spawn(slot)
+        want_spares = self.target_spares
+        if any(h is not None and h.generation != self.generation for h in self.slots.values()):
+            want_spares = max(1, want_spares)  # a reload needs somewhere to roll to
+        booting = any(h is not None and not h.loaded() for h in self.slots.values())
+        if booting:
+            want_spares = min(want_spares, len(self.spares))  # serving workers boot first
+        while len(self.spares) < want_spares:
+            self.spares.append(self.spawn(None))
+        self._update_serving()
+
+    def _ready_spare(self) -> WorkerHandle | None:
+        for h in self.spares:
+            if h.loaded() and h.generation == self.generation and not h.dead:
+                return h
+        return None
+
+    def _promote(self, spare: WorkerHandle, slot: int) -> None:
+        self.spares.remove(spare)
+        spare.slot = slot
+        spare.pin(self.cpus_for(slot))
+        self.slots[slot] = spare
+        self._event("worker_promoted", worker=slot, pid=spare.pid)
+
+    # -- watching -------------------------------------------------------------------------------
+    def check(self) -> None:
+        now = time.monotonic()
+        limit_ms = self.settings.heartbeat_timeout_s * 1000
+        for handle in list(self.all.values()):
+            if handle.dead:
+                if handle.kill_sent_at and now - handle.kill_sent_at > KILL_AFTER_S:
+                    handle.signal(signal.SIGKILL)
+                continue
+            if handle.loaded():
+                if handle.ready_at is None:  # loaded but its first doorbell not seen yet
+                    handle.ready_at = now
+                age = handle.ctl.heartbeat_age_ms()
+                if age > limit_ms:
+                    self._event(
+                        "worker_hung",
+                        level=logging.WARNING,
+                        worker=handle.slot,
+                        pid=handle.pid,
+                        heartbeat_age_ms=round(age),
+                    )
+                    self._declare_dead(handle, "heartbeat stale", None)
+                    continue
+            elif now - handle.started_at > BOOT_TIMEOUT_S:
+                self._declare_dead(handle, "boot timeout", None)
+                continue
+            if handle.kill_sent_at and now - handle.kill_sent_at > KILL_AFTER_S:
+                handle.signal(signal.SIGKILL)
+            limit = self.settings.worker_max_rss
+            if limit and not handle.draining and handle.slot is not None:
+                rss = handle.rss_bytes()
+                if rss > limit:
+                    self._event(
+                        "worker_recycle",
+                        level=logging.WARNING,
+                        worker=handle.slot,
+                        pid=handle.pid,
+                        rss_bytes=rss,
+                        limit=limit,
+                    )
+                    slot = handle.slot
+                    self._vacate(slot, "rss limit")
+                    self.restarts[slot] = self.restarts.get(slot, 0) + 1
+                    self.restarts_total += 1
+
+    async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.reconcile()
+        while not self.stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), TICK_S)
+            self.wake.clear()
+            self.check()
+            self.dispatcher.expire(time.monotonic_ns())
+            if self.fatal:
+                return
+            self.reconcile()
+
+    # -- shutdown -------------------------------------------------------------------------------
+    async def stop(self, timeout: float = 5.0) -> None:
+        """TERM every worker, KILL what is left after KILL_AFTER_S, release every segment."""
+        self.stopping = True
+        handles = list(self.all.values())
+        for h in handles:
+            h.draining = True
+            h.terminate()
+        deadline = time.monotonic() + timeout
+        while any(h.process.exitcode is None for h in handles if h.pid is not None):
+            now = time.monotonic()
+            for h in handles:
+                if h.kill_sent_at and now - h.kill_sent_at > min(KILL_AFTER_S, timeout):
+                    h.signal(signal.SIGKILL)
+            if now > deadline:
+                for h in handles:
+                    h.signal(signal.SIGKILL)
+            await asyncio.sleep(0.02)
+            for h in handles:
+                if h.pid is not None:
+                    h.process.join(0)
+        for h in handles:
+            if not h.dead:
+                h.dead = True
+            assert self.loop is not None
+            self.loop.remove_reader(h.eventfd.fd)
+            self.loop.remove_reader(h.sentinel)
+            self.all.pop(h.serial, None)
+            h.release()
+
+    # -- views ----------------------------------------------------------------------------------
+    def handles(self) -> list[tuple[int | None, WorkerHandle]]:
+        out: list[tuple[int | None, WorkerHandle]] = [
+            (s, h) for s, h in sorted(self.slots.items()) if h is not None
+        ]
+        out += [(None, h) for h in self.spares]
+        out += [(h.slot, h) for h in self.retiring if not h.dead]
+        return out
+
+    def ready_count(self) -> int:
+        return sum(1 for h in self.slots.values() if h is not None and h.serving())
+
+    def status_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for slot, h in self.handles():
+            rows.append(
+                {
+                    "id": slot if slot is not None else -h.serial,
+                    "pid": h.pid,
+                    "state": h.state(),
+                    "device": h.device if h.ctl.get("state") != L.W_DEGRADED else "cpu",
+                    "cpus": h.cpus,
+                    "rss_bytes": h.rss_bytes(),
+                    "inflight": len(h.assigned),
+                    "restarts": self.restarts.get(slot, 0) if slot is not None else 0,
+                    "heartbeat_age_ms": round(h.ctl.heartbeat_age_ms(), 1),
+                }
+            )
+        return rows
+
+    def _event(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.emit(event, level=level, **fields)
+        else:
+            log.log(level, "%s %s", event, fields)

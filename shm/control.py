@@ -1,0 +1,52 @@
+"""A worker's control block: its heartbeat, state and counters, read by the front-end."""
+
+from __future__ import annotations
+
+import time
+
+from shm import layout as L
+from shm.segment import Segment
+
+
+class ControlBlock:
+    def __init__(self, segment: Segment, create: bool = False) -> None:
+        self.segment = segment
+        self.words = segment.buf[: L.CONTROL_BYTES].cast("q")
+        if create:
+            self.words[L.CTL["magic"]] = L.MAGIC_CONTROL
+            self.words[L.CTL["version"]] = L.VERSION
+        elif self.words[L.CTL["magic"]] != L.MAGIC_CONTROL:
+            raise ValueError(f"segment {segment.name} is not a control block")
+
+    def get(self, name: str) -> int:
+        return self.words[L.CTL[name]]
+
+    def set(self, name: str, value: int) -> None:
+        self.words[L.CTL[name]] = value
+
+    def add(self, name: str, value: int) -> None:
+        i = L.CTL[name]
+        self.words[i] = self.words[i] + value
+
+    def beat(self) -> None:
+        self.words[L.CTL_HEARTBEAT] = time.monotonic_ns()
+
+    def heartbeat_age_ms(self) -> float:
+        stamp = self.words[L.CTL_HEARTBEAT]
+        return (time.monotonic_ns() - stamp) / 1e6 if stamp else -1.0
+
+    def count_batch(self, size: int) -> None:
+        for i, bound in enumerate(L.BATCH_BOUNDS):
+            if size <= bound:
+                self.words[L.CTL_BATCH_HIST + i] += 1
+                return
+        self.words[L.CTL_BATCH_HIST + len(L.BATCH_BOUNDS) - 1] += 1
+
+    def batch_histogram(self) -> list[int]:
+        return [self.words[L.CTL_BATCH_HIST + i] for i in range(len(L.BATCH_BOUNDS))]
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: self.words[i] for name, i in L.CTL.items()}
+
+    def close(self) -> None:
+        self.words.release()

@@ -1,0 +1,109 @@
+"""The one place that declares every structure shared between the front-end and its workers.
+
+Ring segment (one per direction per worker):
+
+    offset 0     header line: magic u64, version u64, slot_size u64, slot_count u64
+    offset 64    tail: free-running count of slots published (written by the producer only)
+    offset 128   head: free-running count of slots released (written by the consumer only)
+    offset 192   slots: slot_count x slot_size bytes
+
+A message occupies one or more consecutive slots and always lies contiguously in memory: when it
+would run past the last slot, the producer fills the rest of the ring with one PAD record and
+starts the message at slot 0. Each record starts with the record header below.
+
+Control block segment (one per worker): CONTROL_WORDS native int64 words, named by the CTL_*
+indices below; the heartbeat sits on a cache line of its own. All of it is written by the
+worker; the front-end only reads (one writer per word).
+
+All integers inside payloads are little-endian (the wire contract's order); the counters are
+native int64 (x86-64: little-endian too) because they are stored through memoryview.cast("q").
+"""
+
+from __future__ import annotations
+
+import struct
+
+MAGIC_RING = 0x52494E4753525631  # "RINGSRV1"
+MAGIC_CONTROL = 0x52494E4743544C31  # "RINGCTL1"
+VERSION = 1
+
+CACHE_LINE = 64
+RING_HEADER = struct.Struct("<QQQQ")  # magic, version, slot_size, slot_count
+TAIL_OFFSET = 64
+HEAD_OFFSET = 128
+SLOTS_OFFSET = 192
+
+# Record header at the start of a message's first slot:
+#   msg_id u64 | aux i64 | length u32 | flags u16 | nslots u16 | reserved u64
+RECORD = struct.Struct("<QqIHHQ")
+RECORD_SIZE = RECORD.size  # 32
+FLAG_PAD = 1  # filler up to the end of the ring; skip it
+
+REQUEST_SLOT_SIZE = 256  # most sentences fit in one slot; long texts span several
+RESPONSE_SLOT_SIZE = 64  # header + a two-label answer in one slot
+MAX_LABELS = 1024
+
+# Request payload: the UTF-8 text. aux = deadline, CLOCK_MONOTONIC ns (0 = none).
+# Response payload: status u8 | bucket u8 | label_id u16 | n u16 | reserved u16 |
+#                   queued_us u32 | model_us u32 | n x f32 scores
+RESPONSE = struct.Struct("<BBHHHII")
+RESPONSE_SIZE = RESPONSE.size  # 16
+
+STATUS_OK = 0
+STATUS_BAD_REQUEST = 1
+STATUS_OVERLOADED = 2
+STATUS_DEADLINE = 3
+STATUS_INTERNAL = 4
+
+
+def ring_bytes(slot_size: int, slot_count: int) -> int:
+    return SLOTS_OFFSET + slot_size * slot_count
+
+
+def slots_for(payload_len: int, slot_size: int) -> int:
+    return -(-(RECORD_SIZE + payload_len) // slot_size)
+
+
+# Control block words. Worker states (CTL_STATE):
+W_STARTING = 1  # spawned, loading torch and the model
+W_READY = 2  # loaded and warmed, serving-capable
+W_DEGRADED = 3  # serving from the CPU fallback after a CUDA out-of-memory error
+W_EXITING = 4  # leaving its loop
+
+CONTROL_FIELDS = (
+    "magic",
+    "version",
+    "pid",
+    "state",
+    "requests",  # answers written
+    "batches",
+    "tokens",  # real tokens run through the model
+    "padded_tokens",  # tokens including padding
+    "busy_ns",  # time inside the model
+    "expired",  # requests skipped because their deadline had passed
+    "bad_requests",
+    "fallbacks",  # batches re-run on the CPU copy after CUDA OOM
+    "device_kind",  # 0 cpu, 1 cuda
+    "gpu_index",
+    "gpu_mem_used",
+    "gpu_mem_total",
+    "gpu_util_milli",
+    "gpu_temp_c",
+    "gpu_power_mw",
+    "cuda_reserved",
+    "cuda_allocated",
+    "boot_ms",
+    "graphs",  # CUDA graphs captured
+    "graph_bytes",
+    "test_grow_bytes",  # bytes held by the test-only memory-growth hook
+)
+CTL = {name: i for i, name in enumerate(CONTROL_FIELDS)}
+# Batch-size histogram: counts of batches with size <= BATCH_BOUNDS[i].
+BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CTL_BATCH_HIST = 32
+CTL_HEARTBEAT = 48  # own cache line (words 48..55)
+CONTROL_WORDS = 64
+CONTROL_BYTES = CONTROL_WORDS * 8
+
+assert len(CONTROL_FIELDS) <= CTL_BATCH_HIST
+assert CTL_BATCH_HIST + len(BATCH_BOUNDS) <= CTL_HEARTBEAT

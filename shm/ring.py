@@ -1,0 +1,129 @@
+"""Single-producer single-consumer message ring over a shared-memory segment.
+
+Why it is correct without locks or fences on x86-64:
+- Each counter has exactly one writer (tail: producer, head: consumer) and is an aligned 8-byte
+  word on its own cache line, stored through memoryview.cast("q"), a single 8-byte store in
+  CPython: a reader never sees a torn value.
+- The producer copies the payload and the record header first and stores the tail last. x86-64
+  (TSO) keeps stores in program order, so a consumer that reads the new tail also sees the
+  payload. The consumer reads the tail before the payload, and loads are not reordered with
+  other loads. The consumer copies a message out before it stores the head, so the producer
+  never overwrites a slot still being read.
+- CPython performs each of these stores inside a separate C call, so the compiler cannot
+  reorder them either.
+An ARM (weakly ordered) host would need a release store for the tail and head and an acquire
+load for them on the other side (e.g. a small C helper with __atomic_store_n/__ATOMIC_RELEASE);
+this module refuses nothing there, so do not run it on ARM without adding them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shm import layout as L
+from shm.segment import Segment
+
+
+class RingError(Exception):
+    """The segment is not a ring of this version, or a record in it is corrupt."""
+
+
+class Ring:
+    """One direction of a worker's channel. Exactly one process produces, one consumes."""
+
+    def __init__(self, segment: Segment, slot_size: int = 0, slot_count: int = 0) -> None:
+        self.segment = segment
+        buf = segment.buf
+        if slot_size:  # creating: write the header
+            if slot_count & (slot_count - 1) or slot_size % 8 or slot_size < L.RECORD_SIZE + 8:
+                raise ValueError("slot_count must be a power of two and slot_size a multiple of 8")
+            L.RING_HEADER.pack_into(buf, 0, L.MAGIC_RING, L.VERSION, slot_size, slot_count)
+        magic, version, slot_size, slot_count = L.RING_HEADER.unpack_from(buf, 0)
+        if magic != L.MAGIC_RING or version != L.VERSION:
+            raise RingError(f"segment {segment.name} is not a version {L.VERSION} ring")
+        if len(buf) < L.ring_bytes(slot_size, slot_count):
+            raise RingError(f"segment {segment.name} is smaller than its header says")
+        self.slot_size = slot_size
+        self.slot_count = slot_count
+        self.mask = slot_count - 1
+        self._words = buf[: L.SLOTS_OFFSET].cast("q")
+        self._tail_i = L.TAIL_OFFSET // 8
+        self._head_i = L.HEAD_OFFSET // 8
+        self._data = buf[L.SLOTS_OFFSET : L.ring_bytes(slot_size, slot_count)]
+        # Producer-side cache of the consumer's head: re-read only when the ring looks full.
+        self._head_seen = self._words[self._head_i]
+
+    # -- producer -----------------------------------------------------------------------------
+    def max_payload(self) -> int:
+        return self.slot_count * self.slot_size - L.RECORD_SIZE
+
+    def _reserve(self, tail: int, length: int) -> tuple[int, int, int] | None:
+        """Room after `tail` for a record of `length` payload bytes: (tail, start slot, slots)."""
+        need = L.slots_for(length, self.slot_size)
+        start = tail & self.mask
+        pad = self.slot_count - start if start + need > self.slot_count else 0
+        if tail + pad + need - self._head_seen > self.slot_count:
+            self._head_seen = self._words[self._head_i]
+            if tail + pad + need - self._head_seen > self.slot_count:
+                return None
+        if pad:
+            L.RECORD.pack_into(self._data, start * self.slot_size, 0, 0, 0, L.FLAG_PAD, pad, 0)
+            tail += pad
+            start = 0
+        return tail, start, need
+
+    def try_write(self, msg_id: int, payload: bytes | memoryview, aux: int = 0) -> bool:
+        """Copy one message in and publish it; False (nothing published) when the ring is full."""
+        return self.write_many(((msg_id, payload, aux),)) == 1
+
+    def write_many(self, messages: Iterable[tuple[int, bytes | memoryview, int]]) -> int:
+        """Write messages in order and publish them with one store; returns how many fitted."""
+        tail = start_tail = self._words[self._tail_i]
+        data = self._data
+        count = 0
+        for msg_id, payload, aux in messages:
+            length = len(payload)
+            got = self._reserve(tail, length)
+            if got is None:
+                break
+            tail, start, need = got
+            off = start * self.slot_size
+            L.RECORD.pack_into(data, off, msg_id, aux, length, 0, need, 0)
+            data[off + L.RECORD_SIZE : off + L.RECORD_SIZE + length] = payload
+            tail += need
+            count += 1
+        if tail != start_tail:
+            self._words[self._tail_i] = tail  # publish: after every payload
+        return count
+
+    # -- consumer -----------------------------------------------------------------------------
+    def pending(self) -> int:
+        """Slots published and not yet released (a consumer-side view)."""
+        return self._words[self._tail_i] - self._words[self._head_i]
+
+    def read(self, limit: int = 1 << 30) -> list[tuple[int, int, bytes]]:
+        """Copy out up to `limit` published messages as (msg_id, aux, payload); release them."""
+        head = self._words[self._head_i]
+        tail = self._words[self._tail_i]
+        out: list[tuple[int, int, bytes]] = []
+        data = self._data
+        size = self.slot_size
+        while head < tail and len(out) < limit:
+            off = (head & self.mask) * size
+            msg_id, aux, length, flags, nslots, _ = L.RECORD.unpack_from(data, off)
+            if nslots < 1 or head + nslots > tail or (head & self.mask) + nslots > self.slot_count:
+                raise RingError(f"corrupt record at slot {head & self.mask} of {self.segment.name}")
+            if not flags & L.FLAG_PAD:
+                if L.slots_for(length, size) != nslots:
+                    raise RingError(f"record length {length} disagrees with its {nslots} slots")
+                out.append(
+                    (msg_id, aux, bytes(data[off + L.RECORD_SIZE : off + L.RECORD_SIZE + length]))
+                )
+            head += nslots
+        self._words[self._head_i] = head  # release: after the copies
+        return out
+
+    def close(self) -> None:
+        # Views into the mapping must go before the segment can be closed.
+        self._words.release()
+        self._data.release()

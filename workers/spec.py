@@ -1,0 +1,30 @@
+"""The small picklable description of one worker process, built by the front-end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Exit codes with a meaning for the supervisor (STYLE.md lesson 3).
+EXIT_OK = 0
+EXIT_BOOT_ERROR = 3  # the model cannot be loaded: stop the server, do not crash-loop
+EXIT_PARENT_GONE = 4
+
+
+@dataclass
+class WorkerSpec:
+    serial: int  # unique per process the server starts; names its segments
+    parent_pid: int
+    cpus: list[int]
+    threads: int
+    device: str  # "cpu" or "cuda:K"
+    model_dir: str
+    request_ring: str  # segment names
+    response_ring: str
+    control: str
+    buckets: tuple[int, ...]
+    max_batch: int
+    max_delay_ms: float
+    doorbell: Any  # multiprocessing Semaphore: posted once per request
+    eventfd: Any  # shm.doorbell.EventFd: written once per batch of answers
+    hooks: dict[str, Any] = field(default_factory=dict)  # test-only, empty in production

@@ -1,0 +1,218 @@
+"""The worker process: attach rings, load the model, then tokenize, batch and answer.
+
+Started with the spawn method by the supervisor; everything heavy (torch, the model) is loaded
+here, in the child. The heartbeat is stamped by the serving loop itself, so a stuck batch shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+from shm import layout as L
+from shm.control import ControlBlock
+from shm.ring import Ring
+from shm.segment import Segment
+from workers.spec import EXIT_BOOT_ERROR, EXIT_OK, EXIT_PARENT_GONE, WorkerSpec
+
+IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and exit latency
+READ_LIMIT = 1024  # messages taken from the ring per pass
+_PR_SET_PDEATHSIG = 1
+Answer = tuple[int, bytes, int]  # (msg id, response payload, aux) as the ring takes it
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the loop's getppid check still catches a dead parent
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.stop = False
+        self.req_seg = Segment.attach(spec.request_ring)
+        self.rsp_seg = Segment.attach(spec.response_ring)
+        self.ctl_seg = Segment.attach(spec.control)
+        self.requests = Ring(self.req_seg)
+        self.responses = Ring(self.rsp_seg)
+        self.ctl = ControlBlock(self.ctl_seg)
+        self.ctl.set("pid", os.getpid())
+        self.ctl.set("state", L.W_STARTING)
+        self.ctl.beat()
+        self.grow: list[bytes] = []  # test-only memory growth hook
+
+    def boot(self) -> None:
+        t0 = time.monotonic()
+        import torch
+
+        from workers.artifact import load_manifest, load_model, load_tokenizer
+        from workers.batcher import Batcher
+        from workers.runtime import CpuRunner
+
+        spec = self.spec
+        torch.set_num_threads(spec.threads)
+        manifest = load_manifest(spec.model_dir)
+        max_len = min(manifest.max_length, max(spec.buckets))
+        self.buckets = (*tuple(b for b in spec.buckets if b < max_len), max_len)
+        self.tokenizer = load_tokenizer(spec.model_dir, max_len)
+        self.ctl.beat()
+        model = load_model(spec.model_dir, "cpu")
+        self.runner = CpuRunner(model, self.buckets, spec.max_batch)
+        self.ctl.beat()
+        self.runner.warm()
+        self.batcher = Batcher(self.buckets, spec.max_batch, int(spec.max_delay_ms * 1e6))
+        self.n_labels = len(manifest.labels)
+        self.ctl.set("boot_ms", int((time.monotonic() - t0) * 1000))
+        self.ctl.set("state", L.W_READY)
+        self.ctl.beat()
+        spec.eventfd.ring()  # tells the supervisor at once, without waiting for its tick
+
+    # -- serving loop -------------------------------------------------------------------------
+    def serve(self) -> int:
+        spec = self.spec
+        doorbell = spec.doorbell
+        while not self.stop:
+            self.ctl.beat()
+            if os.getppid() != spec.parent_pid:
+                return EXIT_PARENT_GONE
+            took = self.take_requests()
+            for _ in range(took):  # each request was posted once: keep the count honest
+                if not doorbell.acquire(False):
+                    break
+            wait_ns = self.batcher.wait_ns(time.monotonic_ns())
+            if wait_ns == 0:
+                self.run_next()
+            elif not took:
+                timeout = IDLE_WAIT_S if wait_ns < 0 else min(IDLE_WAIT_S, wait_ns / 1e9)
+                doorbell.acquire(True, timeout)
+        return EXIT_OK
+
+    def take_requests(self) -> int:
+        msgs = self.requests.read(READ_LIMIT)
+        if not msgs:
+            return 0
+        from workers.batcher import Item
+
+        now = time.monotonic_ns()
+        texts: list[str] = []
+        keep: list[tuple[int, int]] = []
+        bad: list[Answer] = []
+        for msg_id, deadline, payload in msgs:
+            try:
+                text = payload.decode("utf-8")
+            except UnicodeDecodeError:
+                text = ""
+            if not text.strip():
+                bad.append(self.pack(msg_id, L.STATUS_BAD_REQUEST))
+                continue
+            texts.append(text)
+            keep.append((msg_id, deadline))
+        if texts:
+            encodings = self.tokenizer.encode_batch(texts)
+            for (msg_id, deadline), enc in zip(keep, encodings, strict=True):
+                self.batcher.add(Item(msg_id, deadline, now, enc.ids))
+        if bad:
+            self.ctl.add("bad_requests", len(bad))
+            self.send(bad)
+        return len(msgs)
+
+    def run_next(self) -> None:
+        bucket = self.batcher.next_bucket()
+        if bucket is None:
+            return
+        batch = self.batcher.take(bucket)
+        now = time.monotonic_ns()
+        live = [it for it in batch if not it.deadline_ns or it.deadline_ns > now]
+        if len(live) < len(batch):  # expired before it started: skip the work
+            self.ctl.add("expired", len(batch) - len(live))
+            self.send([self.pack(it.msg_id, L.STATUS_DEADLINE) for it in batch if it not in live])
+        if not live:
+            return
+        self.maybe_grow()
+        tokens = self.runner.fill(bucket, live)
+        t0 = time.monotonic_ns()
+        probs = self.runner.forward(bucket, len(live))
+        t1 = time.monotonic_ns()
+        model_us = (t1 - t0) // 1000
+        out = []
+        for row, it in enumerate(live):
+            p = probs[row]
+            queued_us = (t0 - it.arrived_ns) // 1000
+            out.append(self.pack(it.msg_id, L.STATUS_OK, bucket, p, queued_us, model_us))
+        self.send(out)
+        ctl = self.ctl
+        ctl.add("requests", len(live))
+        ctl.add("batches", 1)
+        ctl.add("tokens", tokens)
+        ctl.add("padded_tokens", len(live) * self.buckets[bucket])
+        ctl.add("busy_ns", t1 - t0)
+        ctl.count_batch(len(live))
+
+    def pack(
+        self,
+        msg_id: int,
+        status: int,
+        bucket: int = 0,
+        probs: Any = None,
+        queued_us: int = 0,
+        model_us: int = 0,
+    ) -> Answer:
+        if probs is None:
+            return (msg_id, L.RESPONSE.pack(status, 0, 0, 0, 0, 0, 0), 0)
+        label = int(probs.argmax())
+        head = L.RESPONSE.pack(
+            status, bucket, label, len(probs), 0, min(queued_us, 0xFFFFFFFF), model_us
+        )
+        return (msg_id, head + probs.tobytes(), 0)
+
+    def send(self, msgs: list[Answer]) -> None:
+        """Publish answers, then ring the front-end's doorbell once."""
+        while msgs:
+            n = self.responses.write_many(msgs)
+            msgs = msgs[n:]
+            if msgs:  # the front-end is behind: let it catch up, still beating
+                self.spec.eventfd.ring()
+                self.ctl.beat()
+                time.sleep(0.0005)
+                if os.getppid() != self.spec.parent_pid:
+                    raise SystemExit(EXIT_PARENT_GONE)
+        self.spec.eventfd.ring()
+
+    def maybe_grow(self) -> None:
+        step = int(self.spec.hooks.get("grow_bytes_per_batch", 0))
+        if step:  # test-only: simulate a leak so the supervisor's RSS limit can be tested
+            self.grow.append(b"\x01" * step)
+            self.ctl.set("test_grow_bytes", step * len(self.grow))
+
+
+def main(spec: WorkerSpec) -> None:
+    _die_with_parent()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setaffinity(0, spec.cpus)
+    worker = Worker(spec)
+
+    def on_term(signum: int, frame: Any) -> None:
+        worker.stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front-end decides; Ctrl-C hits the group
+    try:
+        worker.boot()
+    except Exception as exc:  # noqa: BLE001 - any boot failure is reported the same way
+        print(f"ringserve worker {spec.serial}: cannot load the model: {exc}", file=sys.stderr)
+        traceback.print_exc()
+        worker.ctl.set("state", L.W_EXITING)
+        sys.exit(EXIT_BOOT_ERROR)
+    code = worker.serve()
+    worker.ctl.set("state", L.W_EXITING)
+    sys.exit(code)
