@@ -14,7 +14,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
@@ -130,11 +130,11 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        self.transport = t = cast(asyncio.Transport, transport)  # uvloop's is no subclass
         if len(self.state.connections) >= self.settings.max_connections or self.state.closing:
             self.state.refused += 1
             body = error_body("too many connections" if not self.state.closing else "draining")
-            transport.write(
+            t.write(
                 build_response(
                     503,
                     body,
@@ -143,7 +143,7 @@ class HttpProtocol(asyncio.Protocol):
                     keep_alive=False,
                 )
             )
-            transport.close()
+            t.close()
             self.closing = True
             return
         self.state.connections.add(self)

@@ -327,7 +327,10 @@ class Supervisor:
         """TERM every worker, KILL what is left after KILL_AFTER_S, release every segment."""
         self.stopping = True
         handles = list(self.all.values())
-        for h in handles:
+        assert self.loop is not None
+        for h in handles:  # from here on this method alone reaps and releases
+            self.loop.remove_reader(h.eventfd.fd)
+            self.loop.remove_reader(h.sentinel)
             h.draining = True
             h.terminate()
         deadline = time.monotonic() + timeout
@@ -344,11 +347,7 @@ class Supervisor:
                 if h.pid is not None:
                     h.process.join(0)
         for h in handles:
-            if not h.dead:
-                h.dead = True
-            assert self.loop is not None
-            self.loop.remove_reader(h.eventfd.fd)
-            self.loop.remove_reader(h.sentinel)
+            h.dead = True
             self.all.pop(h.serial, None)
             h.release()
 

@@ -33,7 +33,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
+) -> Any:
     """Poll `predicate` until it returns something truthy, or fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
@@ -200,14 +202,13 @@ def agnews_texts() -> list[str]:
 
 
 @pytest.fixture
-def start_server(
-    tmp_path: Path, default_model: str
-) -> Iterator[Callable[..., ServerProc]]:
+def start_server(tmp_path: Path, default_model: str) -> Iterator[Callable[..., ServerProc]]:
     """Factory: start_server(*args, env=...) -> a ready ServerProc, stopped and checked after."""
     started: list[ServerProc] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, wait: bool = True,
-              workers: int | None = None) -> ServerProc:
+    def start(
+        *args: str, env: dict[str, str] | None = None, wait: bool = True, workers: int | None = None
+    ) -> ServerProc:
         srv = ServerProc(tmp_path, list(args), env)
         started.append(srv)
         if wait:

@@ -187,6 +187,14 @@ class Worker:
                     raise SystemExit(EXIT_PARENT_GONE)
         self.spec.eventfd.ring()
 
+    def close(self) -> None:
+        """Drop every view into the segments, then the mappings (the front-end unlinks)."""
+        self.requests.close()
+        self.responses.close()
+        self.ctl.close()
+        for seg in (self.req_seg, self.rsp_seg, self.ctl_seg):
+            seg.close()
+
     def maybe_grow(self) -> None:
         step = int(self.spec.hooks.get("grow_bytes_per_batch", 0))
         if step:  # test-only: simulate a leak so the supervisor's RSS limit can be tested
@@ -212,7 +220,9 @@ def main(spec: WorkerSpec) -> None:
         print(f"ringserve worker {spec.serial}: cannot load the model: {exc}", file=sys.stderr)
         traceback.print_exc()
         worker.ctl.set("state", L.W_EXITING)
+        worker.close()
         sys.exit(EXIT_BOOT_ERROR)
     code = worker.serve()
     worker.ctl.set("state", L.W_EXITING)
+    worker.close()
     sys.exit(code)

