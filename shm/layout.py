@@ -34,8 +34,8 @@ HEAD_OFFSET = 128
 SLOTS_OFFSET = 192
 
 # Record header at the start of a message's first slot:
-#   msg_id u64 | aux i64 | length u32 | flags u16 | nslots u16 | reserved u64
-RECORD = struct.Struct("<QqIHHQ")
+#   msg_id u64 | aux i64 | length u32 | flags u32 | nslots u32 | reserved u32
+RECORD = struct.Struct("<QqIIII")
 RECORD_SIZE = RECORD.size  # 32
 FLAG_PAD = 1  # filler up to the end of the ring; skip it
 

@@ -35,12 +35,16 @@ class Ring:
         self.segment = segment
         buf = segment.buf
         if slot_size:  # creating: write the header
-            if slot_count & (slot_count - 1) or slot_size % 8 or slot_size < L.RECORD_SIZE + 8:
-                raise ValueError("slot_count must be a power of two and slot_size a multiple of 8")
+            if not _geometry_ok(slot_size, slot_count):
+                raise ValueError(
+                    "slot_count must be a power of two up to 32768 and slot_size a multiple of 8"
+                )
             L.RING_HEADER.pack_into(buf, 0, L.MAGIC_RING, L.VERSION, slot_size, slot_count)
         magic, version, slot_size, slot_count = L.RING_HEADER.unpack_from(buf, 0)
         if magic != L.MAGIC_RING or version != L.VERSION:
             raise RingError(f"segment {segment.name} is not a version {L.VERSION} ring")
+        if not _geometry_ok(slot_size, slot_count):  # read from shared memory: check before use
+            raise RingError(f"segment {segment.name} has a bad geometry {slot_size}x{slot_count}")
         if len(buf) < L.ring_bytes(slot_size, slot_count):
             raise RingError(f"segment {segment.name} is smaller than its header says")
         self.slot_size = slot_size
@@ -55,39 +59,51 @@ class Ring:
 
     # -- producer -----------------------------------------------------------------------------
     def max_payload(self) -> int:
+        """The largest payload that can ever fit: it takes the whole ring, so only when empty."""
         return self.slot_count * self.slot_size - L.RECORD_SIZE
 
-    def _reserve(self, tail: int, length: int) -> tuple[int, int, int] | None:
-        """Room after `tail` for a record of `length` payload bytes: (tail, start slot, slots)."""
-        need = L.slots_for(length, self.slot_size)
-        start = tail & self.mask
-        pad = self.slot_count - start if start + need > self.slot_count else 0
-        if tail + pad + need - self._head_seen > self.slot_count:
-            self._head_seen = self._words[self._head_i]
-            if tail + pad + need - self._head_seen > self.slot_count:
-                return None
-        if pad:
-            L.RECORD.pack_into(self._data, start * self.slot_size, 0, 0, 0, L.FLAG_PAD, pad, 0)
-            tail += pad
-            start = 0
-        return tail, start, need
+    def _room(self, tail: int, slots: int) -> bool:
+        """Whether `slots` more slots after `tail` are free; re-reads the head only when needed."""
+        if tail + slots - self._head_seen <= self.slot_count:
+            return True
+        self._head_seen = self._words[self._head_i]
+        return tail + slots - self._head_seen <= self.slot_count
 
     def try_write(self, msg_id: int, payload: bytes | memoryview, aux: int = 0) -> bool:
-        """Copy one message in and publish it; False (nothing published) when the ring is full."""
+        """Copy one message in and publish it; False when the ring is full (see write_many)."""
         return self.write_many(((msg_id, payload, aux),)) == 1
 
     def write_many(self, messages: Iterable[tuple[int, bytes | memoryview, int]]) -> int:
-        """Write messages in order and publish them with one store; returns how many fitted."""
+        """Write messages in order and publish them with one store; returns how many fitted.
+
+        A message that would run past the last slot is moved to slot 0 behind a PAD record.
+        When the PAD fits but the message does not yet, the PAD is published alone: a message
+        of more than half the ring could otherwise never fit (at slot s of an empty ring it
+        needs the s slots before it, which only the consumer's passing the PAD frees), and
+        publishing the PAD early never delays the message. The consumer skips PADs silently,
+        without a doorbell, so such a message waits for the consumer's next look.
+        A message of more than max_payload() bytes never fits; it publishes nothing.
+        """
         tail = start_tail = self._words[self._tail_i]
         data = self._data
+        size = self.slot_size
         count = 0
         for msg_id, payload, aux in messages:
             length = len(payload)
-            got = self._reserve(tail, length)
-            if got is None:
+            need = L.slots_for(length, size)
+            if need > self.slot_count:
                 break
-            tail, start, need = got
-            off = start * self.slot_size
+            start = tail & self.mask
+            if start + need > self.slot_count:
+                pad = self.slot_count - start
+                if not self._room(tail, pad):
+                    break
+                L.RECORD.pack_into(data, start * size, 0, 0, 0, L.FLAG_PAD, pad, 0)
+                tail += pad
+                start = 0
+            if not self._room(tail, need):
+                break
+            off = start * size
             L.RECORD.pack_into(data, off, msg_id, aux, length, 0, need, 0)
             data[off + L.RECORD_SIZE : off + L.RECORD_SIZE + length] = payload
             tail += need
@@ -127,3 +143,13 @@ class Ring:
         # Views into the mapping must go before the segment can be closed.
         self._words.release()
         self._data.release()
+
+
+def _geometry_ok(slot_size: int, slot_count: int) -> bool:
+    # nslots is a u32 in the record header; 2**30 slots is far beyond any sane ring.
+    return (
+        0 < slot_count <= 1 << 30
+        and not slot_count & (slot_count - 1)
+        and slot_size % 8 == 0
+        and slot_size >= L.RECORD_SIZE + 8
+    )
