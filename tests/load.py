@@ -1,0 +1,90 @@
+"""Steady background load for tests: client threads on keep-alive connections, every answer kept."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections import Counter
+
+
+class Load:
+    """`clients` threads post /v1/classify in a loop until stop(); records every outcome."""
+
+    def __init__(self, port: int, texts: list[str], clients: int = 6, batch: int = 1) -> None:
+        self.port = port
+        self.texts = texts
+        self.batch = batch
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.outcomes: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)
+        ]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self, index: int) -> None:
+        conn: http.client.HTTPConnection | None = None
+        i = index
+        while not self.stop_event.is_set():
+            i += len(self.threads)
+            if self.batch == 1:
+                body = json.dumps({"text": self.texts[i % len(self.texts)]})
+            else:
+                chunk = [self.texts[(i + k) % len(self.texts)] for k in range(self.batch)]
+                body = json.dumps({"texts": chunk})
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+                conn.request("POST", "/v1/classify", body)
+                resp = conn.getresponse()
+                data = resp.read()
+                key = str(resp.status)
+                if resp.status != 200:
+                    with self.lock:
+                        self.errors.append(f"{resp.status} {data[:200]!r}")
+                elif json.loads(data).get("label" if self.batch == 1 else "results") is None:
+                    key = "bad-body"
+            except (OSError, http.client.HTTPException) as exc:
+                key = f"exception:{type(exc).__name__}"
+                with self.lock:
+                    self.errors.append(repr(exc))
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.05)  # a refused connection must not spin
+            with self.lock:
+                self.outcomes[key] += 1
+        if conn is not None:
+            conn.close()
+
+    def ok(self) -> int:
+        with self.lock:
+            return self.outcomes["200"]
+
+    def failed(self) -> int:
+        with self.lock:
+            return sum(v for k, v in self.outcomes.items() if k != "200")
+
+    def wait_ok(self, more: int, timeout: float = 60.0) -> None:
+        """Wait until `more` further requests have succeeded (proof the load is flowing)."""
+        target = self.ok() + more
+        deadline = time.monotonic() + timeout
+        while self.ok() < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"load stalled: {dict(self.outcomes)} {self.errors[:5]}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(90)
