@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 import time
@@ -22,31 +23,35 @@ from service.routes import Router, v1_routes
 from service.settings import Config
 from service.supervisor import Supervisor
 from shm import segment
+from workers import nvml
 from workers.artifact import ArtifactError, Manifest, default_artifact_dir, load_manifest
+from workers.spec import FAKE_GPU
 
 SWEEP_S = 0.25
 
 
 def resolve_device(wanted: str, log: EventLog) -> str:
-    """`auto` means CUDA when torch sees a GPU; otherwise the CPU, said once."""
+    """`auto` means CUDA when NVML and torch both see a GPU; otherwise the CPU, said once.
+    `fake-gpu` (tests only, with RINGSERVE_TEST_FAKE_GPU=1) runs the CUDA code path on the CPU."""
     if wanted == "cpu":
         return "cpu"
-    try:
-        import torch
-
-        has_cuda = bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - a broken CUDA install means no CUDA
-        has_cuda = False
-    if wanted == "auto":
-        if has_cuda:
-            return "cuda"
-        log.info("device_auto", device="cpu", reason="CUDA is not available")
-        return "cpu"
-    if wanted.startswith("cuda"):
-        if not has_cuda:
-            raise SystemExit(f"ringserve: --device {wanted} asked for, but CUDA is not available")
+    if wanted == FAKE_GPU and os.environ.get("RINGSERVE_TEST_FAKE_GPU") == "1":
+        log.warning("device_fake_gpu", reason="test-only: the GPU code path runs on the CPU")
         return wanted
-    raise SystemExit(f"ringserve: unknown --device {wanted!r} (cpu, cuda, cuda:K or auto)")
+    if wanted != "auto" and not re.fullmatch(r"cuda(:\d+)?", wanted):
+        raise SystemExit(f"ringserve: unknown --device {wanted!r} (cpu, cuda, cuda:K or auto)")
+    missing = nvml.cuda_unavailable_reason()
+    if wanted == "auto":
+        if missing is None:
+            return "cuda"
+        log.info("device_auto", device="cpu", reason=missing)
+        return "cpu"
+    if missing is not None:
+        raise SystemExit(f"ringserve: --device {wanted} asked for, but {missing}")
+    count = nvml.cuda_device_count()
+    if ":" in wanted and int(wanted.split(":")[1]) >= count:
+        raise SystemExit(f"ringserve: --device {wanted}: only {count} CUDA device(s) here")
+    return wanted
 
 
 class Server:
@@ -67,7 +72,7 @@ class Server:
         self.buckets: tuple[int, ...] = ()
         self.listeners: list[asyncio.AbstractServer] = []
         self.http_state: HttpServerState | None = None
-        self.stats: Any = None  # service.metrics.Stats once wired
+        self.stats: Any = None  # service.stats.Stats unless --metrics 0
 
     # -- set-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -90,6 +95,9 @@ class Server:
         hooks = os.environ.get("RINGSERVE_TEST_GROW_BYTES_PER_BATCH")
         if hooks:  # test-only: workers leak this much per batch (off unless set)
             self.supervisor.hooks["grow_bytes_per_batch"] = int(hooks)
+        oom = os.environ.get("RINGSERVE_TEST_INJECT_OOM")
+        if oom:  # test-only: each GPU worker's next N GPU batches raise CUDA out-of-memory
+            self.supervisor.hooks["inject_oom_batches"] = int(oom)
 
     async def start_listeners(self) -> None:
         loop = asyncio.get_running_loop()
@@ -99,6 +107,10 @@ class Server:
         self.add_routes(router)
         self.http_state = HttpServerState(s, router)
         state = self.http_state
+        if s.access_log:
+            from service.metrics import access_logger
+
+            state.access_log = access_logger(self)
         http = await loop.create_server(
             lambda: HttpProtocol(state), s.host, s.port, reuse_address=True, backlog=2048
         )
@@ -136,7 +148,7 @@ class Server:
             model=self.manifest.name,
             fingerprint=self.manifest.fingerprint,
             device=self.device,
-            workers=self.settings.serving_workers(),
+            workers=self.supervisor.target,
             spares=self.settings.spares,
         )
         stop_wait = asyncio.create_task(self.stop_event.wait())
@@ -162,9 +174,22 @@ class Server:
             self.dispatcher.accepting = False
             self.stop_event.set()
 
-    def reload(self, reason: str) -> None:
-        if not self.draining:
-            self.supervisor.reload()
+    def reload(self, reason: str) -> str | None:
+        """Re-read and verify the artifact, then roll every worker onto it; the error, if any."""
+        if self.draining:
+            return "server is draining"
+        try:
+            manifest = load_manifest(self.model_dir)
+        except ArtifactError as exc:
+            self.log.error("reload_refused", reason=str(exc))
+            return str(exc)
+        if manifest.labels != self.manifest.labels:
+            msg = "reload refused: the new artifact's labels differ (restart the server instead)"
+            self.log.error("reload_refused", reason=msg)
+            return msg
+        self.manifest = manifest
+        self.supervisor.reload()
+        return None
 
     async def drain(self) -> None:
         self.draining = True

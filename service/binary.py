@@ -1,11 +1,243 @@
-"""The framed binary TCP protocol (stub until the protocols issue lands)."""
+"""The framed binary TCP protocol: pipelined `u32 len | text | u64 tag` frames, answers by tag.
+
+Each data_received parses every complete frame in the buffer. Valid frames are admitted to the
+dispatcher in groups of up to `binary_group` (one admission and one answer write per group, not
+per frame); bad frames are answered at once. A connection owes at most `binary_max_owed` answers:
+past that, or while its transport's write buffer is full, it stops reading. A length over
+`max_frame` ends the connection once the answers already owed have been written.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import struct
+import time
+from functools import partial
+from typing import TYPE_CHECKING
+
+from service.dispatcher import Result
+from service.routes import STATUS_HTTP
+from shm import layout as L
+
+if TYPE_CHECKING:
+    from service.app import Server
+
+LENGTH = struct.Struct("<I")
+TAG = struct.Struct("<Q")
+ANSWER = struct.Struct("<QBBHH")  # tag, status, reserved, label_id, n; then n x f32
+STATUSES = (L.STATUS_OK, L.STATUS_BAD_REQUEST, L.STATUS_OVERLOADED, L.STATUS_DEADLINE)
 
 
-async def start_binary(server: Any, host: str, port: int) -> asyncio.AbstractServer:
+class BinaryServerState:
+    """What every binary connection of one server shares."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.settings = server.settings
+        self.connections: set[BinaryProtocol] = set()
+        self.refused = 0
+
+
+async def start_binary(server: Server, host: str, port: int) -> asyncio.AbstractServer:
     loop = asyncio.get_running_loop()
-    return await loop.create_server(asyncio.Protocol, host, port, reuse_address=True)
+    state = BinaryServerState(server)
+    return await loop.create_server(
+        lambda: BinaryProtocol(state), host, port, reuse_address=True, backlog=2048
+    )
+
+
+def status_answer(tag: int, status: int) -> bytes:
+    return ANSWER.pack(tag, status, 0, 0, 0)
+
+
+class BinaryProtocol(asyncio.Protocol):
+    def __init__(self, state: BinaryServerState) -> None:
+        self.state = state
+        self.server = state.server
+        self.dispatcher = state.server.dispatcher
+        s = state.settings
+        self.max_frame: int = s.max_frame
+        self.max_owed: int = s.binary_max_owed
+        self.group_size: int = s.binary_group
+        self.timeout_ns = int(s.request_timeout_s * 1e9)
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.owed = 0  # frames admitted whose answer is not written yet
+        self.stopped = False  # an oversize length was read: parse nothing more
+        self.eof = False  # the client sent EOF: answer what is buffered, then close
+        self.lingering = False  # answers sent and our side shut: dropping input until EOF
+        self.linger_s: float = s.binary_linger_s
+        self.linger_timer: asyncio.TimerHandle | None = None
+        self.paused_reading = False
+        self.paused_writing = False
+        self.closed = False
+
+    # -- connection -----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        state = self.state
+        if len(state.connections) >= state.settings.max_connections or self.server.draining:
+            state.refused += 1
+            self.closed = True
+            transport.close()
+            return
+        state.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state.connections.discard(self)
+        self.closed = True
+        self.buffer.clear()
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
+
+    def eof_received(self) -> bool:
+        self.eof = True  # a partial frame left at EOF is never answered
+        if self.lingering:
+            return False  # the client has our answers and is done too: close
+        return self.owed > 0  # keep the write side open for the answers still owed
+
+    def pause_writing(self) -> None:
+        self.paused_writing = True
+        self.update_reading()
+
+    def resume_writing(self) -> None:
+        self.paused_writing = False
+        self.update_reading()
+
+    def update_reading(self) -> None:
+        """Read while answers owed and the write buffer are both under their bounds."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if self.eof:
+            return  # nothing more will come
+        # Once stopped, read and drop what still comes: closing on unread input sends a RST.
+        want = self.stopped or (not self.paused_writing and self.owed < self.max_owed)
+        if want and self.paused_reading:
+            self.paused_reading = False
+            transport.resume_reading()
+        elif not want and not self.paused_reading:
+            self.paused_reading = True
+            transport.pause_reading()
+
+    # -- frames ---------------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self.closed or self.stopped:
+            return
+        self.buffer += data
+        self.parse()
+        self.update_reading()
+
+    def parse(self) -> None:
+        """Admit every complete frame buffered, while the answers owed stay under the bound."""
+        buf = self.buffer
+        pos, end = 0, len(buf)
+        texts: list[bytes] = []
+        tags: list[int] = []
+        bad: list[bytes] = []
+        with memoryview(buf) as view:
+            while end - pos >= 4 and self.owed + len(tags) < self.max_owed:
+                (n,) = LENGTH.unpack_from(buf, pos)
+                if n > self.max_frame:
+                    self.stopped = True
+                    break
+                stop = pos + 4 + n + 8
+                if stop > end:
+                    break
+                text = view[pos + 4 : pos + 4 + n].tobytes()
+                (tag,) = TAG.unpack_from(buf, stop - 8)
+                pos = stop
+                if valid_text(text):
+                    texts.append(text)
+                    tags.append(tag)
+                    if len(tags) >= self.group_size:
+                        self.admit(texts, tags)
+                        texts, tags = [], []
+                else:
+                    bad.append(status_answer(tag, L.STATUS_BAD_REQUEST))
+        del buf[:pos]
+        if texts:
+            self.admit(texts, tags)
+        if bad:
+            for _ in bad:
+                self.server.count("binary", 400)
+            self.write(b"".join(bad))
+        if self.stopped:
+            buf.clear()
+        self.close_when_done()
+
+    def admit(self, texts: list[bytes], tags: list[int]) -> None:
+        """One dispatcher group for these frames; the frames that do not fit answer status 2."""
+        room = max(0, self.dispatcher.max_queue - self.dispatcher.depth)
+        refused: list[int] = []
+        if room < len(tags):  # admit what fits rather than refuse the whole group
+            refused = tags[room:]
+            texts, tags = texts[:room], tags[:room]
+            self.dispatcher.rejected += len(refused)  # as submit() counts what it refuses
+        if tags:
+            deadline = time.monotonic_ns() + self.timeout_ns
+            if self.dispatcher.submit(texts, deadline, partial(self.answer, tags), "binary"):
+                self.owed += len(tags)
+            else:  # draining, or no room after all
+                refused = tags + refused
+        if refused:
+            for _ in refused:
+                self.server.count("binary", 503)
+            self.write(b"".join([status_answer(t, L.STATUS_OVERLOADED) for t in refused]))
+
+    # -- answers --------------------------------------------------------------------------------
+    def answer(self, tags: list[int], results: list[Result]) -> None:
+        out: list[bytes] = []
+        count = self.server.count
+        for tag, r in zip(tags, results, strict=True):
+            if r.status == L.STATUS_OK and r.scores is not None:
+                out.append(ANSWER.pack(tag, 0, 0, r.label_id, len(r.scores)))
+                out.append(r.scores.tobytes())
+                count("binary", 200)
+            else:
+                status = r.status if r.status in STATUSES else L.STATUS_INTERNAL
+                out.append(status_answer(tag, status))
+                count("binary", STATUS_HTTP.get(status, 500))
+        self.owed -= len(tags)
+        self.write(b"".join(out))
+        if self.buffer and not self.stopped and self.owed < self.max_owed:
+            self.parse()  # frames left buffered when the bound was reached
+        else:
+            self.close_when_done()
+        self.update_reading()
+
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    def close_when_done(self) -> None:
+        """After an oversize length or EOF: close once every owed answer is written."""
+        transport = self.transport
+        if not (self.stopped or self.eof) or self.owed or self.closed or self.lingering:
+            return
+        if transport is None:
+            return
+        if self.eof or not transport.can_write_eof():
+            self.closed = True
+            transport.close()  # close() still sends what the write buffer holds
+            return
+        # A lingering close: a RST (closing with the client's bytes unread) could erase answers
+        # the client has not read yet, so send FIN after them and drop input until its EOF.
+        self.lingering = True
+        transport.write_eof()
+        self.update_reading()
+        loop = asyncio.get_running_loop()
+        self.linger_timer = loop.call_later(self.linger_s, self.close_now)
+
+    def close_now(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.close()
+
+
+def valid_text(text: bytes) -> bool:
+    """UTF-8, and not empty or whitespace only."""
+    try:
+        return bool(text.decode("utf-8").strip())
+    except UnicodeDecodeError:
+        return False

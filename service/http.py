@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import time
@@ -34,6 +35,7 @@ REASONS = {
 MAX_PIPELINE = 64  # answers owed on one connection before its reading pauses
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 _ID_PREFIX = os.urandom(4).hex()
+log = logging.getLogger("ringserve.http")
 
 
 class HttpError(Exception):
@@ -78,6 +80,7 @@ class HttpServerState:
         self.counter = 0
         self.closing = False
         self.refused = 0
+        self.access_log: Callable[[Exchange, int], None] | None = None  # --access-log 1
 
     def new_request_id(self) -> bytes:
         self.counter += 1
@@ -127,6 +130,7 @@ class HttpProtocol(asyncio.Protocol):
         self.reading_done = False  # a request could not be framed: read nothing more
         self.paused_reading = False
         self.paused_writing = False
+        self.write_blocked_at = 0.0  # monotonic time the transport last asked us to pause
 
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -155,6 +159,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused_writing = True
+        self.write_blocked_at = time.monotonic()
         self._pause()
 
     def resume_writing(self) -> None:
@@ -176,6 +181,8 @@ class HttpProtocol(asyncio.Protocol):
             and not self.reading_done
         ):
             self.paused_reading = False
+            if self.started_ns:  # the wait was ours, not the client's: restart its read clock
+                self.started_ns = time.monotonic_ns()
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -192,7 +199,10 @@ class HttpProtocol(asyncio.Protocol):
             self.fail(exc.status, exc.message)
             return
         except httptools.HttpParserUpgrade:
-            self.fail(400, "protocol upgrade is not supported")
+            if self.current is None:  # CONNECT or Upgrade: the request itself is answered
+                self.end_after_owed()
+            else:
+                self.fail(400, "protocol upgrade is not supported")
             return
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
@@ -270,6 +280,10 @@ class HttpProtocol(asyncio.Protocol):
             self.state.router(self, ex)
         except HttpError as exc:
             self.respond_error(ex, exc.status, exc.message)
+        except Exception:  # a handler bug must answer 500, not hang the pipeline behind it
+            log.exception("handler failed: %r %r", ex.method, ex.url[:200])
+            if ex.response is None:
+                self.respond_error(ex, 500, "internal error")
 
     # -- answers --------------------------------------------------------------------------------
     def respond(
@@ -285,6 +299,10 @@ class HttpProtocol(asyncio.Protocol):
         ex.response = build_response(
             status, body, ex.request_id, content_type, extra, ex.keep_alive
         )
+        if ex.method == b"HEAD" and body:  # the head announces the length; no body follows
+            ex.response = ex.response[: -len(body)]
+        if self.state.access_log is not None:
+            self.state.access_log(ex, status)
         self.flush()
 
     def respond_error(
@@ -309,6 +327,16 @@ class HttpProtocol(asyncio.Protocol):
                 return
         self._maybe_resume()
 
+    def end_after_owed(self) -> None:
+        """Read nothing more (what follows is another protocol); close after the answers owed."""
+        self.reading_done = True
+        self._pause()
+        if self.queue:
+            self.queue[-1].keep_alive = False  # flush closes the connection after this answer
+        elif self.transport is not None:
+            self.closing = True
+            self.transport.close()
+
     def fail(self, status: int, message: str) -> None:
         """A request that cannot be framed: answer it after those owed, then close."""
         if self.closing or self.transport is None:
@@ -318,6 +346,8 @@ class HttpProtocol(asyncio.Protocol):
             ex.request_id = self.state.new_request_id()
         ex.keep_alive = False
         ex.response = build_response(status, error_body(message), ex.request_id, keep_alive=False)
+        if self.state.access_log is not None:
+            self.state.access_log(ex, status)
         self.current = None
         self.reading_done = True
         self._pause()
@@ -325,11 +355,22 @@ class HttpProtocol(asyncio.Protocol):
         self.flush()  # goes out after the answers still owed, then the connection closes
 
     def sweep(self, now: float, now_ns: int) -> None:
-        """Close the connection on a read timeout (slow head or body) or a long idle."""
-        if self.closing or self.transport is None:
+        """Close the connection on a read timeout (slow head or body), a long idle, or a peer
+        that leaves its answers unread past the write timeout."""
+        if self.transport is None:
             return
         s = self.settings
-        if self.started_ns and (now_ns - self.started_ns) / 1e9 > s.read_timeout_s:
+        if self.paused_writing and now - self.write_blocked_at > s.write_timeout_s:
+            self.closing = True
+            self.transport.abort()  # close() would wait for the peer to read, maybe forever
+            return
+        if self.closing:
+            return
+        if (
+            self.started_ns
+            and not self.paused_reading  # paused by us (answers owed): not the client's delay
+            and (now_ns - self.started_ns) / 1e9 > s.read_timeout_s
+        ):
             self.fail(408, "request not received within the read timeout")
         elif (
             not self.queue

@@ -1,9 +1,392 @@
-"""KServe v2 / Open Inference Protocol routes (stub until the protocols issue lands)."""
+"""KServe v2 / Open Inference Protocol over HTTP, as Triton serves it, so tritonclient just works.
+
+One model (the manifest's), version "1": input `text` (BYTES, shape [N] or [N, 1]), outputs
+`scores` (FP32 [N, C]) and `label` (BYTES [N]). Tensors travel as JSON or through the binary
+tensor data extension, in both directions. An infer call's N texts are one dispatcher group: one
+admission, one callback, one answer.
+"""
 
 from __future__ import annotations
 
-from service.routes import Router
+import json
+import struct
+import zlib
+from collections.abc import Callable
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import numpy as np
+
+from service.dispatcher import Result
+from service.http import Exchange, HttpError, HttpProtocol
+from service.routes import (
+    STATUS_HTTP,
+    Router,
+    encode_text,
+    first_failure,
+    latency_header,
+    respond_failure,
+    submit,
+)
+
+if TYPE_CHECKING:
+    from service.app import Server
+
+VERSION = "1"
+PLATFORM = "pytorch_libtorch"  # Triton's name for TorchScript models
+OUTPUTS = ("scores", "label")
+HEADER_LENGTH = b"inference-header-content-length"
+_U32 = struct.Struct("<I")
+
+KHandler = Callable[["Server", HttpProtocol, Exchange, dict[str, str]], None]
+
+
+def server_version() -> str:
+    try:
+        return metadata.version("ringserve")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
 
 
 def register(router: Router) -> None:
-    pass
+    server = router.server
+    router.add("GET", "/v2", guard(server, server_metadata))
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        router.add("GET", base, guard(server, model_metadata))
+        router.add("GET", base + "/ready", guard(server, model_ready))
+        router.add("GET", base + "/config", guard(server, model_config))
+        router.add("POST", base + "/infer", guard(server, infer, inference=True))
+
+
+def guard(
+    server: Server, handler: KHandler, inference: bool = False
+) -> Callable[[HttpProtocol, Exchange, dict[str, str]], None]:
+    """Answer a handler's HttpError here, so it is counted under `kserve`, not `http`."""
+
+    def run(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        try:
+            handler(server, conn, ex, params)
+        except HttpError as exc:
+            server.count("kserve", exc.status)
+            extra = [latency_header(ex)] if inference else None  # every inference answer has it
+            conn.respond_error(ex, exc.status, exc.message, extra)
+
+    return run
+
+
+def check_model(server: Server, params: dict[str, str]) -> str:
+    name = unquote(params["model"])
+    if name != server.manifest.name:
+        raise HttpError(404, f"unknown model {name!r}")
+    version = params.get("version")
+    if version is not None and unquote(version) != VERSION:
+        raise HttpError(404, f"unknown version {unquote(version)!r} of model {name!r}")
+    return name
+
+
+def respond_json(conn: HttpProtocol, ex: Exchange, doc: Any, status: int = 200) -> None:
+    conn.respond(ex, status, json.dumps(doc).encode())
+
+
+# -- metadata and health --------------------------------------------------------------------------
+def server_metadata(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    doc = {"name": "ringserve", "version": server_version(), "extensions": ["binary_tensor_data"]}
+    respond_json(conn, ex, doc)
+
+
+def model_metadata(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    name = check_model(server, p)
+    doc = {
+        "name": name,
+        "versions": [VERSION],
+        "platform": PLATFORM,
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [
+            {"name": "scores", "datatype": "FP32", "shape": [-1, len(server.labels)]},
+            {"name": "label", "datatype": "BYTES", "shape": [-1]},
+        ],
+    }
+    respond_json(conn, ex, doc)
+
+
+def model_config(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    """Triton's model configuration view, which tools such as perf_analyzer read."""
+    name = check_model(server, p)
+    doc = {
+        "name": name,
+        "platform": PLATFORM,
+        "max_batch_size": 0,  # the batch is the first dimension of `text`, named in full below
+        "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}],
+        "output": [
+            {"name": "scores", "data_type": "TYPE_FP32", "dims": [-1, len(server.labels)]},
+            {"name": "label", "data_type": "TYPE_STRING", "dims": [-1]},
+        ],
+        "parameters": {"labels": {"string_value": ",".join(server.labels)}},
+    }
+    respond_json(conn, ex, doc)
+
+
+def model_ready(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    name = check_model(server, p)
+    if server.ready():
+        respond_json(conn, ex, {"name": name, "ready": True})
+    else:
+        conn.respond(
+            ex,
+            503,
+            json.dumps({"name": name, "ready": False}).encode(),
+            extra=[(b"retry-after", b"1")],
+        )
+
+
+# -- infer: request -------------------------------------------------------------------------------
+def read_body(server: Server, ex: Exchange) -> bytes:
+    """The request body, inflated when the client compressed it (tritonclient can)."""
+    body = b"".join(ex.body)
+    encoding = ex.headers.get(b"content-encoding", b"identity").strip().lower()
+    if encoding == b"identity":
+        return body
+    if encoding not in (b"gzip", b"deflate"):
+        raise HttpError(400, f"unsupported Content-Encoding {encoding.decode(errors='replace')!r}")
+    limit = server.settings.max_body
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding == b"gzip" else zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(body, limit + 1)  # bounded: a small bomb stays small
+    except zlib.error:
+        raise HttpError(400, f"body is not valid {encoding.decode()} data") from None
+    if len(data) > limit:
+        raise HttpError(413, f"inflated body over {limit} bytes")
+    if not inflater.eof:
+        raise HttpError(400, f"truncated {encoding.decode()} body")
+    return data
+
+
+def split_body(server: Server, ex: Exchange) -> tuple[dict[str, Any], memoryview]:
+    """The JSON inference header and the binary tensor data after it."""
+    body = read_body(server, ex)
+    raw = ex.headers.get(HEADER_LENGTH)
+    size = len(body)
+    if raw is not None:
+        try:
+            size = int(raw)
+        except ValueError:
+            raise HttpError(400, "Inference-Header-Content-Length must be an integer") from None
+        if not 0 <= size <= len(body):
+            raise HttpError(400, "Inference-Header-Content-Length is outside the body")
+    view = memoryview(body)
+    try:
+        doc = json.loads(view[:size].tobytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HttpError(400, "inference header is not valid UTF-8") from None
+    except (ValueError, RecursionError):  # ValueError too: an integer over 4300 digits
+        raise HttpError(400, "malformed JSON in the inference header") from None
+    if not isinstance(doc, dict):
+        raise HttpError(400, "inference header must be a JSON object")
+    return doc, view[size:]
+
+
+def as_dict(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise HttpError(400, f"{where} must be a JSON object")
+    return value
+
+
+def as_size(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HttpError(400, f"{where} must be a non-negative integer")
+    return value
+
+
+def check_shape(shape: Any) -> int:
+    """The number of texts that `shape` ([N] or [N, 1]) holds."""
+    if not isinstance(shape, list) or not 1 <= len(shape) <= 2:
+        raise HttpError(400, "input text must have shape [N] or [N, 1]")
+    dims = [as_size(d, "input text shape") for d in shape]
+    if len(dims) == 2 and dims[1] != 1:
+        raise HttpError(400, f"input text must have shape [N] or [N, 1], got {dims}")
+    return dims[0]
+
+
+def bytes_elements(blob: memoryview) -> list[bytes]:
+    """BYTES tensor data: each element a u32 little-endian length, then its bytes."""
+    out: list[bytes] = []
+    pos, end = 0, len(blob)
+    while pos < end:
+        if end - pos < 4:
+            raise HttpError(400, "BYTES tensor data ends inside an element's length")
+        (n,) = _U32.unpack_from(blob, pos)
+        pos += 4
+        if n > end - pos:
+            raise HttpError(400, "BYTES tensor element runs past its binary data")
+        out.append(blob[pos : pos + n].tobytes())
+        pos += n
+    return out
+
+
+def check_text(raw: bytes, where: str) -> bytes:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpError(400, f"{where} is not valid UTF-8") from None
+    if not text.strip():
+        raise HttpError(400, f"{where} is empty")
+    return raw
+
+
+def json_elements(data: Any) -> list[Any]:
+    """Row-major data, flat or nested one level ([N, 1] written as [["a"], ["b"]])."""
+    if not isinstance(data, list):
+        raise HttpError(400, "input text data must be a list")
+    if data and all(isinstance(d, list) for d in data):
+        return [x for row in data for x in row]
+    return data
+
+
+def read_texts(server: Server, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise HttpError(400, 'inputs must be a list holding exactly one input, "text"')
+    spec = inputs[0]
+    if spec.get("name") != "text":
+        raise HttpError(400, f'unknown input {spec.get("name")!r}: the model takes "text"')
+    if spec.get("datatype") != "BYTES":
+        raise HttpError(400, f"input text must have datatype BYTES, not {spec.get('datatype')!r}")
+    n = check_shape(spec.get("shape"))
+    params = as_dict(spec.get("parameters"), "input parameters")
+    if "shared_memory_region" in params:
+        raise HttpError(400, "shared-memory tensors are not supported")
+    if "binary_data_size" in params:
+        size = as_size(params["binary_data_size"], "binary_data_size")
+        if size != len(blob):
+            raise HttpError(400, f"binary_data_size {size} but {len(blob)} bytes of binary data")
+        texts = [check_text(t, f"text[{i}]") for i, t in enumerate(bytes_elements(blob))]
+    elif "data" in spec:
+        if len(blob):
+            raise HttpError(400, "binary data given, but no input names it (binary_data_size)")
+        items = json_elements(spec["data"])
+        texts = [encode_text(t, f"text[{i}]") for i, t in enumerate(items)]
+    else:
+        raise HttpError(400, "input text has neither data nor binary_data_size")
+    if len(texts) != n:
+        raise HttpError(400, f"input text has shape {spec['shape']} but {len(texts)} elements")
+    if not 1 <= n <= server.settings.max_texts:
+        raise HttpError(400, f"input text must hold 1 to {server.settings.max_texts} texts")
+    return texts
+
+
+def read_outputs(doc: dict[str, Any]) -> list[tuple[str, bool]]:
+    """(name, binary) for each output to answer, in the order asked for."""
+    params = as_dict(doc.get("parameters"), "parameters")
+    default = bool(params.get("binary_data_output", False))
+    asked = doc.get("outputs")
+    if not asked:
+        return [(name, default) for name in OUTPUTS]
+    if not isinstance(asked, list):
+        raise HttpError(400, "outputs must be a list")
+    wanted: list[tuple[str, bool]] = []
+    for spec in asked:
+        if not isinstance(spec, dict) or spec.get("name") not in OUTPUTS:
+            name = spec.get("name") if isinstance(spec, dict) else spec
+            raise HttpError(400, f"unknown output {name!r}: the model gives scores and label")
+        if any(spec["name"] == w for w, _ in wanted):
+            raise HttpError(400, f"output {spec['name']!r} asked for twice")
+        out_params = as_dict(spec.get("parameters"), "output parameters")
+        if "shared_memory_region" in out_params or "classification" in out_params:
+            raise HttpError(400, "shared-memory and classification outputs are not supported")
+        wanted.append((spec["name"], bool(out_params.get("binary_data", default))))
+    return wanted
+
+
+def request_deadline(server: Server, ex: Exchange, doc: dict[str, Any]) -> int | None:
+    """Triton's `timeout` parameter (microseconds), unless X-Request-Timeout-Ms says otherwise."""
+    timeout_us = as_dict(doc.get("parameters"), "parameters").get("timeout")
+    if timeout_us is None or b"x-request-timeout-ms" in ex.headers:
+        return None  # routes.submit takes the header's or the default deadline
+    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0:
+        raise HttpError(400, "parameters.timeout must be a positive integer (microseconds)")
+    return ex.done_ns + timeout_us * 1000
+
+
+# -- infer: answer --------------------------------------------------------------------------------
+class OutputEncoder:
+    """Turns one group's results into the outputs asked for; label encodings made once."""
+
+    def __init__(self, labels: list[str]) -> None:
+        self.labels = labels
+        encoded = [label.encode() for label in labels]
+        self.label_blobs = [_U32.pack(len(b)) + b for b in encoded]
+
+    def tensors(
+        self, results: list[Result], wanted: list[tuple[str, bool]]
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        n, c = len(results), len(self.labels)
+        tensors: list[dict[str, Any]] = []
+        blobs: list[bytes] = []
+        for name, binary in wanted:
+            if name == "scores":
+                tensor: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": [n, c]}
+                scores = np.stack([r.scores for r in results]).astype("<f4", copy=False)  # type: ignore[misc]
+                data: Any = scores.tobytes() if binary else scores.ravel().tolist()
+            else:
+                tensor = {"name": name, "datatype": "BYTES", "shape": [n]}
+                if binary:
+                    data = b"".join([self.label_blobs[r.label_id] for r in results])
+                else:
+                    data = [self.labels[r.label_id] for r in results]
+            if binary:
+                tensor["parameters"] = {"binary_data_size": len(data)}
+                blobs.append(data)
+            else:
+                tensor["data"] = data
+            tensors.append(tensor)
+        return tensors, blobs
+
+
+_encoders: dict[tuple[str, ...], OutputEncoder] = {}
+
+
+def encoder_for(labels: list[str]) -> OutputEncoder:
+    key = tuple(labels)
+    encoder = _encoders.get(key)
+    if encoder is None:
+        _encoders.clear()  # one model at a time: keep only the current labels' encoder
+        encoder = _encoders[key] = OutputEncoder(labels)
+    return encoder
+
+
+def infer(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    name = check_model(server, params)
+    doc, blob = split_body(server, ex)
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise HttpError(400, "id must be a string")
+    texts = read_texts(server, doc, blob)
+    wanted = read_outputs(doc)
+    deadline = request_deadline(server, ex, doc)
+    encoder = encoder_for(server.labels)
+
+    def done(results: list[Result]) -> None:
+        failed = first_failure(results)
+        if failed is not None:
+            respond_failure(conn, ex, failed)
+            server.count("kserve", STATUS_HTTP.get(failed.status, 500))
+            return
+        tensors, blobs = encoder.tensors(results, wanted)
+        answer: dict[str, Any] = {"model_name": name, "model_version": VERSION}
+        if request_id is not None:
+            answer["id"] = request_id
+        answer["outputs"] = tensors
+        head = json.dumps(answer).encode()
+        extra = [latency_header(ex)]
+        if blobs:
+            extra.append((HEADER_LENGTH, b"%d" % len(head)))
+            body = b"".join([head, *blobs])
+            conn.respond(ex, 200, body, content_type=b"application/octet-stream", extra=extra)
+        else:
+            conn.respond(ex, 200, head, extra=extra)
+        server.count("kserve", 200)
+
+    submit(server, conn, ex, texts, done, "kserve", deadline)

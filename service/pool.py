@@ -27,6 +27,16 @@ SPARE = "spare"
 DEAD = "dead"
 
 
+def request_ring_slots(settings: Any) -> int:
+    """--ring-slots, raised to a power of two that holds the largest text a client may send
+    twice over (a message that wraps needs its pad's room too), so every admitted text fits."""
+    largest = max(settings.max_body, settings.max_frame) + L.RECORD_SIZE
+    slots = max(1, settings.ring_slots)
+    while slots * L.REQUEST_SLOT_SIZE < 2 * largest:
+        slots *= 2
+    return 1 << (slots - 1).bit_length()
+
+
 class WorkerHandle:
     """Owns one worker process and the three segments it attaches to."""
 
@@ -53,16 +63,17 @@ class WorkerHandle:
         self.started_at = time.monotonic()
         self.ready_at: float | None = None
         self.kill_sent_at: float | None = None
-        slots = settings.ring_slots
+        slots = request_ring_slots(settings)
+        answers = 1 << (2 * max(settings.ring_slots, settings.max_queue) - 1).bit_length()
         self.req_seg = Segment.create(
             segment_name(pid, serial, "req"), L.ring_bytes(L.REQUEST_SLOT_SIZE, slots)
         )
         self.rsp_seg = Segment.create(
-            segment_name(pid, serial, "rsp"), L.ring_bytes(L.RESPONSE_SLOT_SIZE, slots * 2)
+            segment_name(pid, serial, "rsp"), L.ring_bytes(L.RESPONSE_SLOT_SIZE, answers)
         )
         self.ctl_seg = Segment.create(segment_name(pid, serial, "ctl"), L.CONTROL_BYTES)
         self.requests = Ring(self.req_seg, L.REQUEST_SLOT_SIZE, slots)
-        self.responses = Ring(self.rsp_seg, L.RESPONSE_SLOT_SIZE, slots * 2)
+        self.responses = Ring(self.rsp_seg, L.RESPONSE_SLOT_SIZE, answers)
         self.ctl = ControlBlock(self.ctl_seg, create=True)
         self.doorbell = request_doorbell()
         self.eventfd = EventFd()
@@ -82,6 +93,7 @@ class WorkerHandle:
             doorbell=self.doorbell,
             eventfd=self.eventfd,
             hooks=dict(hooks or {}),
+            precision=getattr(settings, "precision", "fp32"),
         )
         from workers.worker import main as worker_main
 
@@ -152,7 +164,7 @@ class WorkerHandle:
 
     def signal(self, signum: int) -> None:
         pid = self.pid
-        if pid is not None and not self.dead:
+        if pid is not None and self.process.exitcode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 

@@ -40,7 +40,7 @@ def parse_json(ex: Exchange) -> Any:
         raise HttpError(400, "body is not valid UTF-8") from None
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError too: an integer over 4300 digits
         raise HttpError(400, "malformed JSON") from None
 
 
@@ -95,9 +95,11 @@ def submit(
     texts: list[bytes],
     on_done: Callable[[list[Result]], None],
     protocol: str,
+    deadline: int | None = None,
 ) -> None:
-    """Admit texts for inference, or answer 503 at once."""
-    deadline = deadline_ns(server, ex)
+    """Admit texts for inference, or answer 503 at once. `deadline` overrides the header's."""
+    if deadline is None:
+        deadline = deadline_ns(server, ex)
     if not server.dispatcher.submit(texts, deadline, on_done, protocol):
         message = "server is draining" if server.draining else "queue is full"
         if server.supervisor.fatal:

@@ -33,6 +33,13 @@ def parse_buckets(text: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+def parse_precision(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"precision must be fp32, fp16 or bf16, got {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -59,6 +66,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("threads", 1, "torch threads per worker (1 measured steadiest, DESIGN.md)", int),
     Setting("device", "auto", "cpu, cuda, cuda:K or auto (CUDA when available)"),
     Setting("workers-per-gpu", 1, "serving workers per GPU when the device is CUDA", int),
+    Setting(
+        "precision",
+        "fp32",
+        "CUDA compute precision: fp32, fp16 or bf16 (autocast; the guarantee of equal scores "
+        "is for fp32, benchmarks/gpu_check.py measures the others' cost); ignored on the CPU",
+        parse_precision,
+    ),
     Setting("spares", 1, "warm spare workers beside the serving ones", int),
     Setting("max-batch", 32, "largest batch a worker runs at once", int),
     Setting("max-delay-ms", 2.0, "longest a worker waits to fill a batch", float),
@@ -72,6 +86,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max-connections", 1024, "open client connections before new ones are refused", int),
     Setting("read-timeout-s", 10.0, "longest wait for the rest of a request head or body", float),
     Setting("keepalive-timeout-s", 60.0, "idle keep-alive connection lifetime", float),
+    Setting(
+        "write-timeout-s",
+        30.0,
+        "longest a client may leave its answers unread (writes paused) before it is dropped",
+        float,
+    ),
     Setting("request-timeout-s", 30.0, "deadline of a request that sets none", float),
     Setting("drain-timeout-s", 30.0, "longest drain on SIGTERM before workers are stopped", float),
     Setting("heartbeat-timeout-s", 5.0, "heartbeat age that marks a worker hung", float),
@@ -81,6 +101,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log-level", "info", "debug, info, warning or error"),
     Setting("access-log", 0, "1 to log every request as a JSON line", int),
     Setting("metrics", 1, "0 turns metric collection off (for overhead measurement)", int),
+    Setting("binary-max-owed", 256, "answers a binary connection owes before it pauses", int),
+    Setting("binary-group", 32, "most binary frames admitted (and answered) as one group", int),
+    Setting("binary-linger-s", 2.0, "oversize frame: drop input this long, then close", float),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -99,6 +122,7 @@ class Config:
     threads: int = 1
     device: str = "auto"
     workers_per_gpu: int = 1
+    precision: str = "fp32"
     spares: int = 1
     max_batch: int = 32
     max_delay_ms: float = 2.0
@@ -112,6 +136,7 @@ class Config:
     max_connections: int = 1024
     read_timeout_s: float = 10.0
     keepalive_timeout_s: float = 60.0
+    write_timeout_s: float = 30.0
     request_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
     heartbeat_timeout_s: float = 5.0
@@ -121,6 +146,9 @@ class Config:
     log_level: str = "info"
     access_log: int = 0
     metrics: int = 1
+    binary_max_owed: int = 256
+    binary_group: int = 32
+    binary_linger_s: float = 2.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def serving_workers(self) -> int:

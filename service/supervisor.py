@@ -13,12 +13,14 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from service.dispatcher import Dispatcher
 from service.pool import WorkerHandle
 from shm import layout as L
-from workers.spec import EXIT_BOOT_ERROR
+from workers import nvml
+from workers.spec import EXIT_BOOT_ERROR, FAKE_GPU
 
 log = logging.getLogger("ringserve.supervisor")
 
@@ -31,6 +33,17 @@ CRASH_LIMIT = 5  # crashes of one slot within the window before restarts back of
 
 class BootFailure(Exception):
     pass
+
+
+def gpu_indices(device: str) -> list[int]:
+    """The CUDA device indices a resolved --device names ([0] for the test-only fake GPU)."""
+    if device == FAKE_GPU:
+        return [0]
+    if device == "cuda":
+        return list(range(nvml.cuda_device_count()))
+    if device.startswith("cuda:"):
+        return [int(device.split(":", 1)[1])]
+    return []
 
 
 class Supervisor:
@@ -61,11 +74,17 @@ class Supervisor:
         self.stopping = False
         self.fatal: str | None = None
         self.hooks: dict[str, Any] = {}
+        # Called just before a worker's segments are released (metrics keep its last counters).
+        self.on_release: Callable[[WorkerHandle], None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.wake = asyncio.Event()
         self.started = time.monotonic()
         self.restarts_total = 0
         self.ncpu = sorted(os.sched_getaffinity(0))
+        self.gpus = gpu_indices(device)  # CUDA devices the workers spread over; [] on the CPU
+        self.gpu_cpus = {k: nvml.default().local_cpus(k) for k in self.gpus} if self.gpus else {}
+        if self.gpus and settings.workers is None:  # on CUDA the pool is sized by the GPUs
+            self.target = len(self.gpus) * max(1, settings.workers_per_gpu)
 
     # -- the desired set ------------------------------------------------------------------------
     def scale(self, n: int) -> None:
@@ -92,10 +111,27 @@ class Supervisor:
         self.wake.set()
 
     # -- processes ------------------------------------------------------------------------------
+    def device_for(self, slot: int | None) -> str:
+        """Slot s runs on GPU s mod G (a spare on the first GPU); the CPU device is as given."""
+        if not self.gpus or self.device == FAKE_GPU:
+            return self.device
+        return f"cuda:{self.gpus[(slot or 0) % len(self.gpus)]}"
+
+    def _near_cpus(self, slot: int) -> list[int]:
+        """The CPUs nearest the slot's GPU (NVML or sysfs), or [] when the system does not say."""
+        if not self.gpus:
+            return []
+        near = self.gpu_cpus.get(self.gpus[slot % len(self.gpus)], [])
+        return [c for c in near if c in self.ncpu]
+
     def cpus_for(self, slot: int | None) -> list[int]:
         if slot is None:
             return list(self.ncpu)
         per = max(1, self.settings.threads)
+        near = self._near_cpus(slot)
+        if near:  # disjoint sets within the GPU's CPUs, in slot order
+            rank = sum(1 for s in range(slot) if self._near_cpus(s) == near)
+            return [near[(rank * per + i) % len(near)] for i in range(per)]
         start = (slot * per) % len(self.ncpu)
         return [self.ncpu[(start + i) % len(self.ncpu)] for i in range(per)]
 
@@ -104,7 +140,7 @@ class Supervisor:
         handle = WorkerHandle(
             self.serial,
             self.cpus_for(slot),
-            self.device,
+            self.device_for(slot),
             self.model_dir,
             self.generation,
             self.settings,
@@ -137,9 +173,10 @@ class Supervisor:
 
     def on_exit(self, handle: WorkerHandle) -> None:
         """The process sentinel fired: the worker is gone (any signal, any exit)."""
-        assert self.loop is not None
-        self.loop.remove_reader(handle.sentinel)
         code = handle.reap()
+        if handle.dead:  # already mourned (hung, then killed): only release it
+            self._finish(handle)
+            return
         self._declare_dead(handle, f"exited with code {code}", code)
 
     def _declare_dead(self, handle: WorkerHandle, reason: str, code: int | None) -> None:
@@ -152,6 +189,20 @@ class Supervisor:
             log.exception("reading the answers of a dead worker")
         handle.dead = True
         slot = handle.slot
+        if handle in self.spares:
+            self.spares.remove(handle)
+        if handle in self.retiring:
+            self.retiring.remove(handle)
+        if slot is not None and self.slots.get(slot) is handle:
+            self.slots[slot] = None
+            self.restarts[slot] = self.restarts.get(slot, 0) + 1
+            self.restarts_total += 1
+            self._note_crash(slot)
+        if code == EXIT_BOOT_ERROR and not was_loaded and not self.stopping:
+            self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
+        self._update_serving()  # before rerouting, so nothing goes back to the dead worker
+        if not self.fatal:
+            self.reconcile()  # a warm spare takes the slot now, not at the next tick
         moved = self.dispatcher.reroute(handle)
         level = logging.INFO if handle.draining else logging.WARNING
         self._event(
@@ -163,28 +214,16 @@ class Supervisor:
             exit_code=code,
             rerouted=moved,
         )
-        if handle in self.spares:
-            self.spares.remove(handle)
-        if handle in self.retiring:
-            self.retiring.remove(handle)
-        if slot is not None and self.slots.get(slot) is handle:
-            self.slots[slot] = None
-            self.restarts[slot] = self.restarts.get(slot, 0) + 1
-            self.restarts_total += 1
-            self._note_crash(slot)
-        self._update_serving()
-        if code == EXIT_BOOT_ERROR and not was_loaded and not self.stopping:
-            self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
         self._finish(handle)
         self.wake.set()
 
     def _finish(self, handle: WorkerHandle) -> None:
         assert self.loop is not None
         self.loop.remove_reader(handle.eventfd.fd)
-        self.loop.remove_reader(handle.sentinel)
         if handle.process.exitcode is None:  # declared dead while still running (hung)
-            handle.signal(signal.SIGKILL)
-            return  # released once its sentinel fires
+            handle.signal(signal.SIGKILL)  # on_exit releases it once the kernel has freed it
+            return
+        self.loop.remove_reader(handle.sentinel)
         self.all.pop(handle.serial, None)
         handle.release()
 
@@ -348,6 +387,8 @@ class Supervisor:
                     h.process.join(0)
         for h in handles:
             h.dead = True
+            if self.on_release is not None:
+                self.on_release(h)
             self.all.pop(h.serial, None)
             h.release()
 

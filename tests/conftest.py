@@ -33,6 +33,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class ServerDied(Exception):
+    """Raised from a wait_for predicate to stop polling at once."""
+
+
 def wait_for(
     predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
 ) -> Any:
@@ -44,6 +48,8 @@ def wait_for(
             value = predicate()
             if value:
                 return value
+        except ServerDied:
+            raise
         except Exception as exc:  # noqa: BLE001 - keep polling; report the last one
             last_exc = exc
         time.sleep(interval)
@@ -126,7 +132,7 @@ class ServerProc:
     def wait_ready(self, workers: int | None = None, timeout: float = 120.0) -> None:
         def ready() -> bool:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
+                raise ServerDied(f"server exited with {self.proc.returncode}:\n{self.logs()}")
             status, _, _ = self.request("GET", "/v2/health/ready", timeout=5)
             if status != 200:
                 return False

@@ -18,11 +18,13 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 MANIFEST_FILE = "manifest.json"
 DEFAULT_NAME = "sst2-minilm"
@@ -186,6 +188,8 @@ def open_tokenizer(path: str | os.PathLike[str], max_length: int) -> Tokenizer:
 
 def load_model(artifact_dir: str | os.PathLike[str], device: str = "cpu") -> torch.jit.ScriptModule:
     """The artifact's TorchScript classifier on `device`, in eval mode."""
+    import torch
+
     directory = Path(artifact_dir)
     name = load_manifest(directory, verify=False).model_file
     try:
@@ -202,6 +206,8 @@ def _write_artifact(
     head_state: dict[str, torch.Tensor],
     manifest: dict[str, Any],
 ) -> None:
+    import torch
+
     from workers.model import WeightError, build_classifier  # torch-heavy; only when building
 
     try:
@@ -257,6 +263,8 @@ def build_artifact(
 
 def read_head(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Head weights ({"weight", "bias"}) and the rest of a head JSON file (labels, provenance)."""
+    import torch
+
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
         state = {
@@ -347,6 +355,8 @@ def default_artifact_dir(cache_dir: str | os.PathLike[str] | None = None) -> Pat
 
 def reference_logits(artifact_dir: str | os.PathLike[str], texts: list[str]) -> np.ndarray:
     """Float32 logits [N, C], each text tokenized and run alone (no padding): the ground truth."""
+    import torch
+
     manifest = load_manifest(artifact_dir)
     tokenizer = load_tokenizer(artifact_dir, manifest.max_length)
     model = load_model(artifact_dir)

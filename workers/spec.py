@@ -10,6 +10,10 @@ EXIT_OK = 0
 EXIT_BOOT_ERROR = 3  # the model cannot be loaded: stop the server, do not crash-loop
 EXIT_PARENT_GONE = 4
 
+# Test-only device: the CUDA code path (static shapes, OOM fallback) run on the CPU, for machines
+# without a GPU; accepted only with RINGSERVE_TEST_FAKE_GPU=1 in the environment.
+FAKE_GPU = "fake-gpu"
+
 
 @dataclass
 class WorkerSpec:
@@ -28,3 +32,4 @@ class WorkerSpec:
     doorbell: Any  # multiprocessing Semaphore: posted once per request
     eventfd: Any  # shm.doorbell.EventFd: written once per batch of answers
     hooks: dict[str, Any] = field(default_factory=dict)  # test-only, empty in production
+    precision: str = "fp32"  # CUDA compute precision: fp32, fp16 or bf16 (autocast)

@@ -49,6 +49,7 @@ class Worker:
         self.ctl.set("state", L.W_STARTING)
         self.ctl.beat()
         self.grow: list[bytes] = []  # test-only memory growth hook
+        self.gpu: Any = None  # workers.nvml.GpuMonitor on CUDA: NVML sampled from the loop
 
     def boot(self) -> None:
         t0 = time.monotonic()
@@ -56,7 +57,7 @@ class Worker:
 
         from workers.artifact import load_manifest, load_model, load_tokenizer
         from workers.batcher import Batcher
-        from workers.runtime import CpuRunner
+        from workers.cuda import make_runner
 
         spec = self.spec
         torch.set_num_threads(spec.threads)
@@ -66,9 +67,11 @@ class Worker:
         self.tokenizer = load_tokenizer(spec.model_dir, max_len)
         self.ctl.beat()
         model = load_model(spec.model_dir, "cpu")
-        self.runner = CpuRunner(model, self.buckets, spec.max_batch)
+        self.runner, sink = make_runner(spec, self.buckets, model, self.ctl)
         self.ctl.beat()
-        self.runner.warm()
+        warm_s = self.runner.warm()
+        if sink is not None:  # GPU worker: report its graphs; the loop samples NVML from now on
+            self.gpu = sink.started(self.runner, warm_s)
         self.batcher = Batcher(self.buckets, spec.max_batch, int(spec.max_delay_ms * 1e6))
         self.n_labels = len(manifest.labels)
         self.ctl.set("boot_ms", int((time.monotonic() - t0) * 1000))
@@ -84,6 +87,8 @@ class Worker:
             self.ctl.beat()
             if os.getppid() != spec.parent_pid:
                 return EXIT_PARENT_GONE
+            if self.gpu is not None:
+                self.gpu.tick()  # at most once a second; never raises
             took = self.take_requests()
             for _ in range(took):  # each request was posted once: keep the count honest
                 if not doorbell.acquire(False):
@@ -205,6 +210,7 @@ class Worker:
 def main(spec: WorkerSpec) -> None:
     _die_with_parent()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA indices = NVML indices
     with contextlib.suppress(OSError, AttributeError):
         os.sched_setaffinity(0, spec.cpus)
     worker = Worker(spec)

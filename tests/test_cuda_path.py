@@ -1,0 +1,460 @@
+"""The CUDA path, tested on a machine with no GPU: the GPU is FAKED here.
+
+CudaRunner runs on device "cpu" (no graphs, no pinned memory) as the "fake GPU": its static
+shapes, buffers and the out-of-memory fallback are the production code, while the CUDA-only parts
+(graph capture and replay, pinned copies, NVML on a real driver) are checked on a GPU machine by
+benchmarks/gpu_check.py. The OOM is injected through the test-only hook the server passes on
+from RINGSERVE_TEST_INJECT_OOM; it raises the same torch.cuda.OutOfMemoryError a real one does.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import threading
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from service.app import resolve_device
+from service.dispatcher import Dispatcher
+from service.logs import EventLog
+from service.settings import Config
+from service.supervisor import Supervisor, gpu_indices
+from shm import layout as L
+from shm.control import ControlBlock
+from shm.segment import Segment, segment_name
+from tests.conftest import wait_for
+from workers import nvml
+from workers.artifact import load_model, load_tokenizer
+from workers.batcher import Item, batch_limits, bucket_index
+from workers.cuda import CudaRunner, FallbackRunner, graph_sizes, padded_rows
+from workers.runtime import CpuRunner
+from workers.spec import FAKE_GPU
+
+BUCKETS = (16, 32)  # short buckets keep CPU forwards cheap; the code is the same for 64..256
+FAKE_ENV = {"RINGSERVE_TEST_FAKE_GPU": "1"}
+
+
+@pytest.fixture(scope="module")
+def model(default_model: str) -> Any:
+    return load_model(default_model)
+
+
+@pytest.fixture(scope="module")
+def items(default_model: str, sst2_texts: list[str]) -> list[Item]:
+    tok = load_tokenizer(default_model, max(BUCKETS))
+    return [Item(i, 0, 0, e.ids) for i, e in enumerate(tok.encode_batch(sst2_texts[:120]))]
+
+
+def by_bucket(items: list[Item]) -> list[list[Item]]:
+    out: list[list[Item]] = [[] for _ in BUCKETS]
+    for it in items:
+        out[bucket_index(BUCKETS, len(it.ids))].append(it)
+    return out
+
+
+# -- shape selection --------------------------------------------------------------------------
+def test_graph_sizes_cover_every_batch_with_at_most_double_padding() -> None:
+    assert graph_sizes(32) == [1, 2, 4, 8, 16, 32]
+    assert graph_sizes(12) == [1, 2, 4, 8, 12]
+    assert graph_sizes(1) == [1]
+    for limit in (1, 5, 8, 12, 32, 100):
+        sizes = graph_sizes(limit)
+        for n in range(1, limit + 1):
+            rows = padded_rows(sizes, n)
+            assert n <= rows <= max(1, 2 * n - 1) or rows == limit
+            assert rows in sizes
+        with pytest.raises(ValueError):
+            padded_rows(sizes, limit + 1)
+
+
+def test_runner_shapes_follow_the_batch_limits(model: Any) -> None:
+    runner = CudaRunner(model, (64, 128, 256), 32, FAKE_GPU)
+    assert runner.limits == batch_limits((64, 128, 256), 32) == [32, 16, 8]
+    assert runner.sizes == [[1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16], [1, 2, 4, 8]]
+    assert [runner.rows_for(0, n) for n in (1, 2, 3, 5, 17, 32)] == [1, 2, 4, 8, 32, 32]
+    assert [runner.rows_for(2, n) for n in (1, 3, 7, 8)] == [1, 4, 8, 8]
+    assert [t.shape[1] for t in runner.dev_ids] == [64, 128, 256]
+    assert not runner.use_graphs and not runner.on_cuda  # the fake GPU captures nothing
+
+
+# -- buffers and results ------------------------------------------------------------------------
+def test_fake_gpu_matches_cpu_and_allocates_nothing_per_batch(
+    model: Any, items: list[Item]
+) -> None:
+    gpu = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
+    cpu = CpuRunner(model, BUCKETS, 8)
+    gpu.warm()
+    cpu.warm()
+    ptrs = gpu.buffer_ptrs()
+    ids_views = [a.__array_interface__["data"][0] for a in gpu.ids]
+    batches = 0
+    for bucket, group in enumerate(by_bucket(items)):
+        assert len(group) >= 2 * gpu.limits[bucket]
+        start = 0
+        for n in (1, 3, gpu.limits[bucket], 2, 5, 1, gpu.limits[bucket], 7):  # padded and exact
+            batch = group[start : start + min(n, gpu.limits[bucket])]
+            start = (start + len(batch)) % gpu.limits[bucket]
+            assert gpu.fill(bucket, batch) == cpu.fill(bucket, batch)
+            got = gpu.forward(bucket, len(batch))
+            want = cpu.forward(bucket, len(batch))
+            assert got.shape == want.shape == (len(batch), 2)
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+            batches += 1
+    assert batches == 16
+    assert gpu.allocations == 0
+    assert gpu.buffer_ptrs() == ptrs  # the same buffers served every batch
+    assert [a.__array_interface__["data"][0] for a in gpu.ids] == ids_views
+
+
+class StubModel:
+    """Logits from a preallocated tensor: isolates the runner's own work from the model's."""
+
+    def __init__(self) -> None:
+        self.logits = torch.zeros(64, 2)
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.logits[: ids.shape[0]]
+
+
+def tensor_allocations(work: Any) -> int:
+    """How many CPU tensor allocations torch's profiler records while `work()` runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        work()
+    return sum(1 for e in prof.events() if e.cpu_memory_usage > 0)
+
+
+def test_the_runner_allocates_no_tensor_per_batch(items: list[Item]) -> None:
+    runner = CudaRunner(StubModel(), BUCKETS, 8, FAKE_GPU)
+    runner.warm()
+    batch = by_bucket(items)[0]
+
+    def serve() -> None:
+        for i in range(60):
+            n = 1 + i % 8
+            runner.fill(0, batch[:n])
+            runner.forward(0, n)
+
+    assert tensor_allocations(lambda: torch.zeros(8) + 1) >= 2  # the counter does count
+    assert tensor_allocations(serve) == 0
+
+
+def test_padded_rows_do_not_change_a_text_s_scores(model: Any, items: list[Item]) -> None:
+    gpu = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
+    gpu.warm()
+    group = by_bucket(items)[0]
+    gpu.fill(0, group[:8])
+    gpu.forward(0, 8)  # leaves other texts in rows 3..7
+    gpu.fill(0, group[:3])
+    three = gpu.forward(0, 3)  # padded to 4 rows: row 3 holds a stale text
+    gpu.fill(0, group[:1])
+    one = gpu.forward(0, 1)
+    np.testing.assert_allclose(three[0], one[0], atol=1e-5, rtol=0)
+
+
+def test_bf16_autocast_runs_and_stays_close(model: Any, items: list[Item]) -> None:
+    fp32 = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
+    bf16 = CudaRunner(model, BUCKETS, 8, FAKE_GPU, precision="bf16")
+    fp32.warm()
+    bf16.warm()
+    batch = by_bucket(items)[0][:8]
+    fp32.fill(0, batch)
+    bf16.fill(0, batch)
+    a, b = fp32.forward(0, len(batch)), bf16.forward(0, len(batch))
+    assert b.dtype == np.float32 and np.isfinite(b).all()
+    assert 0 < np.abs(a - b).max() < 0.1  # autocast took effect, and cost little
+    with pytest.raises(ValueError):
+        CudaRunner(model, BUCKETS, 8, FAKE_GPU, precision="int3")
+
+
+# -- the fallback wrapper ------------------------------------------------------------------------
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def degraded(self, reason: str) -> None:
+        self.events.append("degraded")
+
+    def recovered(self, seconds: float) -> None:
+        self.events.append("recovered")
+
+    def fell_back(self) -> None:
+        self.events.append("cpu")
+
+
+def test_fallback_reruns_on_cpu_then_probes_back(model: Any, items: list[Item]) -> None:
+    gpu = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
+    cpu = CpuRunner(model, BUCKETS, 8)
+    sink = Recorder()
+    runner = FallbackRunner(gpu, cpu, sink, inject_oom=2, probe_every=2, probe_after_s=1e9)
+    runner.warm()
+    reference = CpuRunner(model, BUCKETS, 8)
+    group = by_bucket(items)[0]
+    for i in range(6):
+        batch = group[i * 3 : i * 3 + 3]
+        runner.fill(0, batch)
+        got = runner.forward(0, len(batch))
+        reference.fill(0, batch)
+        np.testing.assert_allclose(got, reference.forward(0, len(batch)), atol=1e-5, rtol=0)
+    # OOM -> cpu, cpu, probe OOM -> cpu, cpu, probe ok, gpu: one transition each way.
+    assert sink.events == ["degraded", "cpu", "cpu", "cpu", "cpu", "recovered"]
+    assert runner.fallbacks == 4 and not runner.degraded and runner.inject_oom == 0
+    assert runner.allocations == 0
+
+
+def test_a_real_torch_oom_error_is_what_the_wrapper_catches(model: Any, items: list[Item]) -> None:
+    class Exploding(CudaRunner):
+        def forward(self, bucket: int, n: int) -> np.ndarray:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    sink = Recorder()
+    runner = FallbackRunner(
+        Exploding(model, BUCKETS, 8, FAKE_GPU), CpuRunner(model, BUCKETS, 8), sink
+    )
+    runner.warm()
+    runner.fill(0, by_bucket(items)[0][:2])
+    assert runner.forward(0, 2).shape == (2, 2)
+    assert sink.events == ["degraded", "cpu"] and runner.degraded
+
+
+def test_the_script_interpreter_s_wrapped_oom_is_caught_and_other_errors_are_not(
+    model: Any, items: list[Item]
+) -> None:
+    wrapped = (
+        "The following operation failed in the TorchScript interpreter.\nTraceback of "
+        "TorchScript (most recent call last):\n  ...\nRuntimeError: CUDA out of memory. Tried "
+        "to allocate 96.00 MiB. GPU 0 has a total capacity of 139.81 GiB"
+    )
+
+    class Raising(CudaRunner):
+        error: Exception = RuntimeError(wrapped)
+
+        def forward(self, bucket: int, n: int) -> np.ndarray:
+            raise self.error
+
+    gpu = Raising(model, BUCKETS, 8, FAKE_GPU)
+    sink = Recorder()
+    runner = FallbackRunner(gpu, CpuRunner(model, BUCKETS, 8), sink)
+    runner.warm()
+    runner.fill(0, by_bucket(items)[0][:2])
+    assert runner.forward(0, 2).shape == (2, 2) and sink.events == ["degraded", "cpu"]
+    gpu.error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    runner.probe_after_s = 0.0
+    runner.fill(0, by_bucket(items)[0][:2])
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        runner.forward(0, 2)
+
+
+# -- through a real server ------------------------------------------------------------------------
+def _post(port: int, texts: list[str], counts: Counter[str], lock: threading.Lock) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", "/v1/classify", json.dumps({"texts": texts}))
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        ok = resp.status == 200 and len(body["results"]) == len(texts)
+        key = "ok" if ok else f"status {resp.status}"
+    except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
+        key = f"error {type(exc).__name__}"
+    finally:
+        conn.close()
+    with lock:
+        counts[key] += len(texts)
+
+
+def test_injected_oom_degrades_then_recovers_with_no_failed_request(
+    start_server: Any, sst2_texts: list[str], model: Any, default_model: str
+) -> None:
+    env = {**FAKE_ENV, "RINGSERVE_TEST_INJECT_OOM": "3"}
+    srv = start_server("--device", "fake-gpu", "--workers", "1", "--spares", "0", env=env)
+    row = srv.status()["workers"][0]
+    assert row["state"] == "ready" and row["device"] == FAKE_GPU
+    counts: Counter[str] = Counter()
+    lock = threading.Lock()
+    states: list[str] = []
+    stop = threading.Event()
+
+    def clients(index: int) -> None:
+        i = index
+        while not stop.is_set() and i < 4000:  # bounded in count, and by stop
+            _post(srv.port, [sst2_texts[(i + k) % 500] for k in range(4)], counts, lock)
+            i += 3
+
+    threads = [threading.Thread(target=clients, args=(n,), daemon=True) for n in range(3)]
+    for t in threads:
+        t.start()
+
+    def seen(state: str) -> bool:
+        states.append(srv.status()["workers"][0]["state"])
+        return state in states
+
+    try:
+        wait_for(lambda: seen("degraded"), 60, "worker degraded after the injected OOM")
+        assert srv.status()["workers"][0]["device"] == "cpu"  # serving from the CPU copy
+        states.clear()
+        wait_for(lambda: seen("ready"), 60, "worker back on the (fake) GPU")
+        before = counts["ok"]
+        wait_for(lambda: counts["ok"] >= before + 40, 60, "load served after recovery")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert counts["ok"] > 0 and set(counts) == {"ok"}, counts  # zero failed requests
+    logs = srv.logs()
+    assert logs.count('"worker_degraded"') == 1 and logs.count('"worker_recovered"') == 1, logs
+    got = srv.classify(sst2_texts[:5])["results"]  # and the GPU path still scores correctly
+    cpu = CpuRunner(model, (256,), 8)
+    tok = load_tokenizer(default_model, 256)
+    batch = [Item(i, 0, 0, e.ids) for i, e in enumerate(tok.encode_batch(sst2_texts[:5]))]
+    cpu.fill(0, batch)
+    want = cpu.forward(0, 5)
+    np.testing.assert_allclose([r["scores"] for r in got], want, atol=1e-5, rtol=0)
+    assert srv.stop() == 0
+
+
+def test_fake_gpu_needs_its_test_switch() -> None:
+    log = EventLog(stream=io.StringIO())
+    with pytest.raises(SystemExit, match="unknown --device"):
+        resolve_device(FAKE_GPU, log)
+
+
+# -- no GPU, no NVML -------------------------------------------------------------------------------
+def test_auto_picks_cpu_here_and_says_why_once() -> None:
+    stream = io.StringIO()
+    assert resolve_device("auto", EventLog(stream=stream)) == "cpu"
+    lines = [json.loads(x) for x in stream.getvalue().splitlines()]
+    assert [x["event"] for x in lines] == ["device_auto"]
+    assert "NVML" in lines[0]["reason"] or "CUDA" in lines[0]["reason"]
+    for wanted in ("cuda", "cuda:0"):
+        with pytest.raises(SystemExit, match="asked for, but"):
+            resolve_device(wanted, EventLog(stream=io.StringIO()))
+    with pytest.raises(SystemExit, match="unknown --device"):
+        resolve_device("gpu", EventLog(stream=io.StringIO()))
+
+
+def test_missing_nvml_gives_no_reading_and_never_raises() -> None:
+    serial = 1
+    real = nvml.Nvml()  # this machine has no NVIDIA driver: pynvml's init fails
+    assert real.lib() is None and real.error
+    assert real.device_count() == 0 and real.handle(0) is None
+    assert real.sample(None) is None and real.local_cpus(0) == []
+    assert nvml.cuda_unavailable_reason(real) is not None
+    seg = Segment.create(segment_name(os.getpid(), 990_000 + serial, "ctl"), L.CONTROL_BYTES)
+    try:
+        ctl = ControlBlock(seg, create=True)
+        monitor = nvml.GpuMonitor(ctl, 0, nvml=real)
+        assert monitor.tick(now=10.0) and not monitor.tick(now=10.5)  # at most once a second
+        assert ctl.get("gpu_mem_total") == 0 and ctl.get("gpu_mem_used") == 0
+        ctl.close()
+    finally:
+        seg.close()
+        seg.unlink()
+
+
+class FakeNvml:
+    """A stand-in pynvml: `fail` names the calls that raise pynvml.NVMLError."""
+
+    def __init__(self, fail: set[str]) -> None:
+        import pynvml
+
+        self.error = pynvml.NVMLError
+        self.fail = fail
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any) -> Any:
+            self.calls.append(name)
+            if name in self.fail or ("*" in self.fail and name != "nvmlInit"):
+                raise self.error(999)  # NVML_ERROR_UNKNOWN
+            return {
+                "nvmlInit": None,
+                "nvmlDeviceGetCount": 2,
+                "nvmlDeviceGetHandleByIndex": f"h{args[0]}" if args else None,
+                "nvmlDeviceGetHandleByUUID": f"u{args[0]}" if args else None,
+                "nvmlDeviceGetMemoryInfo": SimpleNamespace(used=3 << 30, total=141 << 30),
+                "nvmlDeviceGetUtilizationRates": SimpleNamespace(gpu=37),
+                "nvmlDeviceGetTemperature": 41,
+                "nvmlDeviceGetPowerUsage": 123456,
+                "nvmlDeviceGetCpuAffinity": [0b1111_0000, 0],
+                "nvmlDeviceGetPciInfo": SimpleNamespace(busId=b"00000000:3B:00.0"),
+            }[name]
+
+        return call
+
+
+def test_nvml_failures_are_swallowed_and_readings_land_in_the_control_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    serial = 2
+    assert nvml.Nvml(FakeNvml({"nvmlInit"})).lib() is None  # init fails: no NVML
+    broken = nvml.Nvml(FakeNvml({"*"}))  # init works, every query fails (a lost GPU)
+    assert broken.lib() is not None
+    assert broken.device_count() == 0 and broken.sample(broken.handle(0)) is None
+    assert broken.local_cpus(0) == []
+    partial = nvml.Nvml(FakeNvml({"nvmlDeviceGetPowerUsage", "nvmlDeviceGetCpuAffinity"}))
+    sample = partial.sample(partial.handle(0))
+    assert sample is not None and sample.power_mw == -1 and sample.util_milli == 370
+    seg = Segment.create(segment_name(os.getpid(), 990_000 + serial, "ctl"), L.CONTROL_BYTES)
+    try:
+        ctl = ControlBlock(seg, create=True)
+        good = nvml.Nvml(FakeNvml(set()))
+        nvml.GpuMonitor(ctl, 1, nvml=good).sample()
+        assert ctl.get("gpu_index") == 1
+        assert (ctl.get("gpu_mem_used"), ctl.get("gpu_mem_total")) == (3 << 30, 141 << 30)
+        assert (ctl.get("gpu_util_milli"), ctl.get("gpu_temp_c")) == (370, 41)
+        assert ctl.get("gpu_power_mw") == 123456
+        ctl.close()
+    finally:
+        seg.close()
+        seg.unlink()
+    assert good.local_cpus(0) == [4, 5, 6, 7]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-abc")
+    assert good.handle(0) == "h3" and good.handle(1) == "uGPU-abc" and good.handle(2) is None
+    assert nvml.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert nvml.sysfs_local_cpus("not a bus id") == []
+
+
+# -- placement ------------------------------------------------------------------------------------
+def test_workers_spread_over_gpus_pinned_near_each() -> None:
+    assert gpu_indices("cpu") == [] and gpu_indices("cuda:3") == [3]
+    assert gpu_indices(FAKE_GPU) == [0] and gpu_indices("cuda") == []  # no CUDA here
+    sup = Supervisor(Config(workers=4, threads=2), Dispatcher(16), "/nowhere", "cpu")
+    sup.ncpu = list(range(16))
+    sup.device = "cuda"
+    sup.gpus = [0, 1]
+    sup.gpu_cpus = {0: list(range(8)), 1: list(range(8, 16))}
+    assert [sup.device_for(s) for s in range(4)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert [sup.cpus_for(s) for s in range(4)] == [[0, 1], [8, 9], [2, 3], [10, 11]]
+    sup.gpu_cpus = {}  # the system does not say: disjoint sets in slot order
+    assert [sup.cpus_for(s) for s in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert sup.cpus_for(None) == list(range(16))
+
+
+# -- the device script -----------------------------------------------------------------------------
+def test_gpu_check_parses_its_arguments_without_a_gpu() -> None:
+    import subprocess
+    import sys
+
+    from benchmarks import gpu_check
+    from tests.conftest import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--help"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and "--only" in done.stdout and "--pack" in done.stdout
+    args = gpu_check.parse_args(["--quick", "--only", "server,oom"])
+    assert args.only == {"server", "oom"} and args.load_s <= 3 and args.device == "cuda:0"
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--only", "everything"])
+    texts = gpu_check.make_texts(["short one", "another"], 6)
+    assert len(texts) == 6 and len(texts[2]) > len(texts[1]) > len(texts[0])

@@ -1,0 +1,449 @@
+"""The CUDA model path: static shapes replayed as CUDA graphs, with a warm CPU copy to fall back
+on when the GPU runs out of memory.
+
+CudaRunner keeps, per length bucket, one pinned host buffer and one device buffer sized for the
+bucket's largest batch, and captures the model once per (bucket, batch size) in a small fixed
+set; a batch is copied into the static buffers, padded up to the next captured size and replayed.
+FallbackRunner wraps it with a CpuRunner: a CUDA out-of-memory error re-runs the batch on the CPU
+(no request fails), the worker says `degraded`, and a later probe batch returns it to the GPU.
+
+On a machine without a GPU the same CudaRunner runs on device "cpu" with no graphs (the tests'
+"fake GPU"): shape selection, buffers and the whole fallback path are then the production code.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from shm import layout as L
+from workers.batcher import Item, batch_limits
+from workers.runtime import CpuRunner, softmax
+from workers.spec import FAKE_GPU
+
+# Batch sizes captured per bucket (each capped by the bucket's batch limit, which is captured
+# too): a batch pads to the next size, so padding never more than doubles a batch.
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+WARMUP_RUNS = 3  # eager runs per shape before capture (cuBLAS picks kernels, allocator settles)
+PROBE_EVERY_BATCHES = 16  # while degraded, retry the GPU every this many batches ...
+PROBE_AFTER_S = 1.0  # ... or once this long has passed since the last out-of-memory error
+PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+# The TorchScript interpreter re-raises an op's error as a plain RuntimeError with the message
+# inside, so a real out-of-memory error from the model is recognised by its text as well.
+OOM_MARKERS = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
+
+
+def graph_sizes(limit: int) -> list[int]:
+    """The batch sizes captured for a bucket whose batches hold at most `limit` rows."""
+    return [s for s in GRAPH_BATCH_SIZES if s < limit] + [limit]
+
+
+def padded_rows(sizes: list[int], n: int) -> int:
+    """The smallest captured size that holds `n` rows."""
+    i = bisect.bisect_left(sizes, n)
+    if i == len(sizes):
+        raise ValueError(f"batch of {n} rows exceeds the largest captured size {sizes[-1]}")
+    return sizes[i]
+
+
+class CudaRunner:
+    """Static-shape model runner for one CUDA device (or the CPU, as a stand-in in tests).
+
+    Same interface as CpuRunner: fill(bucket, items) -> tokens, forward(bucket, n) -> float32
+    probabilities [n, C], warm() -> seconds. Every buffer is made at start-up, so `allocations`
+    (CpuRunner's counter of later ones) stays 0; tests count torch's own allocations as well."""
+
+    def __init__(
+        self,
+        model: Any,
+        buckets: tuple[int, ...],
+        max_batch: int,
+        device: str = "cuda:0",
+        precision: str = "fp32",
+        graphs: bool = True,
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
+        self.model = model
+        self.buckets = buckets
+        self.max_batch = max_batch
+        self.torch_device = torch.device("cpu" if device == FAKE_GPU else device)
+        self.device = device
+        self.on_cuda = self.torch_device.type == "cuda"
+        self.use_graphs = graphs and self.on_cuda
+        self.precision = precision
+        self.limits = batch_limits(buckets, max_batch)
+        self.sizes = [graph_sizes(n) for n in self.limits]
+        self.allocations = 0
+        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # -> (graph, out)
+        self.graph_stats: list[dict[str, Any]] = []
+        self.capture_error = ""
+        if self.on_cuda:
+            torch.cuda.set_device(self.torch_device)
+            # fp32 means fp32: TF32 matmuls would break "same text, same scores" (1e-5).
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        self._alloc_buffers()
+
+    def _alloc_buffers(self) -> None:
+        pin = self.on_cuda  # pinned host memory makes the copies true DMA; CUDA-only
+        shapes = list(zip(self.limits, self.buckets, strict=True))
+        self.host_ids = [torch.zeros(s, dtype=torch.int64, pin_memory=pin) for s in shapes]
+        self.host_mask = [torch.zeros(s, dtype=torch.int64, pin_memory=pin) for s in shapes]
+        for mask in self.host_mask:
+            mask[:, 0] = 1  # padded rows hold one token: no all-masked row, no NaN to look at
+        self.ids = [t.numpy() for t in self.host_ids]  # numpy views for fill()
+        self.mask = [t.numpy() for t in self.host_mask]
+        dev = self.torch_device  # device buffers start as copies: warm-up rows are never empty
+        self.dev_ids = [t.to(dev, copy=True) for t in self.host_ids]
+        self.dev_mask = [t.to(dev, copy=True) for t in self.host_mask]
+        self.host_out: list[torch.Tensor] = []  # [rows, C] float32, made once C is known
+        self.out: list[np.ndarray] = []
+
+    def buffer_ptrs(self) -> list[int]:
+        """Addresses of every static buffer (tests check they never change)."""
+        tensors = [*self.host_ids, *self.host_mask, *self.dev_ids, *self.dev_mask, *self.host_out]
+        tensors += [out for _, out in self.graphs.values()]
+        return [t.data_ptr() for t in tensors]
+
+    # -- serving --------------------------------------------------------------------------------
+    def fill(self, bucket: int, batch: list[Item]) -> int:
+        """Copy token ids into the bucket's host buffers; returns the real token count."""
+        ids, mask = self.ids[bucket], self.mask[bucket]
+        n = len(batch)
+        ids[:n] = 0
+        mask[:n] = 0
+        tokens = 0
+        for row, item in enumerate(batch):
+            k = len(item.ids)
+            ids[row, :k] = item.ids
+            mask[row, :k] = 1
+            tokens += k
+        return tokens
+
+    def rows_for(self, bucket: int, n: int) -> int:
+        return padded_rows(self.sizes[bucket], n)
+
+    def forward(self, bucket: int, n: int) -> np.ndarray:
+        """Probabilities [n, C]: copy in, replay the shape's graph (or run eagerly), copy out."""
+        rows = self.rows_for(bucket, n)
+        self.dev_ids[bucket][:rows].copy_(self.host_ids[bucket][:rows], non_blocking=True)
+        self.dev_mask[bucket][:rows].copy_(self.host_mask[bucket][:rows], non_blocking=True)
+        captured = self.graphs.get((bucket, rows))
+        if captured is not None:
+            captured[0].replay()
+            logits = captured[1]
+        else:
+            logits = self._eager(bucket, rows)
+        self.host_out[bucket][:rows].copy_(logits[:rows], non_blocking=True)
+        if self.on_cuda:
+            torch.cuda.current_stream(self.torch_device).synchronize()
+        return softmax(self.out[bucket][:n])
+
+    def forward_eager(self, bucket: int, n: int) -> np.ndarray:
+        """As forward() without the graph (benchmarks compare the two)."""
+        rows = self.rows_for(bucket, n)
+        self.dev_ids[bucket][:rows].copy_(self.host_ids[bucket][:rows], non_blocking=True)
+        self.dev_mask[bucket][:rows].copy_(self.host_mask[bucket][:rows], non_blocking=True)
+        self.host_out[bucket][:rows].copy_(self._eager(bucket, rows), non_blocking=True)
+        if self.on_cuda:
+            torch.cuda.current_stream(self.torch_device).synchronize()
+        return softmax(self.out[bucket][:n])
+
+    @contextlib.contextmanager
+    def _mode(self) -> Iterator[None]:
+        # TorchScript's optimising executor would profile, fuse and re-specialise per shape,
+        # compiling kernels at unpredictable times (fatal inside a capture); the plain
+        # interpreter dispatches each op, which autocast needs too. Graphs remove the launch
+        # overhead the fuser would have saved.
+        dtype = PRECISIONS[self.precision]
+        cast: Any = contextlib.nullcontext()
+        if dtype is not None:  # cache off: cached casts would be freed under a captured graph
+            cast = torch.autocast(self.torch_device.type, dtype=dtype, cache_enabled=False)
+        with torch.inference_mode(), torch.jit.optimized_execution(False), cast:
+            yield
+
+    def _eager(self, bucket: int, rows: int) -> torch.Tensor:
+        with self._mode():
+            out: torch.Tensor = self.model(
+                self.dev_ids[bucket][:rows], self.dev_mask[bucket][:rows]
+            ).float()
+        return out
+
+    def release(self) -> None:
+        """After an out-of-memory error: hand cached blocks back so other users can have them."""
+        if self.on_cuda:
+            torch.cuda.empty_cache()
+
+    # -- start-up -------------------------------------------------------------------------------
+    def warm(self) -> float:
+        """Run every shape eagerly, then capture each as a CUDA graph (CUDA only)."""
+        t0 = time.perf_counter()
+        for b in range(len(self.buckets)):
+            logits = self._eager(b, 1)
+            self.host_out.append(
+                torch.zeros((self.limits[b], logits.shape[1]), pin_memory=self.on_cuda)
+            )
+            self.out.append(self.host_out[b].numpy())
+        if self.use_graphs:
+            try:
+                self._capture_all()
+            except RuntimeError as exc:  # a failed capture still leaves an eager runner
+                torch.cuda.synchronize(self.torch_device)
+                self.graphs.clear()
+                self.capture_error = str(exc).splitlines()[0][:300]
+        else:  # the CPU stand-in: run the shapes a fresh TorchScript model is slow on first
+            for b in range(len(self.buckets)):
+                for rows in sorted({1, self.sizes[b][min(1, len(self.sizes[b]) - 1)]}):
+                    self._eager(b, rows)
+        return time.perf_counter() - t0
+
+    def _capture_all(self) -> None:
+        """Largest shapes first, all in one memory pool: a smaller graph's intermediates reuse
+        the larger one's blocks (replays never overlap: one stream, one batch at a time)."""
+        pool = torch.cuda.graph_pool_handle()
+        dev = self.torch_device
+        for b in range(len(self.buckets)):
+            for rows in reversed(self.sizes[b]):
+                self._warmup(b, rows)
+                torch.cuda.synchronize(dev)
+                reserved0 = torch.cuda.memory_reserved(dev)
+                t0 = time.perf_counter()
+                graph = torch.cuda.CUDAGraph()
+                with self._mode(), torch.cuda.graph(graph, pool=pool):
+                    out = self.model(self.dev_ids[b][:rows], self.dev_mask[b][:rows]).float()
+                torch.cuda.synchronize(dev)
+                seconds = time.perf_counter() - t0
+                self.graphs[(b, rows)] = (graph, out)
+                self.graph_stats.append(
+                    {
+                        "bucket": self.buckets[b],
+                        "rows": rows,
+                        "capture_ms": round(seconds * 1000, 2),
+                        "bytes": int(torch.cuda.memory_reserved(dev) - reserved0),
+                    }
+                )
+
+    def _warmup(self, bucket: int, rows: int) -> None:
+        # torch requires warm-up runs on a side stream before capture (lazy init, workspaces).
+        side = torch.cuda.Stream(self.torch_device)
+        side.wait_stream(torch.cuda.current_stream(self.torch_device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                self._eager(bucket, rows)
+        torch.cuda.current_stream(self.torch_device).wait_stream(side)
+
+    def graph_bytes(self) -> int:
+        return sum(int(s["bytes"]) for s in self.graph_stats)
+
+
+class FallbackSink(Protocol):
+    """Where FallbackRunner reports: the worker's control block and log in production."""
+
+    def degraded(self, reason: str) -> None: ...
+    def recovered(self, seconds: float) -> None: ...
+    def fell_back(self) -> None: ...
+
+
+class FallbackRunner:
+    """A GPU runner with a warm CPU copy behind it. A torch.cuda.OutOfMemoryError during a batch
+    re-runs that batch on the CPU; while degraded, batches go to the CPU and every
+    PROBE_EVERY_BATCHES-th batch (or the first after PROBE_AFTER_S) tries the GPU again.
+
+    `inject_oom` (test-only hook, 0 in production) makes the next that many GPU forwards raise
+    the same error a real out-of-memory raises, so the path is tested as it runs."""
+
+    def __init__(
+        self,
+        primary: Any,
+        cpu: Any,
+        sink: FallbackSink | None = None,
+        inject_oom: int = 0,
+        probe_every: int = PROBE_EVERY_BATCHES,
+        probe_after_s: float = PROBE_AFTER_S,
+    ) -> None:
+        self.primary = primary
+        self.cpu = cpu
+        self.sink = sink
+        self.inject_oom = inject_oom
+        self.probe_every = probe_every
+        self.probe_after_s = probe_after_s
+        self.device = primary.device
+        self.buckets = primary.buckets
+        self.degraded = False
+        self.degraded_at = 0.0
+        self.failed_at = 0.0
+        self.since_fail = 0  # batches served on the CPU since the last GPU failure
+        self.fallbacks = 0
+        self.on_cpu = False  # where the batch being filled goes
+        self.items: list[Item] = []
+
+    @property
+    def allocations(self) -> int:
+        return int(self.primary.allocations) + int(self.cpu.allocations)
+
+    def warm(self) -> float:
+        return float(self.primary.warm()) + float(self.cpu.warm())
+
+    def fill(self, bucket: int, batch: list[Item]) -> int:
+        self.items = batch
+        self.on_cpu = self.degraded and not self._probe_due()
+        runner = self.cpu if self.on_cpu else self.primary
+        return int(runner.fill(bucket, batch))
+
+    def _probe_due(self) -> bool:
+        waited = time.monotonic() - self.failed_at
+        return self.since_fail >= self.probe_every or waited >= self.probe_after_s
+
+    def forward(self, bucket: int, n: int) -> np.ndarray:
+        if not self.on_cpu:
+            try:
+                probs = self._gpu_forward(bucket, n)
+            except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
+                if not is_out_of_memory(exc):
+                    raise  # any other error ends the worker; its requests are rerouted
+                self._out_of_memory(exc)
+                self.cpu.fill(bucket, self.items)
+            else:
+                if self.degraded:
+                    self._recover()
+                return probs
+        self.since_fail += 1
+        self.fallbacks += 1
+        if self.sink is not None:
+            self.sink.fell_back()
+        probs = self.cpu.forward(bucket, n)
+        return np.asarray(probs)
+
+    def _gpu_forward(self, bucket: int, n: int) -> np.ndarray:
+        if self.inject_oom > 0:
+            self.inject_oom -= 1
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected by a test hook)")
+        return np.asarray(self.primary.forward(bucket, n))
+
+    def _out_of_memory(self, exc: BaseException) -> None:
+        self.failed_at = time.monotonic()
+        text = str(exc)  # the interpreter puts its traceback before the error itself
+        starts = [i for i in (text.find(m) for m in OOM_MARKERS) if i >= 0]
+        reason = text[min(starts) :] if starts else text
+        self.since_fail = 0
+        with contextlib.suppress(Exception):  # freeing the cache is a courtesy, never fatal
+            self.primary.release()
+        if not self.degraded:
+            self.degraded = True
+            self.degraded_at = self.failed_at
+            if self.sink is not None:
+                self.sink.degraded(reason.splitlines()[0][:200])
+
+    def _recover(self) -> None:
+        self.degraded = False
+        if self.sink is not None:
+            self.sink.recovered(time.monotonic() - self.degraded_at)
+
+
+class WorkerSink:
+    """FallbackSink for a worker: state and counters in its control block, one JSON line on
+    stderr per transition (never one per batch)."""
+
+    def __init__(self, ctl: Any, serial: int, device: str) -> None:
+        from service.logs import EventLog
+
+        self.ctl = ctl
+        self.serial = serial
+        self.device = device
+        self.log = EventLog(stream=sys.stderr)
+
+    def degraded(self, reason: str) -> None:
+        if self.ctl.get("state") == L.W_READY:
+            self.ctl.set("state", L.W_DEGRADED)
+        self.log.warning(
+            "worker_degraded", serial=self.serial, device=self.device, serving_on="cpu",
+            reason=reason,
+        )  # fmt: skip
+
+    def recovered(self, seconds: float) -> None:
+        if self.ctl.get("state") == L.W_DEGRADED:
+            self.ctl.set("state", L.W_READY)
+        self.log.info(
+            "worker_recovered", serial=self.serial, device=self.device,
+            degraded_s=round(seconds, 3),
+        )  # fmt: skip
+
+    def fell_back(self) -> None:
+        self.ctl.add("fallbacks", 1)
+
+    def started(self, fallback: FallbackRunner, warm_s: float) -> Any:
+        """Log the start-up report (capture time and memory per graph); returns the GpuMonitor
+        the serving loop ticks (None for the fake GPU: there is nothing to sample)."""
+        runner: CudaRunner = fallback.primary
+        self.report(runner, warm_s)
+        if not runner.on_cuda:
+            return None
+        from workers.nvml import GpuMonitor
+
+        index = runner.torch_device.index or 0
+        monitor = GpuMonitor(self.ctl, index, runner.torch_device)
+        monitor.tick()
+        return monitor
+
+    def report(self, runner: CudaRunner, warm_s: float) -> None:
+        self.ctl.set("device_kind", 1 if runner.on_cuda else 0)
+        self.ctl.set("graphs", len(runner.graphs))
+        self.ctl.set("graph_bytes", runner.graph_bytes())
+        fields: dict[str, Any] = {
+            "serial": self.serial,
+            "device": self.device,
+            "precision": runner.precision,
+            "graphs": len(runner.graphs),
+            "graph_bytes": runner.graph_bytes(),
+            "warm_s": round(warm_s, 3),
+            "per_graph": runner.graph_stats,
+        }
+        if runner.capture_error:
+            fields["capture_error"] = runner.capture_error
+            self.log.warning("cuda_graphs_failed", **fields)
+        else:
+            self.log.info("cuda_graphs", **fields)
+
+
+def is_gpu_device(device: str) -> bool:
+    return device.startswith("cuda") or device == FAKE_GPU
+
+
+def make_runner(
+    spec: Any, buckets: tuple[int, ...], cpu_model: Any, ctl: Any
+) -> tuple[Any, WorkerSink | None]:
+    """The runner for a worker's device: CpuRunner on "cpu"; otherwise a CudaRunner (on the
+    GPU, or on the CPU for the test-only fake GPU) behind a FallbackRunner with a CPU copy."""
+    cpu = CpuRunner(cpu_model, buckets, spec.max_batch)
+    if not is_gpu_device(spec.device):
+        return cpu, None
+    from workers.artifact import load_model
+
+    device = "cuda:0" if spec.device == "cuda" else spec.device
+    load_on = "cpu" if device == FAKE_GPU else device
+    precision = getattr(spec, "precision", "fp32")
+    gpu = CudaRunner(
+        load_model(spec.model_dir, load_on), buckets, spec.max_batch, device, precision
+    )
+    sink = WorkerSink(ctl, spec.serial, device)
+    inject = int(spec.hooks.get("inject_oom_batches", 0))
+    return FallbackRunner(gpu, cpu, sink, inject_oom=inject), sink
