@@ -72,6 +72,7 @@ class Server:
         self.buckets: tuple[int, ...] = ()
         self.listeners: list[asyncio.AbstractServer] = []
         self.http_state: HttpServerState | None = None
+        self.binary_state: Any = None  # service.binary.BinaryServerState when the port is on
         self.stats: Any = None  # service.stats.Stats unless --metrics 0
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -209,6 +210,9 @@ class Server:
             for conn in list(self.http_state.connections):
                 if conn.transport is not None:
                     conn.transport.close()
+        if self.binary_state is not None:
+            for bconn in list(self.binary_state.connections):
+                bconn.close_now()
         await self.supervisor.stop()
         with contextlib.suppress(OSError):
             os.unlink(self.settings.control)
@@ -224,6 +228,9 @@ class Server:
             now, now_ns = time.monotonic(), time.monotonic_ns()
             for conn in list(self.http_state.connections):
                 conn.sweep(now, now_ns)
+            if self.binary_state is not None:
+                for bconn in list(self.binary_state.connections):
+                    bconn.sweep(now)
 
     # -- views ----------------------------------------------------------------------------------
     def ready(self) -> bool:

@@ -41,6 +41,7 @@ class BinaryServerState:
 async def start_binary(server: Server, host: str, port: int) -> asyncio.AbstractServer:
     loop = asyncio.get_running_loop()
     state = BinaryServerState(server)
+    server.binary_state = state  # the drain closes these connections once answers are out
     return await loop.create_server(
         lambda: BinaryProtocol(state), host, port, reuse_address=True, backlog=2048
     )
@@ -71,6 +72,8 @@ class BinaryProtocol(asyncio.Protocol):
         self.paused_reading = False
         self.paused_writing = False
         self.closed = False
+        self.last_active = time.monotonic()
+        self.partial_since = 0.0  # when an incomplete frame began waiting for its rest
 
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -124,9 +127,27 @@ class BinaryProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed or self.stopped:
             return
+        self.last_active = now = time.monotonic()
         self.buffer += data
         self.parse()
+        if not self.buffer:
+            self.partial_since = 0.0
+        elif not self.partial_since:
+            self.partial_since = now
         self.update_reading()
+
+    def sweep(self, now: float) -> None:
+        """Close on a frame that arrives slower than the read timeout, or a long idle."""
+        if self.closed:
+            return
+        s = self.state.settings
+        if self.paused_reading or self.owed or self.eof:  # the wait is ours: restart its clock
+            self.partial_since = now if self.buffer else 0.0
+            return
+        slow = bool(self.partial_since) and now - self.partial_since > s.read_timeout_s
+        idle = not self.owed and not self.buffer and now - self.last_active > s.keepalive_timeout_s
+        if slow or idle:
+            self.close_now()
 
     def parse(self) -> None:
         """Admit every complete frame buffered, while the answers owed stay under the bound."""
