@@ -424,10 +424,9 @@ class Metrics:
             ("ringserve_gpu_temperature_celsius", "GPU temperature (NVML).", "temperature_c"),
             ("ringserve_gpu_power_watts", "GPU power draw (NVML).", "power_w"),
         )
-        for name, help_text, key in per_gpu:
-            out.labelled(
-                name, "gauge", help_text, (({"gpu": str(g["index"])}, g[key]) for g in gpus)
-            )
+        for name, help_text, key in per_gpu:  # an unknown reading (None) is left out
+            samples = (({"gpu": str(g["index"])}, g[key]) for g in gpus if g[key] is not None)
+            out.labelled(name, "gauge", help_text, samples)
         for name, key in (
             ("ringserve_worker_cuda_reserved_bytes", "cuda_reserved_bytes"),
             ("ringserve_worker_cuda_allocated_bytes", "cuda_allocated_bytes"),

@@ -276,38 +276,39 @@ class WorkerTotals:
         return totals[NCOUNTERS:]
 
 
+# NVML readings in the control block: (field, unit scale); a worker writes -1 for "unknown".
+GPU_FIELDS = {
+    "memory_used_bytes": ("gpu_mem_used", 1),
+    "memory_total_bytes": ("gpu_mem_total", 1),
+    "utilization": ("gpu_util_milli", 1e-3),
+    "temperature_c": ("gpu_temp_c", 1),
+    "power_w": ("gpu_power_mw", 1e-3),
+}
+
+
 def gpu_readings(supervisor: Supervisor) -> list[dict[str, Any]]:
-    """One entry per GPU that a live worker reports on (empty when no worker is on CUDA)."""
+    """One entry per GPU that a live worker reports on (empty when no worker is on CUDA).
+
+    Every worker on a GPU samples the same NVML device, so each reading keeps the largest value
+    any of them reports; a reading no worker knows is None.
+    """
     gpus: dict[int, dict[str, Any]] = {}
     for handle in list(supervisor.all.values()):
         if handle.dead:
             continue
         try:
             snap = handle.ctl.snapshot()
-        except ValueError:
+        except ValueError:  # released meanwhile
             continue
         if snap["device_kind"] != 1:
             continue
         index = snap["gpu_index"]
-        entry = gpus.setdefault(
-            index,
-            {
-                "index": index,
-                "memory_used_bytes": 0,
-                "memory_total_bytes": 0,
-                "utilization": 0.0,
-                "temperature_c": 0,
-                "power_w": 0.0,
-                "workers": [],
-            },
-        )
-        # Every worker on a GPU reads the same NVML device: keep the freshest-looking values.
-        entry["memory_used_bytes"] = max(entry["memory_used_bytes"], snap["gpu_mem_used"])
-        entry["memory_total_bytes"] = max(entry["memory_total_bytes"], snap["gpu_mem_total"])
-        util = min(1.0, max(0.0, snap["gpu_util_milli"] / 1000))
-        entry["utilization"] = max(entry["utilization"], util)
-        entry["temperature_c"] = max(entry["temperature_c"], snap["gpu_temp_c"])
-        entry["power_w"] = max(entry["power_w"], snap["gpu_power_mw"] / 1000)
+        entry = gpus.setdefault(index, {"index": index, **dict.fromkeys(GPU_FIELDS), "workers": []})
+        for key, (field, scale) in GPU_FIELDS.items():
+            raw = snap[field]
+            if raw >= 0:
+                value = raw * scale if scale != 1 else raw
+                entry[key] = value if entry[key] is None else max(entry[key], value)
         entry["workers"].append(
             {
                 "id": handle.slot if handle.slot is not None else -handle.serial,

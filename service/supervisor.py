@@ -224,6 +224,8 @@ class Supervisor:
             handle.signal(signal.SIGKILL)  # on_exit releases it once the kernel has freed it
             return
         self.loop.remove_reader(handle.sentinel)
+        if self.on_release is not None:
+            self.on_release(handle)  # metrics keep its final counters
         self.all.pop(handle.serial, None)
         handle.release()
 
