@@ -185,3 +185,7 @@ def markdown_table() -> str:
     for s in SETTINGS:
         rows.append(f"| `--{s.name}` | `{s.env}` | `{s.default}` | {s.help} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":  # `python -m service.settings` prints the README's option table
+    print(markdown_table())

@@ -229,12 +229,28 @@ def start_server(tmp_path: Path, default_model: str) -> Iterator[Callable[..., S
             srv.log.close()
 
 
+def _module_server(
+    factory: pytest.TempPathFactory, name: str, args: list[str], workers: int
+) -> Iterator[ServerProc]:
+    srv = ServerProc(factory.mktemp(name), args)
+    try:
+        srv.wait_ready(workers)
+    except BaseException:
+        srv.stop()
+        raise
+    yield srv
+    assert srv.stop() == 0
+
+
 @pytest.fixture(scope="module")
 def shared_server(
     tmp_path_factory: pytest.TempPathFactory, default_model: str
 ) -> Iterator[ServerProc]:
     """One server for a module of tests that do not disturb it (2 workers, 1 spare)."""
-    srv = ServerProc(tmp_path_factory.mktemp("srv"), ["--workers", "2"])
-    srv.wait_ready(2)
-    yield srv
-    assert srv.stop() == 0
+    yield from _module_server(tmp_path_factory, "srv", ["--workers", "2"], 2)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
+    """A small server (1 worker, no spare) for a module of protocol tests."""
+    yield from _module_server(tmp_path_factory, "small", ["--workers", "1", "--spares", "0"], 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -26,18 +26,6 @@ from tests.conftest import ServerProc
 
 pytestmark = pytest.mark.timeout(240)
 MAX_FRAME = 65536
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    srv = ServerProc(tmp_path_factory.mktemp("binary"), ["--workers", "1", "--spares", "0"])
-    try:
-        srv.wait_ready(1)
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
 
 
 def connect(srv: ServerProc) -> BinaryClient:

@@ -18,18 +18,6 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    srv = ServerProc(tmp_path_factory.mktemp("kserve"), ["--workers", "1", "--spares", "0"])
-    try:
-        srv.wait_ready(1)
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
-
-
-@pytest.fixture(scope="module")
 def model(server: ServerProc) -> str:
     status, _, body = server.request("GET", "/v1/model")
     assert status == 200

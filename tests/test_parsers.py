@@ -10,7 +10,6 @@ import json
 import math
 import socket
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,18 +26,6 @@ CHUNKED = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    srv = ServerProc(tmp_path_factory.mktemp("parsers"), ["--workers", "1", "--spares", "0"])
-    try:
-        srv.wait_ready(1)
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
 
 
 # -- sending and reading ------------------------------------------------------------------------

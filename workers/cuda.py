@@ -25,7 +25,7 @@ import torch
 
 from shm import layout as L
 from workers.batcher import Item, batch_limits
-from workers.runtime import CpuRunner, softmax
+from workers.runtime import CpuRunner, fill_rows, softmax
 from workers.spec import FAKE_GPU
 
 # Batch sizes captured per bucket (each capped by the bucket's batch limit, which is captured
@@ -127,17 +127,7 @@ class CudaRunner:
     # -- serving --------------------------------------------------------------------------------
     def fill(self, bucket: int, batch: list[Item]) -> int:
         """Copy token ids into the bucket's host buffers; returns the real token count."""
-        ids, mask = self.ids[bucket], self.mask[bucket]
-        n = len(batch)
-        ids[:n] = 0
-        mask[:n] = 0
-        tokens = 0
-        for row, item in enumerate(batch):
-            k = len(item.ids)
-            ids[row, :k] = item.ids
-            mask[row, :k] = 1
-            tokens += k
-        return tokens
+        return fill_rows(self.ids[bucket], self.mask[bucket], batch)
 
     def rows_for(self, bucket: int, n: int) -> int:
         return padded_rows(self.sizes[bucket], n)

@@ -18,6 +18,21 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return out.astype(np.float32, copy=False)
 
 
+def fill_rows(ids: np.ndarray, mask: np.ndarray, batch: list[Item]) -> int:
+    """Write a batch's token ids and mask into the first rows of preallocated buffers; returns
+    the real token count. Rows are cleared first so padding is always id 0, mask 0."""
+    n = len(batch)
+    ids[:n] = 0
+    mask[:n] = 0
+    tokens = 0
+    for row, item in enumerate(batch):
+        k = len(item.ids)
+        ids[row, :k] = item.ids
+        mask[row, :k] = 1
+        tokens += k
+    return tokens
+
+
 class CpuRunner:
     """Eager TorchScript on the CPU. Input buffers are numpy arrays shared with torch tensors,
     one pair per bucket, sized for the largest batch: the steady state allocates no input."""
@@ -37,17 +52,7 @@ class CpuRunner:
 
     def fill(self, bucket: int, batch: list[Item]) -> int:
         """Copy token ids into the bucket's buffers; returns the real token count."""
-        ids, mask = self.ids[bucket], self.mask[bucket]
-        n = len(batch)
-        ids[:n] = 0
-        mask[:n] = 0
-        tokens = 0
-        for row, item in enumerate(batch):
-            k = len(item.ids)
-            ids[row, :k] = item.ids
-            mask[row, :k] = 1
-            tokens += k
-        return tokens
+        return fill_rows(self.ids[bucket], self.mask[bucket], batch)
 
     def forward(self, bucket: int, n: int) -> np.ndarray:
         with torch.inference_mode():
