@@ -102,3 +102,14 @@ def test_every_item_once_in_order(lengths: list[int], max_batch: int) -> None:
         assert {bucket_index(BUCKETS, lengths[n]) for n in batch} == {i}
         taken += batch
     assert sorted(taken) == list(range(len(lengths))) and b.size == 0
+
+
+def test_items_read_in_one_pass_keep_their_order_across_buckets() -> None:
+    # A pass over the ring stamps every item with the same arrival time; the longer bucket's
+    # item came first and must run first (a short text must not overtake it).
+    b = Batcher((64, 128, 256), 32, 0)
+    b.add(Item(1, 0, 5, [1] * 200))
+    b.add(Item(2, 0, 5, [1] * 10))
+    assert b.next_bucket() == 2
+    assert [it.msg_id for it in b.take(2)] == [1]
+    assert b.next_bucket() == 0

@@ -13,6 +13,7 @@ class Item:
     deadline_ns: int  # CLOCK_MONOTONIC; 0 = none
     arrived_ns: int
     ids: list[int]
+    seq: int = 0  # arrival order, set by Batcher.add: items read in one pass share arrived_ns
 
 
 def bucket_index(buckets: tuple[int, ...], length: int) -> int:
@@ -39,17 +40,20 @@ class Batcher:
         self.max_delay_ns = max_delay_ns
         self.queues: list[deque[Item]] = [deque() for _ in buckets]
         self.size = 0
+        self.seq = 0
 
     def add(self, item: Item) -> None:
         self.queues[bucket_index(self.buckets, len(item.ids))].append(item)
         self.size += 1
+        item.seq = self.seq
+        self.seq += 1
 
     def next_bucket(self) -> int | None:
         best = None
-        best_t = 0
+        best_seq = 0
         for i, q in enumerate(self.queues):
-            if q and (best is None or q[0].arrived_ns < best_t):
-                best, best_t = i, q[0].arrived_ns
+            if q and (best is None or q[0].seq < best_seq):
+                best, best_seq = i, q[0].seq
         return best
 
     def wait_ns(self, now_ns: int) -> int:
