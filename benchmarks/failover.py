@@ -8,11 +8,9 @@ Target: 0 failed requests, median time to whole at most 1.0 s.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
-import socket
 import statistics
 import sys
 import threading
@@ -20,22 +18,11 @@ import time
 
 from benchmarks.loadgen import LoadResult, classify_request, run_load
 from benchmarks.serving import load_texts, start_server, wait_ready
-
-
-def ctl(path: str, cmd: dict[str, object]) -> dict[str, object]:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(10)
-        s.connect(path)
-        s.sendall(json.dumps(cmd).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            data += s.recv(65536)
-    reply: dict[str, object] = json.loads(data)
-    return reply
+from service.cli import ctl_request
 
 
 def workers(path: str) -> list[dict[str, object]]:
-    rows = ctl(path, {"cmd": "status"})["workers"]
+    rows = ctl_request(path, {"cmd": "status"})["workers"]
     assert isinstance(rows, list)
     return rows
 

@@ -433,18 +433,9 @@ class Server:
         raise RuntimeError(f"server not ready in {timeout}s: {self.tail()}")
 
     def status(self) -> dict[str, Any]:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(10)
-            s.connect(self.control)
-            s.sendall(b'{"cmd": "status"}\n')
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        reply: dict[str, Any] = json.loads(data)
-        return reply
+        from service.cli import ctl_request
+
+        return ctl_request(self.control, {"cmd": "status"}, 10)
 
     def tail(self, n: int = 1500) -> str:
         self.log.flush()

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+from typing import Any
 
 from service import settings as S
 
@@ -30,7 +31,7 @@ def serve_main(argv: list[str]) -> int:
     return serve(cfg)
 
 
-def ctl_request(path: str, request: dict[str, object], timeout: float = 30.0) -> dict[str, object]:
+def ctl_request(path: str, request: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(path)
@@ -41,7 +42,7 @@ def ctl_request(path: str, request: dict[str, object], timeout: float = 30.0) ->
             if not chunk:
                 break
             data += chunk
-    reply: dict[str, object] = json.loads(data)
+    reply: dict[str, Any] = json.loads(data)
     return reply
 
 

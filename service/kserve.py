@@ -21,12 +21,9 @@ import numpy as np
 from service.dispatcher import Result
 from service.http import Exchange, HttpError, HttpProtocol
 from service.routes import (
-    STATUS_HTTP,
     Router,
     encode_text,
-    first_failure,
     latency_header,
-    respond_failure,
     submit,
 )
 
@@ -369,11 +366,6 @@ def infer(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, st
     encoder = encoder_for(server.labels)
 
     def done(results: list[Result]) -> None:
-        failed = first_failure(results)
-        if failed is not None:
-            respond_failure(conn, ex, failed)
-            server.count("kserve", STATUS_HTTP.get(failed.status, 500))
-            return
         tensors, blobs = encoder.tensors(results, wanted)
         answer: dict[str, Any] = {"model_name": name, "model_version": VERSION}
         if request_id is not None:

@@ -80,12 +80,13 @@ def first_failure(results: list[Result]) -> Result | None:
     return None
 
 
-def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
+def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> int:
     status = STATUS_HTTP.get(failed.status, 500)
     extra = [latency_header(ex)]
     if status == 503:
         extra += RETRY_AFTER
     conn.respond_error(ex, status, STATUS_MESSAGE.get(failed.status, "internal error"), extra)
+    return status
 
 
 def submit(
@@ -93,14 +94,23 @@ def submit(
     conn: HttpProtocol,
     ex: Exchange,
     texts: list[bytes],
-    on_done: Callable[[list[Result]], None],
+    on_ok: Callable[[list[Result]], None],
     protocol: str,
     deadline: int | None = None,
 ) -> None:
-    """Admit texts for inference, or answer 503 at once. `deadline` overrides the header's."""
+    """Admit texts for inference, or answer 503 at once. `deadline` overrides the header's.
+    `on_ok` gets the results when every text succeeded; any failure is answered here."""
     if deadline is None:
         deadline = deadline_ns(server, ex)
-    if not server.dispatcher.submit(texts, deadline, on_done, protocol):
+
+    def done(results: list[Result]) -> None:
+        failed = first_failure(results)
+        if failed is None:
+            on_ok(results)
+        else:
+            server.count(protocol, respond_failure(conn, ex, failed))
+
+    if not server.dispatcher.submit(texts, deadline, done, protocol):
         message = "server is draining" if server.draining else "queue is full"
         if server.supervisor.fatal:
             message = "no worker can serve"
@@ -128,11 +138,6 @@ def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str,
         raise HttpError(400, 'body must have exactly one of "text" or "texts"')
 
     def done(results: list[Result]) -> None:
-        failed = first_failure(results)
-        if failed is not None:
-            respond_failure(conn, ex, failed)
-            server.count("http", STATUS_HTTP.get(failed.status, 500))
-            return
         items = [
             {"label": labels[r.label_id], "label_id": r.label_id, "scores": r.scores.tolist()}  # type: ignore[union-attr]
             for r in results

@@ -22,6 +22,8 @@ from typing import Any
 import psutil
 import pytest
 
+from service.cli import ctl_request
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data"
 OUTPUT = ROOT / "test-output"
@@ -106,18 +108,7 @@ class ServerProc:
         return result
 
     def ctl(self, cmd: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(timeout)
-            s.connect(self.control)
-            s.sendall(json.dumps(cmd).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        reply: dict[str, Any] = json.loads(data)
-        return reply
+        return ctl_request(self.control, cmd, timeout)
 
     def status(self) -> dict[str, Any]:
         return self.ctl({"cmd": "status"})
