@@ -25,6 +25,7 @@ from workers.spec import EXIT_BOOT_ERROR, FAKE_GPU
 log = logging.getLogger("ringserve.supervisor")
 
 TICK_S = 0.05
+RSS_EVERY_S = 0.5  # /proc reads for the RSS limit: a leak is slow, the heartbeat tick is not
 KILL_AFTER_S = 3.0  # TERM, then KILL when a stopping worker has not left by then
 BOOT_TIMEOUT_S = 180.0  # a worker that has not loaded by then is killed and replaced
 CRASH_WINDOW_S = 30.0
@@ -80,6 +81,7 @@ class Supervisor:
         self.wake = asyncio.Event()
         self.started = time.monotonic()
         self.restarts_total = 0
+        self.rss_checked_at = 0.0
         self.ncpu = sorted(os.sched_getaffinity(0))
         self.gpus = gpu_indices(device)  # CUDA devices the workers spread over; [] on the CPU
         self.gpu_cpus = {k: nvml.default().local_cpus(k) for k in self.gpus} if self.gpus else {}
@@ -309,6 +311,9 @@ class Supervisor:
     def check(self) -> None:
         now = time.monotonic()
         limit_ms = self.settings.heartbeat_timeout_s * 1000
+        rss_due = now - self.rss_checked_at >= RSS_EVERY_S
+        if rss_due:
+            self.rss_checked_at = now
         for handle in list(self.all.values()):
             if handle.dead:
                 if handle.kill_sent_at and now - handle.kill_sent_at > KILL_AFTER_S:
@@ -334,7 +339,7 @@ class Supervisor:
             if handle.kill_sent_at and now - handle.kill_sent_at > KILL_AFTER_S:
                 handle.signal(signal.SIGKILL)
             limit = self.settings.worker_max_rss
-            if limit and not handle.draining and handle.slot is not None:
+            if limit and rss_due and not handle.draining and handle.slot is not None:
                 rss = handle.rss_bytes()
                 if rss > limit:
                     self._event(

@@ -29,14 +29,20 @@ def serving(srv: ServerProc) -> dict[int, int]:
     }
 
 
+def pool_with_spare(start_server, *extra: str) -> ServerProc:  # type: ignore[no-untyped-def]
+    """Two serving workers and a warm spare, all loaded: the set-up every failure test needs."""
+    srv: ServerProc = start_server("--workers", "2", "--spares", "1", *extra, workers=2)
+    srv.wait_spares(1)
+    return srv
+
+
 def whole_again(srv: ServerProc, n: int, gone: set[int]) -> bool:
     pids = serving(srv)
     return len(pids) == n and not gone & set(pids.values())
 
 
 def test_sigkill_under_load_loses_nothing(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
-    srv = start_server("--workers", "2", "--spares", "1", workers=2)
-    srv.wait_spares(1)
+    srv = pool_with_spare(start_server)
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(30)
         victim = serving(srv)[0]
@@ -54,8 +60,7 @@ def test_sigkill_under_load_loses_nothing(start_server, sst2_texts) -> None:  # 
 
 
 def test_sigstop_hang_is_detected_and_replaced(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
-    srv = start_server("--workers", "2", "--spares", "1", "--heartbeat-timeout-s", "1", workers=2)
-    srv.wait_spares(1)
+    srv = pool_with_spare(start_server, "--heartbeat-timeout-s", "1")
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(30)
         victim = serving(srv)[1]
@@ -79,8 +84,7 @@ def test_sigstop_hang_is_detected_and_replaced(start_server, sst2_texts) -> None
 
 
 def test_every_worker_killed_at_once(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
-    srv = start_server("--workers", "2", "--spares", "1", workers=2)
-    srv.wait_spares(1)
+    srv = pool_with_spare(start_server)
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(30)
         victims = {w["pid"] for w in srv.status()["workers"]}
@@ -140,8 +144,7 @@ def test_killed_frontend_takes_its_workers_and_next_server_cleans(
 
 
 def test_reload_and_scale_under_load_lose_nothing(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
-    srv = start_server("--workers", "2", "--spares", "1", workers=2)
-    srv.wait_spares(1)
+    srv = pool_with_spare(start_server)
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(20)
         before = set(serving(srv).values())

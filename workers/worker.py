@@ -19,6 +19,7 @@ from shm import layout as L
 from shm.control import ControlBlock
 from shm.ring import Ring
 from shm.segment import Segment
+from workers.batcher import Item
 from workers.spec import EXIT_BOOT_ERROR, EXIT_OK, EXIT_PARENT_GONE, WorkerSpec
 
 IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and exit latency
@@ -105,8 +106,6 @@ class Worker:
         msgs = self.requests.read(READ_LIMIT)
         if not msgs:
             return 0
-        from workers.batcher import Item
-
         now = time.monotonic_ns()
         texts: list[str] = []
         keep: list[tuple[int, int]] = []
@@ -136,10 +135,13 @@ class Worker:
             return
         batch = self.batcher.take(bucket)
         now = time.monotonic_ns()
-        live = [it for it in batch if not it.deadline_ns or it.deadline_ns > now]
-        if len(live) < len(batch):  # expired before it started: skip the work
-            self.ctl.add("expired", len(batch) - len(live))
-            self.send([self.pack(it.msg_id, L.STATUS_DEADLINE) for it in batch if it not in live])
+        live: list[Item] = []
+        late: list[Item] = []
+        for it in batch:
+            (late if it.deadline_ns and it.deadline_ns <= now else live).append(it)
+        if late:  # expired before it started: skip the work
+            self.ctl.add("expired", len(late))
+            self.send([self.pack(it.msg_id, L.STATUS_DEADLINE) for it in late])
         if not live:
             return
         self.maybe_grow()
