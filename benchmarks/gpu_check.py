@@ -57,7 +57,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 BUCKETS = (64, 128, 256)
 MAX_BATCH = 32
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"
 SECTIONS = ("graphs", "precision", "server", "oom", "realoom")
 
 
@@ -153,7 +153,7 @@ def pack(dest: str) -> None:
         shutil.copyfile(src / name, out / "encoder" / name)
     texts: list[str] = []
     for name, n in (("sst2", 1500), ("ag_news", 500)):
-        rows = (DATA / name / "train.tsv").read_text(encoding="utf-8").splitlines()[1 : n + 1]
+        rows = (DATA / name / "sample.tsv").read_text(encoding="utf-8").splitlines()[1 : n + 1]
         texts += [r.split("\t")[0] for r in rows]
     (out / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     print(f"wrote {out}: encoder (fp16 weights) and {len(texts)} texts")

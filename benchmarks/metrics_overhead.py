@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "sst2" / "train.tsv"
+DEFAULT_DATA = ROOT / "data" / "sst2" / "sample.tsv"
 
 
 def free_port() -> int:

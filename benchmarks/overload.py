@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SST2 = ROOT.parent / "shared" / "data" / "sst2" / "train.tsv"
+SST2 = ROOT / "data" / "sst2" / "sample.tsv"
 HOST = "127.0.0.1"  # this benchmark never sends traffic anywhere else
 MAX_CONNECTIONS = 900  # open-loop client connections (below the server's default cap of 1024)
 REQUEST_TIMEOUT_S = 60.0  # a request unanswered this long counts as hung

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-SST2 = ROOT.parent / "shared" / "data" / "sst2" / "train.tsv"
+SST2 = ROOT / "data" / "sst2" / "sample.tsv"
 ANSWER = struct.Struct("<QBBHH")
 PROTOCOLS = ("http", "kserve-json", "kserve-binary", "binary")
 IDLE_S = 3.0  # how long the idle front-end's own CPU use is measured before the cells

@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks.loadgen import LoadResult, classify_request, run_load
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data" / "sst2" / "train.tsv"
+DATA = ROOT / "data" / "sst2" / "sample.tsv"
 
 
 def load_texts(n: int = 4000) -> list[str]:

@@ -25,7 +25,7 @@ import pytest
 from service.cli import ctl_request
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"  # small samples with provenance (data/README.md)
 OUTPUT = ROOT / "test-output"
 
 
@@ -188,13 +188,13 @@ def default_model() -> str:
 
 @pytest.fixture(scope="session")
 def sst2_texts() -> list[str]:
-    rows = (DATA / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    rows = (DATA / "sst2" / "sample.tsv").read_text(encoding="utf-8").splitlines()[1:]
     return [r.split("\t")[0] for r in rows[:2000]]
 
 
 @pytest.fixture(scope="session")
 def agnews_texts() -> list[str]:
-    rows = (DATA / "ag_news" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    rows = (DATA / "ag_news" / "sample.tsv").read_text(encoding="utf-8").splitlines()[1:]
     return [r.split("\t")[0] for r in rows[:500]]
 
 
