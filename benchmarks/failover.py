@@ -13,11 +13,11 @@ import random
 import signal
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
-from benchmarks.loadgen import LoadResult, classify_request, run_load
-from benchmarks.serving import load_texts, start_server, wait_ready
+from benchmarks.common import Launched, LoadResult, classify_request, load_texts, run_load
 from service.cli import ctl_request
 
 
@@ -40,12 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--port", type=int, default=18941)
     p.add_argument("--spare-timeout", type=float, default=120.0)
     args = p.parse_args(argv)
-    control = f"/tmp/ringserve-bench-{args.port}.sock"
-    proc = start_server(args.port, ["--workers", str(args.workers), "--spares", "1"])
-    texts = load_texts(2000)
+    tmp = tempfile.TemporaryDirectory(prefix="ringserve-failover-")
+    srv = Launched(tmp.name, ["--workers", str(args.workers), "--spares", "1"], binary=False)
+    control = srv.control
+    texts = load_texts(n=2000)
     requests = [classify_request(t) for t in texts]
     result: list[LoadResult] = []
     stop = threading.Event()
@@ -55,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
         async def go() -> None:
             while not stop.is_set():
-                r = await run_load(
-                    "127.0.0.1", args.port, requests, args.concurrency, 2.0, warmup_s=0
-                )
+                r = await run_load(srv.port, requests, args.concurrency, 2.0, warmup_s=0)
                 result.append(r)
 
         uvloop.run(go())
@@ -65,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     times: list[float] = []
     rng = random.Random(1)
     try:
-        wait_ready(args.port, proc)
+        srv.wait_ready()
         thread = threading.Thread(target=load, daemon=True)
         thread.start()
         for k in range(args.kills):
@@ -94,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         thread.join(30)
     finally:
         stop.set()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        srv.terminate()
+        tmp.cleanup()
     ok = sum(r.ok for r in result)
-    failed = sum(v for r in result for c, v in r.codes.items() if c != 200)
+    failed = sum(r.failed for r in result)
     print(f"kills: {len(times)}  requests ok: {ok}  failed: {failed}")
     print(
         f"time to whole: median {statistics.median(times) * 1000:.1f} ms, "

@@ -15,136 +15,62 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = ROOT / "data" / "sst2" / "sample.tsv"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from benchmarks.common import SST2, Launched, LoadResult, http_message, load_texts, run_load
 
 
 @dataclass
 class Server:
+    """One of the two servers compared, and what was measured on it."""
+
     metrics: int
     args: list[str]
     tmp: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
+    srv: Launched | None = None
     throughput: list[float] = field(default_factory=list)
     cpu_us: list[float] = field(default_factory=list)
 
-    def start(self) -> None:
-        cmd = [
-            sys.executable, "-m", "service.cli", "serve",
-            "--port", str(self.port), "--binary-port", "0",
-            "--control", str(self.tmp / f"ctl-{self.port}.sock"),
-            "--metrics", str(self.metrics), "--log-level", "warning", *self.args,
-        ]  # fmt: skip
-        log = open(self.tmp / f"server-{self.port}.log", "wb")  # noqa: SIM115 - the child's
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    def start(self) -> Launched:
+        args = ["--metrics", str(self.metrics), "--log-level", "warning", *self.args]
+        self.srv = Launched(self.tmp, args, binary=False)
+        return self.srv
 
-    def wait_ready(self, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.port}/v2/health/ready"
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server --metrics {self.metrics} exited; see {self.tmp}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"server --metrics {self.metrics} not ready within {timeout}s")
-
-    def cpu_s(self) -> float:
-        assert self.proc is not None
-        t = psutil.Process(self.proc.pid).cpu_times()
-        return float(t.user + t.system)
+    @property
+    def running(self) -> Launched:
+        assert self.srv is not None, "start() first"
+        return self.srv
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.srv is not None:
+            self.srv.terminate()
 
 
-async def client(port: int, bodies: list[bytes], stop_at: float, start: int) -> tuple[int, int]:
-    """One keep-alive connection posting /v1/classify until stop_at; returns (ok, errors)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    ok = errors = 0
-    i = start
-    try:
-        while time.monotonic() < stop_at:
-            body = bodies[i % len(bodies)]
-            i += 1
-            writer.write(
-                b"POST /v1/classify HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\n\r\n%s" % (len(body), body)
-            )
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            await reader.readexactly(length)
-            if head.startswith(b"HTTP/1.1 200"):
-                ok += 1
-            else:
-                errors += 1
-    finally:
-        writer.close()
-    return ok, errors
-
-
-async def load(port: int, bodies: list[bytes], seconds: float, concurrency: int) -> tuple[int, int]:
-    stop_at = time.monotonic() + seconds
-    results = await asyncio.gather(
-        *(client(port, bodies, stop_at, k * 997) for k in range(concurrency))
-    )
-    return sum(r[0] for r in results), sum(r[1] for r in results)
-
-
-def run_round(servers: list[Server], bodies: list[bytes], args: argparse.Namespace) -> None:
+def run_round(servers: list[Server], requests: list[bytes], args: argparse.Namespace) -> None:
     """Load the given servers for one turn (together when there are two) and record each."""
 
-    async def together() -> list[tuple[int, int]]:
-        return list(
-            await asyncio.gather(
-                *(load(s.port, bodies, args.duration, args.concurrency) for s in servers)
-            )
-        )
+    async def together() -> list[LoadResult]:
+        loads = [
+            run_load(s.running.port, requests, args.concurrency, args.duration, warmup_s=0)
+            for s in servers
+        ]
+        return list(await asyncio.gather(*loads))
 
-    cpu0, t0 = [s.cpu_s() for s in servers], time.monotonic()
+    cpu0, t0 = [s.running.cpu_s() for s in servers], time.monotonic()
     results = asyncio.run(together())
     elapsed = time.monotonic() - t0
-    for srv, c0, (ok, errors) in zip(servers, cpu0, results, strict=True):
-        done = ok * args.texts
+    for srv, c0, r in zip(servers, cpu0, results, strict=True):
+        done = r.ok * args.texts
         srv.throughput.append(done / elapsed)
-        srv.cpu_us.append((srv.cpu_s() - c0) / done * 1e6 if done else float("nan"))
+        srv.cpu_us.append((srv.running.cpu_s() - c0) / done * 1e6 if done else float("nan"))
         print(
             f"  --metrics {srv.metrics}: {done / elapsed:8.1f} texts/s, front-end "
-            f"{srv.cpu_us[-1]:6.1f} us CPU/text, {errors} errors",
+            f"{srv.cpu_us[-1]:6.1f} us CPU/text, {r.failed} errors",
             flush=True,
         )
 
@@ -187,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=16, help="client connections")
     p.add_argument("--texts", type=int, default=1, help="texts per request")
     p.add_argument("--workers", type=int, default=None, help="serving workers per server")
-    p.add_argument("--data", default=str(DEFAULT_DATA), help="TSV of texts (first column)")
+    p.add_argument("--data", default=str(SST2), help="TSV of texts (first column)")
     p.add_argument(
         "--aa", action="store_true", help="both servers --metrics 0: shows the noise floor"
     )
@@ -198,37 +124,41 @@ def main(argv: list[str] | None = None) -> int:
         help="load both servers at once (a shared machine's noise hits both alike) or in turns",
     )
     args = p.parse_args(argv)
-    rows = Path(args.data).read_text(encoding="utf-8").splitlines()[1:2001]
-    texts = [r.split("\t")[0] for r in rows if r.strip()]
-    bodies = [
-        json.dumps(
+    texts = load_texts(args.data, 2000)
+    requests = [
+        classify_json(
             {"text": texts[i]}
             if args.texts == 1
             else {"texts": [texts[(i + k) % len(texts)] for k in range(args.texts)]}
-        ).encode()
+        )
         for i in range(len(texts))
     ]
     extra = ["--spares", "0"] + (["--workers", str(args.workers)] if args.workers else [])
     with tempfile.TemporaryDirectory(prefix="ringserve-bench-") as tmp:
         servers = [Server(0 if args.aa else 1, extra, Path(tmp)), Server(0, extra, Path(tmp))]
         try:
-            for s in servers:
-                s.start()
-            for s in servers:
-                s.wait_ready()
-                asyncio.run(load(s.port, bodies, args.warmup, args.concurrency))
+            for launched in [s.start() for s in servers]:
+                launched.wait_ready()
+                asyncio.run(
+                    run_load(launched.port, requests, args.concurrency, args.warmup, warmup_s=0)
+                )
             for r in range(args.rounds):
                 print(f"round {r + 1}/{args.rounds}", flush=True)
                 if args.mode == "together":
-                    run_round(servers if r % 2 == 0 else servers[::-1], bodies, args)
+                    run_round(servers if r % 2 == 0 else servers[::-1], requests, args)
                 else:
                     for s in servers if r % 2 == 0 else servers[::-1]:
-                        run_round([s], bodies, args)
+                        run_round([s], requests, args)
         finally:
             for s in servers:
                 s.stop()
     report(servers, args)
     return 0
+
+
+def classify_json(doc: dict[str, object]) -> bytes:
+    body = json.dumps(doc).encode()
+    return http_message("POST", "/v1/classify", body, {"Content-Type": "application/json"})
 
 
 def paired(on: list[float], off: list[float]) -> float:

@@ -13,72 +13,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SST2 = ROOT / "data" / "sst2" / "sample.tsv"
-HOST = "127.0.0.1"  # this benchmark never sends traffic anywhere else
+from benchmarks.common import HOST, SST2, HttpAnswer, HttpConn, Launched, load_texts, percentile
+
 MAX_CONNECTIONS = 900  # open-loop client connections (below the server's default cap of 1024)
 REQUEST_TIMEOUT_S = 60.0  # a request unanswered this long counts as hung
-
-
-# -- a minimal keep-alive HTTP/1.1 client on asyncio streams -------------------------------------
-@dataclass
-class Answer:
-    status: int
-    headers: dict[bytes, bytes]
-    body: bytes
-
-
-class HttpConn:
-    """One keep-alive connection; one request at a time."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.closed = False
-
-    @classmethod
-    async def open(cls, port: int, host: str = HOST) -> HttpConn:
-        reader, writer = await asyncio.open_connection(host, port)
-        return cls(reader, writer)
-
-    async def call(
-        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-    ) -> Answer:
-        lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}", f"Content-Length: {len(body)}"]
-        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-        return await self.read_answer()
-
-    async def read_answer(self) -> Answer:
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status_line, *header_lines = head[:-4].split(b"\r\n")
-        status = int(status_line.split(b" ", 2)[1])
-        headers = {}
-        for line in header_lines:
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip()
-        body = await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
-        if headers.get(b"connection", b"").lower() == b"close":
-            self.close()
-        return Answer(status, headers, body)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.writer.close()
 
 
 def classify_body(text: str) -> bytes:
@@ -103,16 +48,13 @@ class Phase:
         return sum(self.codes.values())
 
     def percentile(self, q: float) -> float:
-        if not self.latencies:
-            return float("nan")
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return percentile(self.latencies, q * 100)
 
     def rejected_share(self) -> float:
         return self.codes["503"] / self.total if self.total else 0.0
 
 
-def record(phase: Phase, answer: Answer, latency: float) -> None:
+def record(phase: Phase, answer: HttpAnswer, latency: float) -> None:
     key = str(answer.status)
     if answer.status == 503 and b"retry-after" not in answer.headers:
         key = "503-without-retry-after"
@@ -203,46 +145,6 @@ async def open_loop(
     return phase
 
 
-# -- the server under test -----------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(args: list[str], tmp: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "service.cli", "serve",
-        "--host", HOST, "--port", str(port), "--binary-port", "0",
-        "--control", os.path.join(tmp, "ctl.sock"), *args,
-    ]  # fmt: skip
-    log = open(os.path.join(tmp, "server.log"), "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; see {tmp}/server.log")
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return proc, port
-        except OSError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not become ready within 180 s")
-
-
-def load_texts(path: Path, n: int = 2000) -> list[str]:
-    if path.exists():
-        rows = path.read_text(encoding="utf-8").splitlines()[1 : n + 1]
-        return [r.split("\t")[0] for r in rows if r.strip()]
-    words = ["good", "bad", "film", "plot", "acting", "music", "slow", "sharp", "dull", "story"]
-    rng = random.Random(0)
-    return [" ".join(rng.choices(words, k=rng.randint(4, 20))) for _ in range(n)]
-
-
 def report(phase: Phase) -> str:
     other = {k: v for k, v in phase.codes.items() if k not in ("200", "503")}
     return (
@@ -277,16 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=Path, default=SST2, help="TSV, text in column 1")
     parser.add_argument("--server-args", default="", help="extra `ringserve serve` options")
     ns = parser.parse_args(argv)
-    texts = load_texts(ns.texts)
+    texts = load_texts(ns.texts, 2000)
     with tempfile.TemporaryDirectory(prefix="ringserve-overload-") as tmp:
         args = ["--workers", str(ns.workers), "--spares", "0", "--max-queue", str(ns.max_queue)]
-        proc, port = start_server(args + ns.server_args.split(), tmp)
+        srv = Launched(tmp, args + ns.server_args.split(), binary=False)
         try:
-            print(f"server pid {proc.pid} on {HOST}:{port}: {' '.join(args)}", flush=True)
-            phases = asyncio.run(run_phases(port, texts, ns))
+            srv.wait_ready()
+            print(f"server pid {srv.pid} on {HOST}:{srv.port}: {' '.join(args)}", flush=True)
+            phases = asyncio.run(run_phases(srv.port, texts, ns))
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            srv.terminate()
     base, worst = phases[0], phases[-1]
     ratio = worst.goodput / base.goodput if base.goodput else 0.0
     verdict = "meets" if ratio >= 0.9 else "misses"

@@ -19,40 +19,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
-import os
 import resource
-import signal
-import socket
-import struct
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-SST2 = ROOT / "data" / "sst2" / "sample.tsv"
-ANSWER = struct.Struct("<QBBHH")
+from benchmarks.common import (
+    SST2,
+    HttpConn,
+    Launched,
+    classify_request,
+    get_json,
+    http_message,
+    load_texts,
+    percentile,
+)
+from service.client import AsyncBinaryClient
+from service.wire import LENGTH
+
 PROTOCOLS = ("http", "kserve-json", "kserve-binary", "binary")
 IDLE_S = 3.0  # how long the idle front-end's own CPU use is measured before the cells
 
 
 # -- requests, encoded before the clock starts ----------------------------------------------------
-def http_post(path: str, body: bytes, **headers: str) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: bench", f"Content-Length: {len(body)}"]
-    lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
 def encode_requests(protocol: str, texts: list[str], model: str) -> list[bytes]:
     infer = f"/v2/models/{model}/infer"
     out = []
@@ -60,98 +56,44 @@ def encode_requests(protocol: str, texts: list[str], model: str) -> list[bytes]:
         data = text.encode()
         spec: dict[str, object] = {"name": "text", "datatype": "BYTES", "shape": [1]}
         if protocol == "http":
-            out.append(http_post("/v1/classify", json.dumps({"text": text}).encode()))
+            out.append(classify_request(text))
         elif protocol == "kserve-json":
             spec["data"] = [text]
-            out.append(http_post(infer, json.dumps({"inputs": [spec]}).encode()))
+            out.append(http_message("POST", infer, json.dumps({"inputs": [spec]}).encode()))
         elif protocol == "kserve-binary":
-            blob = struct.pack("<I", len(data)) + data
+            blob = LENGTH.pack(len(data)) + data  # KServe's BYTES element: the same u32 length
             spec["parameters"] = {"binary_data_size": len(blob)}
             doc = {"inputs": [spec], "parameters": {"binary_data_output": True}}
             head = json.dumps(doc).encode()
-            out.append(
-                http_post(infer, head + blob, Inference_Header_Content_Length=str(len(head)))
-            )
+            extra = {"Inference-Header-Content-Length": str(len(head))}
+            out.append(http_message("POST", infer, head + blob, extra))
         else:
-            out.append(struct.pack("<I", len(data)) + data)  # the tag is added per send
+            out.append(data)  # the client frames it with its own tag
     return out
 
 
 # -- clients --------------------------------------------------------------------------------------
-class HttpConnection(asyncio.Protocol):
-    """One keep-alive connection, one request at a time; answers framed by Content-Length."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.waiter: asyncio.Future[int] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        end = self.buffer.find(b"\r\n\r\n")
-        if end < 0 or self.waiter is None:
-            return
-        lines = bytes(self.buffer[:end]).split(b"\r\n")
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        if len(self.buffer) >= end + 4 + length:
-            del self.buffer[: end + 4 + length]
-            self.waiter.set_result(int(lines[0].split()[1]))
-            self.waiter = None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(exc or ConnectionError("closed"))
-
-    async def request(self, data: bytes) -> int:
-        self.waiter = asyncio.get_running_loop().create_future()
-        assert self.transport is not None
-        self.transport.write(data)
-        return await self.waiter
+Sender = Callable[[bytes], Awaitable[int]]
 
 
-class BinaryConnection(asyncio.Protocol):
-    """One connection shared by every task; answers matched to their futures by tag."""
+async def http_sender(host: str, port: int) -> Sender:
+    """One keep-alive connection, one request at a time: the HTTP status of each."""
+    conn = await HttpConn.open(port, host)
 
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.pending: dict[int, asyncio.Future[int]] = {}
-        self.tags = itertools.count(1)
+    async def send(request: bytes) -> int:
+        return (await conn.send(request)).status
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    return send
 
-    def data_received(self, data: bytes) -> None:
-        buf = self.buffer
-        buf += data
-        pos = 0
-        while len(buf) - pos >= ANSWER.size:
-            tag, status, _, _, n = ANSWER.unpack_from(buf, pos)
-            if len(buf) - pos < ANSWER.size + 4 * n:
-                break
-            pos += ANSWER.size + 4 * n
-            self.pending.pop(tag).set_result(200 if status == 0 else 500 + status)
-        del buf[:pos]
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        for future in self.pending.values():
-            if not future.done():
-                future.set_exception(exc or ConnectionError("closed"))
+def binary_sender(client: AsyncBinaryClient) -> Sender:
+    """Requests share the one connection, answers matched by tag: 200 for status 0, else 500+."""
 
-    async def request(self, frame: bytes) -> int:
-        tag = next(self.tags)
-        future = asyncio.get_running_loop().create_future()
-        self.pending[tag] = future
-        assert self.transport is not None
-        self.transport.write(frame + struct.pack("<Q", tag))
-        return await future
+    async def send(text: bytes) -> int:
+        answer = await client.classify(text)
+        return 200 if answer.ok else 500 + answer.status
+
+    return send
 
 
 # -- one cell of the table ------------------------------------------------------------------------
@@ -166,8 +108,7 @@ class Cell:
     frontend_cpu_s: float | None = None  # the server's front-end process, when we know its pid
 
     def pct(self, p: float) -> float:
-        xs = sorted(self.latencies_ms)
-        return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
+        return percentile(self.latencies_ms, p)
 
     def row(self) -> str:
         n = len(self.latencies_ms)
@@ -191,15 +132,12 @@ async def run_cell(
     limit: int,
     pid: int | None,
 ) -> None:
-    loop = asyncio.get_running_loop()
+    shared: AsyncBinaryClient | None = None
     if cell.protocol == "binary":
-        _, shared = await loop.create_connection(BinaryConnection, host, port)
-        senders: list[Callable[[bytes], Awaitable[int]]] = [shared.request] * cell.concurrency
+        shared = await AsyncBinaryClient.connect(host, port)
+        senders = [binary_sender(shared)] * cell.concurrency
     else:
-        senders = []
-        for _ in range(cell.concurrency):
-            _, conn = await loop.create_connection(HttpConnection, host, port)
-            senders.append(conn.request)
+        senders = [await http_sender(host, port) for _ in range(cell.concurrency)]
     texts = itertools.cycle(requests)
     for send in senders:  # warm: one untimed request per connection slot
         await send(next(texts))
@@ -208,7 +146,7 @@ async def run_cell(
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     front0 = process_cpu(pid)
 
-    async def worker(send: Callable[[bytes], Awaitable[int]]) -> None:
+    async def worker(send: Sender) -> None:
         while time.perf_counter() < stop_at and len(cell.latencies_ms) + cell.errors < limit:
             t0 = time.perf_counter()
             code = await send(next(texts))
@@ -224,45 +162,8 @@ async def run_cell(
     if front0 is not None and front1 is not None:
         cell.frontend_cpu_s = front1 - front0
     cell.client_cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    if cell.protocol == "binary":
-        assert shared.transport is not None
-        shared.transport.close()
-
-
-# -- the server -----------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(url + "/v2/health/ready", timeout=5) as resp,
-        ):
-            if resp.status == 200:
-                return
-        time.sleep(0.2)
-    raise SystemExit("server not ready in time")
-
-
-def start_server(args: list[str], tmp: str) -> tuple[subprocess.Popen[bytes], str, int]:
-    port, binary_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
-    cmd += ["--binary-port", str(binary_port), "--control", os.path.join(tmp, "ctl.sock"), *args]
-    log = open(os.path.join(tmp, "server.log"), "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    return proc, f"http://127.0.0.1:{port}", binary_port
-
-
-def load_texts(path: Path, count: int) -> list[str]:
-    rows = path.read_text(encoding="utf-8").splitlines()[1:]
-    return [r.split("\t")[0] for r in rows[:count]]
+    if shared is not None:
+        await shared.close()
 
 
 def process_cpu(pid: int | None) -> float | None:
@@ -276,9 +177,8 @@ async def measure(
     args: argparse.Namespace, url: str, binary_port: int, pid: int | None
 ) -> list[Cell]:
     host, port = urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 80
-    with urllib.request.urlopen(url + "/v1/model", timeout=10) as resp:
-        model = json.loads(resp.read())["name"]
-    texts = load_texts(Path(args.data), args.texts)
+    model = str(get_json(port, "/v1/model", host=host)["name"])
+    texts = load_texts(args.data, args.texts)
     idle_rate = 0.0
     before = process_cpu(pid)
     if before is not None:  # supervisor ticks, heartbeats, sweeps: not the protocols' cost
@@ -315,26 +215,24 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvloop
 
-    proc = None
     with tempfile.TemporaryDirectory(prefix="rs-bench-") as tmp:
-        if args.url:
-            url, binary_port = args.url.rstrip("/"), args.binary_port
-        else:
-            proc, url, binary_port = start_server(args.server_args.split(), tmp)
+        srv = None if args.url else Launched(tmp, args.server_args.split())
         try:
-            wait_ready(url, proc)
-            print(f"server: {url} ({args.server_args if proc else 'external'}), one text a request")
+            if srv is None:  # a running server: assumed ready
+                url, binary_port, pid = args.url.rstrip("/"), args.binary_port, args.server_pid
+            else:
+                srv.wait_ready()
+                url, binary_port, pid = srv.url, srv.binary_port, srv.pid
+            print(f"server: {url} ({args.server_args if srv else 'external'}), one text a request")
             print(
                 "| protocol | conc | requests | req/s | p50 ms | p99 ms | errors | client CPU "
                 "| front-end CPU us/req |"  # the idle front-end's share subtracted
             )
             print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-            pid = proc.pid if proc is not None else args.server_pid
             uvloop.run(measure(args, url, binary_port, pid))
         finally:
-            if proc is not None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
+            if srv is not None:
+                srv.terminate()
     return 0
 
 

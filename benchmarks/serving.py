@@ -4,7 +4,7 @@ raw:    N processes (N = the server's workers, pinned one per core, torch thread
         server's) each run the same TorchScript artifact in-process on pre-tokenized batches
         of the server's batch size, padded to the same bucket. Their sum is the ceiling.
 served: the real `ringserve serve` on the same texts, one text per HTTP request, closed loop
-        at concurrency 1 and 32 (benchmarks/loadgen.py, on uvloop, in this process).
+        at concurrency 1 and 32 (benchmarks/common.py, on uvloop, in this process).
 Prints both, P50/P99, and served/raw. Usage: python -m benchmarks.serving [--seconds 15]
 """
 
@@ -13,22 +13,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import signal
-import subprocess
 import sys
+import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.loadgen import LoadResult, classify_request, run_load
-
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "data" / "sst2" / "sample.tsv"
-
-
-def load_texts(n: int = 4000) -> list[str]:
-    rows = DATA.read_text(encoding="utf-8").splitlines()[1 : n + 1]
-    return [r.split("\t")[0] for r in rows]
+from benchmarks.common import SST2, Launched, LoadResult, classify_request, load_texts, run_load
 
 
 def _raw_worker(args: tuple[str, list[str], int, int, int, float, int]) -> tuple[int, float]:
@@ -84,48 +74,13 @@ def raw_throughput(
     return sum(done / elapsed for done, elapsed in results)
 
 
-def start_server(port: int, extra: list[str]) -> subprocess.Popen[bytes]:
-    args = [
-        sys.executable,
-        "-m",
-        "service.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--binary-port",
-        "0",
-        "--control",
-        f"/tmp/ringserve-bench-{port}.sock",
-        *extra,
-    ]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
-    import http.client
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/v2/health/ready")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("server not ready in time")
-
-
 def served(port: int, texts: list[str], levels: list[int], seconds: float) -> list[LoadResult]:
     import uvloop
 
     requests = [classify_request(t) for t in texts]
 
     async def go() -> list[LoadResult]:
-        return [await run_load("127.0.0.1", port, requests, c, seconds) for c in levels]
+        return [await run_load(port, requests, c, seconds) for c in levels]
 
     return uvloop.run(go())
 
@@ -136,13 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=32)
-    p.add_argument("--port", type=int, default=18931)
+    p.add_argument("--data", default=str(SST2), help="TSV, texts in column 1 (default: sample)")
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
     args = p.parse_args(argv)
     from workers.artifact import default_artifact_dir
 
     model_dir = str(default_artifact_dir())
-    texts = load_texts()
+    texts = load_texts(args.data, 4000)
     print(
         f"machine: {os.cpu_count()} cpus; workers={args.workers} x threads={args.threads}; "
         f"max batch {args.max_batch}; {len(texts)} SST-2 sentences"
@@ -162,13 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         str(args.max_batch),
         *args.server_args.split(),
     ]
-    proc = start_server(args.port, extra)
-    try:
-        wait_ready(args.port, proc)
-        results = served(args.port, texts, [1, 32], args.seconds)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+    with tempfile.TemporaryDirectory(prefix="ringserve-serving-") as tmp:
+        srv = Launched(tmp, extra, binary=False)
+        try:
+            srv.wait_ready()
+            results = served(srv.port, texts, [1, 32], args.seconds)
+        finally:
+            srv.terminate()
     print("served /v1/classify (one text a request):")
     for r in results:
         print("  " + r.row())

@@ -10,21 +10,18 @@ past that, or while its transport's write buffer is full, it stops reading. A le
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from functools import partial
 from typing import TYPE_CHECKING
 
 from service.dispatcher import Result
 from service.routes import STATUS_HTTP
+from service.wire import LENGTH, TAG, encode_answer, status_answer
 from shm import layout as L
 
 if TYPE_CHECKING:
     from service.app import Server
 
-LENGTH = struct.Struct("<I")
-TAG = struct.Struct("<Q")
-ANSWER = struct.Struct("<QBBHH")  # tag, status, reserved, label_id, n; then n x f32
 STATUSES = (L.STATUS_OK, L.STATUS_BAD_REQUEST, L.STATUS_OVERLOADED, L.STATUS_DEADLINE)
 
 
@@ -45,10 +42,6 @@ async def start_binary(server: Server, host: str, port: int) -> asyncio.Abstract
     return await loop.create_server(
         lambda: BinaryProtocol(state), host, port, reuse_address=True, backlog=2048
     )
-
-
-def status_answer(tag: int, status: int) -> bytes:
-    return ANSWER.pack(tag, status, 0, 0, 0)
 
 
 class BinaryProtocol(asyncio.Protocol):
@@ -212,8 +205,7 @@ class BinaryProtocol(asyncio.Protocol):
         count = self.server.count
         for tag, r in zip(tags, results, strict=True):
             if r.status == L.STATUS_OK and r.scores is not None:
-                out.append(ANSWER.pack(tag, 0, 0, r.label_id, len(r.scores)))
-                out.append(r.scores.tobytes())
+                out.append(encode_answer(tag, L.STATUS_OK, r.label_id, r.scores.tobytes()))
                 count("binary", 200)
             else:
                 status = r.status if r.status in STATUSES else L.STATUS_INTERNAL

@@ -14,72 +14,17 @@ import asyncio
 import itertools
 import selectors
 import socket
-import struct
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from types import TracebackType
 
-FRAME_HEAD = struct.Struct("<I")
-FRAME_TAG = struct.Struct("<Q")
-ANSWER = struct.Struct("<QBBHH")  # tag, status, reserved, label_id, n; then n x f32
+from service.wire import Answer, AnswerParser, encode_frame
 
-OK, BAD_REQUEST, OVERLOADED, DEADLINE, INTERNAL = range(5)
-STATUS_NAMES = {
-    OK: "ok",
-    BAD_REQUEST: "bad request",
-    OVERLOADED: "overloaded",
-    DEADLINE: "deadline passed",
-    INTERNAL: "internal error",
-}
+__all__ = ["Answer", "AsyncBinaryClient", "BinaryClient", "ProtocolError"]
 
 
 class ProtocolError(ConnectionError):
     """The server sent something the protocol does not allow (an unknown or repeated tag)."""
-
-
-@dataclass(slots=True)
-class Answer:
-    tag: int
-    status: int
-    label_id: int = 0
-    scores: list[float] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == OK
-
-    @property
-    def status_name(self) -> str:
-        return STATUS_NAMES.get(self.status, f"status {self.status}")
-
-
-def encode_frame(text: str | bytes, tag: int) -> bytes:
-    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-    return FRAME_HEAD.pack(len(data)) + data + FRAME_TAG.pack(tag)
-
-
-class AnswerParser:
-    """Incremental: feed it bytes as they come, get back every answer they complete."""
-
-    def __init__(self) -> None:
-        self.buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[Answer]:
-        buf = self.buffer
-        buf += data
-        out: list[Answer] = []
-        pos, end = 0, len(buf)
-        while end - pos >= ANSWER.size:
-            tag, status, _reserved, label_id, n = ANSWER.unpack_from(buf, pos)
-            stop = pos + ANSWER.size + 4 * n
-            if stop > end:
-                break
-            scores = list(struct.unpack_from(f"<{n}f", buf, pos + ANSWER.size)) if n else []
-            out.append(Answer(tag, status, label_id, scores))
-            pos = stop
-        del buf[:pos]
-        return out
 
 
 class BinaryClient:

@@ -7,13 +7,9 @@ with a deadline; no test relies on a fixed sleep.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,17 +18,10 @@ from typing import Any
 import psutil
 import pytest
 
-from service.cli import ctl_request
+from benchmarks.common import DATA, Launched, ServerExited, http_request
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "data"  # small samples with provenance (data/README.md)
 OUTPUT = ROOT / "test-output"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerDied(Exception):
@@ -58,28 +47,8 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
 
 
-class ServerProc:
+class ServerProc(Launched):
     """A running `ringserve serve` child process and handy clients for it."""
-
-    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.binary_port = free_port()
-        self.control = str(tmp / f"ctl-{self.port}.sock")
-        self.log_path = tmp / f"server-{self.port}.log"
-        self.args = [
-            sys.executable, "-m", "service.cli", "serve",
-            "--port", str(self.port),
-            "--binary-port", str(self.binary_port),
-            "--control", self.control,
-            *args,
-        ]  # fmt: skip
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            self.args, cwd=ROOT, env=full_env, stdout=self.log, stderr=subprocess.STDOUT
-        )
-        self.pid = self.proc.pid
 
     # -- clients --------------------------------------------------------------------------------
     def request(
@@ -92,13 +61,7 @@ class ServerProc:
     ) -> tuple[int, dict[str, str], bytes]:
         if isinstance(body, dict):
             body = json.dumps(body)
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            resp = conn.getresponse()
-            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-        finally:
-            conn.close()
+        return http_request(self.port, method, path, body, headers, timeout)
 
     def classify(self, text: str | list[str], **kw: Any) -> dict[str, Any]:
         body = {"text": text} if isinstance(text, str) else {"texts": text}
@@ -107,32 +70,18 @@ class ServerProc:
         result: dict[str, Any] = json.loads(data)
         return result
 
-    def ctl(self, cmd: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-        return ctl_request(self.control, cmd, timeout)
-
     def status(self) -> dict[str, Any]:
         return self.ctl({"cmd": "status"})
-
-    def ready_workers(self) -> int:
-        return sum(1 for w in self.status()["workers"] if w["state"] in ("ready", "degraded"))
 
     def worker_pids(self) -> dict[int, int]:
         return {w["id"]: w["pid"] for w in self.status()["workers"] if w["id"] >= 0}
 
     # -- lifecycle ------------------------------------------------------------------------------
     def wait_ready(self, workers: int | None = None, timeout: float = 120.0) -> None:
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise ServerDied(f"server exited with {self.proc.returncode}:\n{self.logs()}")
-            status, _, _ = self.request("GET", "/v2/health/ready", timeout=5)
-            if status != 200:
-                return False
-            return workers is None or self.ready_workers() >= workers
-
         try:
-            wait_for(ready, timeout, "server ready")
-        except AssertionError:
-            raise AssertionError(f"server not ready; log:\n{self.logs()[-4000:]}") from None
+            super().wait_ready(workers, timeout)
+        except (TimeoutError, ServerExited) as exc:
+            raise AssertionError(f"server not ready: {exc}") from None
 
     def wait_spares(self, n: int = 1, timeout: float = 120.0) -> None:
         wait_for(
@@ -140,10 +89,6 @@ class ServerProc:
             timeout,
             "warm spare",
         )
-
-    def logs(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text(errors="replace")
 
     def children(self) -> list[psutil.Process]:
         try:
@@ -154,19 +99,13 @@ class ServerProc:
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, wait for the exit, and check nothing is left behind."""
         kids = self.children()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
         try:
-            code = self.proc.wait(timeout)
+            code = self.terminate(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
             for k in kids:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     k.kill()
             raise
-        finally:
-            self.log.close()
         _, alive = psutil.wait_procs(kids, timeout=10)
         assert not alive, f"worker processes left behind: {alive}"
         left = segments_of(self.pid)

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from service.client import (
+from service.client import AsyncBinaryClient, BinaryClient
+from service.wire import (
     BAD_REQUEST,
     DEADLINE,
+    LENGTH,
     OK,
     OVERLOADED,
     Answer,
     AnswerParser,
-    AsyncBinaryClient,
-    BinaryClient,
     encode_frame,
 )
 from tests.conftest import ServerProc
@@ -100,7 +99,7 @@ def test_bad_frames_answered_and_connection_kept(server: ServerProc) -> None:
 
 def test_oversize_closes_after_owed_answers(server: ServerProc) -> None:
     frames = b"".join(encode_frame(f"sentence {i}", i) for i in range(5))
-    oversize = struct.pack("<I", MAX_FRAME + 1) + b"x" * (1 << 20)  # and more after it
+    oversize = LENGTH.pack(MAX_FRAME + 1) + b"x" * (1 << 20)  # and more after it
     with socket.create_connection(("127.0.0.1", server.binary_port), timeout=60) as sock:
         sock.sendall(frames + oversize)  # the server drops what follows the oversize length
         answers = AnswerParser().feed(recv_all(sock))  # ends with EOF: no timeout, no reset

@@ -15,7 +15,6 @@ import math
 import os
 import re
 import socket
-import struct
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.wire import ANSWER, LENGTH, encode_frame, iter_frames, parse_answers
 from tests.conftest import ServerProc, wait_for
 
 INPUTS = int(os.environ.get("RINGSERVE_FUZZ_EXAMPLES", "1200"))
@@ -324,11 +324,6 @@ def test_fuzz_control(srv: ServerProc) -> None:
 
 
 # -- binary protocol ------------------------------------------------------------------------------
-ANSWER = struct.Struct("<QBBHH")
-LENGTH = struct.Struct("<I")
-TAG = struct.Struct("<Q")
-
-
 @st.composite
 def frame_streams(draw: Any) -> tuple[bytes, int]:
     """(bytes, frames built): 8 to 12 frames, then in three streams of four one mutation."""
@@ -343,7 +338,7 @@ def frame_streams(draw: Any) -> tuple[bytes, int]:
             text = draw(st.binary(max_size=24))
         else:
             text = b" " * draw(st.integers(0, 3))
-        out += LENGTH.pack(len(text)) + text + TAG.pack(tag)
+        out += encode_frame(text, tag)
     if draw(st.integers(0, 3)) == 0:
         return out, n
     return mutate_binary(out, draw), n
@@ -367,47 +362,36 @@ def expected_answers(data: bytes) -> Counter[tuple[int, str]]:
     """What the contract owes for these bytes: one answer per complete frame, in front of an
     oversize length or a partial frame: (tag, "bad" for invalid or blank text, else "ok")."""
     owed: Counter[tuple[int, str]] = Counter()
-    pos = 0
-    while len(data) - pos >= LENGTH.size:
-        (n,) = LENGTH.unpack_from(data, pos)
-        end = pos + LENGTH.size + n + TAG.size
-        if n > MAX_FRAME or end > len(data):
-            break
-        text = data[pos + LENGTH.size : end - TAG.size]
+    for tag, text in iter_frames(data, MAX_FRAME):
         try:
             good = bool(text.decode("utf-8").strip())
         except UnicodeDecodeError:
             good = False
-        owed[(TAG.unpack_from(data, end - TAG.size)[0], "ok" if good else "bad")] += 1
-        pos = end
+        owed[(tag, "ok" if good else "bad")] += 1
     return owed
 
 
 def check_binary_answers(data: bytes, owed: Counter[tuple[int, str]], seen: Counter[int]) -> None:
     """Whole answers, each frame answered once: status 1 for bad text, 0, 2 or 3 for good."""
     got: Counter[tuple[int, str]] = Counter()
+    answers, used = parse_answers(data)
+    assert used == len(data), f"partial answer {data[used:]!r}"
     pos = 0
-    while pos < len(data):
-        assert len(data) - pos >= ANSWER.size, f"partial answer {data[pos:]!r}"
-        tag, status, reserved, label, n = ANSWER.unpack_from(data, pos)
-        pos += ANSWER.size + 4 * n
-        assert pos <= len(data), "answer scores cut short"
-        seen[status] += 1
-        assert status in (0, 1, 2, 3) and reserved == 0, (status, reserved)
-        got[(tag, "bad" if status == 1 else "ok")] += 1
-        if status == 0:
-            scores = struct.unpack_from(f"<{n}f", data, pos - 4 * n)
-            assert n == 2 and label < n and abs(sum(scores) - 1) < 1e-4, (n, label, scores)
+    for a in answers:
+        reserved = data[pos + 9]  # the byte after the tag and status
+        pos += ANSWER.size + 4 * len(a.scores)
+        seen[a.status] += 1
+        assert a.status in (0, 1, 2, 3) and reserved == 0, (a.status, reserved)
+        got[(a.tag, "bad" if a.status == 1 else "ok")] += 1
+        if a.status == 0:
+            scores = a.scores
+            assert len(scores) == 2 and a.label_id < 2 and abs(sum(scores) - 1) < 1e-4, a
         else:
-            assert n == 0
+            assert not a.scores and a.label_id == 0, a
     assert got == owed, (got - owed, owed - got)
 
 
 def test_fuzz_binary(srv: ServerProc) -> None:
-    import service.binary
-
-    if "stub" in (service.binary.__doc__ or ""):
-        pytest.skip("the binary protocol is not implemented yet")
     pids, scores = srv.worker_pids(), reference(srv)
     seen: Counter[int] = Counter()
     frames = [0]

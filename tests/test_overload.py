@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from benchmarks.overload import HttpConn
+from benchmarks.common import HttpConn
 from tests.conftest import ServerProc
 
 MAX_QUEUE = 16

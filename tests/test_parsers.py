@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.client import AnswerParser, encode_frame
+from service.wire import LENGTH, AnswerParser, encode_frame
 from tests.conftest import ServerProc
 
 pytestmark = pytest.mark.timeout(180)
@@ -183,7 +183,7 @@ BINARY_TEXTS: list[str | bytes] = [
     "\u00e9l\u00e9gant et dr\u00f4le",
     "x" * 600,
 ]
-OVERSIZE = struct.pack("<I", 65537)
+OVERSIZE = LENGTH.pack(65537)
 
 
 def binary_stream() -> bytes:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from shm.segment import Segment
-from tests.conftest import ROOT, ServerProc, free_port, segments_of, wait_for
+from tests.conftest import ROOT, ServerProc, segments_of, wait_for
 from tests.load import Load
 
 
@@ -119,7 +119,7 @@ def test_killed_frontend_takes_its_workers_and_next_server_cleans(
 ) -> None:  # type: ignore[no-untyped-def]
     srv = start_server("--workers", "1", "--spares", "1", workers=1)
     srv.wait_spares(1)
-    kids = [p.pid for p in srv.children() if "python" in p.name() or True]
+    kids = [p.pid for p in srv.children()]
     workers = [w["pid"] for w in srv.status()["workers"]]
     assert set(workers) <= set(kids)
     dead_pid = srv.pid
@@ -204,34 +204,11 @@ def test_boot_failure_stops_the_server_clearly(tmp_path: Path, default_model: st
     manifest = json.loads((broken / "manifest.json").read_text())
     manifest["fingerprint"] = compute_fingerprint(broken)  # consistent, but unloadable
     (broken / "manifest.json").write_text(json.dumps(manifest))
-    port = free_port()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--model",
-            str(broken),
-            "--port",
-            str(port),
-            "--binary-port",
-            "0",
-            "--control",
-            str(tmp_path / "c.sock"),
-            "--workers",
-            "1",
-            "--spares",
-            "0",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 1
-    assert "could not load the model" in proc.stderr
-    assert proc.stderr.count('"worker_started"') <= 2  # no crash loop
+    srv = ServerProc(tmp_path, ["--model", str(broken), "--workers", "1", "--spares", "0"])
+    assert srv.wait_exit(120) == 1
+    log = srv.logs()
+    assert "could not load the model" in log
+    assert log.count('"worker_started"') <= 2  # no crash loop
 
 
 def test_fingerprint_mismatch_refuses_to_start(tmp_path: Path, default_model: str) -> None:
@@ -240,28 +217,9 @@ def test_fingerprint_mismatch_refuses_to_start(tmp_path: Path, default_model: st
     manifest = json.loads((bad / "manifest.json").read_text())
     manifest["labels"] = ["neg", "pos"]  # edited after export: hashes no longer match
     (bad / "manifest.json").write_text(json.dumps(manifest))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--model",
-            str(bad),
-            "--port",
-            str(free_port()),
-            "--binary-port",
-            "0",
-            "--control",
-            str(tmp_path / "c.sock"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode != 0
-    assert "fingerprint mismatch" in proc.stderr
+    srv = ServerProc(tmp_path, ["--model", str(bad)])
+    assert srv.wait_exit(60) != 0
+    assert "fingerprint mismatch" in srv.logs()
 
 
 @pytest.mark.parametrize(
