@@ -19,6 +19,8 @@ commands:
   export     build a model artifact from an encoder directory and a classifier head
   train      fit a classifier head on frozen encoder embeddings from a labelled TSV
   evaluate   print the held-out accuracy of a model artifact (default: the built-in model)
+  batch      score a whole file offline through the worker pool (no HTTP)
+  corpus     pack texts into binary-protocol frames, read with mmap
 """
 
 
@@ -86,6 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         from workers import train
 
         return train.main(rest)
+    if command == "batch":
+        from service import batch
+
+        return batch.main(rest)
+    if command == "corpus":
+        from service import corpus
+
+        return corpus.corpus_main(rest)
     if command == "evaluate":
         from workers import train
 

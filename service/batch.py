@@ -1,0 +1,374 @@
+"""`ringserve batch`: score a whole file through the server's own worker pool, with no HTTP.
+
+The input is reached through mmap (service.corpus) and fed to the dispatcher longest first over
+the whole file, so the workers' batches hold texts of about one length. Answers arrive out of
+order; each is stored by line number in a fixed-size results table (`OUTPUT.state.npy`, a
+memory-mapped file), and the output is written from that table in input order as far as every
+line is finished. Memory is therefore a constant per line (index and table) and nothing grows
+with the run. Ctrl-C stops feeding, waits for what is in flight, and leaves a valid prefix of
+the output plus the table, from which `--resume` continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from service import corpus as C
+from service.dispatcher import Dispatcher, Result
+from service.logs import EventLog
+from service.settings import Config
+from service.supervisor import Supervisor
+from shm import layout as L
+from shm import segment
+
+PENDING = 0
+DONE_OK = 1
+TOO_LONG = 9
+# Status byte of a finished line that is an error: 10 + a corpus code, or 20 + a worker status.
+MESSAGES = {10 + code: msg for code, msg in C.ERRORS.items()}
+MESSAGES.update(
+    {
+        10 + TOO_LONG: "text is longer than the largest request",
+        20 + L.STATUS_BAD_REQUEST: "text is empty or not valid UTF-8",
+        20 + L.STATUS_OVERLOADED: "overloaded",
+        20 + L.STATUS_DEADLINE: "request deadline passed",
+        20 + L.STATUS_INTERNAL: "internal error",
+    }
+)
+GROUP = 32  # texts admitted as one dispatcher group
+WRITE_CHUNK = 4096  # rows looked at per step when writing the finished prefix
+STOP_WAIT_S = 60.0  # on Ctrl-C, longest wait for answers already in flight
+
+
+def table_dtype(n_labels: int) -> np.dtype[Any]:
+    return np.dtype([("status", "u1"), ("label", "<u2"), ("scores", "<f4", (n_labels,))])
+
+
+class Results:
+    """The results table (memory-mapped, by line number) and the in-order output it feeds."""
+
+    def __init__(self, output: Path, n: int, labels: list[str], meta: dict[str, Any], resume: bool):
+        self.output = output
+        self.state = Path(str(output) + ".state.npy")
+        self.meta_path = Path(str(output) + ".state.json")
+        self.labels = labels
+        self.n = n
+        self.table = self._open_table(n, meta, resume)
+        self.written = self._open_output(resume)
+        self.status = self.table["status"]
+
+    def _open_table(self, n: int, meta: dict[str, Any], resume: bool) -> Any:
+        if resume and self.state.exists() and self.meta_path.exists():
+            old = json.loads(self.meta_path.read_text())
+            if old != meta:
+                raise SystemExit(
+                    f"ringserve batch: --resume: {self.meta_path} was made for another input "
+                    "or model; remove it or run without --resume"
+                )
+            table = np.lib.format.open_memmap(self.state, mode="r+")
+            if table.shape != (n,) or table.dtype != table_dtype(len(self.labels)):
+                raise SystemExit(f"ringserve batch: --resume: {self.state} does not fit")
+            return table
+        self.meta_path.write_text(json.dumps(meta))
+        return np.lib.format.open_memmap(
+            self.state, mode="w+", dtype=table_dtype(len(self.labels)), shape=(n,)
+        )
+
+    def _open_output(self, resume: bool) -> int:
+        """Lines already in the output (cut after its last whole line); 0 when starting over."""
+        if not resume or not self.output.exists():
+            self.out = open(self.output, "wb")  # noqa: SIM115 - closed in close()
+            return 0
+        with open(self.output, "r+b") as f:
+            data = f.read()
+            keep = data.rfind(b"\n") + 1
+            f.truncate(keep)
+        self.out = open(self.output, "ab")  # noqa: SIM115 - closed in close()
+        return min(data.count(b"\n", 0, keep), self.n)
+
+    def store(self, rows: list[int], results: list[Result]) -> None:
+        ok = [(i, r) for i, r in zip(rows, results, strict=True) if r.status == L.STATUS_OK]
+        for i, r in zip(rows, results, strict=True):
+            if r.status != L.STATUS_OK:
+                self.status[i] = 20 + r.status
+        if ok:
+            idx = np.fromiter((i for i, _ in ok), np.int64, len(ok))
+            self.table["scores"][idx] = np.stack([r.scores for _, r in ok])  # type: ignore[misc]
+            self.table["label"][idx] = [r.label_id for _, r in ok]
+            self.status[idx] = DONE_OK  # last: a row is finished only once its scores are in
+
+    def line(self, i: int) -> bytes:
+        st = int(self.status[i])
+        if st != DONE_OK:
+            return json.dumps({"error": MESSAGES.get(st, "internal error")}).encode() + b"\n"
+        row = self.table[i]
+        label = int(row["label"])
+        doc = {"label": self.labels[label], "label_id": label, "scores": row["scores"].tolist()}
+        return json.dumps(doc).encode() + b"\n"
+
+    def write_ready(self) -> int:
+        """Append every finished line after the last one written; returns lines written."""
+        start = self.written
+        while self.written < self.n:
+            chunk = self.status[self.written : self.written + WRITE_CHUNK]
+            pending = np.flatnonzero(chunk == PENDING)
+            stop = self.written + (int(pending[0]) if len(pending) else len(chunk))
+            self.out.write(b"".join(self.line(i) for i in range(self.written, stop)))
+            self.written = stop
+            if len(pending):
+                break
+        self.out.flush()
+        return self.written - start
+
+    def close(self, finished: bool) -> None:
+        self.out.close()
+        self.table.flush()
+        del self.status, self.table
+        if finished:  # nothing left to resume: leave nothing behind
+            for p in (self.state, self.meta_path):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+
+
+class Progress:
+    """A bar on a terminal (rewritten in place), else a log line every `every_s` seconds."""
+
+    def __init__(self, total: int, done: int, stream: TextIO, every_s: float) -> None:
+        self.total = total
+        self.start_done = done
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.every_s = 0.5 if self.tty else every_s
+        self.t0 = time.monotonic()
+        self.first_at: float | None = None  # first answer: excludes the workers' boot
+        self.last = 0.0
+
+    def rate(self, done: int, now: float) -> float:
+        if self.first_at is None or now - self.first_at <= 0:
+            return 0.0
+        return (done - self.start_done) / (now - self.first_at)
+
+    def update(self, done: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.first_at is None and done > self.start_done:
+            self.first_at = now
+        if not force and now - self.last < self.every_s:
+            return
+        self.last = now
+        rate = self.rate(done, now)
+        eta = (self.total - done) / rate if rate > 0 else float("nan")
+        pct = 100.0 * done / self.total if self.total else 100.0
+        eta_s = "?" if eta != eta else time.strftime("%H:%M:%S", time.gmtime(eta))
+        if self.tty:
+            bar = "#" * int(pct / 100 * 30)
+            self.stream.write(
+                f"\r[{bar:<30}] {pct:5.1f}% {done}/{self.total} {rate:7.1f} texts/s ETA {eta_s}"
+            )
+        else:
+            self.stream.write(
+                f"ringserve batch: {done}/{self.total} lines ({pct:.1f}%), "
+                f"{rate:.1f} texts/s, ETA {eta_s}\n"
+            )
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+class BatchJob:
+    def __init__(self, args: argparse.Namespace, settings: Config) -> None:
+        from service.app import resolve_device
+        from workers.artifact import default_artifact_dir, load_manifest
+
+        self.args = args
+        self.settings = settings
+        self.log = EventLog(settings.log_level)
+        self.model_dir = settings.model or str(default_artifact_dir(settings.cache_dir))
+        self.manifest = load_manifest(self.model_dir)
+        self.device = resolve_device(settings.device, self.log)
+        self.source = C.open_texts(args.input)
+        self.n = len(self.source)
+        st = os.stat(args.input)
+        meta = {
+            "input": os.path.abspath(args.input),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "lines": self.n,
+            "fingerprint": self.manifest.fingerprint,
+        }
+        self.results = Results(
+            Path(args.output), self.n, list(self.manifest.labels), meta, args.resume
+        )
+        # Two batches a worker: one running, one waiting; more would only lengthen a Ctrl-C.
+        self.window = max(GROUP, settings.serving_workers() * settings.max_batch * 2)
+        self.dispatcher = Dispatcher(self.window + GROUP)
+        self.supervisor = Supervisor(
+            settings, self.dispatcher, self.model_dir, self.device, self.log
+        )
+        self.max_text = max(settings.max_body, settings.max_frame)
+        self.inflight = 0
+        self.done = 0  # lines finished in this run
+        self.stopping = False
+        self.wake = asyncio.Event()
+
+    def order(self) -> np.ndarray:
+        """Lines still to score, longest first over the whole file (by bytes: no tokenizing)."""
+        status = self.results.status
+        todo = np.flatnonzero(status[self.results.written :] == PENDING) + self.results.written
+        lengths = self.source.byte_lengths()[todo]
+        return todo[np.argsort(-lengths, kind="stable")]
+
+    def feed(self, rows: np.ndarray) -> None:
+        """Admit one group: bad lines are finished at once, the rest go to the dispatcher."""
+        keep: list[int] = []
+        texts: list[bytes] = []
+        status = self.results.status
+        for i in rows.tolist():
+            code, text, _pair = self.source.record(i)
+            if code == C.OK and len(text) > self.max_text:
+                code = TOO_LONG
+            if code != C.OK:
+                status[i] = 10 + code
+                self.done += 1
+                continue
+            keep.append(i)
+            texts.append(text)
+        if texts:
+            done = self.on_done(keep)
+            if not self.dispatcher.submit(texts, 0, done, "batch"):
+                raise RuntimeError("dispatcher refused a group inside the window")
+            self.inflight += len(texts)
+
+    def on_done(self, rows: list[int]) -> Callable[[list[Result]], None]:
+        def done(results: list[Result]) -> None:
+            self.results.store(rows, results)
+            self.inflight -= len(rows)
+            self.done += len(rows)
+            self.wake.set()
+
+        return done
+
+    def stop(self, signame: str) -> None:
+        if not self.stopping:
+            self.log.warning("batch_stopping", signal=signame)
+        self.stopping = True
+        self.wake.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop, signal.Signals(sig).name)
+        sup_task = asyncio.create_task(self.supervisor.run())
+        order = self.order()
+        total_done = self.n - len(order)
+        progress = Progress(self.n, total_done, sys.stderr, self.args.progress_every_s)
+        pos = 0
+        try:
+            while (pos < len(order) and not self.stopping) or self.inflight:
+                while self.inflight < self.window and pos < len(order) and not self.stopping:
+                    self.feed(order[pos : pos + GROUP])
+                    pos += GROUP
+                if self.supervisor.fatal:
+                    raise SystemExit(f"ringserve batch: {self.supervisor.fatal}")
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), STOP_WAIT_S if self.stopping else 0.5)
+                if self.stopping and self.wake.is_set() is False and self.inflight:
+                    break  # answers stopped coming: give up on them, they stay pending
+                self.results.write_ready()
+                progress.update(total_done + self.done)
+        finally:
+            self.results.write_ready()
+            progress.update(total_done + self.done, force=True)
+            progress.finish()
+            await self.supervisor.stop()
+            sup_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sup_task
+        return self.report(progress)
+
+    def report(self, progress: Progress) -> int:
+        finished = self.results.written == self.n
+        self.results.close(finished)
+        bad = 0  # counted from the output, which is the truth a user sees
+        rate = progress.rate(self.results.written, time.monotonic())
+        with open(self.args.output, "rb") as f:
+            for line in f:
+                bad += line.startswith(b'{"error"')
+        summary = {
+            "lines": self.n,
+            "written": self.results.written,
+            "errors": bad,
+            "texts_per_s": round(rate, 1),
+            "seconds": round(time.monotonic() - progress.t0, 2),
+            "front_end_max_rss_mib": round(_max_rss_mib(), 1),
+        }
+        print(json.dumps(summary), file=sys.stderr)
+        if finished:
+            return 0
+        print(
+            f"ringserve batch: stopped; {self.results.written} of {self.n} lines are in "
+            f"{self.args.output}; run again with --resume to continue",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _max_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
+    p = argparse.ArgumentParser(prog="ringserve batch", description=__doc__.splitlines()[0])
+    p.add_argument("--input", required=True, help=".txt, .tsv (first column), .jsonl or corpus")
+    p.add_argument("--output", required=True, help="JSONL: one result per input line, in order")
+    p.add_argument("--model", default=os.environ.get("RINGSERVE_MODEL"))
+    p.add_argument("--workers", type=int, default=None, help="worker processes (one per core)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--resume", action="store_true", help="continue a stopped run's output")
+    p.add_argument("--progress-every-s", type=float, default=5.0, help="log line interval")
+    p.add_argument("--log-level", default="warning")
+    args = p.parse_args(argv)
+    settings = Config(
+        model=args.model,
+        workers=args.workers,
+        threads=args.threads,
+        device=args.device,
+        spares=0,  # a batch run has no clients to keep waiting: a replacement may boot cold
+        max_batch=args.max_batch,
+        log_level=args.log_level,
+    )
+    return args, settings
+
+
+def main(argv: list[str]) -> int:
+    import uvloop
+
+    args, settings = parse_args(argv)
+    if not os.path.exists(args.input):
+        print(f"ringserve batch: no such input: {args.input}", file=sys.stderr)
+        return 2
+    segment.remove_stale(keep_pid=os.getpid())
+    try:
+        job = BatchJob(args, settings)
+    except (OSError, ValueError) as exc:
+        print(f"ringserve batch: {exc}", file=sys.stderr)
+        return 2
+    return uvloop.run(job.run())

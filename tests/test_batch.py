@@ -1,0 +1,130 @@
+"""`ringserve batch` as users run it: a real process, real workers, real signals.
+
+Its answers are checked against a real server's /v1/classify on the same texts.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import DATA, ROOT, ServerProc, wait_for
+
+BAD = {b"": "text is empty", b"  \t ": "text is empty", b"\xc3\x28 x": "text is not valid UTF-8"}
+
+
+def column(path: Path, n: int, skip: int = 0) -> list[bytes]:
+    rows = path.read_bytes().splitlines()[1 + skip : 1 + skip + n]
+    return [r.split(b"\t")[0] for r in rows]
+
+
+def mixed_lines() -> list[bytes]:
+    """SST-2 and AG News texts interleaved, with bad lines at fixed places."""
+    sst = column(DATA / "sst2" / "sample.tsv", 150)
+    news = column(DATA / "ag_news" / "sample.tsv", 50)
+    lines: list[bytes] = []
+    for i in range(50):
+        lines += [*sst[3 * i : 3 * i + 3], news[i]]
+    for k, bad in enumerate(BAD):
+        lines.insert(7 + 60 * k, bad)
+    return lines
+
+
+def batch_cmd(src: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "service.cli", "batch", "--input", str(src), "--output", str(out),
+        "--workers", "1", *extra,
+    ]  # fmt: skip
+
+
+def run_batch(src: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = batch_cmd(src, out, *extra)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+
+def check_against_server(server: ServerProc, texts: list[bytes], out_lines: list[str]) -> None:
+    answers = server.classify([t.decode() for t in texts])["results"]
+    for got_line, want in zip(out_lines, answers, strict=True):
+        got = json.loads(got_line)
+        assert got["label"] == want["label"] and got["label_id"] == want["label_id"]
+        diff = max(abs(a - b) for a, b in zip(got["scores"], want["scores"], strict=True))
+        assert diff <= 1e-5, (got, want)
+
+
+def test_batch_keeps_order_marks_bad_lines_and_matches_classify(
+    tmp_path: Path, server: ServerProc
+) -> None:
+    lines = mixed_lines()
+    src = tmp_path / "mixed.txt"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "out.jsonl"
+    run = run_batch(src, out)
+    assert run.returncode == 0, run.stderr
+    got = out.read_text().splitlines()
+    assert len(got) == len(lines)
+    for line, text in zip(got, lines, strict=True):
+        if text in BAD:
+            assert json.loads(line) == {"error": BAD[text]}
+        else:
+            assert "error" not in json.loads(line)
+    sample = [i for i in range(0, len(lines), 7) if lines[i] not in BAD]  # short and long texts
+    check_against_server(server, [lines[i] for i in sample], [got[i] for i in sample])
+    assert not Path(str(out) + ".state.npy").exists()  # a finished run leaves nothing behind
+    summary = json.loads(run.stderr.strip().splitlines()[-1])
+    assert summary["lines"] == summary["written"] == len(lines) and summary["errors"] == 3
+
+
+def test_batch_jsonl_and_tsv_inputs(tmp_path: Path, server: ServerProc) -> None:
+    texts = column(DATA / "sst2" / "sample.tsv", 6, skip=400)
+    docs = [json.dumps({"text": t.decode()}) for t in texts]
+    docs[2:2] = ["{not json", '{"texts": ["x"]}']
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(docs) + "\n")
+    out = tmp_path / "out.jsonl"
+    run = run_batch(src, out)
+    assert run.returncode == 0, run.stderr
+    got = out.read_text().splitlines()
+    assert json.loads(got[2]) == {"error": "malformed JSON"}
+    assert "must be an object" in json.loads(got[3])["error"]
+    check_against_server(server, texts, got[:2] + got[4:])
+
+
+def test_ctrl_c_leaves_valid_output_and_resume_finishes(tmp_path: Path, server: ServerProc) -> None:
+    texts = column(DATA / "sst2" / "sample.tsv", 700, skip=600)
+    src = tmp_path / "long.txt"
+    src.write_bytes(b"\n".join(texts) + b"\n")
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "batch.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            batch_cmd(src, out, "--progress-every-s", "0.1"), cwd=ROOT, stdout=f, stderr=f
+        )
+
+    def started() -> bool:
+        progress = [ln for ln in log.read_text().splitlines() if " texts/s" in ln]
+        return bool(progress) and not progress[-1].startswith("ringserve batch: 0/")
+
+    try:
+        wait_for(started, 180, "first answers")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    partial = out.read_text().splitlines()
+    assert len(partial) < len(texts)
+    for line in partial:  # a valid prefix: whole JSON lines only
+        assert "scores" in json.loads(line)
+    assert "--resume" in log.read_text()
+    run = run_batch(src, out, "--resume")
+    assert run.returncode == 0, run.stderr
+    got = out.read_text().splitlines()
+    assert len(got) == len(texts)
+    resumed = json.loads(run.stderr.strip().splitlines()[-1])
+    assert resumed["written"] == len(texts)
+    assert not Path(str(out) + ".state.json").exists()
+    sample = list(range(0, len(texts), 50))
+    check_against_server(server, [texts[i] for i in sample], [got[i] for i in sample])
