@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-LENGTH = struct.Struct("<I")
-TAG = struct.Struct("<Q")
+from service.wire import LENGTH, TAG, encode_frame
+
 SCAN_CHUNK = 8 << 20  # bytes scanned for newlines at a time: bounds the scan's temporary memory
 RELEASE_BYTES = 4 << 20  # a sequential walk gives back mapped pages behind it in this step
 
@@ -34,11 +33,6 @@ ERRORS = {
     BAD_JSON: "malformed JSON",
     BAD_SCHEMA: 'a JSON line must be an object with a string "text" (and optional "text_pair")',
 }
-
-
-def encode_frame(text: bytes, tag: int) -> bytes:
-    """One binary-protocol frame (the server's own format, CONTRACT.md)."""
-    return LENGTH.pack(len(text)) + text + TAG.pack(tag)
 
 
 def input_kind(path: str | Path) -> str:
