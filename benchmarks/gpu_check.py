@@ -221,8 +221,8 @@ def score_all(runner: Any, items: list[Any]) -> Any:
         limit = runner.limits[b] if hasattr(runner, "limits") else MAX_BATCH
         for i in range(0, len(group), limit):
             batch = group[i : i + limit]
-            runner.fill(b, batch)
-            probs = runner.forward(b, len(batch))
+            runner.fill(runner.buckets[b], batch)
+            probs = runner.forward(runner.buckets[b], len(batch))
             for row, it in enumerate(batch):
                 out[it.msg_id] = probs[row]
     return out
@@ -275,9 +275,9 @@ def check_graphs(args: argparse.Namespace, table: Table, model_dir: str, items: 
     reps = args.reps
     for b, length in enumerate(BUCKETS):
         for n in (1, runner.limits[b]):
-            runner.fill(b, synthetic(length, n))
-            replay = median_ms(partial(runner.forward, b, n), reps)
-            eager = median_ms(partial(runner.forward_eager, b, n), max(5, reps // 3))
+            runner.fill(length, synthetic(length, n))
+            replay = median_ms(partial(runner.forward, length, n), reps)
+            eager = median_ms(partial(runner.forward_eager, length, n), max(5, reps // 3))
             table.add("latency", f"bucket {length} batch {n}", f"{replay:.3f} ms",
                       f"eager {eager:.3f} ms, x{eager / replay:.1f}")  # fmt: skip
     if runner.on_cuda:
@@ -289,15 +289,15 @@ def check_graphs(args: argparse.Namespace, table: Table, model_dir: str, items: 
             return int(torch.cuda.memory_stats(runner.torch_device)["allocation.all.allocated"]
                        - before)  # fmt: skip
 
-        runner.fill(0, synthetic(BUCKETS[0], 7))
-        table.add("allocs", "per 20 batches, graph", allocs(lambda: runner.forward(0, 7)),
-                  f"eager: {allocs(lambda: runner.forward_eager(0, 7))}")  # fmt: skip
+        runner.fill(BUCKETS[0], synthetic(BUCKETS[0], 7))
+        table.add("allocs", "per 20 batches, graph", allocs(lambda: runner.forward(BUCKETS[0], 7)),
+                  f"eager: {allocs(lambda: runner.forward_eager(BUCKETS[0], 7))}")  # fmt: skip
     short = [it for it in items if len(it.ids) <= BUCKETS[0]]
-    runner.fill(0, short[:1])
-    alone = runner.forward(0, 1)[0]
+    runner.fill(BUCKETS[0], short[:1])
+    alone = runner.forward(BUCKETS[0], 1)[0]
     batch = short[: runner.limits[0] - 3]  # padded up to the next captured size
-    runner.fill(0, batch)
-    inside = runner.forward(0, len(batch))[0]
+    runner.fill(BUCKETS[0], batch)
+    inside = runner.forward(BUCKETS[0], len(batch))[0]
     table.add("scores", "same text alone vs in a batch", float(np.abs(alone - inside).max()),
               "max abs diff; fp32 promise 1e-5")  # fmt: skip
     return runner

@@ -25,6 +25,7 @@ from service.supervisor import Supervisor
 from shm import segment
 from workers import nvml
 from workers.artifact import ArtifactError, Manifest, default_artifact_dir, load_manifest
+from workers.batcher import REPORT_GRID, length_grid, pad_grid
 from workers.spec import FAKE_GPU
 
 SWEEP_S = 0.25
@@ -70,6 +71,7 @@ class Server:
         self.device = "cpu"
         self.labels: list[str] = []
         self.buckets: tuple[int, ...] = ()
+        self.pad_grid: tuple[int, ...] = ()  # empty: each CPU batch padded to its own longest
         self.listeners: list[asyncio.AbstractServer] = []
         self.http_state: HttpServerState | None = None
         self.binary_state: Any = None  # service.binary.BinaryServerState when the port is on
@@ -88,8 +90,11 @@ class Server:
         self.model_dir = model_dir
         self.labels = list(self.manifest.labels)
         max_len = self.manifest.max_length
-        self.buckets = (*tuple(b for b in self.settings.buckets if b < max_len), max_len)
         self.device = resolve_device(self.settings.device, self.log)
+        on_gpu = self.device != "cpu"
+        self.pad_grid = pad_grid(self.settings.buckets, on_gpu, max_len)
+        # Latency is reported per length class: the padding grid's, or a fixed one without it.
+        self.buckets = length_grid(self.pad_grid or REPORT_GRID, max_len)
         self.supervisor = Supervisor(
             self.settings, self.dispatcher, self.model_dir, self.device, self.log
         )

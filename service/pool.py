@@ -94,6 +94,7 @@ class WorkerHandle:
             eventfd=self.eventfd,
             hooks=dict(hooks or {}),
             precision=getattr(settings, "precision", "fp32"),
+            max_batch_tokens=settings.max_batch_tokens,
         )
         from workers.worker import main as worker_main
 

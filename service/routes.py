@@ -157,7 +157,8 @@ def model_info(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[st
         "max_length": m.max_length,
         "fingerprint": m.fingerprint,
         "device": server.device,
-        "buckets": list(server.buckets),
+        "buckets": list(server.pad_grid),
+        "length_classes": list(server.buckets),
     }
     conn.respond(ex, 200, json.dumps(body).encode())
 

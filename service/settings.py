@@ -27,8 +27,11 @@ def default_workers() -> int:
 
 
 def parse_buckets(text: str) -> tuple[int, ...]:
+    """A comma list of token lengths; empty means the device's default (CONTRACT.md)."""
     values = sorted({int(v) for v in str(text).split(",") if v.strip()})
-    if not values or values[0] <= 2:
+    if not values:
+        return ()
+    if values[0] <= 2:
         raise ValueError(f"buckets must be token lengths above 2, got {text!r}")
     return tuple(values)
 
@@ -74,11 +77,25 @@ SETTINGS: tuple[Setting, ...] = (
         parse_precision,
     ),
     Setting("spares", 1, "warm spare workers beside the serving ones", int),
-    Setting("max-batch", 32, "largest batch a worker runs at once", int),
+    Setting("max-batch", 32, "largest batch a worker runs at once (rows)", int),
+    # Measured by benchmarks/serving.py (README): 2 x 1-thread workers, MiniLM, best budget
+    # for both short and long texts; smaller budgets keep a batch's activations in cache.
+    Setting(
+        "max-batch-tokens",
+        512,
+        "CPU: most padded tokens in one batch (rows x the batch's padded length)",
+        int,
+    ),
     # 0: a batch forms from what queued while the previous one ran; waiting only adds latency
     # (a forward is 17-450 ms here, far longer than any useful fill delay).
     Setting("max-delay-ms", 0.0, "longest a worker waits to fill a batch", float),
-    Setting("buckets", "64,128,256", "sequence length buckets (tokens)", parse_buckets),
+    Setting(
+        "buckets",
+        "",
+        "sequence lengths batches are padded up to; default CPU: none (each batch padded to "
+        "its own longest text), CUDA: 16,32,48,64,96,128,192,256 (the captured graph shapes)",
+        parse_buckets,
+    ),
     Setting("max-queue", 1024, "requests admitted and not yet answered, all protocols", int),
     Setting("max-body", 1048576, "largest HTTP body in bytes (413 above)", int),
     Setting("max-head", 8192, "largest HTTP request head in bytes (431 above)", int),
@@ -128,7 +145,8 @@ class Config:
     spares: int = 1
     max_batch: int = 32
     max_delay_ms: float = 0.0
-    buckets: tuple[int, ...] = (64, 128, 256)
+    max_batch_tokens: int = 512
+    buckets: tuple[int, ...] = ()
     max_queue: int = 1024
     max_body: int = 1048576
     max_head: int = 8192

@@ -1,4 +1,5 @@
-"""The batcher's choices: which bucket a text falls in, batch sizes, and which batch runs next."""
+"""The batcher's choices, on a fake clock: which texts run together, padded to what, in what
+order, when a batch runs, and what happens to texts whose deadline passed."""
 
 from __future__ import annotations
 
@@ -6,14 +7,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.batcher import Batcher, Item, batch_limits, bucket_index
+from workers.batcher import (
+    CUDA_BUCKETS,
+    Batcher,
+    Item,
+    batch_limits,
+    bucket_index,
+    length_grid,
+    pad_grid,
+    row_limit,
+)
 
-BUCKETS = (64, 128, 256)
 MS = 1_000_000
 
 
-def item(msg_id: int, length: int, arrived_ns: int) -> Item:
-    return Item(msg_id, 0, arrived_ns, [7] * length)
+def item(msg_id: int, length: int, arrived_ns: int = 0, deadline_ns: int = 0) -> Item:
+    return Item(msg_id, deadline_ns, arrived_ns, [7] * length)
+
+
+def ids(batch: list[Item]) -> list[int]:
+    return sorted(it.msg_id for it in batch)
 
 
 @pytest.mark.parametrize(
@@ -21,95 +34,182 @@ def item(msg_id: int, length: int, arrived_ns: int) -> Item:
     [(0, 0), (1, 0), (64, 0), (65, 1), (128, 1), (129, 2), (256, 2), (10_000, 2)],
 )
 def test_bucket_index(length: int, bucket: int) -> None:
-    assert bucket_index(BUCKETS, length) == bucket
+    assert bucket_index((64, 128, 256), length) == bucket
 
 
-def test_bucket_index_single_bucket() -> None:
-    assert [bucket_index((32,), n) for n in (0, 32, 33)] == [0, 0, 0]
+def test_grids() -> None:
+    assert length_grid((64, 128, 256, 512), 256) == (64, 128, 256)
+    assert length_grid((16, 32), 256) == (16, 32, 256)  # the model's max length ends it
+    assert pad_grid((), False, 256) == ()  # CPU default: no grid
+    assert pad_grid((), True, 128) == (16, 32, 48, 64, 96, 128)  # CUDA default
+    assert pad_grid((64,), False, 256) == (64, 256)  # opt-in on the CPU
+    assert CUDA_BUCKETS == (16, 32, 48, 64, 96, 128, 192, 256)
 
 
 @pytest.mark.parametrize(
-    ("buckets", "max_batch", "limits"),
-    [
-        (BUCKETS, 32, [32, 16, 8]),  # a constant token budget of 32 x 64
-        (BUCKETS, 1, [1, 1, 1]),
-        ((64,), 8, [8]),
-        ((16, 512), 4, [4, 1]),  # never below one row
-        ((100, 150), 10, [10, 6]),
-    ],
+    ("length", "max_batch", "max_tokens", "rows"),
+    [(16, 32, 512, 32), (13, 64, 512, 39), (100, 32, 512, 5), (600, 32, 512, 1), (0, 4, 9, 4)],
 )
-def test_batch_limits(buckets: tuple[int, ...], max_batch: int, limits: list[int]) -> None:
-    assert batch_limits(buckets, max_batch) == limits
+def test_row_limit(length: int, max_batch: int, max_tokens: int, rows: int) -> None:
+    assert row_limit(length, max_batch, max_tokens) == rows
 
 
-def test_oldest_bucket_first_fifo_within() -> None:
-    b = Batcher(BUCKETS, 32, 5 * MS)
-    for msg_id, length, t in [(1, 100, 1), (2, 10, 2), (3, 200, 3), (4, 120, 4), (5, 20, 5)]:
-        b.add(item(msg_id, length, t))
-    assert b.size == 5
-    order = []
-    while (i := b.next_bucket()) is not None:
-        order.append((i, [it.msg_id for it in b.take(i)]))
-    assert order == [(1, [1, 4]), (0, [2, 5]), (2, [3])]
-    assert b.size == 0 and b.wait_ns(10) == -1
+def test_cuda_batch_limits_keep_a_constant_budget() -> None:
+    assert batch_limits((64, 128, 256), 32) == [32, 16, 8]
+    assert batch_limits((16, 512), 4) == [4, 1]
 
 
-def test_take_respects_the_bucket_limit() -> None:
-    b = Batcher(BUCKETS, 4, 5 * MS)  # limits 4, 2, 1
-    for n in range(7):
-        b.add(item(n, 200, n))
-    assert [[it.msg_id for it in b.take(2)] for _ in range(3)] == [[0], [1], [2]]
-    assert b.size == 4 and b.next_bucket() == 2
+def test_a_batch_is_padded_to_its_own_longest_text() -> None:
+    b = Batcher(32, 512, 0)
+    for n, length in enumerate([9, 12, 11, 10]):
+        b.add(item(n, length))
+    batch, length = b.take()
+    assert ids(batch) == [0, 1, 2, 3] and length == 12
+    assert b.size == 0 and b.take() == ([], 0) and b.wait_ns(0) == -1
 
 
-def test_wait_ns() -> None:
-    b = Batcher(BUCKETS, 4, 5 * MS)
+def test_an_opt_in_grid_rounds_the_longest_up() -> None:
+    b = Batcher(32, 4096, 0, grid=(16, 32, 256))
+    for n, length in enumerate([9, 17, 12, 20, 30]):
+        b.add(item(n, length))
+    batch, length = b.take()
+    assert ids(batch) == [0, 1, 2, 3, 4] and length == 32
+
+
+def test_texts_of_similar_length_go_together_under_the_budget() -> None:
+    b = Batcher(32, 512, 0)
+    lengths = [10, 100, 11, 101, 12, 102, 9, 103, 104, 105, 106]
+    for n, length in enumerate(lengths):
+        b.add(item(n, length))
+    first, length = b.take()  # the oldest is short: the short ones come with it
+    assert ids(first) == [0, 2, 4, 6] and length == 12
+    second, length = b.take()  # the long ones: 4 rows of 103 fit in 512, 5 of 104 do not
+    assert ids(second) == [1, 3, 5, 7] and length == 103
+    third, length = b.take()
+    assert ids(third) == [8, 9, 10] and length == 106
+
+
+def test_a_few_short_texts_join_a_bigger_batch_rather_than_run_alone() -> None:
+    # 30 tokens of padding on 2 short rows cost less than a batch of its own (its fixed cost).
+    b = Batcher(32, 512, 0)
+    b.add(item(0, 13))
+    b.add(item(1, 14))
+    for n in range(2, 20):
+        b.add(item(n, 30))
+    batch, length = b.take()
+    assert {0, 1} <= set(ids(batch)) and length == 30 and len(batch) == 17
+
+
+def test_a_text_longer_than_the_budget_runs_alone() -> None:
+    b = Batcher(32, 64, 0)
+    b.add(item(0, 200))
+    b.add(item(1, 200))
+    assert [ids(b.take()[0]) for _ in range(2)] == [[0], [1]]
+
+
+def test_a_long_text_is_not_starved_by_a_stream_of_short_ones() -> None:
+    b = Batcher(8, 512, 0)
+    for n in range(20):
+        b.add(item(n, 10))
+    b.add(item(99, 250))
+    batches = 0
+    while True:
+        for n in range(8):  # more short texts arrive than each batch takes
+            b.add(item(1000 + batches * 8 + n, 10))
+        batch, _ = b.take()
+        batches += 1
+        if 99 in ids(batch):
+            break
+    assert batches == 4  # the 20 before it, 8 a batch, then it: its wait is bounded
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(st.lists(st.integers(1, 256), max_size=12), min_size=1, max_size=20),
+    max_batch=st.integers(1, 16),
+    max_tokens=st.sampled_from([64, 256, 512, 2048]),
+    grid=st.sampled_from([(), (16, 32, 64, 128, 256), (64, 256)]),
+)
+def test_every_batch_holds_the_oldest_and_fits_the_limits(
+    steps: list[list[int]], max_batch: int, max_tokens: int, grid: tuple[int, ...]
+) -> None:
+    b = Batcher(max_batch, max_tokens, 0, grid)
+    waiting: dict[int, int] = {}  # msg id (= arrival order) -> length
+    taken: list[int] = []
+    n = 0
+    for arrivals in [*steps, *[[]] * 400]:
+        for length in arrivals:
+            b.add(item(n, length))
+            waiting[n] = length
+            n += 1
+        batch, padded = b.take()
+        if not batch:
+            assert not waiting
+            continue
+        got = ids(batch)
+        assert got[0] == min(waiting)  # the oldest text is always in the next batch
+        longest = max(waiting[m] for m in got)
+        assert padded == (grid[bucket_index(grid, longest)] if grid else longest)
+        assert len(batch) <= max_batch
+        assert len(batch) == 1 or len(batch) * padded <= max_tokens
+        for m in got:
+            del waiting[m]
+        taken += got
+    assert sorted(taken) == list(range(n)) and b.size == 0
+
+
+def test_wait_ns_on_a_fake_clock() -> None:
+    b = Batcher(4, 512, 5 * MS)
     assert b.wait_ns(0) == -1  # nothing queued: sleep until a request comes
-    b.add(item(1, 10, 1000))
+    b.add(item(1, 10, arrived_ns=1000))
     assert b.wait_ns(1000) == 5 * MS
     assert b.wait_ns(1000 + 4 * MS) == MS
     assert b.wait_ns(1000 + 5 * MS) == 0
     assert b.wait_ns(1000 + 60 * MS) == 0  # late: run now, never negative
     for n in range(2, 5):
-        b.add(item(n, 10, 2000))
+        b.add(item(n, 10, arrived_ns=2000))
     assert b.wait_ns(1000) == 0  # a full batch runs at once
 
 
+def test_a_batch_full_by_tokens_runs_at_once() -> None:
+    b = Batcher(32, 256, 5 * MS)
+    b.add(item(1, 100, arrived_ns=0))
+    assert b.wait_ns(0) == 5 * MS
+    b.add(item(2, 100, arrived_ns=0))  # 2 x 100 of 256: a third would not fit
+    assert b.wait_ns(0) == 0
+
+
+def test_no_delay_means_run_at_once() -> None:
+    b = Batcher(32, 512, 0)
+    b.add(item(1, 10, arrived_ns=50))
+    assert b.wait_ns(0) == 0
+
+
+def test_expired_texts_are_removed_and_never_run() -> None:
+    b = Batcher(32, 512, 0)
+    b.add(item(0, 10, deadline_ns=5 * MS))
+    b.add(item(1, 10, deadline_ns=0))  # no deadline
+    b.add(item(2, 11, deadline_ns=20 * MS))
+    b.add(item(3, 200, deadline_ns=5 * MS))
+    assert b.expire(4 * MS) == [] and b.size == 4
+    assert ids(b.expire(5 * MS)) == [0, 3]  # a deadline at `now` has passed
+    assert b.size == 2 and b.next_expiry == 20 * MS
+    batch, length = b.take()  # the oldest left is 1: expired texts left no trace
+    assert ids(batch) == [1, 2] and length == 11
+    assert b.expire(60 * MS) == [] and b.size == 0
+
+
+def test_expire_is_cheap_when_nothing_can_have_expired() -> None:
+    b = Batcher(32, 512, 0)
+    b.add(item(0, 10, deadline_ns=9 * MS))
+    b.by_length[0][2].deadline_ns = 1  # not seen: the bound says nothing is due before 9 ms
+    assert b.expire(5 * MS) == []
+
+
 def test_drain_all() -> None:
-    b = Batcher(BUCKETS, 4, MS)
+    b = Batcher(4, 512, MS)
     for n, length in enumerate([10, 200, 100, 20]):
-        b.add(item(n, length, n))
-    assert sorted(it.msg_id for it in b.drain_all()) == [0, 1, 2, 3]
-    assert b.size == 0 and b.next_bucket() is None
-
-
-@settings(max_examples=50, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, 300), max_size=80),
-    max_batch=st.integers(1, 8),
-)
-def test_every_item_once_in_order(lengths: list[int], max_batch: int) -> None:
-    """Each batch is one bucket's oldest items, led by the oldest item queued anywhere."""
-    b = Batcher(BUCKETS, max_batch, MS)
-    for n, length in enumerate(lengths):
-        b.add(item(n, length, 100 + n))
-    taken: list[int] = []
-    while (i := b.next_bucket()) is not None:
-        batch = [it.msg_id for it in b.take(i)]
-        assert batch[0] == min(set(range(len(lengths))) - set(taken))
-        assert 1 <= len(batch) <= b.limits[i]
-        assert batch == sorted(batch)
-        assert {bucket_index(BUCKETS, lengths[n]) for n in batch} == {i}
-        taken += batch
-    assert sorted(taken) == list(range(len(lengths))) and b.size == 0
-
-
-def test_items_read_in_one_pass_keep_their_order_across_buckets() -> None:
-    # A pass over the ring stamps every item with the same arrival time; the longer bucket's
-    # item came first and must run first (a short text must not overtake it).
-    b = Batcher((64, 128, 256), 32, 0)
-    b.add(Item(1, 0, 5, [1] * 200))
-    b.add(Item(2, 0, 5, [1] * 10))
-    assert b.next_bucket() == 2
-    assert [it.msg_id for it in b.take(2)] == [1]
-    assert b.next_bucket() == 0
+        b.add(item(n, length))
+    b.take()
+    assert ids(b.drain_all()) == [1, 2]
+    assert b.size == 0 and b.take() == ([], 0) and b.wait_ns(0) == -1

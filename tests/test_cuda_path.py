@@ -90,7 +90,7 @@ def test_fake_gpu_matches_cpu_and_allocates_nothing_per_batch(
     model: Any, items: list[Item]
 ) -> None:
     gpu = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
-    cpu = CpuRunner(model, BUCKETS, 8)
+    cpu = CpuRunner(model, max(BUCKETS), 8)
     gpu.warm()
     cpu.warm()
     ptrs = gpu.buffer_ptrs()
@@ -102,14 +102,13 @@ def test_fake_gpu_matches_cpu_and_allocates_nothing_per_batch(
         for n in (1, 3, gpu.limits[bucket], 2, 5, 1, gpu.limits[bucket], 7):  # padded and exact
             batch = group[start : start + min(n, gpu.limits[bucket])]
             start = (start + len(batch)) % gpu.limits[bucket]
-            assert gpu.fill(bucket, batch) == cpu.fill(bucket, batch)
-            got = gpu.forward(bucket, len(batch))
-            want = cpu.forward(bucket, len(batch))
+            assert gpu.fill(BUCKETS[bucket], batch) == cpu.fill(BUCKETS[bucket], batch)
+            got = gpu.forward(BUCKETS[bucket], len(batch))
+            want = cpu.forward(BUCKETS[bucket], len(batch))
             assert got.shape == want.shape == (len(batch), 2)
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
             batches += 1
     assert batches == 16
-    assert gpu.allocations == 0
     assert gpu.buffer_ptrs() == ptrs  # the same buffers served every batch
     assert [a.__array_interface__["data"][0] for a in gpu.ids] == ids_views
 
@@ -141,8 +140,8 @@ def test_the_runner_allocates_no_tensor_per_batch(items: list[Item]) -> None:
     def serve() -> None:
         for i in range(60):
             n = 1 + i % 8
-            runner.fill(0, batch[:n])
-            runner.forward(0, n)
+            runner.fill(BUCKETS[0], batch[:n])
+            runner.forward(BUCKETS[0], n)
 
     assert tensor_allocations(lambda: torch.zeros(8) + 1) >= 2  # the counter does count
     assert tensor_allocations(serve) == 0
@@ -152,12 +151,12 @@ def test_padded_rows_do_not_change_a_text_s_scores(model: Any, items: list[Item]
     gpu = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
     gpu.warm()
     group = by_bucket(items)[0]
-    gpu.fill(0, group[:8])
-    gpu.forward(0, 8)  # leaves other texts in rows 3..7
-    gpu.fill(0, group[:3])
-    three = gpu.forward(0, 3)  # padded to 4 rows: row 3 holds a stale text
-    gpu.fill(0, group[:1])
-    one = gpu.forward(0, 1)
+    gpu.fill(BUCKETS[0], group[:8])
+    gpu.forward(BUCKETS[0], 8)  # leaves other texts in rows 3..7
+    gpu.fill(BUCKETS[0], group[:3])
+    three = gpu.forward(BUCKETS[0], 3)  # padded to 4 rows: row 3 holds a stale text
+    gpu.fill(BUCKETS[0], group[:1])
+    one = gpu.forward(BUCKETS[0], 1)
     np.testing.assert_allclose(three[0], one[0], atol=1e-5, rtol=0)
 
 
@@ -167,9 +166,9 @@ def test_bf16_autocast_runs_and_stays_close(model: Any, items: list[Item]) -> No
     fp32.warm()
     bf16.warm()
     batch = by_bucket(items)[0][:8]
-    fp32.fill(0, batch)
-    bf16.fill(0, batch)
-    a, b = fp32.forward(0, len(batch)), bf16.forward(0, len(batch))
+    fp32.fill(BUCKETS[0], batch)
+    bf16.fill(BUCKETS[0], batch)
+    a, b = fp32.forward(BUCKETS[0], len(batch)), bf16.forward(BUCKETS[0], len(batch))
     assert b.dtype == np.float32 and np.isfinite(b).all()
     assert 0 < np.abs(a - b).max() < 0.1  # autocast took effect, and cost little
     with pytest.raises(ValueError):
@@ -193,36 +192,36 @@ class Recorder:
 
 def test_fallback_reruns_on_cpu_then_probes_back(model: Any, items: list[Item]) -> None:
     gpu = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
-    cpu = CpuRunner(model, BUCKETS, 8)
+    cpu = CpuRunner(model, max(BUCKETS), 8)
     sink = Recorder()
     runner = FallbackRunner(gpu, cpu, sink, inject_oom=2, probe_every=2, probe_after_s=1e9)
     runner.warm()
-    reference = CpuRunner(model, BUCKETS, 8)
+    reference = CpuRunner(model, max(BUCKETS), 8)
     group = by_bucket(items)[0]
     for i in range(6):
         batch = group[i * 3 : i * 3 + 3]
-        runner.fill(0, batch)
-        got = runner.forward(0, len(batch))
-        reference.fill(0, batch)
-        np.testing.assert_allclose(got, reference.forward(0, len(batch)), atol=1e-5, rtol=0)
+        runner.fill(BUCKETS[0], batch)
+        got = runner.forward(BUCKETS[0], len(batch))
+        reference.fill(BUCKETS[0], batch)
+        want = reference.forward(BUCKETS[0], len(batch))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     # OOM -> cpu, cpu, probe OOM -> cpu, cpu, probe ok, gpu: one transition each way.
     assert sink.events == ["degraded", "cpu", "cpu", "cpu", "cpu", "recovered"]
     assert runner.fallbacks == 4 and not runner.degraded and runner.inject_oom == 0
-    assert runner.allocations == 0
 
 
 def test_a_real_torch_oom_error_is_what_the_wrapper_catches(model: Any, items: list[Item]) -> None:
     class Exploding(CudaRunner):
-        def forward(self, bucket: int, n: int) -> np.ndarray:
+        def forward(self, length: int, n: int) -> np.ndarray:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     sink = Recorder()
     runner = FallbackRunner(
-        Exploding(model, BUCKETS, 8, FAKE_GPU), CpuRunner(model, BUCKETS, 8), sink
+        Exploding(model, BUCKETS, 8, FAKE_GPU), CpuRunner(model, max(BUCKETS), 8), sink
     )
     runner.warm()
-    runner.fill(0, by_bucket(items)[0][:2])
-    assert runner.forward(0, 2).shape == (2, 2)
+    runner.fill(BUCKETS[0], by_bucket(items)[0][:2])
+    assert runner.forward(BUCKETS[0], 2).shape == (2, 2)
     assert sink.events == ["degraded", "cpu"] and runner.degraded
 
 
@@ -238,20 +237,20 @@ def test_the_script_interpreter_s_wrapped_oom_is_caught_and_other_errors_are_not
     class Raising(CudaRunner):
         error: Exception = RuntimeError(wrapped)
 
-        def forward(self, bucket: int, n: int) -> np.ndarray:
+        def forward(self, length: int, n: int) -> np.ndarray:
             raise self.error
 
     gpu = Raising(model, BUCKETS, 8, FAKE_GPU)
     sink = Recorder()
-    runner = FallbackRunner(gpu, CpuRunner(model, BUCKETS, 8), sink)
+    runner = FallbackRunner(gpu, CpuRunner(model, max(BUCKETS), 8), sink)
     runner.warm()
-    runner.fill(0, by_bucket(items)[0][:2])
-    assert runner.forward(0, 2).shape == (2, 2) and sink.events == ["degraded", "cpu"]
+    runner.fill(BUCKETS[0], by_bucket(items)[0][:2])
+    assert runner.forward(BUCKETS[0], 2).shape == (2, 2) and sink.events == ["degraded", "cpu"]
     gpu.error = RuntimeError("CUDA error: an illegal memory access was encountered")
     runner.probe_after_s = 0.0
-    runner.fill(0, by_bucket(items)[0][:2])
+    runner.fill(BUCKETS[0], by_bucket(items)[0][:2])
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        runner.forward(0, 2)
+        runner.forward(BUCKETS[0], 2)
 
 
 # -- through a real server ------------------------------------------------------------------------
@@ -312,11 +311,11 @@ def test_injected_oom_degrades_then_recovers_with_no_failed_request(
     logs = srv.logs()
     assert logs.count('"worker_degraded"') == 1 and logs.count('"worker_recovered"') == 1, logs
     got = srv.classify(sst2_texts[:5])["results"]  # and the GPU path still scores correctly
-    cpu = CpuRunner(model, (256,), 8)
+    cpu = CpuRunner(model, 256, 8)
     tok = load_tokenizer(default_model, 256)
     batch = [Item(i, 0, 0, e.ids) for i, e in enumerate(tok.encode_batch(sst2_texts[:5]))]
-    cpu.fill(0, batch)
-    want = cpu.forward(0, 5)
+    cpu.fill(256, batch)
+    want = cpu.forward(256, 5)
     np.testing.assert_allclose([r["scores"] for r in got], want, atol=1e-5, rtol=0)
     assert srv.stop() == 0
 

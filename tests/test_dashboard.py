@@ -212,7 +212,7 @@ def check_live_page(srv: ServerProc, b: Browser, load: Load) -> None:
     wait_for(lambda: card_field(b, "pid") == str(serving["pid"]), 10, "worker 0's pid")
     assert card_field(b, "state") == "ready"
     assert card_field(b, "restarts") == "0"
-    p50 = "document.querySelector('#buckets tr[data-bucket=\"64\"]').children[2].textContent"
+    p50 = "document.querySelector('#buckets tr[data-bucket=\"16\"]').children[2].textContent"
     assert b.eval(p50) != "\u2013"  # the page's placeholder before any answer
     assert b.eval("document.getElementById('gpu-section').hidden") is True
     # The page reuses its nodes: polls under steady load do not grow the document.

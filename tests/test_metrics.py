@@ -98,7 +98,7 @@ def test_metrics_parse_with_required_names_and_labels(server: ServerProc) -> Non
         assert family.samples, f"{name} has no samples"
         for s in family.samples:
             assert labels <= set(s.labels), (name, s.labels)
-    buckets = json.loads(server.request("GET", "/v1/model")[2])["buckets"]
+    buckets = json.loads(server.request("GET", "/v1/model")[2])["length_classes"]
     seen = {s.labels["bucket"] for s in families["ringserve_request_latency_seconds"].samples}
     assert seen == {str(b) for b in buckets}
     worker_ids = {str(w["id"]) for w in server.status()["workers"]}
@@ -124,11 +124,12 @@ def test_counters_move_with_traffic(server: ServerProc) -> None:
     assert delta("ringserve_requests_total", protocol="http", code="200") == 5
     assert delta("ringserve_requests_total", protocol="http", code="400") == 1
     lat = "ringserve_request_latency_seconds_count"
-    assert delta(lat, bucket="64") == 9
-    assert delta(lat, bucket="128") + delta(lat, bucket="256") == 4
-    assert delta("ringserve_request_latency_seconds_sum", bucket="64") > 0
-    assert delta("ringserve_request_model_seconds_count", bucket="64") == 9
-    assert delta("ringserve_request_queued_seconds_count", bucket="64") == 9
+    # Latency is labelled with the text's own length class (/v1/model "length_classes").
+    assert delta(lat, bucket="16") == 9
+    assert sum(delta(lat, bucket=str(b)) for b in (128, 192, 256)) == 4
+    assert delta("ringserve_request_latency_seconds_sum", bucket="16") > 0
+    assert delta("ringserve_request_model_seconds_count", bucket="16") == 9
+    assert delta("ringserve_request_queued_seconds_count", bucket="16") == 9
     assert delta("ringserve_batch_size_sum") == 13  # texts through the model
     assert 1 <= delta("ringserve_batch_size_count") <= 13
     assert delta("ringserve_tokens_total") > 0
@@ -185,9 +186,9 @@ def test_stats_match_control_status(server: ServerProc) -> None:
     assert stats["queue_depth"] == 0 and stats["inflight"] == 0
     assert stats["requests_per_s"] > 0
     assert stats["gpus"] == []
-    buckets = json.loads(server.request("GET", "/v1/model")[2])["buckets"]
+    buckets = json.loads(server.request("GET", "/v1/model")[2])["length_classes"]
     assert set(stats["latency_ms"]) == {str(b) for b in buckets}
-    short = stats["latency_ms"]["64"]
+    short = stats["latency_ms"]["16"]
     assert short["count"] >= 6 and 0 < short["p50"] <= short["p99"]
     hist = stats["latency_histogram"]
     assert len(hist["bounds_ms"]) == len(hist["counts"])
@@ -266,7 +267,7 @@ def test_overload_events_and_metrics_off(start_server: Any) -> None:
     assert value(families, "ringserve_rejected_requests_total") == codes.count(503)
     assert value(families, "ringserve_requests_total", code="503") == codes.count(503)
     assert value(families, "ringserve_requests_total", code="200") == codes.count(200)
-    for b in ("64", "128", "256"):  # --metrics 0: no per-request collection
+    for b in ("16", "32", "64", "256"):  # --metrics 0: no per-request collection
         assert value(families, "ringserve_request_latency_seconds_count", bucket=b) == 0
     assert value(families, "ringserve_batch_size_sum") >= codes.count(200)  # from workers
 

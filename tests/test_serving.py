@@ -69,7 +69,8 @@ def test_model_endpoint(shared_server: ServerProc, default_model: str) -> None:
     assert doc["name"] == manifest["name"]
     assert doc["labels"] == ["negative", "positive"]
     assert doc["fingerprint"] == manifest["fingerprint"]
-    assert doc["max_length"] == 256 and doc["buckets"] == [64, 128, 256]
+    assert doc["max_length"] == 256 and doc["buckets"] == []  # CPU: padded to own longest
+    assert doc["length_classes"] == [16, 32, 48, 64, 96, 128, 192, 256]
     assert doc["device"] == "cpu"
 
 

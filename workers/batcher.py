@@ -1,10 +1,22 @@
-"""Groups tokenized requests by length bucket and decides which batch runs next."""
+"""Decides which waiting texts run together: texts of similar length under a token budget,
+padded only to the batch's own longest (or up to an opt-in grid), the oldest text always first.
+"""
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
 from dataclasses import dataclass
+
+# The sequence lengths a CUDA graph is captured for when --buckets is not given (CONTRACT.md).
+CUDA_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
+# Latency is reported per length class; without a padding grid these are the classes.
+REPORT_GRID = CUDA_BUCKETS
+# A batch's fixed cost (the interpreter, the classifier, per-call set-up) in tokens of work:
+# measured with MiniLM on one core, a 13-token text alone took 16.4 ms against 7.4 ms a text in
+# a sorted batch of 32, about 17 tokens' worth; a batch is chosen for its real tokens per
+# (padded tokens + this), so a few stragglers join a bigger batch rather than run alone.
+BATCH_OVERHEAD_TOKENS = 32
 
 
 @dataclass(slots=True)
@@ -14,6 +26,7 @@ class Item:
     arrived_ns: int
     ids: list[int]
     seq: int = 0  # arrival order, set by Batcher.add: items read in one pass share arrived_ns
+    taken: bool = False  # left the batcher (run or expired); the arrival queue drops it lazily
 
 
 def bucket_index(buckets: tuple[int, ...], length: int) -> int:
@@ -22,60 +35,154 @@ def bucket_index(buckets: tuple[int, ...], length: int) -> int:
     return min(i, len(buckets) - 1)
 
 
+def length_grid(buckets: tuple[int, ...], max_len: int) -> tuple[int, ...]:
+    """A grid of lengths cut at the model's max length, which always ends it."""
+    return (*tuple(b for b in buckets if b < max_len), max_len)
+
+
+def pad_grid(buckets: tuple[int, ...], on_gpu: bool, max_len: int) -> tuple[int, ...]:
+    """The lengths batches are padded up to: --buckets when given; else the CUDA grid on a GPU
+    (graphs need fixed shapes) and none on the CPU (each batch padded to its own longest)."""
+    chosen = buckets or (CUDA_BUCKETS if on_gpu else ())
+    return length_grid(chosen, max_len) if chosen else ()
+
+
+def row_limit(length: int, max_batch: int, max_tokens: int) -> int:
+    """Rows a batch padded to `length` may hold: at most `max_batch`, at most `max_tokens`
+    padded tokens, never below one (a text longer than the budget still runs, alone)."""
+    return max(1, min(max_batch, max_tokens // max(1, length)))
+
+
 def batch_limits(buckets: tuple[int, ...], max_batch: int) -> list[int]:
-    """Rows per batch for each bucket: `max_batch` for the shortest, then a constant token
-    budget, so a long bucket's batch costs about as long as a short one's and heartbeats stay
-    fresh (measured here: 32 x 256 tokens took 3.4 s on one core, 32 x 64 took 0.45 s)."""
-    budget = max_batch * buckets[0]
-    return [max(1, min(max_batch, budget // b)) for b in buckets]
+    """Rows per batch for each bucket of a CUDA grid: `max_batch` for the shortest, then a
+    constant token budget, so a long bucket's batch costs about as long as a short one's and
+    heartbeats stay fresh (measured here: 32 x 256 tokens took 3.4 s on one core)."""
+    return [row_limit(b, max_batch, max_batch * buckets[0]) for b in buckets]
 
 
 class Batcher:
-    """Per-bucket FIFO queues. The bucket whose oldest item is oldest runs first."""
+    """Waiting items kept twice: in arrival order (who is oldest) and sorted by length (who fits
+    with it). The next batch is the run of similar lengths around the oldest item that gives the
+    most real tokens per unit of work, under `max_batch` rows and `max_tokens` padded tokens."""
 
-    def __init__(self, buckets: tuple[int, ...], max_batch: int, max_delay_ns: int) -> None:
-        self.buckets = buckets
-        self.max_batch = max_batch
-        self.limits = batch_limits(buckets, max_batch)
+    def __init__(
+        self,
+        max_batch: int,
+        max_tokens: int,
+        max_delay_ns: int,
+        grid: tuple[int, ...] = (),
+        overhead_tokens: int = BATCH_OVERHEAD_TOKENS,
+    ) -> None:
+        self.max_batch = max(1, max_batch)
+        self.max_tokens = max_tokens
         self.max_delay_ns = max_delay_ns
-        self.queues: list[deque[Item]] = [deque() for _ in buckets]
+        self.grid = grid  # empty: pad to the batch's own longest
+        self.overhead = overhead_tokens
+        self.fifo: deque[Item] = deque()
+        self.by_length: list[tuple[int, int, Item]] = []  # (length, seq, item), sorted
         self.size = 0
         self.seq = 0
+        self.next_expiry = 0  # earliest deadline queued (a lower bound; 0 = none)
+
+    def padded(self, length: int) -> int:
+        return self.grid[bucket_index(self.grid, length)] if self.grid else length
 
     def add(self, item: Item) -> None:
-        self.queues[bucket_index(self.buckets, len(item.ids))].append(item)
-        self.size += 1
         item.seq = self.seq
         self.seq += 1
+        self.fifo.append(item)
+        bisect.insort(self.by_length, (len(item.ids), item.seq, item))
+        self.size += 1
+        if item.deadline_ns and (not self.next_expiry or item.deadline_ns < self.next_expiry):
+            self.next_expiry = item.deadline_ns
 
-    def next_bucket(self) -> int | None:
-        best = None
-        best_seq = 0
-        for i, q in enumerate(self.queues):
-            if q and (best is None or q[0].seq < best_seq):
-                best, best_seq = i, q[0].seq
+    def oldest(self) -> Item | None:
+        fifo = self.fifo
+        while fifo and fifo[0].taken:
+            fifo.popleft()
+        return fifo[0] if fifo else None
+
+    def plan(self) -> tuple[int, int, int] | None:
+        """(first, last, padded length) of the next batch in `by_length`, or None when empty."""
+        first = self.oldest()
+        if first is None:
+            return None
+        order = self.by_length
+        p = bisect.bisect_left(order, (len(first.ids), first.seq))
+        lo = max(0, p - self.max_batch + 1)
+        hi = min(len(order), p + self.max_batch)
+        sums = [0]
+        for length, _, _ in order[lo:hi]:
+            sums.append(sums[-1] + length)
+        best: tuple[int, int, int] = (p, p, self.padded(len(first.ids)))
+        best_score = -1.0
+        for r in range(p, hi):
+            length = self.padded(order[r][0])
+            k = min(row_limit(length, self.max_batch, self.max_tokens), r + 1)
+            left = r - k + 1
+            if left > p:  # too long to sit beside the oldest: every later one is longer
+                break
+            real = sums[r - lo + 1] - sums[left - lo]
+            score = real / (k * length + self.overhead)
+            if score > best_score:
+                best, best_score = (left, r, length), score
         return best
 
-    def wait_ns(self, now_ns: int) -> int:
-        """0 when a batch should run now, else how long to wait for more requests."""
-        i = self.next_bucket()
-        if i is None:
-            return -1
-        q = self.queues[i]
-        if len(q) >= self.limits[i]:
-            return 0
-        return max(0, q[0].arrived_ns + self.max_delay_ns - now_ns)
+    def full(self, plan: tuple[int, int, int]) -> bool:
+        first, last, length = plan
+        return last - first + 1 >= row_limit(length, self.max_batch, self.max_tokens)
 
-    def take(self, i: int) -> list[Item]:
-        q = self.queues[i]
-        n = min(len(q), self.limits[i])
-        batch = [q.popleft() for _ in range(n)]
-        self.size -= n
-        return batch
+    def wait_ns(self, now_ns: int) -> int:
+        """0 when a batch should run now, -1 when nothing waits, else how long to wait for
+        more texts: until the oldest has waited `max_delay_ns`, or at once when full."""
+        first = self.oldest()
+        if first is None:
+            return -1
+        left = first.arrived_ns + self.max_delay_ns - now_ns
+        if left <= 0 or not self.max_delay_ns:
+            return 0
+        plan = self.plan()
+        return 0 if plan is not None and self.full(plan) else left
+
+    def take(self) -> tuple[list[Item], int]:
+        """The next batch (in length order) and the length it is padded to; ([], 0) if empty."""
+        plan = self.plan()
+        if plan is None:
+            return [], 0
+        first, last, length = plan
+        batch = [entry[2] for entry in self.by_length[first : last + 1]]
+        del self.by_length[first : last + 1]
+        for item in batch:
+            item.taken = True
+        self.size -= len(batch)
+        return batch, length
+
+    def expire(self, now_ns: int) -> list[Item]:
+        """Remove and return every item whose deadline has passed (they must not run)."""
+        if not self.next_expiry or self.next_expiry > now_ns:
+            return []
+        keep: list[tuple[int, int, Item]] = []
+        late: list[Item] = []
+        for entry in self.by_length:
+            deadline = entry[2].deadline_ns
+            if deadline and deadline <= now_ns:
+                late.append(entry[2])
+            else:
+                keep.append(entry)
+        self.by_length = keep
+        for item in late:
+            item.taken = True
+        self.size -= len(late)
+        pending = [e[2].deadline_ns for e in self.by_length if e[2].deadline_ns]
+        self.next_expiry = min(pending, default=0)
+        return late
 
     def drain_all(self) -> list[Item]:
-        items = [it for q in self.queues for it in q]
-        for q in self.queues:
-            q.clear()
+        items = [entry[2] for entry in self.by_length]
+        for item in items:
+            item.taken = True
+        self.by_length.clear()
+        self.fifo.clear()
         self.size = 0
+        self.next_expiry = 0
         return items

@@ -68,8 +68,8 @@ class CudaRunner:
     """Static-shape model runner for one CUDA device (or the CPU, as a stand-in in tests).
 
     Same interface as CpuRunner: fill(bucket, items) -> tokens, forward(bucket, n) -> float32
-    probabilities [n, C], warm() -> seconds. Every buffer is made at start-up, so `allocations`
-    (CpuRunner's counter of later ones) stays 0; tests count torch's own allocations as well."""
+    probabilities [n, C], warm() -> seconds, where `length` is one of the grid's lengths. Every
+    buffer is made at start-up; tests count torch's own allocations per batch."""
 
     def __init__(
         self,
@@ -92,7 +92,6 @@ class CudaRunner:
         self.precision = precision
         self.limits = batch_limits(buckets, max_batch)
         self.sizes = [graph_sizes(n) for n in self.limits]
-        self.allocations = 0
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # -> (graph, out)
         self.graph_stats: list[dict[str, Any]] = []
         self.capture_error = ""
@@ -125,15 +124,18 @@ class CudaRunner:
         return [t.data_ptr() for t in tensors]
 
     # -- serving --------------------------------------------------------------------------------
-    def fill(self, bucket: int, batch: list[Item]) -> int:
-        """Copy token ids into the bucket's host buffers; returns the real token count."""
+    def fill(self, length: int, batch: list[Item]) -> int:
+        """Copy token ids into the host buffers of the bucket of `length` tokens (a grid
+        length: the batcher pads to the grid); returns the real token count."""
+        bucket = self.buckets.index(length)
         return fill_rows(self.ids[bucket], self.mask[bucket], batch)
 
     def rows_for(self, bucket: int, n: int) -> int:
         return padded_rows(self.sizes[bucket], n)
 
-    def forward(self, bucket: int, n: int) -> np.ndarray:
+    def forward(self, length: int, n: int) -> np.ndarray:
         """Probabilities [n, C]: copy in, replay the shape's graph (or run eagerly), copy out."""
+        bucket = self.buckets.index(length)
         rows = self.rows_for(bucket, n)
         self.dev_ids[bucket][:rows].copy_(self.host_ids[bucket][:rows], non_blocking=True)
         self.dev_mask[bucket][:rows].copy_(self.host_mask[bucket][:rows], non_blocking=True)
@@ -148,8 +150,9 @@ class CudaRunner:
             torch.cuda.current_stream(self.torch_device).synchronize()
         return softmax(self.out[bucket][:n])
 
-    def forward_eager(self, bucket: int, n: int) -> np.ndarray:
+    def forward_eager(self, length: int, n: int) -> np.ndarray:
         """As forward() without the graph (benchmarks compare the two)."""
+        bucket = self.buckets.index(length)
         rows = self.rows_for(bucket, n)
         self.dev_ids[bucket][:rows].copy_(self.host_ids[bucket][:rows], non_blocking=True)
         self.dev_mask[bucket][:rows].copy_(self.host_mask[bucket][:rows], non_blocking=True)
@@ -286,32 +289,28 @@ class FallbackRunner:
         self.on_cpu = False  # where the batch being filled goes
         self.items: list[Item] = []
 
-    @property
-    def allocations(self) -> int:
-        return int(self.primary.allocations) + int(self.cpu.allocations)
-
     def warm(self) -> float:
         return float(self.primary.warm()) + float(self.cpu.warm())
 
-    def fill(self, bucket: int, batch: list[Item]) -> int:
+    def fill(self, length: int, batch: list[Item]) -> int:
         self.items = batch
         self.on_cpu = self.degraded and not self._probe_due()
         runner = self.cpu if self.on_cpu else self.primary
-        return int(runner.fill(bucket, batch))
+        return int(runner.fill(length, batch))
 
     def _probe_due(self) -> bool:
         waited = time.monotonic() - self.failed_at
         return self.since_fail >= self.probe_every or waited >= self.probe_after_s
 
-    def forward(self, bucket: int, n: int) -> np.ndarray:
+    def forward(self, length: int, n: int) -> np.ndarray:
         if not self.on_cpu:
             try:
-                probs = self._gpu_forward(bucket, n)
+                probs = self._gpu_forward(length, n)
             except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
                 if not is_out_of_memory(exc):
                     raise  # any other error ends the worker; its requests are rerouted
                 self._out_of_memory(exc)
-                self.cpu.fill(bucket, self.items)
+                self.cpu.fill(length, self.items)
             else:
                 if self.degraded:
                     self._recover()
@@ -320,14 +319,14 @@ class FallbackRunner:
         self.fallbacks += 1
         if self.sink is not None:
             self.sink.fell_back()
-        probs = self.cpu.forward(bucket, n)
+        probs = self.cpu.forward(length, n)
         return np.asarray(probs)
 
-    def _gpu_forward(self, bucket: int, n: int) -> np.ndarray:
+    def _gpu_forward(self, length: int, n: int) -> np.ndarray:
         if self.inject_oom > 0:
             self.inject_oom -= 1
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected by a test hook)")
-        return np.asarray(self.primary.forward(bucket, n))
+        return np.asarray(self.primary.forward(length, n))
 
     def _out_of_memory(self, exc: BaseException) -> None:
         self.failed_at = time.monotonic()
@@ -423,7 +422,7 @@ def make_runner(
 ) -> tuple[Any, WorkerSink | None]:
     """The runner for a worker's device: CpuRunner on "cpu"; otherwise a CudaRunner (on the
     GPU, or on the CPU for the test-only fake GPU) behind a FallbackRunner with a CPU copy."""
-    cpu = CpuRunner(cpu_model, buckets, spec.max_batch)
+    cpu = CpuRunner(cpu_model, max(buckets), spec.max_batch)
     if not is_gpu_device(spec.device):
         return cpu, None
     from workers.artifact import load_model

@@ -1,4 +1,4 @@
-"""Runs batches through the TorchScript model from buffers allocated once per bucket."""
+"""Runs CPU batches through the TorchScript model from input buffers allocated once."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.batcher import Item, batch_limits
+from workers.batcher import Item
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -34,40 +34,50 @@ def fill_rows(ids: np.ndarray, mask: np.ndarray, batch: list[Item]) -> int:
 
 
 class CpuRunner:
-    """Eager TorchScript on the CPU. Input buffers are numpy arrays shared with torch tensors,
-    one pair per bucket, sized for the largest batch: the steady state allocates no input."""
+    """Eager TorchScript on the CPU. A batch of n texts padded to `length` tokens is the first
+    n x length entries of flat buffers made once for the largest batch, viewed as one contiguous
+    [n, length] array (numpy and torch share the memory), so no input is allocated per batch.
+
+    Interface shared with the CUDA runners: fill(length, items) -> real tokens,
+    forward(length, n) -> float32 probabilities [n, C], warm() -> seconds."""
 
     device = "cpu"
 
-    def __init__(self, model: Any, buckets: tuple[int, ...], max_batch: int) -> None:
+    def __init__(self, model: Any, max_len: int, max_batch: int) -> None:
         self.model = model
-        self.buckets = buckets
+        self.max_len = max_len
         self.max_batch = max_batch
-        rows = batch_limits(buckets, max_batch)
-        self.ids = [np.zeros((n, b), dtype=np.int64) for n, b in zip(rows, buckets, strict=True)]
-        self.mask = [np.zeros_like(a) for a in self.ids]
-        self.ids_t = [torch.from_numpy(a) for a in self.ids]
-        self.mask_t = [torch.from_numpy(a) for a in self.mask]
-        self.allocations = 0  # buffers allocated after start-up (tests assert it stays 0)
+        size = max_len * max_batch
+        self.ids = np.zeros(size, dtype=np.int64)
+        self.mask = np.zeros(size, dtype=np.int64)
+        self.ids_t = torch.from_numpy(self.ids)
+        self.mask_t = torch.from_numpy(self.mask)
 
-    def fill(self, bucket: int, batch: list[Item]) -> int:
-        """Copy token ids into the bucket's buffers; returns the real token count."""
-        return fill_rows(self.ids[bucket], self.mask[bucket], batch)
+    def views(self, length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if n * length > self.ids.size or length > self.max_len:
+            raise ValueError(f"a batch of {n} x {length} tokens exceeds the runner's buffers")
+        k = n * length
+        return self.ids[:k].reshape(n, length), self.mask[:k].reshape(n, length)
 
-    def forward(self, bucket: int, n: int) -> np.ndarray:
+    def fill(self, length: int, batch: list[Item]) -> int:
+        """Copy token ids into the buffers as [len(batch), length]; returns the real tokens."""
+        ids, mask = self.views(length, len(batch))
+        return fill_rows(ids, mask, batch)
+
+    def forward(self, length: int, n: int) -> np.ndarray:
+        k = n * length
         with torch.inference_mode():
-            logits = self.model(self.ids_t[bucket][:n], self.mask_t[bucket][:n])
+            logits = self.model(self.ids_t[:k].view(n, length), self.mask_t[:k].view(n, length))
         return softmax(logits.float().numpy())
 
     def warm(self) -> float:
-        """Run every bucket at a few batch sizes: a fresh TorchScript model's first calls are
-        several times slower (DESIGN.md), and a worker warms before it says ready."""
+        """A fresh TorchScript model's first two calls are several times slower (DESIGN.md),
+        whatever their shape (measured: later new shapes run at full speed), so a worker runs a
+        few small batches before it says ready."""
         t0 = time.perf_counter()
-        sizes = sorted({1, min(2, self.max_batch)})  # the slow first calls are per bucket
-        for _ in range(2):
-            for b in range(len(self.buckets)):
-                for n in sizes:
-                    self.ids[b][:n, 0] = 101
-                    self.mask[b][:n, :] = 1
-                    self.forward(b, n)
+        for length, n in ((16, 1), (16, min(2, self.max_batch)), (self.max_len, 1)):
+            ids, mask = self.views(min(length, self.max_len), n)
+            ids[:] = 101
+            mask[:] = 1
+            self.forward(ids.shape[1], n)
         return time.perf_counter() - t0

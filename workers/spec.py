@@ -26,10 +26,11 @@ class WorkerSpec:
     request_ring: str  # segment names
     response_ring: str
     control: str
-    buckets: tuple[int, ...]
+    buckets: tuple[int, ...]  # --buckets as given; empty = the device's default
     max_batch: int
     max_delay_ms: float
     doorbell: Any  # multiprocessing Semaphore: posted once per request
     eventfd: Any  # shm.doorbell.EventFd: written once per batch of answers
     hooks: dict[str, Any] = field(default_factory=dict)  # test-only, empty in production
     precision: str = "fp32"  # CUDA compute precision: fp32, fp16 or bf16 (autocast)
+    max_batch_tokens: int = 512  # CPU batches: most padded tokens (rows x padded length)

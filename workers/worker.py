@@ -19,7 +19,7 @@ from shm import layout as L
 from shm.control import ControlBlock
 from shm.ring import Ring
 from shm.segment import Segment
-from workers.batcher import Item
+from workers.batcher import REPORT_GRID, Item, bucket_index, length_grid, pad_grid
 from workers.spec import EXIT_BOOT_ERROR, EXIT_OK, EXIT_PARENT_GONE, WorkerSpec
 
 IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and exit latency
@@ -58,22 +58,28 @@ class Worker:
 
         from workers.artifact import load_manifest, load_model, load_tokenizer
         from workers.batcher import Batcher
-        from workers.cuda import make_runner
+        from workers.cuda import is_gpu_device, make_runner
 
         spec = self.spec
         torch.set_num_threads(spec.threads)
         manifest = load_manifest(spec.model_dir)
-        max_len = min(manifest.max_length, max(spec.buckets))
-        self.buckets = (*tuple(b for b in spec.buckets if b < max_len), max_len)
+        max_len = manifest.max_length
+        on_gpu = is_gpu_device(spec.device)
+        grid = pad_grid(spec.buckets, on_gpu, max_len)
+        self.report_grid = length_grid(grid or REPORT_GRID, max_len)
         self.tokenizer = load_tokenizer(spec.model_dir, max_len)
         self.ctl.beat()
         model = load_model(spec.model_dir, "cpu")
-        self.runner, sink = make_runner(spec, self.buckets, model, self.ctl)
+        self.runner, sink = make_runner(spec, grid or (max_len,), model, self.ctl)
         self.ctl.beat()
         warm_s = self.runner.warm()
         if sink is not None:  # GPU worker: report its graphs; the loop samples NVML from now on
             self.gpu = sink.started(self.runner, warm_s)
-        self.batcher = Batcher(self.buckets, spec.max_batch, int(spec.max_delay_ms * 1e6))
+        # A CUDA grid keeps its per-bucket row limits (the captured shapes); the CPU's budget
+        # is --max-batch-tokens.
+        budget = spec.max_batch * grid[0] if on_gpu else spec.max_batch_tokens
+        delay_ns = int(spec.max_delay_ms * 1e6)
+        self.batcher = Batcher(spec.max_batch, budget, delay_ns, grid)
         self.n_labels = len(manifest.labels)
         self.ctl.set("boot_ms", int((time.monotonic() - t0) * 1000))
         self.ctl.set("state", L.W_READY)
@@ -130,39 +136,33 @@ class Worker:
         return len(msgs)
 
     def run_next(self) -> None:
-        bucket = self.batcher.next_bucket()
-        if bucket is None:
-            return
-        batch = self.batcher.take(bucket)
-        now = time.monotonic_ns()
-        live: list[Item] = []
-        late: list[Item] = []
-        for it in batch:
-            (late if it.deadline_ns and it.deadline_ns <= now else live).append(it)
+        late = self.batcher.expire(time.monotonic_ns())
         if late:  # expired before it started: skip the work
             self.ctl.add("expired", len(late))
             self.send([self.pack(it.msg_id, L.STATUS_DEADLINE) for it in late])
-        if not live:
+        batch, length = self.batcher.take()
+        if not batch:
             return
         self.maybe_grow()
-        tokens = self.runner.fill(bucket, live)
+        tokens = self.runner.fill(length, batch)
         t0 = time.monotonic_ns()
-        probs = self.runner.forward(bucket, len(live))
+        probs = self.runner.forward(length, len(batch))
         t1 = time.monotonic_ns()
         model_us = (t1 - t0) // 1000
+        grid = self.report_grid
         out = []
-        for row, it in enumerate(live):
-            p = probs[row]
+        for row, it in enumerate(batch):
             queued_us = (t0 - it.arrived_ns) // 1000
-            out.append(self.pack(it.msg_id, L.STATUS_OK, bucket, p, queued_us, model_us))
+            cls = bucket_index(grid, len(it.ids))  # latency is reported by the text's own length
+            out.append(self.pack(it.msg_id, L.STATUS_OK, cls, probs[row], queued_us, model_us))
         self.send(out)
         ctl = self.ctl
-        ctl.add("requests", len(live))
+        ctl.add("requests", len(batch))
         ctl.add("batches", 1)
         ctl.add("tokens", tokens)
-        ctl.add("padded_tokens", len(live) * self.buckets[bucket])
+        ctl.add("padded_tokens", len(batch) * length)
         ctl.add("busy_ns", t1 - t0)
-        ctl.count_batch(len(live))
+        ctl.count_batch(len(batch))
 
     def pack(
         self,
