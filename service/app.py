@@ -27,6 +27,7 @@ from workers import nvml
 from workers.artifact import ArtifactError, Manifest, default_artifact_dir, load_manifest
 from workers.batcher import REPORT_GRID, length_grid, pad_grid
 from workers.spec import FAKE_GPU
+from workers.testhooks import HOOKS
 
 SWEEP_S = 0.25
 
@@ -36,7 +37,7 @@ def resolve_device(wanted: str, log: EventLog) -> str:
     `fake-gpu` (tests only, with RINGSERVE_TEST_FAKE_GPU=1) runs the CUDA code path on the CPU."""
     if wanted == "cpu":
         return "cpu"
-    if wanted == FAKE_GPU and os.environ.get("RINGSERVE_TEST_FAKE_GPU") == "1":
+    if wanted == FAKE_GPU and HOOKS.fake_gpu:
         log.warning("device_fake_gpu", reason="test-only: the GPU code path runs on the CPU")
         return wanted
     if wanted != "auto" and not re.fullmatch(r"cuda(:\d+)?", wanted):
@@ -98,12 +99,6 @@ class Server:
         self.supervisor = Supervisor(
             self.settings, self.dispatcher, self.model_dir, self.device, self.log
         )
-        hooks = os.environ.get("RINGSERVE_TEST_GROW_BYTES_PER_BATCH")
-        if hooks:  # test-only: workers leak this much per batch (off unless set)
-            self.supervisor.hooks["grow_bytes_per_batch"] = int(hooks)
-        oom = os.environ.get("RINGSERVE_TEST_INJECT_OOM")
-        if oom:  # test-only: each GPU worker's next N GPU batches raise CUDA out-of-memory
-            self.supervisor.hooks["inject_oom_batches"] = int(oom)
 
     async def start_listeners(self) -> None:
         loop = asyncio.get_running_loop()

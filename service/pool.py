@@ -48,7 +48,6 @@ class WorkerHandle:
         model_dir: str,
         generation: int,
         settings: Any,
-        hooks: dict[str, Any] | None = None,
     ) -> None:
         pid = os.getpid()
         self.serial = serial
@@ -92,7 +91,6 @@ class WorkerHandle:
             max_delay_ms=settings.max_delay_ms,
             doorbell=self.doorbell,
             eventfd=self.eventfd,
-            hooks=dict(hooks or {}),
             precision=getattr(settings, "precision", "fp32"),
             max_batch_tokens=settings.max_batch_tokens,
         )

@@ -74,7 +74,6 @@ class Supervisor:
         self.generation = 0
         self.stopping = False
         self.fatal: str | None = None
-        self.hooks: dict[str, Any] = {}
         # Called just before a worker's segments are released (metrics keep its last counters).
         self.on_release: Callable[[WorkerHandle], None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -146,7 +145,6 @@ class Supervisor:
             self.model_dir,
             self.generation,
             self.settings,
-            self.hooks,
         )
         handle.slot = slot
         handle.start()

@@ -95,7 +95,6 @@ CONTROL_FIELDS = (
     "boot_ms",
     "graphs",  # CUDA graphs captured
     "graph_bytes",
-    "test_grow_bytes",  # bytes held by the test-only memory-growth hook
 )
 CTL = {name: i for i, name in enumerate(CONTROL_FIELDS)}
 # Batch-size histogram: counts of batches with size <= BATCH_BOUNDS[i].

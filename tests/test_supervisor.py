@@ -169,9 +169,9 @@ def test_reload_and_scale_under_load_lose_nothing(start_server, sst2_texts) -> N
         wait_for(lambda: whole_again(srv, 1, {old}), 60.0, "worker 0 restarted")
         load.wait_ok(20)
     assert load.failed() == 0, (load.outcomes, load.errors[:5])
+    before = set(serving(srv).values())  # read before the signal: it may act at once
     srv.proc.send_signal(signal.SIGHUP)  # SIGHUP is the same reload
-    now = set(serving(srv).values())
-    wait_for(lambda: whole_again(srv, 1, now), 90.0, "SIGHUP reload")
+    wait_for(lambda: whole_again(srv, 1, before), 90.0, "SIGHUP reload")
 
 
 def test_leaking_worker_is_recycled(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]

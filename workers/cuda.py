@@ -27,6 +27,7 @@ from shm import layout as L
 from workers.batcher import Item, batch_limits
 from workers.runtime import CpuRunner, fill_rows, softmax
 from workers.spec import FAKE_GPU
+from workers.testhooks import HOOKS
 
 # Batch sizes captured per bucket (each capped by the bucket's batch limit, which is captured
 # too): a batch pads to the next size, so padding never more than doubles a batch.
@@ -434,5 +435,4 @@ def make_runner(
         load_model(spec.model_dir, load_on), buckets, spec.max_batch, device, precision
     )
     sink = WorkerSink(ctl, spec.serial, device)
-    inject = int(spec.hooks.get("inject_oom_batches", 0))
-    return FallbackRunner(gpu, cpu, sink, inject_oom=inject), sink
+    return FallbackRunner(gpu, cpu, sink, inject_oom=HOOKS.inject_oom_batches), sink

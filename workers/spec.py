@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Exit codes with a meaning for the supervisor (STYLE.md lesson 3).
@@ -31,6 +31,5 @@ class WorkerSpec:
     max_delay_ms: float
     doorbell: Any  # multiprocessing Semaphore: posted once per request
     eventfd: Any  # shm.doorbell.EventFd: written once per batch of answers
-    hooks: dict[str, Any] = field(default_factory=dict)  # test-only, empty in production
     precision: str = "fp32"  # CUDA compute precision: fp32, fp16 or bf16 (autocast)
     max_batch_tokens: int = 512  # CPU batches: most padded tokens (rows x padded length)

@@ -21,6 +21,7 @@ from shm.ring import Ring
 from shm.segment import Segment
 from workers.batcher import REPORT_GRID, Item, bucket_index, length_grid, pad_grid
 from workers.spec import EXIT_BOOT_ERROR, EXIT_OK, EXIT_PARENT_GONE, WorkerSpec
+from workers.testhooks import HOOKS
 
 IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and exit latency
 READ_LIMIT = 1024  # messages taken from the ring per pass
@@ -203,10 +204,9 @@ class Worker:
             seg.close()
 
     def maybe_grow(self) -> None:
-        step = int(self.spec.hooks.get("grow_bytes_per_batch", 0))
-        if step:  # test-only: simulate a leak so the supervisor's RSS limit can be tested
+        step = HOOKS.grow_bytes_per_batch
+        if step:  # test-only: a leak for the supervisor's RSS limit to catch
             self.grow.append(b"\x01" * step)
-            self.ctl.set("test_grow_bytes", step * len(self.grow))
 
 
 def main(spec: WorkerSpec) -> None:

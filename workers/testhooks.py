@@ -1,0 +1,34 @@
+"""Every test-only hook of the server, in one place, read once from the environment at import.
+
+All are off unless a test sets its RINGSERVE_TEST_* variable. Worker processes inherit the
+front-end's environment, so both sides read the same values and nothing passes them along (no
+field in the worker spec, none in the shared-memory layout).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Hooks:
+    # RINGSERVE_TEST_FAKE_GPU=1: accept `--device fake-gpu`, the CUDA code path run on the CPU.
+    fake_gpu: bool = False
+    # RINGSERVE_TEST_GROW_BYTES_PER_BATCH=N: a worker keeps N more bytes after each batch, a leak
+    # for the supervisor's RSS limit to catch.
+    grow_bytes_per_batch: int = 0
+    # RINGSERVE_TEST_INJECT_OOM=N: each GPU worker's first N GPU forwards raise CUDA out-of-memory.
+    inject_oom_batches: int = 0
+
+
+def read(env: Mapping[str, str]) -> Hooks:
+    return Hooks(
+        fake_gpu=env.get("RINGSERVE_TEST_FAKE_GPU") == "1",
+        grow_bytes_per_batch=int(env.get("RINGSERVE_TEST_GROW_BYTES_PER_BATCH") or 0),
+        inject_oom_batches=int(env.get("RINGSERVE_TEST_INJECT_OOM") or 0),
+    )
+
+
+HOOKS = read(os.environ)
