@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from service.auth import ApiKey, guard_http, start_operator
 from service.dispatcher import Dispatcher, Group, Result
 from service.http import HttpProtocol, HttpServerState
 from service.logs import EventLog
@@ -75,6 +76,8 @@ class Server:
         self.pad_grid: tuple[int, ...] = ()  # empty: each CPU batch padded to its own longest
         self.listeners: list[asyncio.AbstractServer] = []
         self.http_state: HttpServerState | None = None
+        self.operator_state: HttpServerState | None = None  # --operator-port
+        self.api_key = ApiKey(settings.api_key) if settings.api_key is not None else None
         self.binary_state: Any = None  # service.binary.BinaryServerState when the port is on
         self.stats: Any = None  # service.stats.Stats unless --metrics 0
 
@@ -106,7 +109,8 @@ class Server:
         router = Router(self)
         v1_routes(router)
         self.add_routes(router)
-        self.http_state = HttpServerState(s, router)
+        route = router if self.api_key is None else guard_http(self, self.api_key, router)
+        self.http_state = HttpServerState(s, route)
         state = self.http_state
         if s.access_log:
             from service.metrics import access_logger
@@ -116,6 +120,9 @@ class Server:
             lambda: HttpProtocol(state), s.host, s.port, reuse_address=True, backlog=2048
         )
         self.listeners.append(http)
+        if s.operator_port:
+            operator, self.operator_state = await start_operator(self)
+            self.listeners.append(operator)
         if s.binary_port:
             from service.binary import start_binary
 
@@ -128,7 +135,8 @@ class Server:
         from service import kserve, metrics
 
         kserve.register(router)
-        metrics.register(router)
+        if not self.settings.operator_port:  # else they live on the operator listener
+            metrics.register(router)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -146,6 +154,8 @@ class Server:
             pid=os.getpid(),
             host=self.settings.host,
             port=self.settings.port,
+            operator_port=self.settings.operator_port or None,
+            api_key="set" if self.api_key else "none",  # never the key itself
             model=self.manifest.name,
             fingerprint=self.manifest.fingerprint,
             device=self.device,
@@ -195,8 +205,8 @@ class Server:
     async def drain(self) -> None:
         self.draining = True
         self.dispatcher.accepting = False
-        if self.http_state is not None:
-            self.http_state.closing = True
+        for state in self.http_states():
+            state.closing = True
         for listener in self.listeners:
             listener.close()
         deadline = time.monotonic() + self.settings.drain_timeout_s
@@ -206,8 +216,8 @@ class Server:
             self.log.warning("drain_timeout", unanswered=self.dispatcher.depth)
             self.dispatcher.fail_all()
         await asyncio.sleep(0)  # let the last answers reach their transports
-        if self.http_state is not None:
-            for conn in list(self.http_state.connections):
+        for state in self.http_states():
+            for conn in list(state.connections):
                 if conn.transport is not None:
                     conn.transport.close()
         if self.binary_state is not None:
@@ -223,14 +233,16 @@ class Server:
     async def sweep(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_S)
-            if self.http_state is None:
-                continue
             now, now_ns = time.monotonic(), time.monotonic_ns()
-            for conn in list(self.http_state.connections):
-                conn.sweep(now, now_ns)
+            for state in self.http_states():
+                for conn in list(state.connections):
+                    conn.sweep(now, now_ns)
             if self.binary_state is not None:
                 for bconn in list(self.binary_state.connections):
                     bconn.sweep(now)
+
+    def http_states(self) -> list[HttpServerState]:
+        return [s for s in (self.http_state, self.operator_state) if s is not None]
 
     # -- views ----------------------------------------------------------------------------------
     def ready(self) -> bool:

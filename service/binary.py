@@ -14,6 +14,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
+from service.auth import AUTH_OK, read_auth_frame
 from service.dispatcher import Result
 from service.routes import STATUS_HTTP
 from service.wire import LENGTH, TAG, encode_answer, status_answer
@@ -67,6 +68,7 @@ class BinaryProtocol(asyncio.Protocol):
         self.closed = False
         self.last_active = time.monotonic()
         self.partial_since = 0.0  # when an incomplete frame began waiting for its rest
+        self.api_key = state.server.api_key  # None once the AUTH frame passed (or no key set)
 
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -122,12 +124,32 @@ class BinaryProtocol(asyncio.Protocol):
             return
         self.last_active = now = time.monotonic()
         self.buffer += data
+        if self.api_key is not None and not self.authenticate():
+            return
         self.parse()
         if not self.buffer:
             self.partial_since = 0.0
         elif not self.partial_since:
             self.partial_since = now
         self.update_reading()
+
+    def authenticate(self) -> bool:
+        """The first frame must be `AUTH KEY` (service.auth); anything else closes the
+        connection with nothing after it read. False while the connection may not go on."""
+        assert self.api_key is not None
+        ok = read_auth_frame(self.buffer, self.api_key)
+        if ok is None:
+            self.partial_since = self.partial_since or self.last_active  # the read timeout
+            return False
+        if not ok:
+            self.api_key.refused("binary")
+            self.server.count("binary", 401)
+            self.buffer.clear()
+            self.close_now()
+            return False
+        self.api_key = None
+        self.write(AUTH_OK)
+        return True
 
     def sweep(self, now: float) -> None:
         """Close on a frame that arrives slower than the read timeout, or a long idle."""

@@ -9,6 +9,7 @@ import socket
 import sys
 from typing import Any
 
+from service import auth
 from service import settings as S
 
 USAGE = """ringserve <command> [options]
@@ -28,12 +29,30 @@ def serve_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ringserve serve", description="start the server")
     S.add_arguments(parser)
     cfg = S.from_namespace(parser.parse_args(argv))
+    keep_key_out_of_sight(cfg.api_key)
     from service.app import serve
 
     return serve(cfg)
 
 
+def keep_key_out_of_sight(key: str | None) -> None:
+    """A key given as --api-key is overwritten in /proc/PID/cmdline (what `ps` shows); one from
+    the environment is taken out of it, so that the workers and anything they start lack it."""
+    os.environ.pop(auth.ENV, None)
+    on_command_line = any(a.startswith("--api") for a in sys.argv)
+    if key and on_command_line and not auth.scrub_cmdline(key):
+        print(
+            "ringserve: warning: could not hide --api-key from `ps`; use RINGSERVE_API_KEY",
+            file=sys.stderr,
+        )
+
+
 def ctl_request(path: str, request: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+    """One request on the control socket; the server's key, when RINGSERVE_API_KEY holds one,
+    goes with it as `"key"`."""
+    key = os.environ.get(auth.ENV)
+    if key and "key" not in request:
+        request = {**request, "key": key}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(path)

@@ -1,6 +1,6 @@
 """A client for ringserve's framed binary protocol: send many frames, gather answers by tag.
 
-with BinaryClient("127.0.0.1", 8001) as client:
+with BinaryClient("127.0.0.1", 8001) as client:          # key: RINGSERVE_API_KEY, or api_key=
     answer = client.classify("a gripping film")        # Answer(tag, status, label_id, scores)
     answers = client.classify_many(texts)               # pipelined, in the order of `texts`
 
@@ -12,30 +12,65 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import selectors
 import socket
 import time
 from collections.abc import Iterable
 from types import TracebackType
 
-from service.wire import Answer, AnswerParser, encode_frame
+from service.wire import OK, Answer, AnswerParser, auth_frame, encode_frame
 
-__all__ = ["Answer", "AsyncBinaryClient", "BinaryClient", "ProtocolError"]
+__all__ = ["Answer", "AsyncBinaryClient", "AuthError", "BinaryClient", "ProtocolError"]
+API_KEY_ENV = "RINGSERVE_API_KEY"
 
 
 class ProtocolError(ConnectionError):
     """The server sent something the protocol does not allow (an unknown or repeated tag)."""
 
 
+class AuthError(ConnectionError):
+    """The server closed the connection on our `AUTH KEY` frame: no key, or the wrong one."""
+
+
+def resolve_key(given: str | None) -> str | None:
+    """The key to present: the one given, else RINGSERVE_API_KEY, else none."""
+    return given if given is not None else os.environ.get(API_KEY_ENV) or None
+
+
 class BinaryClient:
     """A blocking client on one connection. Not thread-safe: one per thread."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8001, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8001,
+        timeout: float = 60.0,
+        api_key: str | None = None,
+    ) -> None:
         self.timeout = timeout
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.parser = AnswerParser()
-        self.tags = itertools.count(1)
+        self.tags = itertools.count(1)  # tag 0 is the AUTH frame's
+        key = resolve_key(api_key)
+        if key:
+            self._authenticate(key)
+
+    def _authenticate(self, key: str) -> None:
+        self.sock.sendall(auth_frame(key))
+        answers: list[Answer] = []
+        while not answers:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                self.sock.close()
+                raise AuthError("the server refused the API key (connection closed)")
+            answers = self.parser.feed(chunk)
+        if answers[0].tag != 0 or answers[0].status != OK:
+            raise ProtocolError(f"unexpected answer to AUTH: {answers[0]}")
 
     def classify(self, text: str | bytes) -> Answer:
         return self.classify_many([text])[0]
@@ -158,9 +193,23 @@ class AsyncBinaryClient:
         self.tags = itertools.count(1)
 
     @classmethod
-    async def connect(cls, host: str = "127.0.0.1", port: int = 8001) -> AsyncBinaryClient:
+    async def connect(
+        cls, host: str = "127.0.0.1", port: int = 8001, api_key: str | None = None
+    ) -> AsyncBinaryClient:
+        """Connect, and present the key (given, else RINGSERVE_API_KEY) when there is one."""
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(_Connection, host, port)
+        key = resolve_key(api_key)
+        if key and conn.transport is not None:
+            future: asyncio.Future[Answer] = loop.create_future()
+            conn.pending[0] = future
+            conn.transport.write(auth_frame(key))
+            try:
+                answer = await future
+            except ConnectionError:
+                raise AuthError("the server refused the API key (connection closed)") from None
+            if answer.status != OK:
+                raise ProtocolError(f"unexpected answer to AUTH: {answer}")
         return cls(conn)
 
     async def classify(self, text: str | bytes) -> Answer:

@@ -7,6 +7,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from service.auth import DENIED, control_ok
+
 if TYPE_CHECKING:
     from service.app import Server
 
@@ -48,6 +50,8 @@ class ControlProtocol(asyncio.Protocol):
             return {"ok": False, "error": "not a JSON object"}
         if not isinstance(doc, dict):
             return {"ok": False, "error": "not a JSON object"}
+        if not control_ok(self.server.api_key, doc):
+            return {"ok": False, "error": DENIED}
         cmd = doc.get("cmd")
         handler = COMMANDS.get(cmd) if isinstance(cmd, str) else None
         if handler is None:

@@ -221,6 +221,14 @@ class Metrics:
                 for (p, c), n in sorted(server.requests_total.items())
             ),
         )
+        refused = server.api_key.failures if server.api_key is not None else {}
+        out.labelled(
+            "ringserve_auth_failures_total",
+            "counter",
+            "Requests refused for a missing or wrong API key (401, a closed binary connection, "
+            "a refused control command), by protocol.",
+            (({"protocol": p}, n) for p, n in sorted(refused.items())),
+        )
         d = server.dispatcher
         out.single(
             "ringserve_rejected_requests_total",

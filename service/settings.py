@@ -64,6 +64,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host", "127.0.0.1", "bind address for the HTTP and binary ports"),
     Setting("port", 8000, "HTTP port", int),
     Setting("binary-port", 8001, "framed binary TCP port (0 = off)", int),
+    Setting(
+        "api-key",
+        None,
+        "when set, every request but the health probes needs `Authorization: Bearer KEY`, and a "
+        "binary connection's first frame must be `AUTH KEY` (give it by the environment: "
+        "`ps` shows the command line)",
+    ),
+    Setting(
+        "operator-port",
+        0,
+        "serve /metrics, /v1/stats and /dashboard on this port, without the key, and not on "
+        "the HTTP port (0 = on the HTTP port)",
+        int,
+    ),
+    Setting("operator-host", None, "bind address of the operator port (default: --host)"),
     Setting("control", "./ringserve.sock", "Unix control socket path (mode 0600)"),
     Setting("workers", None, "serving worker processes (default: one per core)", int),
     Setting("threads", 1, "torch threads per worker (1 measured steadiest, DESIGN.md)", int),
@@ -136,6 +151,9 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8000
     binary_port: int = 8001
+    api_key: str | None = field(default=None, repr=False)  # never printed (service.auth)
+    operator_port: int = 0
+    operator_host: str | None = None
     control: str = "./ringserve.sock"
     workers: int | None = None
     threads: int = 1

@@ -63,6 +63,15 @@ def encode_frame(text: str | bytes, tag: int) -> bytes:
     return LENGTH.pack(len(data)) + data + TAG.pack(tag)
 
 
+AUTH_PREFIX = b"AUTH "  # a keyed server's first frame: `AUTH KEY`, tag 0 (service.auth)
+
+
+def auth_frame(key: str) -> bytes:
+    """The frame a client sends first to a server started with --api-key; answered tag 0,
+    status 0, no scores, or the connection closes."""
+    return encode_frame(AUTH_PREFIX + key.encode("ascii"), 0)
+
+
 def encode_answer(tag: int, status: int, label_id: int = 0, scores: bytes = b"") -> bytes:
     """`scores` is the raw little-endian f32 bytes (a numpy float32 array's tobytes())."""
     return ANSWER.pack(tag, status, 0, label_id, len(scores) // SCORE.size) + scores

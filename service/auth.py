@@ -1,0 +1,173 @@
+"""Who may call what: the API key's checks (HTTP, binary port, control socket) and the operator
+listener that takes /metrics, /v1/stats and /dashboard off the inference port.
+
+The key is held only as its SHA-256 digest, and a given key is compared digest to digest with
+hmac.compare_digest: constant time whatever the given key's length (comparing the raw strings
+would leak the key's length). The key itself is never logged, never echoed in an error, and never
+shown in /v1/stats; given on the command line, it is overwritten in the process's argument area
+so that `ps` and /proc/PID/cmdline no longer show it (the environment variable is the documented
+way: it never reaches `ps` at all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import hashlib
+import hmac
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from service.wire import AUTH_PREFIX, LENGTH, OK, TAG, status_answer
+
+if TYPE_CHECKING:
+    from service.app import Server
+    from service.http import Exchange, HttpProtocol, HttpServerState
+
+ENV = "RINGSERVE_API_KEY"
+DENIED = "missing or invalid API key"
+CHALLENGE = (b"www-authenticate", b'Bearer realm="ringserve"')
+# Probes stay open: a kubelet or load balancer must see health without holding the key.
+OPEN_PATH = re.compile(rb"^/v2/health/(live|ready)$|^/v2/models/[^/]+(/versions/[^/]+)?/ready$")
+AUTH_MAX = 4096  # longest AUTH frame text: a key is short; a longer first frame is refused
+AUTH_OK = status_answer(0, OK)
+_KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")
+
+
+def check_key(key: str) -> str:
+    """The key as given, or a clear refusal that does not repeat it."""
+    if not key:
+        raise SystemExit("ringserve: --api-key is empty (unset it to serve without a key)")
+    if not _KEY_CHARS.match(key):
+        raise SystemExit(
+            "ringserve: --api-key must be printable ASCII without spaces (not shown here)"
+        )
+    if len(key) > AUTH_MAX - len(AUTH_PREFIX):
+        raise SystemExit(f"ringserve: --api-key is longer than {AUTH_MAX - 5} characters")
+    return key
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+class ApiKey:
+    """One server's key, kept as a digest, and the count of refused attempts per protocol."""
+
+    def __init__(self, key: str) -> None:
+        self._digest = _digest(check_key(key).encode("ascii"))
+        self.failures: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return "ApiKey(<hidden>)"
+
+    def matches(self, given: bytes) -> bool:
+        return hmac.compare_digest(_digest(given), self._digest)
+
+    def bearer_ok(self, header: bytes | None) -> bool:
+        """`Authorization: Bearer KEY`; the scheme name is case-insensitive (RFC 7235)."""
+        if header is None:
+            return False
+        scheme, _, token = header.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and self.matches(token.strip())
+
+    def refused(self, protocol: str) -> None:
+        self.failures[protocol] = self.failures.get(protocol, 0) + 1
+
+
+# -- HTTP -----------------------------------------------------------------------------------------
+Route = Callable[["HttpProtocol", "Exchange"], None]
+
+
+def guard_http(server: Server, key: ApiKey, route: Route) -> Route:
+    """Every path but the probes needs the key; without it, 401 before any routing (so an
+    unknown caller learns nothing, not even which paths exist)."""
+    from service.routes import latency_header
+
+    def guarded(conn: HttpProtocol, ex: Exchange) -> None:
+        path = ex.url.split(b"?", 1)[0]
+        if OPEN_PATH.match(path) or key.bearer_ok(ex.headers.get(b"authorization")):
+            route(conn, ex)
+            return
+        protocol = "kserve" if path.startswith(b"/v2") else "http"
+        key.refused(protocol)
+        server.count(protocol, 401)
+        conn.respond_error(ex, 401, DENIED, [CHALLENGE, latency_header(ex)])
+
+    return guarded
+
+
+async def start_operator(server: Server) -> tuple[asyncio.AbstractServer, HttpServerState]:
+    """The operator listener: /metrics, /v1/stats and /dashboard only, no key (bind it to a
+    private address with --operator-host)."""
+    from service import metrics
+    from service.http import HttpProtocol, HttpServerState
+    from service.routes import Router
+
+    s = server.settings
+    router = Router(server)
+    metrics.register(router)
+    state = HttpServerState(s, router)
+    state.access_log = server.http_state.access_log if server.http_state else None
+    host = s.operator_host or s.host
+    listener = await asyncio.get_running_loop().create_server(
+        lambda: HttpProtocol(state), host, s.operator_port, reuse_address=True, backlog=128
+    )
+    return listener, state
+
+
+# -- binary port ----------------------------------------------------------------------------------
+def read_auth_frame(buffer: bytearray, key: ApiKey) -> bool | None:
+    """The first frame of a binary connection: True (and the frame removed from `buffer`) when
+    it is `AUTH KEY` with tag 0, False when it cannot be, None while it is incomplete."""
+    if len(buffer) < LENGTH.size:
+        return None
+    (n,) = LENGTH.unpack_from(buffer)
+    if n > AUTH_MAX or n <= len(AUTH_PREFIX):
+        return False
+    end = LENGTH.size + n + TAG.size
+    if len(buffer) < end:
+        return None if buffer[4 : 4 + len(AUTH_PREFIX)] == AUTH_PREFIX[: len(buffer) - 4] else False
+    text = bytes(buffer[4 : 4 + n])
+    (tag,) = TAG.unpack_from(buffer, end - TAG.size)
+    ok = tag == 0 and text.startswith(AUTH_PREFIX) and key.matches(text[len(AUTH_PREFIX) :])
+    if ok:
+        del buffer[:end]
+    return ok
+
+
+# -- control socket -------------------------------------------------------------------------------
+def control_ok(key: ApiKey | None, doc: dict[str, object]) -> bool:
+    """A control request carries the key as `"key"` when the server has one."""
+    if key is None:
+        return True
+    given = doc.get("key")
+    ok = isinstance(given, str) and given.isascii() and key.matches(given.encode("ascii"))
+    if not ok:
+        key.refused("control")
+    return ok
+
+
+# -- the process's own command line ---------------------------------------------------------------
+def scrub_cmdline(secret: str) -> bool:
+    """Overwrite `secret` in this process's argument area (what /proc/PID/cmdline and `ps`
+    read) with `*`; True when it was found and overwritten. Python keeps its own copy of argv,
+    so the original area is no longer read by anyone but the kernel's /proc view."""
+    try:
+        after_comm = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
+        start, end = int(after_comm[45]), int(after_comm[46])  # fields 48 and 49: arg_start/end
+    except (OSError, IndexError, ValueError):
+        return False
+    if not 0 < start < end or end - start > 1 << 20:
+        return False
+    area = ctypes.string_at(start, end - start)
+    needle = secret.encode()
+    found = False
+    at = area.find(needle)
+    while at >= 0:
+        ctypes.memset(start + at, ord("*"), len(needle))
+        found = True
+        at = area.find(needle, at + len(needle))
+    return found
