@@ -1,7 +1,8 @@
 """Every limit and tunable of the server, named once, with its default and its reason.
 
-The CLI builds its options from SETTINGS, the environment overrides defaults through
-RINGSERVE_<NAME>, and the README's option table is generated from the same list.
+Config declares each one; SETTINGS is read from it. The CLI builds its options from SETTINGS,
+the environment overrides defaults through RINGSERVE_<NAME>, and the README's option table is
+generated from the same list.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
 
 
 def _cpu_count() -> int:
@@ -45,6 +48,8 @@ def parse_precision(text: str) -> str:
 
 @dataclass(frozen=True)
 class Setting:
+    """One option as the CLI, the environment and the README see it."""
+
     name: str
     default: Any
     help: str
@@ -58,139 +63,115 @@ class Setting:
     def attr(self) -> str:
         return self.name.replace("-", "_")
 
+    @property
+    def shown(self) -> str:
+        """The default as a user would type it."""
+        if isinstance(self.default, tuple):
+            return ",".join(str(v) for v in self.default)
+        return str(self.default)
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("model", None, "model artifact directory (default: the built-in default model)"),
-    Setting("host", "127.0.0.1", "bind address for the HTTP and binary ports"),
-    Setting("port", 8000, "HTTP port", int),
-    Setting("binary-port", 8001, "framed binary TCP port (0 = off)", int),
-    Setting(
-        "api-key",
-        None,
-        "when set, every request but the health probes needs `Authorization: Bearer KEY`, and a "
-        "binary connection's first frame must be `AUTH KEY` (give it by the environment: "
-        "`ps` shows the command line)",
-    ),
-    Setting(
-        "operator-port",
-        0,
-        "serve /metrics, /v1/stats and /dashboard on this port, without the key, and not on "
-        "the HTTP port (0 = on the HTTP port)",
-        int,
-    ),
-    Setting("operator-host", None, "bind address of the operator port (default: --host)"),
-    Setting("control", "./ringserve.sock", "Unix control socket path (mode 0600)"),
-    Setting("workers", None, "serving worker processes (default: one per core)", int),
-    Setting("threads", 1, "torch threads per worker (1 measured steadiest, DESIGN.md)", int),
-    Setting("device", "auto", "cpu, cuda, cuda:K or auto (CUDA when available)"),
-    Setting("workers-per-gpu", 1, "serving workers per GPU when the device is CUDA", int),
-    Setting(
-        "precision",
-        "fp32",
-        "CUDA compute precision: fp32, fp16 or bf16 (autocast; the guarantee of equal scores "
-        "is for fp32, benchmarks/gpu_check.py measures the others' cost); ignored on the CPU",
-        parse_precision,
-    ),
-    Setting("spares", 1, "warm spare workers beside the serving ones", int),
-    Setting("max-batch", 32, "largest batch a worker runs at once (rows)", int),
-    # Measured by benchmarks/serving.py (README): 2 x 1-thread workers, MiniLM, best budget
-    # for both short and long texts; smaller budgets keep a batch's activations in cache.
-    Setting(
-        "max-batch-tokens",
-        512,
-        "CPU: most padded tokens in one batch (rows x the batch's padded length)",
-        int,
-    ),
-    # 0: a batch forms from what queued while the previous one ran; waiting only adds latency
-    # (a forward is 17-450 ms here, far longer than any useful fill delay).
-    Setting("max-delay-ms", 0.0, "longest a worker waits to fill a batch", float),
-    Setting(
-        "buckets",
-        "",
-        "sequence lengths batches are padded up to; default CPU: none (each batch padded to "
-        "its own longest text), CUDA: 16,32,48,64,96,128,192,256 (the captured graph shapes)",
-        parse_buckets,
-    ),
-    Setting("max-queue", 1024, "requests admitted and not yet answered, all protocols", int),
-    Setting("max-body", 1048576, "largest HTTP body in bytes (413 above)", int),
-    Setting("max-head", 8192, "largest HTTP request head in bytes (431 above)", int),
-    Setting("max-texts", 256, "most texts in one batch request", int),
-    Setting("max-frame", 65536, "largest binary-protocol text in bytes", int),
-    Setting("max-control-line", 65536, "longest control-socket line in bytes", int),
-    Setting("max-connections", 1024, "open client connections before new ones are refused", int),
-    Setting("read-timeout-s", 10.0, "longest wait for the rest of a request head or body", float),
-    Setting("keepalive-timeout-s", 60.0, "idle keep-alive connection lifetime", float),
-    Setting(
-        "write-timeout-s",
-        30.0,
-        "longest a client may leave its answers unread (writes paused) before it is dropped",
-        float,
-    ),
-    Setting("request-timeout-s", 30.0, "deadline of a request that sets none", float),
-    Setting("drain-timeout-s", 30.0, "longest drain on SIGTERM before workers are stopped", float),
-    Setting("heartbeat-timeout-s", 5.0, "heartbeat age that marks a worker hung", float),
-    Setting("worker-max-rss", 0, "RSS bytes past which a worker is recycled (0 = off)", int),
-    Setting("ring-slots", 4096, "slots per request ring (power of two)", int),
-    Setting("cache-dir", None, "where the default model artifact is built and kept"),
-    Setting("log-level", "info", "debug, info, warning or error"),
-    Setting("access-log", 0, "1 to log every request as a JSON line", int),
-    Setting("metrics", 1, "0 turns metric collection off (for overhead measurement)", int),
-    Setting("binary-max-owed", 256, "answers a binary connection owes before it pauses", int),
-    Setting("binary-group", 32, "most binary frames admitted (and answered) as one group", int),
-    Setting("binary-linger-s", 2.0, "oversize frame: drop input this long, then close", float),
-)
 
-BY_NAME = {s.name: s for s in SETTINGS}
+def option(default: T, help: str, parse: Callable[[str], Any] = str, secret: bool = False) -> T:
+    """A Config field that is also a command-line option: its default, help and parser; a
+    secret one is left out of the Config's repr."""
+    meta = {"help": help, "parse": parse}
+    return cast(T, field(default=default, metadata=meta, repr=not secret))
 
 
 @dataclass
 class Config:
-    """The resolved settings of one server; picklable, handed to workers as needed."""
+    """The resolved settings of one server, each declared once here with its default and its
+    reason; picklable, handed to workers as needed. A field made with option() is an option."""
 
-    model: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    binary_port: int = 8001
-    api_key: str | None = field(default=None, repr=False)  # never printed (service.auth)
-    operator_port: int = 0
-    operator_host: str | None = None
-    control: str = "./ringserve.sock"
-    workers: int | None = None
-    threads: int = 1
-    device: str = "auto"
-    workers_per_gpu: int = 1
-    precision: str = "fp32"
-    spares: int = 1
-    max_batch: int = 32
-    max_delay_ms: float = 0.0
-    max_batch_tokens: int = 512
-    buckets: tuple[int, ...] = ()
-    max_queue: int = 1024
-    max_body: int = 1048576
-    max_head: int = 8192
-    max_texts: int = 256
-    max_frame: int = 65536
-    max_control_line: int = 65536
-    max_connections: int = 1024
-    read_timeout_s: float = 10.0
-    keepalive_timeout_s: float = 60.0
-    write_timeout_s: float = 30.0
-    request_timeout_s: float = 30.0
-    drain_timeout_s: float = 30.0
-    heartbeat_timeout_s: float = 5.0
-    worker_max_rss: int = 0
-    ring_slots: int = 4096
-    cache_dir: str | None = None
-    log_level: str = "info"
-    access_log: int = 0
-    metrics: int = 1
-    binary_max_owed: int = 256
-    binary_group: int = 32
-    binary_linger_s: float = 2.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    model: str | None = option(
+        None, "model artifact directory (default: the built-in default model)"
+    )
+    host: str = option("127.0.0.1", "bind address for the HTTP and binary ports")
+    port: int = option(8000, "HTTP port", int)
+    binary_port: int = option(8001, "framed binary TCP port (0 = off)", int)
+    api_key: str | None = option(
+        None,
+        "when set, every request but the health probes needs `Authorization: Bearer KEY`, and a "
+        "binary connection's first frame must be `AUTH KEY` (give it by the environment: "
+        "`ps` shows the command line)",
+        secret=True,  # never printed (service.auth)
+    )
+    operator_port: int = option(
+        0,
+        "serve /metrics, /v1/stats and /dashboard on this port, without the key, and not on "
+        "the HTTP port (0 = on the HTTP port)",
+        int,
+    )
+    operator_host: str | None = option(None, "bind address of the operator port (default: --host)")
+    control: str = option("./ringserve.sock", "Unix control socket path (mode 0600)")
+    workers: int | None = option(None, "serving worker processes (default: one per core)", int)
+    threads: int = option(1, "torch threads per worker (1 measured steadiest, DESIGN.md)", int)
+    device: str = option("auto", "cpu, cuda, cuda:K or auto (CUDA when available)")
+    workers_per_gpu: int = option(1, "serving workers per GPU when the device is CUDA", int)
+    precision: str = option(
+        "fp32",
+        "CUDA compute precision: fp32, fp16 or bf16 (autocast; the guarantee of equal scores "
+        "is for fp32, benchmarks/gpu_check.py measures the others' cost); ignored on the CPU",
+        parse_precision,
+    )
+    spares: int = option(1, "warm spare workers beside the serving ones", int)
+    max_batch: int = option(32, "largest batch a worker runs at once (rows)", int)
+    # Measured by benchmarks/serving.py (README): 2 x 1-thread workers, MiniLM, best budget
+    # for both short and long texts; smaller budgets keep a batch's activations in cache.
+    max_batch_tokens: int = option(
+        512, "CPU: most padded tokens in one batch (rows x the batch's padded length)", int
+    )
+    # 0: a batch forms from what queued while the previous one ran; waiting only adds latency
+    # (a forward is 17-450 ms here, far longer than any useful fill delay).
+    max_delay_ms: float = option(0.0, "longest a worker waits to fill a batch", float)
+    buckets: tuple[int, ...] = option(
+        (),
+        "sequence lengths batches are padded up to; default CPU: none (each batch padded to "
+        "its own longest text), CUDA: 16,32,48,64,96,128,192,256 (the captured graph shapes)",
+        parse_buckets,
+    )
+    max_queue: int = option(1024, "requests admitted and not yet answered, all protocols", int)
+    max_body: int = option(1048576, "largest HTTP body in bytes (413 above)", int)
+    max_head: int = option(8192, "largest HTTP request head in bytes (431 above)", int)
+    max_texts: int = option(256, "most texts in one batch request", int)
+    max_frame: int = option(65536, "largest binary-protocol text in bytes", int)
+    max_control_line: int = option(65536, "longest control-socket line in bytes", int)
+    max_connections: int = option(1024, "open client connections before new ones are refused", int)
+    read_timeout_s: float = option(
+        10.0, "longest wait for the rest of a request head or body", float
+    )
+    keepalive_timeout_s: float = option(60.0, "idle keep-alive connection lifetime", float)
+    write_timeout_s: float = option(
+        30.0,
+        "longest a client may leave its answers unread (writes paused) before it is dropped",
+        float,
+    )
+    request_timeout_s: float = option(30.0, "deadline of a request that sets none", float)
+    drain_timeout_s: float = option(
+        30.0, "longest drain on SIGTERM before workers are stopped", float
+    )
+    heartbeat_timeout_s: float = option(5.0, "heartbeat age that marks a worker hung", float)
+    worker_max_rss: int = option(0, "RSS bytes past which a worker is recycled (0 = off)", int)
+    ring_slots: int = option(4096, "slots per request ring (power of two)", int)
+    cache_dir: str | None = option(None, "where the default model artifact is built and kept")
+    log_level: str = option("info", "debug, info, warning or error")
+    access_log: int = option(0, "1 to log every request as a JSON line", int)
+    metrics: int = option(1, "0 turns metric collection off (for overhead measurement)", int)
+    binary_max_owed: int = option(256, "answers a binary connection owes before it pauses", int)
+    binary_group: int = option(32, "most binary frames admitted (and answered) as one group", int)
+    binary_linger_s: float = option(2.0, "oversize frame: drop input this long, then close", float)
+    extra: dict[str, Any] = field(default_factory=dict)  # not an option
 
     def serving_workers(self) -> int:
         return self.workers if self.workers is not None else default_workers()
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(f.name.replace("_", "-"), f.default, f.metadata["help"], f.metadata["parse"])
+    for f in fields(Config)
+    if "help" in f.metadata
+)
+BY_NAME = {s.name: s for s in SETTINGS}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,7 +182,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=s.attr,
             default=default,
             type=s.type,
-            help=f"{s.help} [env {s.env}, default {s.default}]",
+            help=f"{s.help} [env {s.env}, default {s.shown}]",
         )
 
 
@@ -212,14 +193,13 @@ def from_namespace(ns: argparse.Namespace) -> Config:
         if isinstance(value, str) and s.type is not str:
             value = s.type(value)  # a default taken from the environment arrives as text
         values[s.attr] = value
-    known = {f.name for f in fields(Config)}
-    return Config(**{k: v for k, v in values.items() if k in known})
+    return Config(**values)
 
 
 def markdown_table() -> str:
     rows = ["| option | env | default | meaning |", "| --- | --- | --- | --- |"]
     for s in SETTINGS:
-        rows.append(f"| `--{s.name}` | `{s.env}` | `{s.default}` | {s.help} |")
+        rows.append(f"| `--{s.name}` | `{s.env}` | `{s.shown}` | {s.help} |")
     return "\n".join(rows)
 
 
