@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 TICK_S = 0.25  # window rotation, worker counter sampling and overload detection
 PROM_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
+AUTH_PROTOCOLS = ("http", "kserve", "binary", "control")  # ringserve_auth_failures_total
 STATES = (STARTING, READY, DEGRADED, DRAINING, SPARE, DEAD)
 # Exported only while some worker runs on CUDA; tests and deploy/grafana check against this list.
 GPU_METRICS = (
@@ -221,7 +222,9 @@ class Metrics:
                 for (p, c), n in sorted(server.requests_total.items())
             ),
         )
-        refused = server.api_key.failures if server.api_key is not None else {}
+        refused = dict.fromkeys(AUTH_PROTOCOLS, 0)  # all present from the start, for rate()
+        if server.api_key is not None:
+            refused.update(server.api_key.failures)
         out.labelled(
             "ringserve_auth_failures_total",
             "counter",
