@@ -75,6 +75,12 @@ def get_json(port: int, path: str, timeout: float = 10.0, host: str = HOST) -> d
     return doc
 
 
+def inherited_env() -> dict[str, str]:
+    """This process's environment less RINGSERVE_API_KEY: a key exported in the shell must not
+    turn every server under test into a keyed one (a keyed server is asked for by `env`)."""
+    return {k: v for k, v in os.environ.items() if k != "RINGSERVE_API_KEY"}
+
+
 # -- the server under test ------------------------------------------------------------------------
 class Launched:
     """A `ringserve serve` child on free ports, its output in a log file under `tmp`."""
@@ -101,7 +107,7 @@ class Launched:
         ]  # fmt: skip
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            self.args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=self.log,
+            self.args, cwd=ROOT, env={**inherited_env(), **(env or {})}, stdout=self.log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.pid = self.proc.pid

@@ -150,24 +150,41 @@ def control_ok(key: ApiKey | None, doc: dict[str, object]) -> bool:
     return ok
 
 
-# -- the process's own command line ---------------------------------------------------------------
-def scrub_cmdline(secret: str) -> bool:
-    """Overwrite `secret` in this process's argument area (what /proc/PID/cmdline and `ps`
-    read) with `*`; True when it was found and overwritten. Python keeps its own copy of argv,
-    so the original area is no longer read by anyone but the kernel's /proc view."""
+# -- the process's own command line and environment ----------------------------------------------
+def _proc_areas() -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(arg_start, arg_end), (env_start, env_end): fields 48-51 of /proc/self/stat."""
     try:
         after_comm = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
-        start, end = int(after_comm[45]), int(after_comm[46])  # fields 48 and 49: arg_start/end
-    except (OSError, IndexError, ValueError):
+        a, b, c, d = (int(v) for v in after_comm[45:49])
+    except (OSError, ValueError):
+        return None
+    return (a, b), (c, d)
+
+
+def _overwrite(area: tuple[int, int], needle: bytes, skip: int = 0) -> bool:
+    """Overwrite with `*` every occurrence of `needle` in the area, but its first `skip` bytes."""
+    start, end = area
+    if not 0 < start < end or end - start > 1 << 22:
         return False
-    if not 0 < start < end or end - start > 1 << 20:
-        return False
-    area = ctypes.string_at(start, end - start)
-    needle = secret.encode()
-    found = False
-    at = area.find(needle)
+    text = ctypes.string_at(start, end - start)
+    at, found = text.find(needle), False
     while at >= 0:
-        ctypes.memset(start + at, ord("*"), len(needle))
+        ctypes.memset(start + at + skip, ord("*"), len(needle) - skip)
         found = True
-        at = area.find(needle, at + len(needle))
+        at = text.find(needle, at + len(needle))
     return found
+
+
+def scrub_process(secret: str, on_command_line: bool) -> bool:
+    """Overwrite the key in this process's argument area (what /proc/PID/cmdline and `ps`
+    show) when it was given there, and in its initial environment block (/proc/PID/environ).
+    Safe: Python and libc work from their own copies of both, and the caller has already
+    unset the variable, so no environ pointer still leads into the block. True when every
+    place the key was expected was found and overwritten."""
+    areas = _proc_areas()
+    if areas is None:
+        return False
+    args, env = areas
+    _overwrite(env, b"\0" + ENV.encode() + b"=" + secret.encode(), skip=len(ENV) + 2)
+    _overwrite(env, ENV.encode() + b"=" + secret.encode(), skip=len(ENV) + 1)  # the first var
+    return _overwrite(args, secret.encode()) if on_command_line else True

@@ -36,11 +36,13 @@ def serve_main(argv: list[str]) -> int:
 
 
 def keep_key_out_of_sight(key: str | None) -> None:
-    """A key given as --api-key is overwritten in /proc/PID/cmdline (what `ps` shows); one from
-    the environment is taken out of it, so that the workers and anything they start lack it."""
-    os.environ.pop(auth.ENV, None)
+    """Take the key out of the environment (the workers and whatever they start never get it)
+    and out of what /proc shows of this process: its command line (`ps`) and its environment."""
+    os.environ.pop(auth.ENV, None)  # unsetenv: from here on only the stale block holds it
+    if not key:
+        return
     on_command_line = any(a.startswith("--api") for a in sys.argv)
-    if key and on_command_line and not auth.scrub_cmdline(key):
+    if not auth.scrub_process(key, on_command_line):
         print(
             "ringserve: warning: could not hide --api-key from `ps`; use RINGSERVE_API_KEY",
             file=sys.stderr,

@@ -284,15 +284,19 @@ def test_failures_counted(keyed: ServerProc, model: str) -> None:
 
 def test_key_out_of_children_and_stats(keyed: ServerProc) -> None:
     """The workers never see the key: the server takes it out of the environment they inherit,
-    and /v1/stats, the process titles and command lines hold no trace of it."""
+    overwrites it in its own /proc/PID/environ, and /v1/stats and the command lines hold no
+    trace of it."""
     status, _, body = keyed.request("GET", "/v1/stats", headers=bearer(KEY))
     assert status == 200 and KEY not in body.decode()
     kids = keyed.children()
     assert kids
-    for proc in [psutil.Process(keyed.pid), *kids]:
+    front = psutil.Process(keyed.pid)
+    assert front.environ().get("RINGSERVE_API_KEY") == "*" * len(KEY)  # /proc/PID/environ
+    for proc in [front, *kids]:
         assert KEY not in " ".join(proc.cmdline())
+        assert KEY not in json.dumps(proc.environ())
     for kid in kids:
-        assert KEY not in json.dumps(kid.environ())
+        assert "RINGSERVE_API_KEY" not in kid.environ()
 
 
 # -- a key on the command line, and the operator port -------------------------------------------
