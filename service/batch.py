@@ -342,6 +342,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--device", default="auto")
     p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--max-batch-tokens", type=int, default=512, help="padded tokens a batch")
     p.add_argument("--resume", action="store_true", help="continue a stopped run's output")
     p.add_argument("--progress-every-s", type=float, default=5.0, help="log line interval")
     p.add_argument("--log-level", default="warning")
@@ -353,6 +354,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
         device=args.device,
         spares=0,  # a batch run has no clients to keep waiting: a replacement may boot cold
         max_batch=args.max_batch,
+        max_batch_tokens=args.max_batch_tokens,
         log_level=args.log_level,
     )
     return args, settings

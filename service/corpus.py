@@ -19,7 +19,7 @@ import numpy as np
 from service.wire import LENGTH, TAG, encode_frame
 
 SCAN_CHUNK = 8 << 20  # bytes scanned for newlines at a time: bounds the scan's temporary memory
-RELEASE_BYTES = 4 << 20  # a sequential walk gives back mapped pages behind it in this step
+RELEASE_BYTES = 1 << 20  # a sequential walk gives back mapped pages behind it in this step
 
 # Why a line cannot be scored; the message is what its output line says.
 OK = 0
