@@ -36,11 +36,13 @@ from shm import segment
 PENDING = 0
 DONE_OK = 1
 TOO_LONG = 9
+NO_PAIRS = 8  # until the worker payload carries a second text
 # Status byte of a finished line that is an error: 10 + a corpus code, or 20 + a worker status.
 MESSAGES = {10 + code: msg for code, msg in C.ERRORS.items()}
 MESSAGES.update(
     {
         10 + TOO_LONG: "text is longer than the largest request",
+        10 + NO_PAIRS: "text_pair is not supported by this version of ringserve batch",
         20 + L.STATUS_BAD_REQUEST: "text is empty or not valid UTF-8",
         20 + L.STATUS_OVERLOADED: "overloaded",
         20 + L.STATUS_DEADLINE: "request deadline passed",
@@ -237,9 +239,11 @@ class BatchJob:
         texts: list[bytes] = []
         status = self.results.status
         for i in rows.tolist():
-            code, text, _pair = self.source.record(i)
+            code, text, pair = self.source.record(i)
             if code == C.OK and len(text) > self.max_text:
                 code = TOO_LONG
+            if code == C.OK and pair is not None:
+                code = NO_PAIRS  # never score the first text alone as if it were the input
             if code != C.OK:
                 status[i] = 10 + code
                 self.done += 1
@@ -298,18 +302,19 @@ class BatchJob:
             sup_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sup_task
-        return self.report(progress)
+        return self.report(progress, total_done + self.done)
 
-    def report(self, progress: Progress) -> int:
+    def report(self, progress: Progress, done: int) -> int:
         finished = self.results.written == self.n
         self.results.close(finished)
         bad = 0  # counted from the output, which is the truth a user sees
-        rate = progress.rate(self.results.written, time.monotonic())
+        rate = progress.rate(done, time.monotonic())
         with open(self.args.output, "rb") as f:
             for line in f:
                 bad += line.startswith(b'{"error"')
         summary = {
             "lines": self.n,
+            "scored": done,  # finished lines, in the output or kept for --resume
             "written": self.results.written,
             "errors": bad,
             "texts_per_s": round(rate, 1),
