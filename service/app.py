@@ -110,7 +110,7 @@ class Server:
         v1_routes(router)
         self.add_routes(router)
         route = router if self.api_key is None else guard_http(self, self.api_key, router)
-        self.http_state = HttpServerState(s, route)
+        self.http_state = HttpServerState(s, route, self.count)
         state = self.http_state
         if s.access_log:
             from service.metrics import access_logger
@@ -258,9 +258,10 @@ class Server:
             "workers": self.supervisor.status_rows(),
         }
 
-    def count(self, protocol: str, code: int) -> None:
+    def count(self, protocol: str, code: int, n: int = 1) -> None:
+        """One more answer written (n more): called only where answers are written."""
         key = (protocol, code)
-        self.requests_total[key] = self.requests_total.get(key, 0) + 1
+        self.requests_total[key] = self.requests_total.get(key, 0) + n
 
     def on_result(self, group: Group, result: Result, latency_ns: int) -> None:
         if self.stats is not None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from service.http import protocol_of
 from service.wire import AUTH_PREFIX, LENGTH, OK, TAG, status_answer
 
 if TYPE_CHECKING:
@@ -91,9 +92,7 @@ def guard_http(server: Server, key: ApiKey, route: Route) -> Route:
         if OPEN_PATH.match(path) or key.bearer_ok(ex.headers.get(b"authorization")):
             route(conn, ex)
             return
-        protocol = "kserve" if path.startswith(b"/v2") else "http"
-        key.refused(protocol)
-        server.count(protocol, 401)
+        key.refused(protocol_of(path))
         conn.respond_error(ex, 401, DENIED, [CHALLENGE, latency_header(ex)])
 
     return guarded
@@ -109,7 +108,7 @@ async def start_operator(server: Server) -> tuple[asyncio.AbstractServer, HttpSe
     s = server.settings
     router = Router(server)
     metrics.register(router)
-    state = HttpServerState(s, router)
+    state = HttpServerState(s, router, server.count)
     state.access_log = server.http_state.access_log if server.http_state else None
     host = s.operator_host or s.host
     listener = await asyncio.get_running_loop().create_server(

@@ -143,12 +143,12 @@ class BinaryProtocol(asyncio.Protocol):
             return False
         if not ok:
             self.api_key.refused("binary")
-            self.server.count("binary", 401)
+            self.server.count("binary", 401)  # answered by closing the connection
             self.buffer.clear()
             self.close_now()
             return False
         self.api_key = None
-        self.write(AUTH_OK)
+        self.send(AUTH_OK, 200)
         return True
 
     def sweep(self, now: float) -> None:
@@ -195,9 +195,7 @@ class BinaryProtocol(asyncio.Protocol):
         if texts:
             self.admit(texts, tags)
         if bad:
-            for _ in bad:
-                self.server.count("binary", 400)
-            self.write(b"".join(bad))
+            self.send(b"".join(bad), 400, len(bad))
         if self.stopped:
             buf.clear()
         self.close_when_done()
@@ -217,33 +215,39 @@ class BinaryProtocol(asyncio.Protocol):
             else:  # draining, or no room after all
                 refused = tags + refused
         if refused:
-            for _ in refused:
-                self.server.count("binary", 503)
-            self.write(b"".join([status_answer(t, L.STATUS_OVERLOADED) for t in refused]))
+            answers = b"".join([status_answer(t, L.STATUS_OVERLOADED) for t in refused])
+            self.send(answers, 503, len(refused))
 
     # -- answers --------------------------------------------------------------------------------
     def answer(self, tags: list[int], results: list[Result]) -> None:
         out: list[bytes] = []
-        count = self.server.count
+        failed: list[int] = []  # the codes of the answers that are not ok
         for tag, r in zip(tags, results, strict=True):
             if r.status == L.STATUS_OK and r.scores is not None:
                 out.append(encode_answer(tag, L.STATUS_OK, r.label_id, r.scores.tobytes()))
-                count("binary", 200)
             else:
                 status = r.status if r.status in STATUSES else L.STATUS_INTERNAL
                 out.append(status_answer(tag, status))
-                count("binary", STATUS_HTTP.get(status, 500))
+                failed.append(STATUS_HTTP.get(status, 500))
         self.owed -= len(tags)
-        self.write(b"".join(out))
+        if self.send(b"".join(out), 200, len(tags) - len(failed)):
+            for code in failed:
+                self.server.count("binary", code)
         if self.buffer and not self.stopped and self.owed < self.max_owed:
             self.parse()  # frames left buffered when the bound was reached
         else:
             self.close_when_done()
         self.update_reading()
 
-    def write(self, data: bytes) -> None:
-        if not self.closed and self.transport is not None:
-            self.transport.write(data)
+    def send(self, answers: bytes, code: int, n: int = 1) -> bool:
+        """Write answers and count `n` of them under `code`: the one place binary answers
+        leave. An answer that cannot be written (the connection is gone) is not counted."""
+        if self.closed or self.transport is None:
+            return False
+        self.transport.write(answers)
+        if n:
+            self.server.count("binary", code, n)
+        return True
 
     def close_when_done(self) -> None:
         """After an oversize length or EOF: close once every owed answer is written."""

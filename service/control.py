@@ -40,6 +40,7 @@ class ControlProtocol(asyncio.Protocol):
     def answer(self, reply: dict[str, Any]) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(json.dumps(reply).encode() + b"\n")
+            self.server.count("control", answer_code(reply))
 
     def handle(self, line: bytes) -> dict[str, Any]:
         if not line.strip():
@@ -66,6 +67,13 @@ class ControlProtocol(asyncio.Protocol):
             return {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - the contract keeps the connection usable
             return {"ok": False, "error": f"internal error: {type(exc).__name__}"}
+
+
+def answer_code(reply: dict[str, Any]) -> int:
+    """The HTTP-like code a control answer is counted under in requests_total."""
+    if reply.get("ok"):
+        return 200
+    return 401 if reply.get("error") == DENIED else 400
 
 
 def _int_arg(doc: dict[str, Any], name: str) -> int:

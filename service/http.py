@@ -57,6 +57,7 @@ class Exchange:
         "method",
         "request_id",
         "response",
+        "status",
         "url",
     )
 
@@ -69,14 +70,21 @@ class Exchange:
         self.keep_alive = True
         self.done_ns = 0  # monotonic ns of the last byte received
         self.response: bytes | None = None
+        self.status = 0  # of the response, once there is one
 
 
 class HttpServerState:
     """What every connection of one server shares."""
 
-    def __init__(self, settings: Any, router: Callable[[HttpProtocol, Exchange], None]) -> None:
+    def __init__(
+        self,
+        settings: Any,
+        router: Callable[[HttpProtocol, Exchange], None],
+        count: Callable[[str, int], None],
+    ) -> None:
         self.settings = settings
         self.router = router
+        self.count = count  # every answer written, by protocol and status (requests_total)
         self.connections: set[HttpProtocol] = set()
         self.counter = 0
         self.closing = False
@@ -107,6 +115,11 @@ def build_response(
     if not keep_alive:
         lines.append(b"connection: close")
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def protocol_of(url: bytes) -> str:
+    """The label an answer is counted under: KServe v2 owns every /v2 path."""
+    return "kserve" if url.startswith(b"/v2") else "http"
 
 
 def error_body(message: str) -> bytes:
@@ -150,6 +163,7 @@ class HttpProtocol(asyncio.Protocol):
             )
             t.close()
             self.closing = True
+            self.state.count("http", 503)
             return
         self.state.connections.add(self)
 
@@ -304,6 +318,7 @@ class HttpProtocol(asyncio.Protocol):
             ex.response = ex.response[: -len(body)]
         if self.state.access_log is not None:
             self.state.access_log(ex, status)
+        ex.status = status
         self.flush()
 
     def respond_error(
@@ -321,6 +336,7 @@ class HttpProtocol(asyncio.Protocol):
         while q and q[0].response is not None and transport is not None:
             ex = q.popleft()
             transport.write(ex.response)  # type: ignore[arg-type]
+            self.state.count(protocol_of(ex.url), ex.status)  # counted once, where written
             if not ex.keep_alive:
                 self.closing = True
                 transport.close()
@@ -349,6 +365,7 @@ class HttpProtocol(asyncio.Protocol):
         ex.response = build_response(status, error_body(message), ex.request_id, keep_alive=False)
         if self.state.access_log is not None:
             self.state.access_log(ex, status)
+        ex.status = status
         self.current = None
         self.reading_done = True
         self._pause()

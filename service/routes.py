@@ -80,13 +80,12 @@ def first_failure(results: list[Result]) -> Result | None:
     return None
 
 
-def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> int:
+def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
     status = STATUS_HTTP.get(failed.status, 500)
     extra = [latency_header(ex)]
     if status == 503:
         extra += RETRY_AFTER
     conn.respond_error(ex, status, STATUS_MESSAGE.get(failed.status, "internal error"), extra)
-    return status
 
 
 def submit(
@@ -108,14 +107,13 @@ def submit(
         if failed is None:
             on_ok(results)
         else:
-            server.count(protocol, respond_failure(conn, ex, failed))
+            respond_failure(conn, ex, failed)
 
     if not server.dispatcher.submit(texts, deadline, done, protocol):
         message = "server is draining" if server.draining else "queue is full"
         if server.supervisor.fatal:
             message = "no worker can serve"
         conn.respond_error(ex, 503, message, [latency_header(ex), *RETRY_AFTER])
-        server.count(protocol, 503)
 
 
 def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
@@ -144,7 +142,6 @@ def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str,
         ]
         body = json.dumps(items[0] if single else {"results": items}).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
-        server.count("http", 200)
 
     submit(server, conn, ex, texts, done, "http")
 
@@ -220,24 +217,18 @@ class Router:
         path = ex.url.split(b"?", 1)[0]
         found = self.match(path)
         if found is None:
-            self.server.count("http", 404)
             raise HttpError(404, f"no such path: {path.decode('utf-8', 'replace')[:200]}")
         table, params = found
         handler = table.get(ex.method)
         if handler is None and ex.method == b"HEAD":
             handler = table.get(b"GET")
         if handler is None:
-            self.server.count("http", 405)
             allowed = b", ".join(sorted(table))
             conn.respond_error(
                 ex, 405, f"method {ex.method.decode()} not allowed", [(b"allow", allowed)]
             )
             return
-        try:
-            handler(conn, ex, params)
-        except HttpError as exc:
-            self.server.count("http", exc.status)
-            raise
+        handler(conn, ex, params)
 
 
 def v1_routes(router: Router) -> None:

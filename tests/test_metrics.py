@@ -7,11 +7,13 @@ the test fills in as a CUDA worker would.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,8 +22,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.common import HttpConn, http_message
 from service import metrics as M
 from service import stats as S
+from service.client import BinaryClient
+from service.http import protocol_of
 from shm import layout as L
 from shm.control import ControlBlock
 from shm.segment import Segment
@@ -121,7 +126,8 @@ def test_counters_move_with_traffic(server: ServerProc) -> None:
     def delta(sample: str, **labels: str) -> float:
         return value(after, sample, **labels) - value(before, sample, **labels)
 
-    assert delta("ringserve_requests_total", protocol="http", code="200") == 5
+    # 5 classify answers, and the first scrape's own (counted once written, after it rendered)
+    assert delta("ringserve_requests_total", protocol="http", code="200") == 6
     assert delta("ringserve_requests_total", protocol="http", code="400") == 1
     lat = "ringserve_request_latency_seconds_count"
     # Latency is labelled with the text's own length class (/v1/model "length_classes").
@@ -139,6 +145,76 @@ def test_counters_move_with_traffic(server: ServerProc) -> None:
     old, new = counter_samples(before), counter_samples(after)
     for key, v in old.items():
         assert new.get(key, 0.0) >= v, key
+
+
+def requests_total(body: bytes) -> Counter[tuple[str, int]]:
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    return Counter(
+        {
+            (s.labels["protocol"], int(s.labels["code"])): int(s.value)
+            for s in families["ringserve_requests"].samples
+            if s.name == "ringserve_requests_total"
+        }
+    )
+
+
+def test_every_kind_of_answer_is_counted_once(start_server: Any) -> None:
+    """One of each kind of answer, HTTP, KServe, binary and control, including a GET, a 404, a
+    framing error and a connection-cap refusal: requests_total moves by exactly what was seen."""
+    srv = start_server(
+        "--workers", "1", "--spares", "0", "--max-connections", "2", "--max-body", "1024"
+    )  # fmt: skip
+    infer = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["fine"]}]}
+    seen: Counter[tuple[str, int]] = Counter()
+
+    def other_protocols() -> None:
+        with BinaryClient("127.0.0.1", srv.binary_port) as client:
+            for answer in client.classify_many(["a fine film", b"\xff not utf-8"]):
+                seen[("binary", 200 if answer.ok else 400)] += 1
+        for cmd in ({"cmd": "status"}, {"cmd": "no-such-command"}):
+            seen[("control", 200 if srv.ctl(cmd)["ok"] else 400)] += 1
+
+    async def http_side() -> tuple[bytes, bytes]:
+        a = await HttpConn.open(srv.port)  # kept open to the end: it reads the counters
+        before = await a.call("GET", "/metrics")
+        model = json.loads((await a.call("GET", "/v1/model")).body)["name"]
+        seen[("http", 200)] += 2  # the first scrape (counted once written, after it rendered)
+        other_protocols()
+        asks = [
+            ("GET", "/metrics", b""),
+            ("GET", "/v1/model", b""),
+            ("GET", "/no/such/path", b""),
+            ("DELETE", "/v1/classify", b""),
+            ("POST", "/v1/classify", b"{not json"),
+            ("POST", "/v1/classify", b'{"text": "a fine film"}'),
+            ("GET", "/v2/health/live", b""),
+            ("GET", "/v2/models/no-such-model", b""),
+            ("POST", f"/v2/models/{model}/infer", json.dumps(infer).encode()),
+        ]
+        for method, path, body in asks:
+            answer = await a.call(method, path, body)
+            seen[(protocol_of(path.encode()), answer.status)] += 1
+        for raw in (b"NOT HTTP AT ALL\r\n\r\n", http_message("POST", "/v1/classify", bytes(2048))):
+            closing = await HttpConn.open(srv.port)  # each of these ends its connection
+            seen[("http", (await closing.send(raw)).status)] += 1
+            assert closing.closed
+        b = await HttpConn.open(srv.port)  # the second of two connections allowed
+        seen[("http", (await b.call("GET", "/v1/model")).status)] += 1
+        c = await HttpConn.open(srv.port)  # the third: refused before it sends anything
+        seen[("http", (await c.read_answer()).status)] += 1
+        for conn in (b, c):
+            conn.close()
+        after = await a.call("GET", "/metrics")
+        a.close()
+        return before.body, after.body
+
+    before, after = asyncio.run(http_side())
+    moved = requests_total(after)
+    moved.subtract(requests_total(before))
+    assert +moved == seen
+    # Each kind was there to be counted (a GET, a 404, a framing error, the refusal, ...).
+    kinds = {("http", 404), ("http", 405), ("http", 400), ("http", 413), ("http", 503)}
+    assert kinds | {("kserve", 404), ("binary", 400), ("control", 400)} <= set(seen), seen
 
 
 def test_timeouts_are_counted(server: ServerProc) -> None:
@@ -265,8 +341,9 @@ def test_overload_events_and_metrics_off(start_server: Any) -> None:
     assert sum(e["rejected"] for e in ends) == codes.count(503)
     families = scrape(srv)
     assert value(families, "ringserve_rejected_requests_total") == codes.count(503)
-    assert value(families, "ringserve_requests_total", code="503") == codes.count(503)
-    assert value(families, "ringserve_requests_total", code="200") == codes.count(200)
+    http = {"protocol": "http"}  # the readiness probes are KServe's, ctl status is control's
+    assert value(families, "ringserve_requests_total", code="503", **http) == codes.count(503)
+    assert value(families, "ringserve_requests_total", code="200", **http) == codes.count(200)
     for b in ("16", "32", "64", "256"):  # --metrics 0: no per-request collection
         assert value(families, "ringserve_request_latency_seconds_count", bucket=b) == 0
     assert value(families, "ringserve_batch_size_sum") >= codes.count(200)  # from workers
