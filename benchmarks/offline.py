@@ -240,15 +240,23 @@ def walk(args: argparse.Namespace, tmp: Path) -> int:
     corpus.release()
     print(f"open (mapped index): {opened * 1000:.2f} ms; 100,000 random records: {rand_s:.3f} s "
           f"({total >> 20} MiB of text)")  # fmt: skip
-    peak = before = rss_kib(pid)["VmRSS"]
+    before = rss_kib(pid)
+    series: list[tuple[int, dict[str, int]]] = []
     t0 = time.perf_counter()
     for k, _ in enumerate(corpus.walk()):
-        if k % 20_000 == 0:
-            peak = max(peak, rss_kib(pid)["VmRSS"])
+        if k % (n // 10) == 0:
+            series.append((k, rss_kib(pid)))
     walk_s = time.perf_counter() - t0
+    series.append((n, rss_kib(pid)))
+    print(f"walk of all {n} records: {walk_s:.2f} s; RSS at start of process {base / 1024:.1f} MiB")
+    for k, s in [(-1, before), *series]:
+        where = "before the walk" if k < 0 else f"after {k:>7} records"
+        print(f"  {where:<22} RSS {s['VmRSS'] / 1024:6.1f} MiB (anon {s['RssAnon'] / 1024:5.1f}, "
+              f"file-backed {s['RssFile'] / 1024:5.1f})")  # fmt: skip
+    rss = [s["VmRSS"] for _, s in series]
     print(
-        f"walk of all {n} records: {walk_s:.2f} s; RSS before {before / 1024:.1f} MiB, peak "
-        f"{peak / 1024:.1f} MiB (+{(peak - before) / 1024:.1f} MiB); at start {base / 1024:.1f}"
+        f"RSS during the walk: max - before = {(max(rss) - before['VmRSS']) / 1024:.1f} MiB; "
+        f"max - min over the walk = {(max(rss) - min(rss)) / 1024:.1f} MiB"
     )
     corpus.close()
     return 0

@@ -51,6 +51,7 @@ MESSAGES.update(
 )
 GROUP = 32  # texts admitted as one dispatcher group
 WRITE_CHUNK = 4096  # rows looked at per step when writing the finished prefix
+RELEASE_EVERY = 8192  # lines fed between giving the input's mapped pages back
 STOP_WAIT_S = 60.0  # on Ctrl-C, longest wait for answers already in flight
 
 
@@ -285,6 +286,8 @@ class BatchJob:
                 while self.inflight < self.window and pos < len(order) and not self.stopping:
                     self.feed(order[pos : pos + GROUP])
                     pos += GROUP
+                    if pos % RELEASE_EVERY < GROUP:  # lines are read out of order: give back
+                        self.source.release()  # their pages, or RSS grows to the file's size
                 if self.supervisor.fatal:
                     raise SystemExit(f"ringserve batch: {self.supervisor.fatal}")
                 self.wake.clear()

@@ -1,7 +1,7 @@
 """Texts on disk, reached through mmap: line files (.txt, .tsv, .jsonl) and the corpus format.
 
 A corpus is binary-protocol frames back to back (`u32 text_len | text | u64 tag`, tag = the
-input line number), with an index of frame offsets (`CORPUS.idx`, little-endian u64) written
+input line number), with an index of frame offsets (`CORPUS.idx`, little-endian i64) written
 beside it. Readers map both files and copy only the one text they return, and can give back the
 pages they walked (`release`), so walking a corpus of any size holds RSS flat.
 """
@@ -169,7 +169,7 @@ class Corpus:
         if idx.exists() and idx.stat().st_size % 8 == 0 and idx.stat().st_size:
             self.idx_mm, _ = _map(idx)
             assert self.idx_mm is not None
-            offsets = np.frombuffer(self.idx_mm, dtype="<u8")
+            offsets = np.frombuffer(self.idx_mm, dtype="<i8")
             last = int(offsets[-1])
             if last + LENGTH.size <= self.size:  # cheap check that it belongs to this file
                 n = LENGTH.unpack_from(self.mm, last)[0] if self.mm is not None else 0
@@ -180,7 +180,7 @@ class Corpus:
             self.idx_mm = None
         offsets = self.scan()
         try:  # keep it beside the corpus for next time; a read-only place is fine too
-            offsets.astype("<u8").tofile(idx)
+            offsets.astype("<i8").tofile(idx)
         except OSError:
             pass
         return offsets
@@ -226,24 +226,25 @@ class Corpus:
 
     def walk(self, start: int = 0) -> Iterator[tuple[int, bytes]]:
         """(tag, text) of every record from `start`, giving back the pages behind it."""
-        done_to = int(self.offsets[start]) if start < len(self) else self.size
+        done = start  # records before this one are released
         for i in range(start, len(self)):
             tag, text = self.frame(i)
-            pos = int(self.offsets[i])
-            if pos - done_to >= RELEASE_BYTES:
-                self.release(done_to, pos)
-                done_to = pos
+            if int(self.offsets[i]) - int(self.offsets[done]) >= RELEASE_BYTES:
+                self.release_records(done, i)
+                done = i
             yield tag, text
         self.release()
 
-    def release(self, start: int = 0, end: int | None = None) -> None:
-        """Give back mapped pages of the corpus and of its index (RSS, not the page cache)."""
-        _release(self.mm, start, self.size if end is None else end)
-        if self.idx_mm is not None:
-            offsets = self.offsets
-            lo = int(np.searchsorted(offsets, start)) * 8
-            hi = len(offsets) * 8 if end is None else int(np.searchsorted(offsets, end)) * 8
-            _release(self.idx_mm, lo, hi)
+    def release_records(self, lo: int, hi: int) -> None:
+        """Give back the pages of records [lo, hi) and of their index entries. By record
+        number, not by byte offset: a binary search in the index would map its pages again."""
+        _release(self.mm, int(self.offsets[lo]), int(self.offsets[hi]))
+        _release(self.idx_mm, lo * 8, hi * 8)
+
+    def release(self) -> None:
+        """Give back every mapped page of the corpus and its index (RSS, not the page cache)."""
+        _release(self.mm, 0, self.size)
+        _release(self.idx_mm, 0, len(self.offsets) * 8 if hasattr(self, "offsets") else 0)
 
     def close(self) -> None:
         self.offsets = np.zeros(0, np.int64)  # drop the view first: an exported buffer pins the map
@@ -265,7 +266,7 @@ def pack(src: str | Path, dst: str | Path) -> tuple[int, int]:
     """
     lines = LineFile(src, input_kind(src))
     bad = 0
-    offsets = np.zeros(len(lines), dtype="<u8")
+    offsets = np.zeros(len(lines), dtype="<i8")
     pos = 0
     with open(dst, "wb") as out:
         for i in range(len(lines)):
