@@ -1,6 +1,7 @@
 """KServe v2 / Open Inference Protocol over HTTP, as Triton serves it, so tritonclient just works.
 
-One model (the manifest's), version "1": input `text` (BYTES, shape [N] or [N, 1]), outputs
+One model (the manifest's), version "1": input `text` (BYTES, shape [N] or [N, 1]) and the
+optional `text_pair` (as many texts, for models that classify a pair), outputs
 `scores` (FP32 [N, C]) and `label` (BYTES [N]). Tensors travel as JSON or through the binary
 tensor data extension, in both directions. An infer call's N texts are one dispatcher group: one
 admission, one callback, one answer.
@@ -26,6 +27,7 @@ from service.routes import (
     latency_header,
     submit,
 )
+from shm import layout as L
 
 if TYPE_CHECKING:
     from service.app import Server
@@ -97,11 +99,15 @@ def model_metadata(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str
         "name": name,
         "versions": [VERSION],
         "platform": PLATFORM,
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+        "inputs": [
+            {"name": "text", "datatype": "BYTES", "shape": [-1]},
+            {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True},
+        ],
         "outputs": [
             {"name": "scores", "datatype": "FP32", "shape": [-1, len(server.labels)]},
             {"name": "label", "datatype": "BYTES", "shape": [-1]},
         ],
+        "parameters": {"activation": server.manifest.activation},
     }
     respond_json(conn, ex, doc)
 
@@ -113,12 +119,18 @@ def model_config(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, 
         "name": name,
         "platform": PLATFORM,
         "max_batch_size": 0,  # the batch is the first dimension of `text`, named in full below
-        "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}],
+        "input": [
+            {"name": "text", "data_type": "TYPE_STRING", "dims": [-1]},
+            {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
+        ],
         "output": [
             {"name": "scores", "data_type": "TYPE_FP32", "dims": [-1, len(server.labels)]},
             {"name": "label", "data_type": "TYPE_STRING", "dims": [-1]},
         ],
-        "parameters": {"labels": {"string_value": ",".join(server.labels)}},
+        "parameters": {
+            "labels": {"string_value": ",".join(server.labels)},
+            "activation": {"string_value": server.manifest.activation},
+        },
     }
     respond_json(conn, ex, doc)
 
@@ -241,36 +253,61 @@ def json_elements(data: Any) -> list[Any]:
     return data
 
 
-def read_texts(server: Server, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
-    inputs = doc.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise HttpError(400, 'inputs must be a list holding exactly one input, "text"')
-    spec = inputs[0]
-    if spec.get("name") != "text":
-        raise HttpError(400, f'unknown input {spec.get("name")!r}: the model takes "text"')
+INPUTS = ("text", "text_pair")
+
+
+def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[bytes], int]:
+    """One BYTES input's texts, and where the next input's binary data starts."""
+    name = spec["name"]
     if spec.get("datatype") != "BYTES":
-        raise HttpError(400, f"input text must have datatype BYTES, not {spec.get('datatype')!r}")
+        raise HttpError(400, f"input {name} must have datatype BYTES, not {spec.get('datatype')!r}")
     n = check_shape(spec.get("shape"))
     params = as_dict(spec.get("parameters"), "input parameters")
     if "shared_memory_region" in params:
         raise HttpError(400, "shared-memory tensors are not supported")
     if "binary_data_size" in params:
         size = as_size(params["binary_data_size"], "binary_data_size")
-        if size != len(blob):
-            raise HttpError(400, f"binary_data_size {size} but {len(blob)} bytes of binary data")
-        texts = [check_text(t, f"text[{i}]") for i, t in enumerate(bytes_elements(blob))]
+        if size > len(blob) - pos:
+            raise HttpError(400, f"binary_data_size {size} but {len(blob) - pos} bytes left")
+        part = blob[pos : pos + size]
+        texts = [check_text(t, f"{name}[{i}]") for i, t in enumerate(bytes_elements(part))]
+        pos += size
     elif "data" in spec:
-        if len(blob):
-            raise HttpError(400, "binary data given, but no input names it (binary_data_size)")
         items = json_elements(spec["data"])
-        texts = [encode_text(t, f"text[{i}]") for i, t in enumerate(items)]
+        texts = [encode_text(t, f"{name}[{i}]") for i, t in enumerate(items)]
     else:
-        raise HttpError(400, "input text has neither data nor binary_data_size")
+        raise HttpError(400, f"input {name} has neither data nor binary_data_size")
     if len(texts) != n:
-        raise HttpError(400, f"input text has shape {spec['shape']} but {len(texts)} elements")
-    if not 1 <= n <= server.settings.max_texts:
+        raise HttpError(400, f"input {name} has shape {spec['shape']} but {len(texts)} elements")
+    return texts, pos
+
+
+def read_texts(server: Server, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
+    """The request's texts; with the optional input `text_pair`, each text joined to its pair."""
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not 1 <= len(inputs) <= 2:
+        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+    names = [spec.get("name") if isinstance(spec, dict) else None for spec in inputs]
+    for name in names:
+        if name not in INPUTS:
+            raise HttpError(400, f'unknown input {name!r}: the model takes "text", "text_pair"')
+    if "text" not in names or len(set(names)) != len(names):
+        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+    found: dict[str, list[bytes]] = {}
+    pos = 0
+    for spec in inputs:
+        found[spec["name"]], pos = read_input(spec, blob, pos)
+    if pos != len(blob):
+        raise HttpError(400, "binary data given, but no input names it (binary_data_size)")
+    texts = found["text"]
+    if not 1 <= len(texts) <= server.settings.max_texts:
         raise HttpError(400, f"input text must hold 1 to {server.settings.max_texts} texts")
-    return texts
+    pairs = found.get("text_pair")
+    if pairs is None:
+        return texts
+    if len(pairs) != len(texts):
+        raise HttpError(400, f"input text_pair has {len(pairs)} texts, text has {len(texts)}")
+    return [t + L.PAIR_SEPARATOR + p for t, p in zip(texts, pairs, strict=True)]
 
 
 def read_outputs(doc: dict[str, Any]) -> list[tuple[str, bool]]:

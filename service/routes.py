@@ -55,6 +55,15 @@ def encode_text(value: Any, where: str) -> bytes:
         raise HttpError(400, f"{where} is not valid UTF-8 (lone surrogate)") from None
 
 
+def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[bytes]:
+    """Each text joined to its pair for the worker (shm/layout.py: PAIR_SEPARATOR)."""
+    single = where == "text_pair"
+    return [
+        text + L.PAIR_SEPARATOR + encode_text(pair, where if single else f"{where}[{i}]")
+        for i, (text, pair) in enumerate(zip(texts, pairs, strict=True))
+    ]
+
+
 def deadline_ns(server: Server, ex: Exchange) -> int:
     raw = ex.headers.get(b"x-request-timeout-ms")
     timeout_s = server.settings.request_timeout_s
@@ -122,9 +131,15 @@ def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str,
         raise HttpError(400, "body must be a JSON object")
     labels = server.labels
     if "text" in doc and "texts" not in doc:
+        if "text_pairs" in doc:
+            raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
         texts = [encode_text(doc["text"], "text")]
         single = True
+        if "text_pair" in doc:
+            texts = pair_payloads(texts, [doc["text_pair"]], "text_pair")
     elif "texts" in doc and "text" not in doc:
+        if "text_pair" in doc:
+            raise HttpError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
         items = doc["texts"]
         if not isinstance(items, list):
             raise HttpError(400, "texts must be a list of strings")
@@ -132,6 +147,11 @@ def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str,
             raise HttpError(400, f"texts must hold 1 to {server.settings.max_texts} items")
         texts = [encode_text(t, f"texts[{i}]") for i, t in enumerate(items)]
         single = False
+        if "text_pairs" in doc:
+            pairs = doc["text_pairs"]
+            if not isinstance(pairs, list) or len(pairs) != len(items):
+                raise HttpError(400, "text_pairs must be a list as long as texts")
+            texts = pair_payloads(texts, pairs, "text_pairs")
     else:
         raise HttpError(400, 'body must have exactly one of "text" or "texts"')
 
@@ -153,6 +173,8 @@ def model_info(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[st
         "labels": m.labels,
         "max_length": m.max_length,
         "fingerprint": m.fingerprint,
+        "activation": m.activation,
+        "architecture": m.extra.get("architecture", "sentence-transformers"),
         "device": server.device,
         "buckets": list(server.pad_grid),
         "length_classes": list(server.buckets),

@@ -43,7 +43,10 @@ REQUEST_SLOT_SIZE = 256  # most sentences fit in one slot; long texts span sever
 RESPONSE_SLOT_SIZE = 64  # header + a two-label answer in one slot
 MAX_LABELS = 1024
 
-# Request payload: the UTF-8 text. aux = deadline, CLOCK_MONOTONIC ns (0 = none).
+# Request payload: the UTF-8 text, or for a pair text | PAIR_SEPARATOR | text_pair (0xFF never
+# occurs in UTF-8, so a single text cannot be mistaken for a pair). aux = deadline,
+# CLOCK_MONOTONIC ns (0 = none).
+PAIR_SEPARATOR = b"\xff"
 # Response payload: status u8 | bucket u8 | label_id u16 | n u16 | reserved u16 |
 #                   queued_us u32 | model_us u32 | n x f32 scores
 RESPONSE = struct.Struct("<BBHHHII")

@@ -66,7 +66,10 @@ def test_model_metadata(client: httpclient.InferenceServerClient, model: str) ->
         assert meta["name"] == model
         assert meta["versions"] == ["1"]
         assert meta["platform"]
-        assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        assert meta["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": [-1]}
+        pair = {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True}
+        assert meta["inputs"][1:] == [pair]
+        assert meta["parameters"] == {"activation": "softmax"}
         outputs = {o["name"]: o for o in meta["outputs"]}
         assert outputs["scores"]["datatype"] == "FP32"
         assert outputs["scores"]["shape"] == [-1, 2]

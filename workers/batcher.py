@@ -27,6 +27,7 @@ class Item:
     ids: list[int]
     seq: int = 0  # arrival order, set by Batcher.add: items read in one pass share arrived_ns
     taken: bool = False  # left the batcher (run or expired); the arrival queue drops it lazily
+    types: list[int] | None = None  # token types of a pair, on models that take them
 
 
 def bucket_index(buckets: tuple[int, ...], length: int) -> int:

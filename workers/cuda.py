@@ -17,7 +17,7 @@ import bisect
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -80,10 +80,12 @@ class CudaRunner:
         device: str = "cuda:0",
         precision: str = "fp32",
         graphs: bool = True,
+        activation: Callable[[np.ndarray], np.ndarray] = softmax,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
         self.model = model
+        self.activation = activation  # logits -> scores, from the manifest
         self.buckets = buckets
         self.max_batch = max_batch
         self.torch_device = torch.device("cpu" if device == FAKE_GPU else device)
@@ -149,7 +151,7 @@ class CudaRunner:
         self.host_out[bucket][:rows].copy_(logits[:rows], non_blocking=True)
         if self.on_cuda:
             torch.cuda.current_stream(self.torch_device).synchronize()
-        return softmax(self.out[bucket][:n])
+        return self.activation(self.out[bucket][:n])
 
     def forward_eager(self, length: int, n: int) -> np.ndarray:
         """As forward() without the graph (benchmarks compare the two)."""
@@ -160,7 +162,7 @@ class CudaRunner:
         self.host_out[bucket][:rows].copy_(self._eager(bucket, rows), non_blocking=True)
         if self.on_cuda:
             torch.cuda.current_stream(self.torch_device).synchronize()
-        return softmax(self.out[bucket][:n])
+        return self.activation(self.out[bucket][:n])
 
     @contextlib.contextmanager
     def _mode(self) -> Iterator[None]:
@@ -419,11 +421,15 @@ def is_gpu_device(device: str) -> bool:
 
 
 def make_runner(
-    spec: Any, buckets: tuple[int, ...], cpu_model: Any, ctl: Any
+    spec: Any,
+    buckets: tuple[int, ...],
+    cpu_model: Any,
+    ctl: Any,
+    activation: Callable[[np.ndarray], np.ndarray] = softmax,
 ) -> tuple[Any, WorkerSink | None]:
     """The runner for a worker's device: CpuRunner on "cpu"; otherwise a CudaRunner (on the
     GPU, or on the CPU for the test-only fake GPU) behind a FallbackRunner with a CPU copy."""
-    cpu = CpuRunner(cpu_model, max(buckets), spec.max_batch)
+    cpu = CpuRunner(cpu_model, max(buckets), spec.max_batch, activation)
     if not is_gpu_device(spec.device):
         return cpu, None
     from workers.artifact import load_model
@@ -431,8 +437,7 @@ def make_runner(
     device = "cuda:0" if spec.device == "cuda" else spec.device
     load_on = "cpu" if device == FAKE_GPU else device
     precision = getattr(spec, "precision", "fp32")
-    gpu = CudaRunner(
-        load_model(spec.model_dir, load_on), buckets, spec.max_batch, device, precision
-    )
+    model = load_model(spec.model_dir, load_on)
+    gpu = CudaRunner(model, buckets, spec.max_batch, device, precision, activation=activation)
     sink = WorkerSink(ctl, spec.serial, device)
     return FallbackRunner(gpu, cpu, sink, inject_oom=HOOKS.inject_oom_batches), sink

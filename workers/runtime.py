@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,18 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return out.astype(np.float32, copy=False)
 
 
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Independent probabilities: multi-label models and one-output rerankers."""
+    out: np.ndarray = 0.5 * (np.tanh(0.5 * logits) + 1.0)  # no overflow for large |logits|
+    return out.astype(np.float32, copy=False)
+
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "softmax": softmax,
+    "sigmoid": sigmoid,
+}
+
+
 def fill_rows(ids: np.ndarray, mask: np.ndarray, batch: list[Item]) -> int:
     """Write a batch's token ids and mask into the first rows of preallocated buffers; returns
     the real token count. Rows are cleared first so padding is always id 0, mask 0."""
@@ -29,6 +42,8 @@ def fill_rows(ids: np.ndarray, mask: np.ndarray, batch: list[Item]) -> int:
         k = len(item.ids)
         ids[row, :k] = item.ids
         mask[row, :k] = 1
+        if item.types is not None:  # a pair on a model with token types: 2 marks segment B
+            mask[row, :k] += item.types
         tokens += k
     return tokens
 
@@ -43,8 +58,15 @@ class CpuRunner:
 
     device = "cpu"
 
-    def __init__(self, model: Any, max_len: int, max_batch: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        max_len: int,
+        max_batch: int,
+        activation: Callable[[np.ndarray], np.ndarray] = softmax,
+    ) -> None:
         self.model = model
+        self.activation = activation  # logits -> scores, from the manifest
         self.max_len = max_len
         self.max_batch = max_batch
         size = max_len * max_batch
@@ -68,7 +90,7 @@ class CpuRunner:
         k = n * length
         with torch.inference_mode():
             logits = self.model(self.ids_t[:k].view(n, length), self.mask_t[:k].view(n, length))
-        return softmax(logits.float().numpy())
+        return self.activation(logits.float().numpy())
 
     def warm(self) -> float:
         """A fresh TorchScript model's first two calls are several times slower (DESIGN.md),

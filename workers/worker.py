@@ -60,6 +60,7 @@ class Worker:
         from workers.artifact import load_manifest, load_model, load_tokenizer
         from workers.batcher import Batcher
         from workers.cuda import is_gpu_device, make_runner
+        from workers.runtime import ACTIVATIONS
 
         spec = self.spec
         torch.set_num_threads(spec.threads)
@@ -71,7 +72,9 @@ class Worker:
         self.tokenizer = load_tokenizer(spec.model_dir, max_len)
         self.ctl.beat()
         model = load_model(spec.model_dir, "cpu")
-        self.runner, sink = make_runner(spec, grid or (max_len,), model, self.ctl)
+        activation = ACTIVATIONS[manifest.activation]
+        self.token_types = manifest.token_types
+        self.runner, sink = make_runner(spec, grid or (max_len,), model, self.ctl, activation)
         self.ctl.beat()
         warm_s = self.runner.warm()
         if sink is not None:  # GPU worker: report its graphs; the loop samples NVML from now on
@@ -114,23 +117,23 @@ class Worker:
         if not msgs:
             return 0
         now = time.monotonic_ns()
-        texts: list[str] = []
+        texts: list[str | tuple[str, str]] = []
         keep: list[tuple[int, int]] = []
         bad: list[Answer] = []
         for msg_id, deadline, payload in msgs:
-            try:
-                text = payload.decode("utf-8")
-            except UnicodeDecodeError:
-                text = ""
-            if not text.strip():
+            text = decode_payload(payload)
+            if text is None:
                 bad.append(self.pack(msg_id, L.STATUS_BAD_REQUEST))
                 continue
             texts.append(text)
             keep.append((msg_id, deadline))
         if texts:
+            # A pair goes through the tokenizer's own post-processor (special tokens, type ids)
+            # and is truncated longest-first to max_length.
             encodings = self.tokenizer.encode_batch(texts)
-            for (msg_id, deadline), enc in zip(keep, encodings, strict=True):
-                self.batcher.add(Item(msg_id, deadline, now, enc.ids))
+            for (msg_id, deadline), text, enc in zip(keep, texts, encodings, strict=True):
+                types = enc.type_ids if self.token_types and isinstance(text, tuple) else None
+                self.batcher.add(Item(msg_id, deadline, now, enc.ids, types=types))
         if bad:
             self.ctl.add("bad_requests", len(bad))
             self.send(bad)
@@ -207,6 +210,21 @@ class Worker:
         step = HOOKS.grow_bytes_per_batch
         if step:  # test-only: a leak for the supervisor's RSS limit to catch
             self.grow.append(b"\x01" * step)
+
+
+def decode_payload(payload: bytes) -> str | tuple[str, str] | None:
+    """A request's text, or its (text, text_pair) (L.PAIR_SEPARATOR between the two); None when
+    a part is not UTF-8 or is blank (the front-end checks first; this is the last guard)."""
+    parts = payload.split(L.PAIR_SEPARATOR)
+    if len(parts) > 2:
+        return None
+    try:
+        texts = [p.decode("utf-8") for p in parts]
+    except UnicodeDecodeError:
+        return None
+    if not all(t.strip() for t in texts):
+        return None
+    return texts[0] if len(texts) == 1 else (texts[0], texts[1])
 
 
 def main(spec: WorkerSpec) -> None:
