@@ -61,7 +61,8 @@ class Server:
     def __init__(self, settings: Config) -> None:
         self.settings = settings
         self.log = EventLog(settings.log_level)
-        self.draining = False
+        self.draining = False  # listeners closed: answering what is owed, then exiting
+        self.stopping = False  # SIGTERM seen: readiness answers 503 (the shutdown delay)
         self.stop_reason: str | None = None
         self.stop_event: asyncio.Event | None = None
         self.started = time.monotonic()
@@ -178,12 +179,15 @@ class Server:
         return code
 
     def request_stop(self, reason: str) -> None:
-        if self.stop_event is not None and not self.stop_event.is_set():
-            self.stop_reason = reason
-            self.log.info("drain", reason=reason, inflight=self.dispatcher.depth)
-            self.draining = True
-            self.dispatcher.accepting = False
-            self.stop_event.set()
+        """Readiness turns 503 at once; the drain begins after --shutdown-delay-s, so that load
+        balancers stop sending before the listeners close, while we still serve what comes."""
+        if self.stop_event is None or self.stopping:
+            return
+        self.stopping = True
+        self.stop_reason = reason
+        delay = self.settings.shutdown_delay_s
+        self.log.info("stopping", reason=reason, shutdown_delay_s=delay)
+        asyncio.get_running_loop().call_later(max(0.0, delay), self.stop_event.set)
 
     def reload(self, reason: str) -> str | None:
         """Re-read and verify the artifact, then roll every worker onto it; the error, if any."""
@@ -203,19 +207,42 @@ class Server:
         return None
 
     async def drain(self) -> None:
+        """Close the listeners, then serve what open connections still send, each answer with
+        `connection: close`; idle connections close at the deadline, binary ones once their
+        answers are out. Then stop the workers and remove what this server made."""
+        self.log.info("drain", reason=self.stop_reason, inflight=self.dispatcher.depth)
         self.draining = True
-        self.dispatcher.accepting = False
-        for state in self.http_states():
-            state.closing = True
         for listener in self.listeners:
             listener.close()
+        for state in self.http_states():
+            state.begin_drain()
+        if self.binary_state is not None:
+            for bconn in list(self.binary_state.connections):
+                bconn.begin_drain()
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        while self.dispatcher.depth and time.monotonic() < deadline and not self.supervisor.fatal:
+        while self.draining_work() and time.monotonic() < deadline and not self.supervisor.fatal:
             await asyncio.sleep(0.01)
+        self.dispatcher.accepting = False
         if self.dispatcher.depth:
             self.log.warning("drain_timeout", unanswered=self.dispatcher.depth)
             self.dispatcher.fail_all()
         await asyncio.sleep(0)  # let the last answers reach their transports
+        self.close_connections()
+        await self.supervisor.stop()
+        self.remove_control()
+        left = segment.list_segments(os.getpid())
+        if left:
+            self.log.warning("segments_left", names=left)
+
+    def draining_work(self) -> bool:
+        """Something is still owed: a request in flight, or a connection still open."""
+        if self.dispatcher.depth:
+            return True
+        if any(state.connections for state in self.http_states()):
+            return True
+        return self.binary_state is not None and bool(self.binary_state.connections)
+
+    def close_connections(self) -> None:
         for state in self.http_states():
             for conn in list(state.connections):
                 if conn.transport is not None:
@@ -223,12 +250,10 @@ class Server:
         if self.binary_state is not None:
             for bconn in list(self.binary_state.connections):
                 bconn.close_now()
-        await self.supervisor.stop()
+
+    def remove_control(self) -> None:
         with contextlib.suppress(OSError):
             os.unlink(self.settings.control)
-        left = segment.list_segments(os.getpid())
-        if left:
-            self.log.warning("segments_left", names=left)
 
     async def sweep(self) -> None:
         while True:
@@ -246,7 +271,7 @@ class Server:
 
     # -- views ----------------------------------------------------------------------------------
     def ready(self) -> bool:
-        return not self.draining and self.supervisor.ready_count() > 0
+        return not self.stopping and not self.draining and self.supervisor.ready_count() > 0
 
     def status(self) -> dict[str, Any]:
         return {

@@ -60,6 +60,7 @@ class BinaryProtocol(asyncio.Protocol):
         self.owed = 0  # frames admitted whose answer is not written yet
         self.stopped = False  # an oversize length was read: parse nothing more
         self.eof = False  # the client sent EOF: answer what is buffered, then close
+        self.draining = False  # the server drains: answer what is owed, then close
         self.lingering = False  # answers sent and our side shut: dropping input until EOF
         self.linger_s: float = s.binary_linger_s
         self.linger_timer: asyncio.TimerHandle | None = None
@@ -74,11 +75,12 @@ class BinaryProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
         state = self.state
-        if len(state.connections) >= state.settings.max_connections or self.server.draining:
+        if len(state.connections) >= state.settings.max_connections:
             state.refused += 1
             self.closed = True
             transport.close()
             return
+        self.draining = self.server.draining  # accepted late: answer what it sends, then close
         state.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -110,7 +112,11 @@ class BinaryProtocol(asyncio.Protocol):
         if self.eof:
             return  # nothing more will come
         # Once stopped, read and drop what still comes: closing on unread input sends a RST.
-        want = self.stopped or (not self.paused_writing and self.owed < self.max_owed)
+        want = (
+            self.stopped
+            or self.lingering
+            or (not self.paused_writing and self.owed < self.max_owed)
+        )
         if want and self.paused_reading:
             self.paused_reading = False
             transport.resume_reading()
@@ -120,7 +126,7 @@ class BinaryProtocol(asyncio.Protocol):
 
     # -- frames ---------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        if self.closed or self.stopped:
+        if self.closed or self.stopped or self.lingering:
             return
         self.last_active = now = time.monotonic()
         self.buffer += data
@@ -250,9 +256,11 @@ class BinaryProtocol(asyncio.Protocol):
         return True
 
     def close_when_done(self) -> None:
-        """After an oversize length or EOF: close once every owed answer is written."""
+        """After an oversize length, EOF or the drain: close once every owed answer is written."""
         transport = self.transport
-        if not (self.stopped or self.eof) or self.owed or self.closed or self.lingering:
+        if not (self.stopped or self.eof or self.draining) or self.owed or self.closed:
+            return
+        if self.lingering:
             return
         if transport is None:
             return
@@ -267,6 +275,11 @@ class BinaryProtocol(asyncio.Protocol):
         self.update_reading()
         loop = asyncio.get_running_loop()
         self.linger_timer = loop.call_later(self.linger_s, self.close_now)
+
+    def begin_drain(self) -> None:
+        """The server drains: frames already read are answered, then the connection closes."""
+        self.draining = True
+        self.close_when_done()
 
     def close_now(self) -> None:
         if not self.closed and self.transport is not None:

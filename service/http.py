@@ -87,9 +87,17 @@ class HttpServerState:
         self.count = count  # every answer written, by protocol and status (requests_total)
         self.connections: set[HttpProtocol] = set()
         self.counter = 0
-        self.closing = False
+        self.closing = False  # draining: every answer closes its connection
         self.refused = 0
         self.access_log: Callable[[Exchange, int], None] | None = None  # --access-log 1
+
+    def begin_drain(self) -> None:
+        """Connections with answers owed close after the last one; idle ones stay open until
+        the drain's deadline, so a request already on its way is still served."""
+        self.closing = True
+        for conn in list(self.connections):
+            if conn.queue:
+                conn.end_after_owed()
 
     def new_request_id(self) -> bytes:
         self.counter += 1
@@ -149,9 +157,11 @@ class HttpProtocol(asyncio.Protocol):
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = t = cast(asyncio.Transport, transport)  # uvloop's is no subclass
-        if len(self.state.connections) >= self.settings.max_connections or self.state.closing:
+        if len(self.state.connections) >= self.settings.max_connections:
+            # A connection accepted while draining is served (its answer closes it); only the
+            # connection limit refuses one.
             self.state.refused += 1
-            body = error_body("too many connections" if not self.state.closing else "draining")
+            body = error_body("too many connections")
             t.write(
                 build_response(
                     503,
@@ -288,6 +298,10 @@ class HttpProtocol(asyncio.Protocol):
         self.current = None
         self.started_ns = 0
         ex.done_ns = time.monotonic_ns()
+        if self.state.closing:  # draining: serve this one, then close; read nothing more
+            ex.keep_alive = False
+            self.reading_done = True
+            self._pause()
         self.queue.append(ex)
         if len(self.queue) >= MAX_PIPELINE:
             self._pause()

@@ -39,6 +39,15 @@ def parse_buckets(text: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+def parse_flag(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected 1 or 0, got {text!r}")
+
+
 def parse_precision(text: str) -> str:
     value = str(text).strip().lower()
     if value not in ("fp32", "fp16", "bf16"):
@@ -150,6 +159,18 @@ class Config:
     drain_timeout_s: float = option(
         30.0, "longest drain on SIGTERM before workers are stopped", float
     )
+    shutdown_delay_s: float = option(
+        0.0,
+        "on SIGTERM, answer /v2/health/ready 503 this long while still serving, then drain "
+        "(gives load balancers time to stop sending)",
+        float,
+    )
+    reuse_port: bool = option(
+        False,
+        "bind with SO_REUSEPORT once a worker is ready, so a new server can take over the "
+        "ports before the old one drains (zero-downtime upgrade)",
+        parse_flag,
+    )
     heartbeat_timeout_s: float = option(5.0, "heartbeat age that marks a worker hung", float)
     worker_max_rss: int = option(0, "RSS bytes past which a worker is recycled (0 = off)", int)
     ring_slots: int = option(4096, "slots per request ring (power of two)", int)
@@ -177,12 +198,15 @@ BY_NAME = {s.name: s for s in SETTINGS}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
         default = os.environ.get(s.env, s.default)
+        # A flag (`--reuse-port`) may stand alone or take a value (`--reuse-port 0`).
+        flag: dict[str, Any] = {"nargs": "?", "const": True} if s.type is parse_flag else {}
         parser.add_argument(
             "--" + s.name,
             dest=s.attr,
             default=default,
             type=s.type,
             help=f"{s.help} [env {s.env}, default {s.shown}]",
+            **flag,
         )
 
 
