@@ -92,12 +92,14 @@ class Launched:
         env: dict[str, str] | None = None,
         binary: bool = True,
         port: int | None = None,
+        beside: Launched | None = None,
     ) -> None:
+        """`beside`: share that server's ports and control path (a --reuse-port upgrade)."""
         tmp = Path(tmp)
-        self.port = port or free_port()
-        self.binary_port = free_port() if binary else 0
-        self.control = str(tmp / f"ctl-{self.port}.sock")
-        self.log_path = tmp / f"server-{self.port}.log"
+        self.port = beside.port if beside else port or free_port()
+        self.binary_port = beside.binary_port if beside else free_port() if binary else 0
+        self.control = beside.control if beside else str(tmp / f"ctl-{self.port}.sock")
+        self.log_path = tmp / f"server-{self.port}{f'-{time.monotonic_ns()}' if beside else ''}.log"
         self.args = [
             sys.executable, "-m", "service.cli", "serve",
             "--host", HOST, "--port", str(self.port),
@@ -111,6 +113,8 @@ class Launched:
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.pid = self.proc.pid
+        if beside is not None:  # its own control socket beside the live one (CONTRACT.md)
+            self.control = f"{beside.control}.{self.pid}"
 
     @property
     def url(self) -> str:

@@ -76,6 +76,7 @@ class Server:
         self.buckets: tuple[int, ...] = ()
         self.pad_grid: tuple[int, ...] = ()  # empty: each CPU batch padded to its own longest
         self.listeners: list[asyncio.AbstractServer] = []
+        self.control_path = settings.control  # PATH, or PATH.<pid> beside a live server
         self.http_state: HttpServerState | None = None
         self.operator_state: HttpServerState | None = None  # --operator-port
         self.api_key = ApiKey(settings.api_key) if settings.api_key is not None else None
@@ -118,7 +119,12 @@ class Server:
 
             state.access_log = access_logger(self)
         http = await loop.create_server(
-            lambda: HttpProtocol(state), s.host, s.port, reuse_address=True, backlog=2048
+            lambda: HttpProtocol(state),
+            s.host,
+            s.port,
+            reuse_address=True,
+            reuse_port=s.reuse_port or None,
+            backlog=2048,
         )
         self.listeners.append(http)
         if s.operator_port:
@@ -128,9 +134,22 @@ class Server:
             from service.binary import start_binary
 
             self.listeners.append(await start_binary(self, s.host, s.binary_port))
-        from service.control import start_control
 
-        self.listeners.append(await start_control(self, s.control))
+    async def start_control(self) -> None:
+        from service.control import choose_control_path, start_control
+
+        self.control_path = choose_control_path(self.settings.control, self.settings.reuse_port)
+        self.listeners.append(await start_control(self, self.control_path))
+
+    async def first_worker_ready(self, sup: asyncio.Task[Any]) -> bool:
+        """With --reuse-port the kernel shares new connections among every listener on the port,
+        so a server still loading its model must not listen yet: bind once a worker is ready."""
+        assert self.stop_event is not None
+        while self.supervisor.ready_count() == 0:
+            if sup.done() or self.stop_event.is_set() or self.supervisor.fatal:
+                return False
+            await asyncio.sleep(0.02)
+        return True
 
     def add_routes(self, router: Router) -> None:
         from service import kserve, metrics
@@ -144,12 +163,16 @@ class Server:
         loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
         self.prepare()
-        await self.start_listeners()
+        await self.start_control()
+        if not self.settings.reuse_port:
+            await self.start_listeners()  # a port in use fails the start at once
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
         loop.add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
         sup = asyncio.create_task(self.supervisor.run())
         sweeper = asyncio.create_task(self.sweep())
+        if self.settings.reuse_port and await self.first_worker_ready(sup):
+            await self.start_listeners()
         self.log.info(
             "start",
             pid=os.getpid(),
@@ -157,6 +180,8 @@ class Server:
             port=self.settings.port,
             operator_port=self.settings.operator_port or None,
             api_key="set" if self.api_key else "none",  # never the key itself
+            control=self.control_path,
+            reuse_port=self.settings.reuse_port,
             model=self.manifest.name,
             fingerprint=self.manifest.fingerprint,
             device=self.device,
@@ -253,7 +278,7 @@ class Server:
 
     def remove_control(self) -> None:
         with contextlib.suppress(OSError):
-            os.unlink(self.settings.control)
+            os.unlink(self.control_path)
 
     async def sweep(self) -> None:
         while True:

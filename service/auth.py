@@ -112,7 +112,12 @@ async def start_operator(server: Server) -> tuple[asyncio.AbstractServer, HttpSe
     state.access_log = server.http_state.access_log if server.http_state else None
     host = s.operator_host or s.host
     listener = await asyncio.get_running_loop().create_server(
-        lambda: HttpProtocol(state), host, s.operator_port, reuse_address=True, backlog=128
+        lambda: HttpProtocol(state),
+        host,
+        s.operator_port,
+        reuse_address=True,
+        reuse_port=s.reuse_port or None,
+        backlog=128,
     )
     return listener, state
 

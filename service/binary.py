@@ -41,7 +41,12 @@ async def start_binary(server: Server, host: str, port: int) -> asyncio.Abstract
     state = BinaryServerState(server)
     server.binary_state = state  # the drain closes these connections once answers are out
     return await loop.create_server(
-        lambda: BinaryProtocol(state), host, port, reuse_address=True, backlog=2048
+        lambda: BinaryProtocol(state),
+        host,
+        port,
+        reuse_address=True,
+        reuse_port=server.settings.reuse_port or None,
+        backlog=2048,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 from typing import TYPE_CHECKING, Any
 
 from service.auth import DENIED, control_ok
@@ -127,9 +128,35 @@ COMMANDS = {
 }
 
 
+def socket_is_live(path: str) -> bool:
+    """True when a server answers on this Unix socket (a killed one's leaves a dead file)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False
+        except OSError:  # not a socket, no permission, a full backlog: leave it alone
+            return True
+    return True
+
+
+def choose_control_path(path: str, reuse_port: bool) -> str:
+    """Never take over a live server's socket: with --reuse-port (an upgrade beside it) use
+    PATH.<pid>, else refuse to start. A dead server's socket is taken over."""
+    if not socket_is_live(path):
+        return path
+    if reuse_port:
+        return f"{path}.{os.getpid()}"
+    raise SystemExit(
+        f"ringserve: control socket {path} belongs to a running server; stop it first, "
+        "choose another --control, or start beside it with --reuse-port"
+    )
+
+
 async def start_control(server: Server, path: str) -> asyncio.AbstractServer:
     try:
-        os.unlink(path)  # a socket left by a killed server
+        os.unlink(path)  # a socket left by a killed server (a live one was refused above)
     except FileNotFoundError:
         pass
     old = os.umask(0o177)

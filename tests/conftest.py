@@ -143,9 +143,13 @@ def start_server(tmp_path: Path, default_model: str) -> Iterator[Callable[..., S
     started: list[ServerProc] = []
 
     def start(
-        *args: str, env: dict[str, str] | None = None, wait: bool = True, workers: int | None = None
+        *args: str,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+        workers: int | None = None,
+        beside: ServerProc | None = None,
     ) -> ServerProc:
-        srv = ServerProc(tmp_path, list(args), env)
+        srv = ServerProc(tmp_path, list(args), env, beside=beside)
         started.append(srv)
         if wait:
             srv.wait_ready(workers)
