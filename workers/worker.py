@@ -159,14 +159,14 @@ class Worker:
             queued_us = (t0 - it.arrived_ns) // 1000
             cls = bucket_index(grid, len(it.ids))  # latency is reported by the text's own length
             out.append(self.pack(it.msg_id, L.STATUS_OK, cls, probs[row], queued_us, model_us))
-        self.send(out)
-        ctl = self.ctl
+        ctl = self.ctl  # counted before the answers go: whoever sees one sees its batch counted
         ctl.add("requests", len(batch))
         ctl.add("batches", 1)
         ctl.add("tokens", tokens)
         ctl.add("padded_tokens", len(batch) * length)
         ctl.add("busy_ns", t1 - t0)
         ctl.count_batch(len(batch))
+        self.send(out)
 
     def pack(
         self,
