@@ -12,12 +12,14 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from typing import Any
 
 from service.auth import ApiKey, guard_http, start_operator
 from service.dispatcher import Dispatcher, Group, Result
+from service.handover import fetch_listeners, listen
 from service.http import HttpProtocol, HttpServerState
 from service.logs import EventLog
 from service.routes import Router, v1_routes
@@ -77,6 +79,8 @@ class Server:
         self.pad_grid: tuple[int, ...] = ()  # empty: each CPU batch padded to its own longest
         self.listeners: list[asyncio.AbstractServer] = []
         self.control_path = settings.control  # PATH, or PATH.<pid> beside a live server
+        self.bound: dict[str, asyncio.AbstractServer] = {}  # listeners by name, to hand over
+        self.inherited: dict[str, socket.socket] = {}  # handed over by the server beside us
         self.http_state: HttpServerState | None = None
         self.operator_state: HttpServerState | None = None  # --operator-port
         self.api_key = ApiKey(settings.api_key) if settings.api_key is not None else None
@@ -106,7 +110,6 @@ class Server:
         )
 
     async def start_listeners(self) -> None:
-        loop = asyncio.get_running_loop()
         s = self.settings
         router = Router(self)
         v1_routes(router)
@@ -118,14 +121,9 @@ class Server:
             from service.metrics import access_logger
 
             state.access_log = access_logger(self)
-        http = await loop.create_server(
-            lambda: HttpProtocol(state),
-            s.host,
-            s.port,
-            reuse_address=True,
-            reuse_port=s.reuse_port or None,
-            backlog=2048,
-        )
+        if s.reuse_port and self.control_path != s.control:  # a live server beside us
+            self.inherited = fetch_listeners(s.control, s.api_key)
+        http = await listen(self, "http", lambda: HttpProtocol(state), s.host, s.port, 2048)
         self.listeners.append(http)
         if s.operator_port:
             operator, self.operator_state = await start_operator(self)
@@ -134,6 +132,9 @@ class Server:
             from service.binary import start_binary
 
             self.listeners.append(await start_binary(self, s.host, s.binary_port))
+        for sock in self.inherited.values():  # a port we no longer serve on
+            sock.close()
+        self.inherited = {}
 
     async def start_control(self) -> None:
         from service.control import choose_control_path, start_control

@@ -111,13 +111,10 @@ async def start_operator(server: Server) -> tuple[asyncio.AbstractServer, HttpSe
     state = HttpServerState(s, router, server.count)
     state.access_log = server.http_state.access_log if server.http_state else None
     host = s.operator_host or s.host
-    listener = await asyncio.get_running_loop().create_server(
-        lambda: HttpProtocol(state),
-        host,
-        s.operator_port,
-        reuse_address=True,
-        reuse_port=s.reuse_port or None,
-        backlog=128,
+    from service.handover import listen
+
+    listener = await listen(
+        server, "operator", lambda: HttpProtocol(state), host, s.operator_port, 128
     )
     return listener, state
 

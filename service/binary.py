@@ -37,17 +37,11 @@ class BinaryServerState:
 
 
 async def start_binary(server: Server, host: str, port: int) -> asyncio.AbstractServer:
-    loop = asyncio.get_running_loop()
+    from service.handover import listen
+
     state = BinaryServerState(server)
     server.binary_state = state  # the drain closes these connections once answers are out
-    return await loop.create_server(
-        lambda: BinaryProtocol(state),
-        host,
-        port,
-        reuse_address=True,
-        reuse_port=server.settings.reuse_port or None,
-        backlog=2048,
-    )
+    return await listen(server, "binary", lambda: BinaryProtocol(state), host, port, 2048)
 
 
 class BinaryProtocol(asyncio.Protocol):

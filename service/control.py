@@ -9,6 +9,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from service.auth import DENIED, control_ok
+from service.handover import listening_fds, send_listeners
 
 if TYPE_CHECKING:
     from service.app import Server
@@ -39,8 +40,14 @@ class ControlProtocol(asyncio.Protocol):
             self.transport.close()
 
     def answer(self, reply: dict[str, Any]) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(json.dumps(reply).encode() + b"\n")
+        if self.transport is None or self.transport.is_closing():
+            return
+        fds = reply.pop(FDS, None)
+        line = json.dumps(reply).encode() + b"\n"
+        if fds:
+            send_listeners(self.transport, line, fds)
+        else:
+            self.transport.write(line)
             self.server.count("control", answer_code(reply))
 
     def handle(self, line: bytes) -> dict[str, Any]:
@@ -119,13 +126,23 @@ def cmd_reload(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "generation": server.supervisor.generation}
 
 
+def cmd_listeners(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+    """Hand the listening sockets to a server upgrading beside this one (service.handover)."""
+    if server.draining:
+        return {"ok": False, "error": "server is draining: its listeners are closed"}
+    names, fds = listening_fds(server)
+    return {"ok": True, "listeners": names, FDS: fds}
+
+
 COMMANDS = {
     "status": cmd_status,
     "restart": cmd_restart,
     "scale": cmd_scale,
     "drain": cmd_drain,
     "reload": cmd_reload,
+    "listeners": cmd_listeners,
 }
+FDS = "_fds"  # a reply's descriptors, sent beside its line (never part of the JSON)
 
 
 def socket_is_live(path: str) -> bool:

@@ -69,13 +69,20 @@ def test_reuse_port_upgrade_refuses_nothing(start_server, sst2_texts) -> None:  
     args = ["--reuse-port", "--workers", "1", "--spares", "0", "--drain-timeout-s", "10"]
     old = start_server(*args, workers=1)
     with (
-        Load(old.port, sst2_texts, clients=3) as load,
+        Load(old.port, sst2_texts, clients=2) as load,
         FreshConnections(old.port, sst2_texts) as fresh,
+        FreshConnections(old.port, sst2_texts) as fresh2,
     ):
         load.wait_ok(20)
         new = start_server(*args, beside=old, wait=False)
         wait_for(lambda: listening(new), 120, "the new server listening")
         assert new.ready_workers() == 1
+        handed = [
+            json.loads(line)["name"]
+            for line in new.logs().splitlines()
+            if '"listener_handed_over"' in line
+        ]
+        assert sorted(handed) == ["binary", "http"], handed  # the old server's own sockets
         before = sum(fresh.outcomes.values())
         old.proc.send_signal(signal.SIGTERM)
         assert old.proc.wait(60) == 0
@@ -83,10 +90,11 @@ def test_reuse_port_upgrade_refuses_nothing(start_server, sst2_texts) -> None:  
         wait_for(lambda: sum(fresh.outcomes.values()) > before + 10, 60, "fresh connections")
     print(
         f"upgrade: keep-alive clients {dict(load.outcomes)}; "
-        f"new-connection client {dict(fresh.outcomes)}"
+        f"new-connection clients {dict(fresh.outcomes)} {dict(fresh2.outcomes)}"
     )
     assert load.failed() == 0, (load.outcomes, load.errors[:5])
     assert set(fresh.outcomes) == {"200"}, fresh.outcomes
+    assert set(fresh2.outcomes) == {"200"}, fresh2.outcomes
     assert old.stop() == 0
     assert new.stop() == 0
 
