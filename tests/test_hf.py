@@ -408,3 +408,35 @@ def test_failed_export_keeps_the_old_artifact(
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert leftovers(tmp_path) == []
     assert "T5ForConditionalGeneration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_torchscript_and_cuda_runners_match(served: dict[str, Served], name: str) -> None:
+    """The artifact's TorchScript model through the CPU runner and the CUDA runner's static-shape
+    path (on the test-only fake GPU: there is no GPU here), singles and pairs in one batch."""
+    from workers.artifact import load_model, load_tokenizer
+    from workers.batcher import Item
+    from workers.cuda import CudaRunner
+    from workers.runtime import ACTIVATIONS, CpuRunner
+    from workers.spec import FAKE_GPU
+
+    s = served[name]
+    manifest = load_manifest(s.artifact)
+    items: list[Any] = [*TEXTS[:5], *PAIRS[:5]]
+    encodings = load_tokenizer(s.artifact, MAX_LENGTH).encode_batch(items)
+    batch = []
+    for i, (item, enc) in enumerate(zip(items, encodings, strict=True)):
+        types = enc.type_ids if manifest.token_types and isinstance(item, tuple) else None
+        batch.append(Item(i, 0, 0, enc.ids, types=types))
+    model = load_model(s.artifact)
+    activation = ACTIVATIONS[manifest.activation]
+    want = np.concatenate([s.want("texts", TEXTS)[:5], s.want("pairs", PAIRS)[:5]])
+    cpu = CpuRunner(model, MAX_LENGTH, 16, activation)
+    cpu.warm()  # as a worker does before it says ready
+    longest = max(len(it.ids) for it in batch)
+    cpu.fill(longest, batch)
+    np.testing.assert_allclose(cpu.forward(longest, len(batch)), want, atol=TOL, rtol=0)
+    gpu = CudaRunner(model, (16, MAX_LENGTH), 16, FAKE_GPU, activation=activation)
+    gpu.warm()
+    gpu.fill(MAX_LENGTH, batch)
+    np.testing.assert_allclose(gpu.forward(MAX_LENGTH, len(batch)), want, atol=TOL, rtol=0)
