@@ -287,7 +287,7 @@ class Server:
             now, now_ns = time.monotonic(), time.monotonic_ns()
             for state in self.http_states():
                 for conn in list(state.connections):
-                    conn.sweep(now, now_ns)
+                    conn.sweep(now_ns)
             if self.binary_state is not None:
                 for bconn in list(self.binary_state.connections):
                     bconn.sweep(now)

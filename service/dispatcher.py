@@ -31,12 +31,14 @@ class Result:
 class Group:
     __slots__ = ("admitted_ns", "callback", "protocol", "remaining", "results")
 
-    def __init__(self, n: int, callback: Callable[[list[Result]], None], protocol: str) -> None:
+    def __init__(
+        self, n: int, callback: Callable[[list[Result]], None], protocol: str, admitted_ns: int
+    ) -> None:
         self.results: list[Result | None] = [None] * n
         self.remaining = n
         self.callback = callback
         self.protocol = protocol
-        self.admitted_ns = time.monotonic_ns()
+        self.admitted_ns = admitted_ns
 
 
 class Request:
@@ -52,8 +54,9 @@ class Request:
 
 
 class Dispatcher:
-    def __init__(self, max_queue: int) -> None:
+    def __init__(self, max_queue: int, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.max_queue = max_queue
+        self.clock = clock  # monotonic ns; tests drive a fake one (deadlines are on it too)
         self.inflight: dict[int, Request] = {}  # admitted, not yet answered
         self.waiting: deque[Request] = deque()  # admitted, not in any ring yet
         self.serving: list[WorkerHandle] = []  # set by the supervisor
@@ -76,7 +79,7 @@ class Dispatcher:
         if not self.accepting or len(self.inflight) + n > self.max_queue:
             self.rejected += n
             return False
-        group = Group(n, callback, protocol)
+        group = Group(n, callback, protocol, self.clock())
         rid = self.next_id
         self.next_id += n
         reqs = [Request(rid + i, t, deadline_ns, group, i) for i, t in enumerate(texts)]
@@ -151,7 +154,7 @@ class Dispatcher:
         group.results[req.index] = result
         group.remaining -= 1
         if self.on_result is not None:
-            self.on_result(group, result, time.monotonic_ns() - group.admitted_ns)
+            self.on_result(group, result, self.clock() - group.admitted_ns)
         if group.remaining == 0:
             group.callback(group.results)  # type: ignore[arg-type]
 

@@ -81,9 +81,11 @@ class HttpServerState:
         settings: Any,
         router: Callable[[HttpProtocol, Exchange], None],
         count: Callable[[str, int], None],
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.settings = settings
         self.router = router
+        self.clock = clock  # every timeout reads this one clock (tests drive a fake one)
         self.count = count  # every answer written, by protocol and status (requests_total)
         self.connections: set[HttpProtocol] = set()
         self.counter = 0
@@ -147,12 +149,13 @@ class HttpProtocol(asyncio.Protocol):
         self.body_bytes = 0
         self.in_head = False
         self.started_ns = 0  # when the request being read began (0 = between requests)
-        self.last_active = time.monotonic()
+        self.clock = state.clock
+        self.last_active_ns = self.clock()
         self.closing = False  # transport closed or closing: nothing more is written
         self.reading_done = False  # a request could not be framed: read nothing more
         self.paused_reading = False
         self.paused_writing = False
-        self.write_blocked_at = 0.0  # monotonic time the transport last asked us to pause
+        self.write_blocked_ns = 0  # when the transport last asked us to pause
 
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -184,7 +187,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused_writing = True
-        self.write_blocked_at = time.monotonic()
+        self.write_blocked_ns = self.clock()
         self._pause()
 
     def resume_writing(self) -> None:
@@ -207,15 +210,15 @@ class HttpProtocol(asyncio.Protocol):
         ):
             self.paused_reading = False
             if self.started_ns:  # the wait was ours, not the client's: restart its read clock
-                self.started_ns = time.monotonic_ns()
+                self.started_ns = self.clock()
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.closing or self.reading_done:
             return
-        self.last_active = time.monotonic()
+        self.last_active_ns = now = self.clock()
         if not self.started_ns:
-            self.started_ns = time.monotonic_ns()
+            self.started_ns = now
         if not self.current or self.in_head:
             self.raw_head_bytes += len(data)
         try:
@@ -249,7 +252,7 @@ class HttpProtocol(asyncio.Protocol):
         self.head_bytes = 0
         self.body_bytes = 0
         if not self.started_ns:
-            self.started_ns = time.monotonic_ns()
+            self.started_ns = self.clock()
 
     def on_url(self, url: bytes) -> None:
         assert self.current is not None
@@ -297,7 +300,7 @@ class HttpProtocol(asyncio.Protocol):
         assert ex is not None
         self.current = None
         self.started_ns = 0
-        ex.done_ns = time.monotonic_ns()
+        ex.done_ns = self.clock()
         if self.state.closing:  # draining: serve this one, then close; read nothing more
             ex.keep_alive = False
             self.reading_done = True
@@ -386,13 +389,13 @@ class HttpProtocol(asyncio.Protocol):
         self.queue.append(ex)
         self.flush()  # goes out after the answers still owed, then the connection closes
 
-    def sweep(self, now: float, now_ns: int) -> None:
+    def sweep(self, now_ns: int) -> None:
         """Close the connection on a read timeout (slow head or body), a long idle, or a peer
         that leaves its answers unread past the write timeout."""
         if self.transport is None:
             return
         s = self.settings
-        if self.paused_writing and now - self.write_blocked_at > s.write_timeout_s:
+        if self.paused_writing and (now_ns - self.write_blocked_ns) / 1e9 > s.write_timeout_s:
             self.closing = True
             self.transport.abort()  # close() would wait for the peer to read, maybe forever
             return
@@ -407,7 +410,7 @@ class HttpProtocol(asyncio.Protocol):
         elif (
             not self.queue
             and not self.started_ns
-            and now - self.last_active > s.keepalive_timeout_s
+            and (now_ns - self.last_active_ns) / 1e9 > s.keepalive_timeout_s
         ):
             self.closing = True
             self.transport.close()

@@ -1,0 +1,280 @@
+"""In-process tests on a fake clock: the HTTP timeouts and the dispatcher, in milliseconds.
+
+No server, no sockets: each object is given a clock the test moves by hand (STYLE.md lesson 19),
+so the branches that need a long wait on the wall clock (a read timeout, an idle keep-alive, a
+client that never reads) run at once. The transport and the worker are stand-ins that record
+what they are asked to do; everything under test is the production code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.dispatcher import Dispatcher, Result
+from service.http import MAX_PIPELINE, Exchange, HttpProtocol, HttpServerState
+from service.settings import Config
+from shm import layout as L
+
+S = 1_000_000_000  # ns in a second
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10 * S  # any start will do; not 0, which the protocol reads as "unset"
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Transport:
+    """Records what the protocol writes and whether it closed, aborted or paused reading."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+        self.aborted = False
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "write after close"
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = self.closed = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+# -- HTTP timeouts --------------------------------------------------------------------------------
+SETTINGS = Config(read_timeout_s=10.0, keepalive_timeout_s=100.0, write_timeout_s=30.0)
+
+
+def answer_at_once(conn: HttpProtocol, ex: Exchange) -> None:
+    conn.respond(ex, 200, b"{}")
+
+
+def connection(router=answer_at_once) -> tuple[HttpProtocol, Transport, Clock, list[int]]:  # type: ignore[no-untyped-def]
+    clock, counted = Clock(), []
+    state = HttpServerState(SETTINGS, router, lambda _p, code: counted.append(code), clock)
+    conn, transport = HttpProtocol(state), Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport, clock, counted
+
+
+def test_partial_head_past_the_read_timeout_is_answered_408() -> None:
+    conn, transport, clock, counted = connection()
+    conn.data_received(b"GET /v1/model HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+    clock.now += int(9.9 * S)
+    conn.sweep(clock.now)
+    assert not transport.closed and transport.written == b""
+    clock.now += int(0.2 * S)
+    conn.sweep(clock.now)
+    assert transport.written.startswith(b"HTTP/1.1 408 ") and transport.closed
+    assert counted == [408]
+
+
+def test_read_timeout_counts_from_the_first_byte_of_a_request() -> None:
+    conn, transport, clock, _ = connection()
+    clock.now += 50 * S  # idle time before the request is not the request's
+    conn.data_received(b"POST /v1/classify HTTP/1.1\r\nContent-Length: 10\r\n\r\n{")
+    clock.now += 9 * S
+    conn.data_received(b'"te')  # trickling does not restart the clock
+    clock.now += int(1.5 * S)
+    conn.sweep(clock.now)
+    assert transport.written.startswith(b"HTTP/1.1 408 ")
+
+
+def test_no_read_timeout_while_we_owe_answers_and_stopped_reading() -> None:
+    owed: list[Exchange] = []
+    conn, transport, clock, _ = connection(lambda c, ex: owed.append(ex))  # answers held back
+    conn.data_received(b"GET /a HTTP/1.1\r\n\r\n" * MAX_PIPELINE)  # as many as may be owed
+    assert not transport.reading
+    conn.data_received(b"GET /b HTTP/1.1\r\n")  # a partial head, buffered while paused
+    clock.now += 100 * S  # the wait is ours, not the client's
+    conn.sweep(clock.now)
+    for ex in owed:
+        conn.respond(ex, 200, b"{}")
+    assert transport.written.count(b"HTTP/1.1 200 ") == MAX_PIPELINE
+    assert b" 408 " not in transport.written and not transport.closed
+
+
+def test_idle_keep_alive_closes_after_its_timeout_without_an_answer() -> None:
+    conn, transport, clock, counted = connection()
+    conn.data_received(b"GET /v1/model HTTP/1.1\r\n\r\n")
+    assert transport.written.startswith(b"HTTP/1.1 200 ") and counted == [200]
+    answered = len(transport.written)
+    clock.now += 99 * S
+    conn.sweep(clock.now)
+    assert not transport.closed
+    clock.now += 2 * S
+    conn.sweep(clock.now)
+    assert transport.closed and not transport.aborted
+    assert len(transport.written) == answered  # nothing more written: no answer is owed
+
+
+def test_client_that_never_reads_is_aborted_after_the_write_timeout() -> None:
+    conn, transport, clock, _ = connection()
+    conn.data_received(b"GET /v1/model HTTP/1.1\r\n\r\n")
+    conn.pause_writing()  # the transport's buffer is full: the client does not read
+    clock.now += 29 * S
+    conn.sweep(clock.now)
+    assert not transport.closed
+    conn.resume_writing()  # it read some: the clock starts again at the next pause
+    clock.now += 5 * S
+    conn.pause_writing()
+    clock.now += 29 * S
+    conn.sweep(clock.now)
+    assert not transport.closed
+    clock.now += 2 * S
+    conn.sweep(clock.now)
+    assert transport.aborted  # close() would wait for a peer that never reads
+
+
+# -- the dispatcher -------------------------------------------------------------------------------
+class Worker:
+    """Stands in for a WorkerHandle: a request ring of `room` slots and its answers."""
+
+    def __init__(self, room: int = 1000) -> None:
+        self.room = room
+        self.assigned: dict[int, object] = {}
+        self.ring: list[tuple[int, bytes, int]] = []
+        self.answers: list[tuple[int, int, bytes]] = []
+        self.eventfd = self
+        self.responses = self
+
+    def submit(self, messages: list[tuple[int, bytes, int]]) -> int:
+        n = min(len(messages), self.room - len(self.ring))
+        self.ring += messages[:n]
+        return n
+
+    def answer(self, label: int = 1) -> None:
+        """Answer everything in the ring (as the worker process would, through its ring)."""
+        for msg_id, _text, _deadline in self.ring:
+            scores = np.array([0.25, 0.75], dtype="<f4").tobytes()
+            head = L.RESPONSE.pack(L.STATUS_OK, 0, label, 2, 0, 5, 7)
+            self.answers.append((msg_id, 0, head + scores))
+        self.ring.clear()
+
+    def drain(self) -> None:  # the eventfd
+        pass
+
+    def read(self) -> list[tuple[int, int, bytes]]:  # the response ring
+        out, self.answers = self.answers, []
+        return out
+
+
+def dispatcher(*workers: Worker, max_queue: int = 8) -> tuple[Dispatcher, Clock]:
+    clock = Clock()
+    d = Dispatcher(max_queue, clock)
+    d.serving = list(workers)  # type: ignore[arg-type]
+    return d, clock
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.results: list[list[Result]] = []
+
+    def __call__(self, results: list[Result]) -> None:
+        self.results.append(results)
+
+
+def test_admission_refuses_a_group_past_the_queue_bound_whole() -> None:
+    d, clock = dispatcher(Worker(), max_queue=4)
+    done = Calls()
+    assert d.submit([b"a", b"b", b"c"], clock.now + S, done)
+    assert not d.submit([b"d", b"e"], clock.now + S, done)  # 3 + 2 > 4: all or nothing
+    assert d.submit([b"d"], clock.now + S, done)
+    assert d.depth == 4 and d.rejected == 2
+    d.accepting = False  # draining
+    assert not d.submit([b"e"], clock.now + S, done)
+    assert d.rejected == 3 and done.results == []
+
+
+def test_least_loaded_placement_and_waiting_when_rings_are_full() -> None:
+    a, b = Worker(room=2), Worker(room=1)
+    d, clock = dispatcher(a, b)
+    assert d.submit([b"1", b"2", b"3", b"4", b"5"], clock.now + S, Calls())
+    assert [m[1] for m in a.ring] == [b"1", b"3"] and [m[1] for m in b.ring] == [b"2"]
+    assert [r.payload for r in d.waiting] == [b"4", b"5"]
+    a.answer()
+    d.on_answers(a)  # answers read: the waiting ones take the room they leave
+    assert [m[1] for m in a.ring] == [b"4", b"5"] and not d.waiting
+
+
+def test_a_new_request_never_overtakes_a_waiting_one() -> None:
+    w = Worker(room=2)
+    d, clock = dispatcher(w)
+    d.submit([b"1", b"2", b"3"], clock.now + S, Calls())
+    assert [r.payload for r in d.waiting] == [b"3"]
+    w.answer()  # room in the ring before the loop has read the answers
+    d.submit([b"4"], clock.now + S, Calls())
+    assert [m[1] for m in w.ring] == [b"3", b"4"]
+
+
+def test_answers_complete_a_group_once_with_its_latency_on_the_clock() -> None:
+    w = Worker()
+    d, clock = dispatcher(w)
+    seen: list[int] = []
+    d.on_result = lambda group, result, latency_ns: seen.append(latency_ns)
+    done = Calls()
+    d.submit([b"x", b"y"], clock.now + S, done)
+    clock.now += 3_000_000
+    w.answer(label=1)
+    d.on_answers(w)
+    (results,) = done.results
+    assert [r.label_id for r in results] == [1, 1] and results[0].scores is not None
+    assert seen == [3_000_000, 3_000_000] and d.depth == 0
+
+
+def test_reroute_puts_a_dead_workers_requests_first_in_their_order() -> None:
+    dead, alive = Worker(), Worker(room=0)
+    d, clock = dispatcher(dead)
+    done = Calls()
+    d.submit([b"1", b"2", b"3", b"4"], clock.now + S, done)
+    d.serving = [alive]  # type: ignore[list-item]  # the supervisor swapped the dead one out
+    d.submit([b"5"], clock.now + S, done)  # waits: the new worker's ring is full for now
+    assert d.reroute(dead) == 4
+    alive.room = 100
+    d.flush_waiting()
+    assert [m[1] for m in alive.ring] == [b"1", b"2", b"3", b"4", b"5"]
+    dead.answer()  # a late answer from the dead worker's ring is dropped
+    d.on_answers(dead)
+    assert done.results == []
+    alive.answer()
+    d.on_answers(alive)
+    assert len(done.results) == 2 and d.depth == 0  # each group answered once
+
+
+def test_expiry_answers_504_only_past_the_deadline_and_drops_the_late_answer() -> None:
+    w = Worker(room=1)
+    d, clock = dispatcher(w)
+    early, late = Calls(), Calls()
+    d.submit([b"in the ring"], clock.now + 2 * S, early)
+    d.submit([b"waiting"], clock.now + 5 * S, late)
+    assert len(d.waiting) == 1
+    clock.now += 2 * S - 1
+    assert d.expire(clock.now) == 0
+    clock.now += 1
+    assert d.expire(clock.now) == 1  # the deadline itself is past it
+    assert [r.status for r in early.results[0]] == [L.STATUS_DEADLINE]
+    w.answer()  # its late answer finds nothing to complete
+    d.on_answers(w)
+    assert len(early.results) == 1
+    clock.now += 3 * S
+    assert d.expire(clock.now) == 1 and not d.waiting  # a waiting one expires too
+    assert [r.status for r in late.results[0]] == [L.STATUS_DEADLINE]
+    assert d.expired == 2 and d.depth == 0
+
+
+def test_no_deadline_never_expires() -> None:
+    d, clock = dispatcher(Worker())
+    d.submit([b"x"], 0, Calls())  # 0: no deadline
+    clock.now += 10**6 * S
+    assert d.expire(clock.now) == 0 and d.depth == 1
