@@ -36,13 +36,11 @@ from shm import segment
 PENDING = 0
 DONE_OK = 1
 TOO_LONG = 9
-NO_PAIRS = 8  # until the worker payload carries a second text
 # Status byte of a finished line that is an error: 10 + a corpus code, or 20 + a worker status.
 MESSAGES = {10 + code: msg for code, msg in C.ERRORS.items()}
 MESSAGES.update(
     {
         10 + TOO_LONG: "text is longer than the largest request",
-        10 + NO_PAIRS: "text_pair is not supported by this version of ringserve batch",
         20 + L.STATUS_BAD_REQUEST: "text is empty or not valid UTF-8",
         20 + L.STATUS_OVERLOADED: "overloaded",
         20 + L.STATUS_DEADLINE: "request deadline passed",
@@ -241,10 +239,10 @@ class BatchJob:
         status = self.results.status
         for i in rows.tolist():
             code, text, pair = self.source.record(i)
+            if code == C.OK and pair is not None:
+                text = text + L.PAIR_SEPARATOR + pair  # as /v1 sends a pair (shm/layout.py)
             if code == C.OK and len(text) > self.max_text:
                 code = TOO_LONG
-            if code == C.OK and pair is not None:
-                code = NO_PAIRS  # never score the first text alone as if it were the input
             if code != C.OK:
                 status[i] = 10 + code
                 self.done += 1

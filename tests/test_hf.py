@@ -440,3 +440,23 @@ def test_torchscript_and_cuda_runners_match(served: dict[str, Served], name: str
     gpu.warm()
     gpu.fill(MAX_LENGTH, batch)
     np.testing.assert_allclose(gpu.forward(MAX_LENGTH, len(batch)), want, atol=TOL, rtol=0)
+
+
+def test_ringserve_batch_scores_pairs(served: dict[str, Served], tmp_path: Path) -> None:
+    """`ringserve batch` sends a JSON line's text_pair with its text, as /v1/classify does."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    s = served["bert"]
+    lines = [{"text": a, "text_pair": b} for a, b in PAIRS[:4]] + [{"text": t} for t in TEXTS[:3]]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    cmd = [sys.executable, "-m", "service.cli", "batch", "--input", str(src), "--output"]
+    cmd += [str(out), "--model", str(s.artifact), "--workers", "1"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    got = np.array([json.loads(line)["scores"] for line in out.read_text().splitlines()])
+    want = np.concatenate([s.want("pairs", PAIRS)[:4], s.want("texts", TEXTS)[:3]])
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
