@@ -349,13 +349,15 @@ class Metrics:
             ("ringserve_worker_inflight", "Texts the worker holds.", "inflight", 1),
             (
                 "ringserve_worker_heartbeat_age_seconds",
-                "Age of the worker's last heartbeat (-0.001 before its first).",
+                "Age of the worker's last heartbeat (absent before its first).",
                 "heartbeat_age_ms",
                 1e-3,
             ),
         )
         for name, help_text, key, scale in per_row:
-            samples = (({"worker": str(r["id"])}, r[key] * scale) for r in rows)
+            samples = (
+                ({"worker": str(r["id"])}, r[key] * scale) for r in rows if r[key] is not None
+            )
             out.labelled(name, "gauge", help_text + " Spares have negative ids.", samples)
         out.labelled(
             "ringserve_worker_state",

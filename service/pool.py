@@ -5,16 +5,15 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import select
 import signal
 import time
 from typing import Any
 
 from shm import layout as L
-from shm.control import ControlBlock
-from shm.doorbell import EventFd, request_doorbell
-from shm.ring import Ring
-from shm.segment import Segment, segment_name
+from shm.channel import Channel, Doorbells, request_ring_slots, response_ring_slots
 from workers.spec import WorkerSpec
+from workers.zygote import Zygote
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -27,18 +26,41 @@ SPARE = "spare"
 DEAD = "dead"
 
 
-def request_ring_slots(settings: Any) -> int:
-    """--ring-slots, raised to a power of two that holds the largest text a client may send
-    twice over (a message that wraps needs its pad's room too), so every admitted text fits."""
-    largest = max(settings.max_body, settings.max_frame) + L.RECORD_SIZE
-    slots = max(1, settings.ring_slots)
-    while slots * L.REQUEST_SLOT_SIZE < 2 * largest:
-        slots *= 2
-    return 1 << (slots - 1).bit_length()
+class ForkedProcess:
+    """A worker forked by the zygote and re-parented to this process: the same calls as a
+    multiprocessing Process (pid, sentinel, exitcode, join, close), on a pidfd and waitpid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.sentinel = os.pidfd_open(pid)  # readable once the process has exited
+        self._exitcode: int | None = None
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._exitcode is None:
+            self.join(0)
+        return self._exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._exitcode is not None:
+            return
+        if timeout and not select.select([self.sentinel], [], [], timeout)[0]:
+            return
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # not re-parented to us yet (its middle process is exiting)
+            return
+        if pid:
+            self._exitcode = os.waitstatus_to_exitcode(status)
+
+    def close(self) -> None:
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1
 
 
 class WorkerHandle:
-    """Owns one worker process and the three segments it attaches to."""
+    """Owns one worker process and the channel it attaches to."""
 
     def __init__(
         self,
@@ -62,20 +84,19 @@ class WorkerHandle:
         self.started_at = time.monotonic()
         self.ready_at: float | None = None
         self.kill_sent_at: float | None = None
-        slots = request_ring_slots(settings)
-        answers = 1 << (2 * max(settings.ring_slots, settings.max_queue) - 1).bit_length()
-        self.req_seg = Segment.create(
-            segment_name(pid, serial, "req"), L.ring_bytes(L.REQUEST_SLOT_SIZE, slots)
+        self.forked = False
+        self.channel = Channel.create(
+            pid,
+            serial,
+            request_ring_slots(settings.max_body, settings.max_frame, settings.ring_slots),
+            response_ring_slots(settings.ring_slots, settings.max_queue),
         )
-        self.rsp_seg = Segment.create(
-            segment_name(pid, serial, "rsp"), L.ring_bytes(L.RESPONSE_SLOT_SIZE, answers)
-        )
-        self.ctl_seg = Segment.create(segment_name(pid, serial, "ctl"), L.CONTROL_BYTES)
-        self.requests = Ring(self.req_seg, L.REQUEST_SLOT_SIZE, slots)
-        self.responses = Ring(self.rsp_seg, L.RESPONSE_SLOT_SIZE, answers)
-        self.ctl = ControlBlock(self.ctl_seg, create=True)
-        self.doorbell = request_doorbell()
-        self.eventfd = EventFd()
+        self.requests = self.channel.requests
+        self.responses = self.channel.responses
+        self.ctl = self.channel.ctl
+        self.bells = Doorbells()
+        self.doorbell = self.bells.request
+        self.eventfd = self.bells.answer
         self.spec = WorkerSpec(
             serial=serial,
             parent_pid=pid,
@@ -83,9 +104,7 @@ class WorkerHandle:
             threads=settings.threads,
             device=device,
             model_dir=model_dir,
-            request_ring=self.req_seg.name,
-            response_ring=self.rsp_seg.name,
-            control=self.ctl_seg.name,
+            channel=self.channel.names,
             buckets=tuple(settings.buckets),
             max_batch=settings.max_batch,
             max_delay_ms=settings.max_delay_ms,
@@ -94,18 +113,28 @@ class WorkerHandle:
             precision=getattr(settings, "precision", "fp32"),
             max_batch_tokens=settings.max_batch_tokens,
         )
+        self.process: Any = None
+
+    def start(self, zygote: Zygote | None = None) -> None:
+        """Fork from the zygote when one is given and answers, else spawn a fresh interpreter."""
+        pid = zygote.fork(self.spec) if zygote is not None else None
+        if pid is not None:
+            self.process = ForkedProcess(pid)
+            self.forked = True
+            return
         from workers.worker import main as worker_main
 
         self.process = SPAWN.Process(
-            target=worker_main, args=(self.spec,), name=f"ringserve-worker-{serial}", daemon=False
+            target=worker_main,
+            args=(self.spec,),
+            name=f"ringserve-worker-{self.serial}",
+            daemon=False,
         )
-
-    def start(self) -> None:
         self.process.start()
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid
+        return self.process.pid if self.process is not None else None
 
     @property
     def sentinel(self) -> int:
@@ -154,11 +183,11 @@ class WorkerHandle:
             return 0
 
     def submit(self, messages: list[tuple[int, bytes, int]]) -> int:
-        """Write requests into the ring and ring the doorbell once per request written."""
+        """Write requests into the ring and post the doorbell once per request written (one
+        write of n to the semaphore eventfd)."""
         n = self.requests.write_many(messages)
-        release = self.doorbell.release
-        for _ in range(n):
-            release()
+        if n:
+            self.doorbell.release(n)
         return n
 
     def signal(self, signum: int) -> None:
@@ -167,10 +196,10 @@ class WorkerHandle:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    def terminate(self) -> None:
+    def terminate(self, now: float) -> None:
         self.signal(signal.SIGTERM)
         if self.kill_sent_at is None:
-            self.kill_sent_at = time.monotonic()
+            self.kill_sent_at = now
 
     def reap(self) -> int | None:
         """Collect the exit status once the sentinel fired."""
@@ -180,12 +209,8 @@ class WorkerHandle:
 
     def release(self) -> None:
         """Close and unlink this worker's segments and doorbells (after it has exited)."""
-        for ring in (self.requests, self.responses):
-            ring.close()
-        self.ctl.close()
-        for seg in (self.req_seg, self.rsp_seg, self.ctl_seg):
-            seg.close()
-            seg.unlink()
-        self.eventfd.close()
+        self.channel.close()
+        self.channel.unlink()
+        self.bells.close()
         with contextlib.suppress(ValueError):
             self.process.close()

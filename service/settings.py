@@ -48,6 +48,13 @@ def parse_flag(text: str) -> bool:
     raise ValueError(f"expected 1 or 0, got {text!r}")
 
 
+def parse_start_method(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in ("zygote", "fork", "spawn"):
+        raise ValueError(f"start method must be zygote, fork or spawn, got {text!r}")
+    return "zygote" if value == "fork" else value
+
+
 def parse_precision(text: str) -> str:
     value = str(text).strip().lower()
     if value not in ("fp32", "fp16", "bf16"):
@@ -124,6 +131,12 @@ class Config:
         parse_precision,
     )
     spares: int = option(1, "warm spare workers beside the serving ones", int)
+    start_method: str = option(
+        "zygote",
+        "zygote (or fork): fork workers from a spawned process that holds torch and the CPU "
+        "weights (sub-second boots, shared weight pages); spawn: a fresh interpreter each",
+        parse_start_method,
+    )
     max_batch: int = option(32, "largest batch a worker runs at once (rows)", int)
     # Measured by benchmarks/serving.py (README): 2 x 1-thread workers, MiniLM, best budget
     # for both short and long texts; smaller budgets keep a batch's activations in cache.

@@ -20,7 +20,8 @@ from service.dispatcher import Dispatcher
 from service.pool import WorkerHandle
 from shm import layout as L
 from workers import nvml
-from workers.spec import EXIT_BOOT_ERROR, FAKE_GPU
+from workers.spec import EXIT_BOOT_ERROR, EXIT_DEVICE_ERROR, FAKE_GPU
+from workers.zygote import Zygote
 
 log = logging.getLogger("ringserve.supervisor")
 
@@ -30,6 +31,8 @@ KILL_AFTER_S = 3.0  # TERM, then KILL when a stopping worker has not left by the
 BOOT_TIMEOUT_S = 180.0  # a worker that has not loaded by then is killed and replaced
 CRASH_WINDOW_S = 30.0
 CRASH_LIMIT = 5  # crashes of one slot within the window before restarts back off
+ZYGOTE_RETRY_S = 5.0  # a dead zygote is replaced at most this often; workers spawn meanwhile
+ZYGOTE_WAIT_S = 120.0  # at start, workers wait this long for the zygote before spawning
 
 
 class BootFailure(Exception):
@@ -55,7 +58,11 @@ class Supervisor:
         model_dir: str,
         device: str,
         events: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        make_handle: Callable[..., Any] = WorkerHandle,
     ) -> None:
+        self.clock = clock  # time is a parameter (STYLE.md 19): tests drive it by hand
+        self.make_handle = make_handle
         self.settings = settings
         self.dispatcher = dispatcher
         self.model_dir = model_dir
@@ -78,8 +85,11 @@ class Supervisor:
         self.on_release: Callable[[WorkerHandle], None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.wake = asyncio.Event()
-        self.started = time.monotonic()
+        self.started = clock()
         self.restarts_total = 0
+        self.use_zygote = getattr(settings, "start_method", "spawn") == "zygote"
+        self.zygote: Zygote | None = None
+        self.zygote_retry_at = 0.0
         self.rss_checked_at = 0.0
         self.ncpu = sorted(os.sched_getaffinity(0))
         self.gpus = gpu_indices(device)  # CUDA devices the workers spread over; [] on the CPU
@@ -105,6 +115,8 @@ class Supervisor:
     def reload(self) -> None:
         """Bump the generation: reconcile then replaces every worker, one at a time."""
         self.generation += 1
+        if self.zygote is not None:  # a new zygote loads the new artifact
+            self._replace_zygote("reload")
         for h in list(self.spares):  # spares carry the old model: replace them at once
             self.spares.remove(h)
             self._retire(h)
@@ -136,9 +148,53 @@ class Supervisor:
         start = (slot * per) % len(self.ncpu)
         return [self.ncpu[(start + i) % len(self.ncpu)] for i in range(per)]
 
+    # -- the zygote -----------------------------------------------------------------------------
+    def _start_zygote(self) -> None:
+        self.zygote = Zygote(self.model_dir, self.generation)
+        self.zygote_retry_at = self.clock() + ZYGOTE_RETRY_S
+        self._event("zygote_started", pid=self.zygote.process.pid, generation=self.generation)
+
+    def _replace_zygote(self, reason: str) -> None:
+        old, self.zygote = self.zygote, None
+        if old is not None:
+            level = logging.INFO if reason == "reload" else logging.WARNING
+            self._event("zygote_replaced", level=level, pid=old.process.pid, reason=reason)
+            old.close()
+        if self.clock() >= self.zygote_retry_at or reason == "reload":
+            self._start_zygote()
+
+    def tend_zygote(self) -> None:
+        """Keep one live zygote for the current generation (when the start method wants one)."""
+        if not self.use_zygote or self.stopping:
+            return
+        z = self.zygote
+        if z is None:
+            if self.clock() >= self.zygote_retry_at:
+                self._start_zygote()
+        elif not z.alive():
+            self._replace_zygote("died")
+
+    def _forker(self) -> Zygote | None:
+        z = self.zygote
+        if z is not None and z.generation == self.generation and z.poll():
+            return z
+        return None
+
+    def zygote_booting(self) -> bool:
+        z = self.zygote
+        return z is not None and z.alive() and not z.poll()
+
+    async def wait_for_zygote(self) -> None:
+        """At start only: forking N workers from a ready zygote beats N cold spawns."""
+        deadline = self.clock() + ZYGOTE_WAIT_S
+        while self.zygote_booting() and self.clock() < deadline and not self.stopping:
+            await asyncio.sleep(0.02)
+        if self.zygote is not None and not self.zygote.poll():
+            self._event("zygote_unavailable", level=logging.WARNING, action="spawning workers")
+
     def spawn(self, slot: int | None) -> WorkerHandle:
         self.serial += 1
-        handle = WorkerHandle(
+        handle = self.make_handle(
             self.serial,
             self.cpus_for(slot),
             self.device_for(slot),
@@ -147,19 +203,21 @@ class Supervisor:
             self.settings,
         )
         handle.slot = slot
-        handle.start()
+        handle.start(self._forker())
+        handle.started_at = self.clock()
         self.all[handle.serial] = handle
         assert self.loop is not None
         self.loop.add_reader(handle.sentinel, self.on_exit, handle)
         self.loop.add_reader(handle.eventfd.fd, self.on_doorbell, handle)
-        self._event("worker_started", worker=slot, serial=handle.serial, pid=handle.pid)
+        how = "fork" if handle.forked else "spawn"
+        self._event("worker_started", worker=slot, serial=handle.serial, pid=handle.pid, how=how)
         return handle
 
     def on_doorbell(self, handle: WorkerHandle) -> None:
         if handle.dead:
             return
         if handle.ready_at is None and handle.loaded():  # first ring after boot: it is ready
-            handle.ready_at = time.monotonic()
+            handle.ready_at = self.clock()
             self._event(
                 "worker_ready",
                 worker=handle.slot,
@@ -169,7 +227,7 @@ class Supervisor:
             self.wake.set()
         self.dispatcher.on_answers(handle)
         if handle.draining and not handle.assigned:
-            handle.terminate()
+            handle.terminate(self.clock())
 
     def on_exit(self, handle: WorkerHandle) -> None:
         """The process sentinel fired: the worker is gone (any signal, any exit)."""
@@ -198,6 +256,8 @@ class Supervisor:
             self.restarts[slot] = self.restarts.get(slot, 0) + 1
             self.restarts_total += 1
             self._note_crash(slot)
+        if code == EXIT_DEVICE_ERROR and slot is not None:  # retried with the crash backoff
+            self._event("worker_device_error", level=logging.WARNING, worker=slot)
         if code == EXIT_BOOT_ERROR and not was_loaded and not self.stopping:
             self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
         self._update_serving()  # before rerouting, so nothing goes back to the dead worker
@@ -230,7 +290,7 @@ class Supervisor:
         handle.release()
 
     def _note_crash(self, slot: int) -> None:
-        now = time.monotonic()
+        now = self.clock()
         recent = [t for t in self.crashes.get(slot, []) if now - t < CRASH_WINDOW_S] + [now]
         self.crashes[slot] = recent
         if len(recent) >= CRASH_LIMIT:
@@ -252,7 +312,7 @@ class Supervisor:
         if handle not in self.retiring:
             self.retiring.append(handle)
         if not handle.assigned:
-            handle.terminate()
+            handle.terminate(self.clock())
 
     def _update_serving(self) -> None:
         self.dispatcher.serving = [h for h in self.slots.values() if h is not None and h.serving()]
@@ -263,7 +323,7 @@ class Supervisor:
     def reconcile(self) -> None:
         if self.stopping:
             return
-        now = time.monotonic()
+        now = self.clock()
         for slot in [s for s in self.slots if s >= self.target]:  # scale down
             self._vacate(slot, "scale")
             del self.slots[slot]
@@ -286,8 +346,8 @@ class Supervisor:
         if any(h is not None and h.generation != self.generation for h in self.slots.values()):
             want_spares = max(1, want_spares)  # a reload needs somewhere to roll to
         booting = any(h is not None and not h.loaded() for h in self.slots.values())
-        if booting:
-            want_spares = min(want_spares, len(self.spares))  # serving workers boot first
+        if booting or self.zygote_booting():  # serving workers boot first; spares wait for
+            want_spares = min(want_spares, len(self.spares))  # a booting zygote (fast forks)
         while len(self.spares) < want_spares:
             self.spares.append(self.spawn(None))
         self._update_serving()
@@ -307,7 +367,8 @@ class Supervisor:
 
     # -- watching -------------------------------------------------------------------------------
     def check(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
+        self.tend_zygote()
         limit_ms = self.settings.heartbeat_timeout_s * 1000
         rss_due = now - self.rss_checked_at >= RSS_EVERY_S
         if rss_due:
@@ -321,7 +382,7 @@ class Supervisor:
                 if handle.ready_at is None:  # loaded but its first doorbell not seen yet
                     handle.ready_at = now
                 age = handle.ctl.heartbeat_age_ms()
-                if age > limit_ms:
+                if age is not None and age > limit_ms:
                     self._event(
                         "worker_hung",
                         level=logging.WARNING,
@@ -355,13 +416,15 @@ class Supervisor:
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.tend_zygote()
+        await self.wait_for_zygote()
         self.reconcile()
         while not self.stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), TICK_S)
             self.wake.clear()
             self.check()
-            self.dispatcher.expire(time.monotonic_ns())
+            self.dispatcher.expire(int(self.clock() * 1e9))
             if self.fatal:
                 return
             self.reconcile()
@@ -370,13 +433,16 @@ class Supervisor:
     async def stop(self, timeout: float = 5.0) -> None:
         """TERM every worker, KILL what is left after KILL_AFTER_S, release every segment."""
         self.stopping = True
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
         handles = list(self.all.values())
         assert self.loop is not None
         for h in handles:  # from here on this method alone reaps and releases
             self.loop.remove_reader(h.eventfd.fd)
             self.loop.remove_reader(h.sentinel)
             h.draining = True
-            h.terminate()
+            h.terminate(self.clock())
         deadline = time.monotonic() + timeout
         while any(h.process.exitcode is None for h in handles if h.pid is not None):
             now = time.monotonic()
@@ -422,7 +488,7 @@ class Supervisor:
                     "rss_bytes": h.rss_bytes(),
                     "inflight": len(h.assigned),
                     "restarts": self.restarts.get(slot, 0) if slot is not None else 0,
-                    "heartbeat_age_ms": round(h.ctl.heartbeat_age_ms(), 1),
+                    "heartbeat_age_ms": _age(h.ctl.heartbeat_age_ms()),
                 }
             )
         return rows
@@ -432,3 +498,8 @@ class Supervisor:
             self.events.emit(event, level=level, **fields)
         else:
             log.log(level, "%s %s", event, fields)
+
+
+def _age(ms: float | None) -> float | None:
+    """A heartbeat age for status: None before the first beat."""
+    return None if ms is None else round(ms, 1)

@@ -31,9 +31,10 @@ class ControlBlock:
     def beat(self) -> None:
         self.words[L.CTL_HEARTBEAT] = time.monotonic_ns()
 
-    def heartbeat_age_ms(self) -> float:
+    def heartbeat_age_ms(self) -> float | None:
+        """Milliseconds since the last beat; None before the worker's first."""
         stamp = self.words[L.CTL_HEARTBEAT]
-        return (time.monotonic_ns() - stamp) / 1e6 if stamp else -1.0
+        return (time.monotonic_ns() - stamp) / 1e6 if stamp else None
 
     def count_batch(self, size: int) -> None:
         for i, bound in enumerate(L.BATCH_BOUNDS):

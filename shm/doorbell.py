@@ -1,34 +1,36 @@
-"""Doorbells: a counting semaphore wakes a worker, an eventfd wakes the front-end's loop.
+"""Doorbells: an eventfd in semaphore mode wakes a worker, a plain eventfd wakes the front-end.
 
 The request doorbell is posted once per published request. A worker that finds its ring empty
 waits on it; a post made after the worker's last look leaves the count above zero, so the wait
-returns at once and no wake-up is lost (no "asleep" flag, no fence needed).
+returns at once and no wake-up is lost (no "asleep" flag, no fence needed). It is an eventfd
+with EFD_SEMAPHORE (each read takes one from the count), not a POSIX named semaphore: a file
+descriptor has no name in /dev/shm, so a killed server cannot leave one behind.
 
 The response doorbell is an eventfd written once per batch of answers. The front-end watches it
 with loop.add_reader and reads it (which resets it to zero) before draining the ring; an answer
 published after that read writes the eventfd again, so none waits unseen.
+
+Both travel to a worker as file descriptors: through the spawn machinery (pass_fds) while a
+spawn-started worker is being started, or by SCM_RIGHTS to the zygote (workers/zygote.py).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+import select
 from multiprocessing import reduction
 from typing import Any
 
 _ONE = (1).to_bytes(8, "little")
 
 
-def request_doorbell() -> Any:
-    """A POSIX semaphore that travels to a spawn-started worker as a Process argument."""
-    return multiprocessing.get_context("spawn").Semaphore(0)
-
-
 class EventFd:
     """A non-blocking eventfd; picklable to a spawn-started child while it is being started."""
 
+    FLAGS = os.EFD_NONBLOCK | os.EFD_CLOEXEC
+
     def __init__(self, fd: int | None = None) -> None:
-        self.fd = fd if fd is not None else os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.fd = fd if fd is not None else os.eventfd(0, self.FLAGS)
 
     def ring(self) -> None:
         try:
@@ -47,10 +49,44 @@ class EventFd:
             os.close(self.fd)
             self.fd = -1
 
-    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Only valid while spawning: the fd is handed to the child through pass_fds.
-        return (_rebuild_eventfd, (reduction.DupFd(self.fd),))
+        return (_rebuild, (type(self), reduction.DupFd(self.fd)))
 
 
-def _rebuild_eventfd(dup: Any) -> EventFd:
-    return EventFd(dup.detach())
+class Semaphore(EventFd):
+    """A counting semaphore on an eventfd (EFD_SEMAPHORE): release adds n, acquire takes one.
+
+    Same calls as multiprocessing's Semaphore, so the worker's loop reads the same."""
+
+    FLAGS = os.EFD_NONBLOCK | os.EFD_CLOEXEC | os.EFD_SEMAPHORE
+
+    def release(self, n: int = 1) -> None:
+        try:
+            os.write(self.fd, n.to_bytes(8, "little"))
+        except BlockingIOError:  # 2**64-2 posts outstanding: cannot happen with bounded rings
+            pass
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        try:
+            os.read(self.fd, 8)
+            return True
+        except BlockingIOError:
+            if not block:
+                return False
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            os.read(self.fd, 8)
+            return True
+        except BlockingIOError:  # another reader took it (never in ringserve: one consumer)
+            return False
+
+
+def request_doorbell() -> Semaphore:
+    return Semaphore()
+
+
+def _rebuild(cls: type[EventFd], dup: Any) -> EventFd:
+    return cls(dup.detach())

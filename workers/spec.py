@@ -5,10 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shm.channel import ChannelNames
+
 # Exit codes with a meaning for the supervisor (STYLE.md lesson 3).
 EXIT_OK = 0
 EXIT_BOOT_ERROR = 3  # the model cannot be loaded: stop the server, do not crash-loop
 EXIT_PARENT_GONE = 4
+# The device failed while the worker booted (a CUDA init or GPU load error): retried with the
+# crash backoff, never a server stop, since the model itself loaded fine elsewhere.
+EXIT_DEVICE_ERROR = 5
 
 # Test-only device: the CUDA code path (static shapes, OOM fallback) run on the CPU, for machines
 # without a GPU; accepted only with RINGSERVE_TEST_FAKE_GPU=1 in the environment.
@@ -23,13 +28,11 @@ class WorkerSpec:
     threads: int
     device: str  # "cpu" or "cuda:K"
     model_dir: str
-    request_ring: str  # segment names
-    response_ring: str
-    control: str
+    channel: ChannelNames  # segment names
     buckets: tuple[int, ...]  # --buckets as given; empty = the device's default
     max_batch: int
     max_delay_ms: float
-    doorbell: Any  # multiprocessing Semaphore: posted once per request
-    eventfd: Any  # shm.doorbell.EventFd: written once per batch of answers
+    doorbell: Any  # shm.doorbell.Semaphore: posted once per request (None while in transit)
+    eventfd: Any  # shm.doorbell.EventFd: written once per batch of answers (as above)
     precision: str = "fp32"  # CUDA compute precision: fp32, fp16 or bf16 (autocast)
     max_batch_tokens: int = 512  # CPU batches: most padded tokens (rows x padded length)

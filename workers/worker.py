@@ -1,7 +1,9 @@
 """The worker process: attach rings, load the model, then tokenize, batch and answer.
 
-Started with the spawn method by the supervisor; everything heavy (torch, the model) is loaded
-here, in the child. The heartbeat is stamped by the serving loop itself, so a stuck batch shows.
+Started with spawn, or forked from the zygote (workers/zygote.py), which hands over torch
+already imported and the CPU weights already loaded. Everything that creates threads or device
+state (thread count, CUDA, the runtime's warm-up) happens here, in the child, either way. The
+heartbeat is stamped by the serving loop itself, so a stuck batch shows.
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ import traceback
 from typing import Any
 
 from shm import layout as L
-from shm.control import ControlBlock
-from shm.ring import Ring
-from shm.segment import Segment
+from shm.channel import Channel
 from workers.batcher import REPORT_GRID, Item, bucket_index, length_grid, pad_grid
 from workers.spec import EXIT_BOOT_ERROR, EXIT_OK, EXIT_PARENT_GONE, WorkerSpec
 from workers.testhooks import HOOKS
@@ -41,19 +41,18 @@ class Worker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.stop = False
-        self.req_seg = Segment.attach(spec.request_ring)
-        self.rsp_seg = Segment.attach(spec.response_ring)
-        self.ctl_seg = Segment.attach(spec.control)
-        self.requests = Ring(self.req_seg)
-        self.responses = Ring(self.rsp_seg)
-        self.ctl = ControlBlock(self.ctl_seg)
+        self.channel = Channel.attach(spec.channel)
+        self.requests = self.channel.requests
+        self.responses = self.channel.responses
+        self.ctl = self.channel.ctl
         self.ctl.set("pid", os.getpid())
         self.ctl.set("state", L.W_STARTING)
         self.ctl.beat()
         self.grow: list[bytes] = []  # test-only memory growth hook
         self.gpu: Any = None  # workers.nvml.GpuMonitor on CUDA: NVML sampled from the loop
 
-    def boot(self) -> None:
+    def boot(self, model: Any = None) -> None:
+        """Load (or take the zygote's already loaded CPU model), then warm this worker's shapes."""
         t0 = time.monotonic()
         import torch
 
@@ -64,14 +63,16 @@ class Worker:
 
         spec = self.spec
         torch.set_num_threads(spec.threads)
-        manifest = load_manifest(spec.model_dir)
+        # The zygote verified the fingerprint before it loaded the weights it hands over.
+        manifest = load_manifest(spec.model_dir, verify=model is None)
         max_len = manifest.max_length
         on_gpu = is_gpu_device(spec.device)
         grid = pad_grid(spec.buckets, on_gpu, max_len)
         self.report_grid = length_grid(grid or REPORT_GRID, max_len)
         self.tokenizer = load_tokenizer(spec.model_dir, max_len)
         self.ctl.beat()
-        model = load_model(spec.model_dir, "cpu")
+        if model is None:
+            model = load_model(spec.model_dir, "cpu")
         activation = ACTIVATIONS[manifest.activation]
         self.token_types = manifest.token_types
         self.runner, sink = make_runner(spec, grid or (max_len,), model, self.ctl, activation)
@@ -200,11 +201,7 @@ class Worker:
 
     def close(self) -> None:
         """Drop every view into the segments, then the mappings (the front-end unlinks)."""
-        self.requests.close()
-        self.responses.close()
-        self.ctl.close()
-        for seg in (self.req_seg, self.rsp_seg, self.ctl_seg):
-            seg.close()
+        self.channel.close()
 
     def maybe_grow(self) -> None:
         step = HOOKS.grow_bytes_per_batch
@@ -227,7 +224,8 @@ def decode_payload(payload: bytes) -> str | tuple[str, str] | None:
     return texts[0] if len(texts) == 1 else (texts[0], texts[1])
 
 
-def main(spec: WorkerSpec) -> None:
+def main(spec: WorkerSpec, model: Any = None) -> None:
+    """The worker's life; `model` is the zygote's preloaded CPU model when forked from it."""
     _die_with_parent()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA indices = NVML indices
@@ -241,7 +239,7 @@ def main(spec: WorkerSpec) -> None:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front-end decides; Ctrl-C hits the group
     try:
-        worker.boot()
+        worker.boot(model)
     except Exception as exc:  # noqa: BLE001 - any boot failure is reported the same way
         print(f"ringserve worker {spec.serial}: cannot load the model: {exc}", file=sys.stderr)
         traceback.print_exc()

@@ -1,0 +1,264 @@
+"""The zygote: a spawned process that holds torch and the model's CPU weights and forks workers.
+
+Why forking from it is as safe as spawn, for CUDA and for OpenMP:
+- The zygote is started with spawn (a fresh interpreter). It imports torch and loads the
+  TorchScript model onto the CPU and does nothing else: it never calls into torch.cuda (torch
+  initialises CUDA lazily, on first use, so no driver context, no CUDA thread and no device
+  memory exist in it), and it never runs a forward pass, so torch's OpenMP/intra-op thread pool
+  is never created. `check_forkable` verifies both before every fork: one thread, CUDA not
+  initialised. A fork therefore copies a single-threaded process with no CUDA state, which is
+  what spawn would build, only with the imports and weights already in memory.
+- The forked child pins itself, sets its thread count, opens its rings, initialises CUDA if its
+  device is a GPU, creates any ONNX Runtime session, and warms its own shapes: every thread pool
+  and every device context is born in the child.
+- The weights' pages are shared copy-on-write: no child writes them (inference only).
+
+Workers must outlive a dead zygote and die with the front-end, as spawned ones do. So the
+zygote forks twice: the middle process reports the worker's pid and exits, and the worker is
+re-parented to the front-end, which marks itself a child subreaper (PR_SET_CHILD_SUBREAPER).
+The worker is then the front-end's own child: it is reaped with waitpid, its exit code means
+what it means for a spawned worker, and its parent-death signal names the front-end.
+
+Requests travel on a SOCK_SEQPACKET socketpair: a pickled WorkerSpec with its two doorbell fds
+attached by SCM_RIGHTS; the answer is the worker's pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+from shm.doorbell import EventFd, Semaphore
+from workers.spec import EXIT_PARENT_GONE, WorkerSpec
+
+SPAWN = multiprocessing.get_context("spawn")
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PID = struct.Struct("<q")
+READY = b"ready"
+MAX_SPEC = 1 << 20
+FORK_TIMEOUT_S = 5.0  # a fork answers in milliseconds; longer means the zygote is stuck
+REPARENT_TIMEOUT_S = 5.0
+
+
+def _prctl(option: int, arg: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants (the zygote's grandchildren: the workers) are re-parented here."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def threads_of_self() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def check_forkable() -> str | None:
+    """Why forking now would not be as clean as spawn, or None."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "CUDA is initialised in the zygote"
+    n = threads_of_self()
+    if n != 1:
+        return f"the zygote runs {n} threads"
+    return None
+
+
+# -- the zygote process ---------------------------------------------------------------------------
+def zygote_main(sock: socket.socket, model_dir: str, parent_pid: int) -> None:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front-end decides; Ctrl-C hits the group
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    if os.getppid() != parent_pid:
+        os._exit(EXIT_PARENT_GONE)
+    model = preload(model_dir)
+    problem = check_forkable()
+    if problem:
+        print(f"ringserve zygote: will not fork: {problem}", file=sys.stderr)
+        os._exit(1)
+    sock.send(READY + _PID.pack(os.getpid()))
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_SPEC, 2)
+        except OSError:
+            os._exit(0)
+        if not data:  # the front-end closed its end: it is stopping or gone
+            os._exit(0)
+        fork_worker(sock, data, fds, model)
+
+
+def preload(model_dir: str) -> Any:
+    """Import everything a worker needs and load the CPU weights; run nothing."""
+    import torch  # noqa: F401 - the point is to have it imported before the fork
+
+    import workers.cuda
+    import workers.worker  # noqa: F401
+    from workers.artifact import load_manifest, load_model
+
+    load_manifest(model_dir)  # the fingerprint, checked once here rather than in every child
+    return load_model(model_dir, "cpu")
+
+
+def fork_worker(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> None:
+    middle = os.fork()
+    if middle == 0:
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _run_child(sock, data, fds, model)  # never returns
+            sock.send(_PID.pack(pid))
+        finally:
+            os._exit(0)
+    for fd in fds:
+        os.close(fd)
+    os.waitpid(middle, 0)
+
+
+def _run_child(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> None:
+    """The worker: wait to be the front-end's child, then boot and serve as a spawned one."""
+    code = 1
+    try:
+        sock.close()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        spec: WorkerSpec = pickle.loads(data)
+        spec.doorbell, spec.eventfd = Semaphore(fds[0]), EventFd(fds[1])
+        deadline = time.monotonic() + REPARENT_TIMEOUT_S
+        while os.getppid() != spec.parent_pid:  # the middle process has not exited yet
+            if time.monotonic() > deadline:
+                os._exit(EXIT_PARENT_GONE)
+            time.sleep(0.0005)
+        from workers.worker import main
+
+        main(spec, model)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - report and leave with a code, never unwind the zygote
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+# -- the front-end's side -------------------------------------------------------------------------
+class Zygote:
+    """The front-end's handle on one zygote process (for one model generation)."""
+
+    def __init__(self, model_dir: str, generation: int) -> None:
+        become_subreaper()
+        self.model_dir = model_dir
+        self.generation = generation
+        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.process = SPAWN.Process(
+            target=zygote_main,
+            args=(child, model_dir, os.getpid()),
+            name="ringserve-zygote",
+            daemon=False,
+        )
+        with _single_threaded_blas():
+            self.process.start()
+        child.close()
+        self.ready = False
+        self.dead = False
+
+    def poll(self) -> bool:
+        """True once the zygote has loaded the model (never blocks)."""
+        if self.ready or self.dead:
+            return self.ready
+        if self.process.exitcode is not None:
+            self.dead = True
+            return False
+        if select.select([self.sock], [], [], 0)[0]:
+            msg = self._recv()
+            self.ready = msg is not None and msg.startswith(READY)
+            self.dead = not self.ready
+        return self.ready
+
+    def fork(self, spec: WorkerSpec) -> int | None:
+        """Fork a worker for `spec`; its pid, or None when the zygote cannot (then it is dead)."""
+        if not self.poll():
+            return None
+        fds = [spec.doorbell.fd, spec.eventfd.fd]
+        bare = _without_fds(spec)
+        try:
+            socket.send_fds(self.sock, [pickle.dumps(bare)], fds)
+            msg = self._recv(FORK_TIMEOUT_S)
+        except OSError:
+            msg = None
+        if msg is None or len(msg) != _PID.size:
+            self.close()
+            return None
+        pid: int = _PID.unpack(msg)[0]
+        return pid
+
+    def _recv(self, timeout: float = 0.0) -> bytes | None:
+        if timeout and not select.select([self.sock], [], [], timeout)[0]:
+            return None
+        try:
+            data = self.sock.recv(64)
+        except OSError:
+            return None
+        return data or None
+
+    def alive(self) -> bool:
+        return not self.dead and self.process.exitcode is None
+
+    def close(self) -> None:
+        """Stop the zygote (its workers are not its children and go on serving)."""
+        self.dead = True
+        self.ready = False
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.process.exitcode is None:
+            with contextlib.suppress(OSError, AttributeError):
+                self.process.terminate()
+            self.process.join(2.0)
+            if self.process.exitcode is None:
+                self.process.kill()
+                self.process.join(2.0)
+        with contextlib.suppress(ValueError):
+            self.process.close()
+
+
+@contextlib.contextmanager
+def _single_threaded_blas() -> Iterator[None]:
+    """numpy's OpenBLAS starts its thread pool when it is loaded: one thread per core, before
+    any code of ours runs. Workers compute in torch, not numpy's BLAS, so the zygote (and the
+    workers it forks) get a pool of one, and the zygote stays single-threaded until it forks."""
+    saved = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = saved
+
+
+def _without_fds(spec: WorkerSpec) -> WorkerSpec:
+    import dataclasses
+
+    return dataclasses.replace(spec, doorbell=None, eventfd=None)
