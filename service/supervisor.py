@@ -151,6 +151,7 @@ class Supervisor:
     # -- the zygote -----------------------------------------------------------------------------
     def _start_zygote(self) -> None:
         self.zygote = Zygote(self.model_dir, self.generation)
+        self.zygote.started_at = self.clock()
         self.zygote_retry_at = self.clock() + ZYGOTE_RETRY_S
         self._event("zygote_started", pid=self.zygote.process.pid, generation=self.generation)
 
@@ -173,6 +174,10 @@ class Supervisor:
                 self._start_zygote()
         elif not z.alive():
             self._replace_zygote("died")
+        elif z.poll() and not z.announced:
+            z.announced = True
+            boot_ms = round((self.clock() - z.started_at) * 1000)
+            self._event("zygote_ready", pid=z.process.pid, boot_ms=boot_ms)
 
     def _forker(self) -> Zygote | None:
         z = self.zygote

@@ -93,13 +93,15 @@ class CpuRunner:
         return self.activation(logits.float().numpy())
 
     def warm(self) -> float:
-        """A fresh TorchScript model's first two calls are several times slower (DESIGN.md),
-        whatever their shape (measured: later new shapes run at full speed), so a worker runs a
-        few small batches before it says ready."""
+        """Run one short batch before the worker says ready. The slow first calls of a fresh
+        TorchScript model (DESIGN.md) are the profiling executor's, which the worker turns off
+        on the CPU (workers/worker.py set_graph_optimize): measured without it, the first call
+        on 16 tokens took 0.027-0.034 s against 0.020 steady, so more warming buys nothing and
+        costs a replacement worker its boot time (a call on the longest length took 0.3-1 s
+        under load)."""
         t0 = time.perf_counter()
-        for length, n in ((16, 1), (16, min(2, self.max_batch)), (self.max_len, 1)):
-            ids, mask = self.views(min(length, self.max_len), n)
-            ids[:] = 101
-            mask[:] = 1
-            self.forward(ids.shape[1], n)
+        ids, mask = self.views(min(16, self.max_len), 1)
+        ids[:] = 101
+        mask[:] = 1
+        self.forward(ids.shape[1], 1)
         return time.perf_counter() - t0
