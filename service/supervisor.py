@@ -31,6 +31,7 @@ KILL_AFTER_S = 3.0  # TERM, then KILL when a stopping worker has not left by the
 BOOT_TIMEOUT_S = 180.0  # a worker that has not loaded by then is killed and replaced
 CRASH_WINDOW_S = 30.0
 CRASH_LIMIT = 5  # crashes of one slot within the window before restarts back off
+SPARE_KEY = -1  # crash history and backoff of the spares, beside the slots' own
 ZYGOTE_RETRY_S = 5.0  # a dead zygote is replaced at most this often; workers spawn meanwhile
 ZYGOTE_WAIT_S = 120.0  # at start, workers wait this long for the zygote before spawning
 
@@ -261,7 +262,9 @@ class Supervisor:
             self.restarts[slot] = self.restarts.get(slot, 0) + 1
             self.restarts_total += 1
             self._note_crash(slot)
-        if code == EXIT_DEVICE_ERROR and slot is not None:  # retried with the crash backoff
+        if slot is None and not handle.draining and not self.stopping:
+            self._note_crash(SPARE_KEY)  # a crash-looping spare backs off like a slot
+        if code == EXIT_DEVICE_ERROR:  # retried with the crash backoff, never a server stop
             self._event("worker_device_error", level=logging.WARNING, worker=slot)
         if code == EXIT_BOOT_ERROR and not was_loaded and not self.stopping:
             self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
@@ -353,7 +356,7 @@ class Supervisor:
         booting = any(h is not None and not h.loaded() for h in self.slots.values())
         if booting or self.zygote_booting():  # serving workers boot first; spares wait for
             want_spares = min(want_spares, len(self.spares))  # a booting zygote (fast forks)
-        while len(self.spares) < want_spares:
+        while len(self.spares) < want_spares and now >= self.backoff_until.get(SPARE_KEY, 0.0):
             self.spares.append(self.spawn(None))
         self._update_serving()
 

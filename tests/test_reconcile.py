@@ -20,6 +20,7 @@ from service.settings import Config
 from service.supervisor import BOOT_TIMEOUT_S, CRASH_LIMIT, KILL_AFTER_S, Supervisor
 from shm import layout as L
 from shm.doorbell import EventFd
+from workers.spec import EXIT_BOOT_ERROR, EXIT_DEVICE_ERROR
 
 
 class Clock:
@@ -203,3 +204,36 @@ def test_a_stopping_worker_gets_sigkill_after_the_drain_grace(pool) -> None:  # 
     assert signal.SIGKILL in old.signals
     sup.reconcile()
     assert sup.slots[0] is not None and sup.slots[0] is not old
+
+
+def test_device_error_is_retried_but_a_model_boot_error_stops_the_server(pool) -> None:  # type: ignore[no-untyped-def]
+    sup, _clock = pool
+    sup.reconcile()
+    first = serving_handle(sup)
+    first.exit(EXIT_DEVICE_ERROR)  # the GPU failed; the model itself is fine
+    sup.on_exit(first)
+    assert sup.fatal is None
+    assert sup.slots[0] is not None and sup.slots[0] is not first
+    second = serving_handle(sup)
+    second.exit(EXIT_BOOT_ERROR)
+    sup.on_exit(second)
+    assert sup.fatal is not None and "could not load the model" in sup.fatal
+
+
+def test_a_crash_looping_spare_backs_off(pool) -> None:  # type: ignore[no-untyped-def]
+    sup, clock = pool
+    sup.target_spares = 1
+    sup.reconcile()
+    serving_handle(sup).boot()
+    sup.check()
+    sup.reconcile()
+    for _ in range(CRASH_LIMIT):
+        assert len(sup.spares) == 1
+        spare = sup.spares[0]
+        clock.now += 0.5
+        spare.exit(1)
+        sup.on_exit(spare)
+    assert not sup.spares, "a spare crashing for the fifth time was restarted at once"
+    clock.now += 31.0
+    sup.reconcile()
+    assert len(sup.spares) == 1

@@ -20,7 +20,13 @@ from typing import Any
 from shm import layout as L
 from shm.channel import Channel
 from workers.batcher import REPORT_GRID, Item, bucket_index, length_grid, pad_grid
-from workers.spec import EXIT_BOOT_ERROR, EXIT_OK, EXIT_PARENT_GONE, WorkerSpec
+from workers.spec import (
+    EXIT_BOOT_ERROR,
+    EXIT_DEVICE_ERROR,
+    EXIT_OK,
+    EXIT_PARENT_GONE,
+    WorkerSpec,
+)
 from workers.testhooks import HOOKS
 
 IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and exit latency
@@ -63,6 +69,7 @@ class Worker:
         self.ctl.beat()
         self.grow: list[bytes] = []  # test-only memory growth hook
         self.gpu: Any = None  # workers.nvml.GpuMonitor on CUDA: NVML sampled from the loop
+        self.cpu_model_ok = False
 
     def boot(self, model: Any = None) -> None:
         """Load (or take the zygote's already loaded CPU model), then warm this worker's shapes."""
@@ -87,6 +94,7 @@ class Worker:
         self.ctl.beat()
         if model is None:
             model = load_model(spec.model_dir, "cpu")
+        self.cpu_model_ok = True  # a failure from here on is the device's, not the model's
         activation = ACTIVATIONS[manifest.activation]
         self.token_types = manifest.token_types
         self.runner, sink = make_runner(spec, grid or (max_len,), model, self.ctl, activation)
@@ -255,11 +263,13 @@ def main(spec: WorkerSpec, model: Any = None) -> None:
     try:
         worker.boot(model)
     except Exception as exc:  # noqa: BLE001 - any boot failure is reported the same way
-        print(f"ringserve worker {spec.serial}: cannot load the model: {exc}", file=sys.stderr)
+        device_fault = worker.cpu_model_ok and spec.device != "cpu"
+        what = f"cannot start on {spec.device}" if device_fault else "cannot load the model"
+        print(f"ringserve worker {spec.serial}: {what}: {exc}", file=sys.stderr)
         traceback.print_exc()
         worker.ctl.set("state", L.W_EXITING)
         worker.close()
-        sys.exit(EXIT_BOOT_ERROR)
+        sys.exit(EXIT_DEVICE_ERROR if device_fault else EXIT_BOOT_ERROR)
     code = worker.serve()
     worker.ctl.set("state", L.W_EXITING)
     worker.close()
