@@ -33,6 +33,8 @@ from workers.spec import FAKE_GPU
 from workers.testhooks import HOOKS
 
 SWEEP_S = 0.25
+STOP_GRACE_S = 5.0  # workers' time to exit on SIGTERM before SIGKILL
+HURRY_GRACE_S = 0.5  # the same after a second SIGINT/SIGTERM
 
 
 def resolve_device(wanted: str, log: EventLog) -> str:
@@ -65,6 +67,9 @@ class Server:
         self.log = EventLog(settings.log_level)
         self.draining = False  # listeners closed: answering what is owed, then exiting
         self.stopping = False  # SIGTERM seen: readiness answers 503 (the shutdown delay)
+        self.hurry = False  # a second SIGINT/SIGTERM: stop at once, still cleaning up
+        self.reloading: asyncio.Future[str | None] | None = None  # one reload at a time
+        self.tasks: set[asyncio.Task[Any]] = set()  # started by signal handlers, kept alive
         self.stop_reason: str | None = None
         self.stop_event: asyncio.Event | None = None
         self.started = time.monotonic()
@@ -168,8 +173,8 @@ class Server:
         if not self.settings.reuse_port:
             await self.start_listeners()  # a port in use fails the start at once
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
-        loop.add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
+            loop.add_signal_handler(sig, self.on_stop_signal, signal.Signals(sig).name)
+        loop.add_signal_handler(signal.SIGHUP, self.on_reload_signal)
         sup = asyncio.create_task(self.supervisor.run())
         sweeper = asyncio.create_task(self.sweep())
         if self.settings.reuse_port and await self.first_worker_ready(sup):
@@ -215,19 +220,52 @@ class Server:
         self.log.info("stopping", reason=reason, shutdown_delay_s=delay)
         asyncio.get_running_loop().call_later(max(0.0, delay), self.stop_event.set)
 
-    def reload(self, reason: str) -> str | None:
-        """Re-read and verify the artifact, then roll every worker onto it; the error, if any."""
+    def on_stop_signal(self, name: str) -> None:
+        """The first SIGINT or SIGTERM drains; a second one stops at once."""
+        if self.stopping:
+            self.stop_now(name)
+        else:
+            self.request_stop(name)
+
+    def stop_now(self, reason: str) -> None:
+        """No shutdown delay, no waiting for what is owed (it is answered 500), workers killed;
+        the clean-up still runs: workers reaped, segments and the control socket removed."""
+        if self.hurry or self.stop_event is None:
+            return
+        self.hurry = True
+        self.log.warning("stop_now", reason=reason, inflight=self.dispatcher.depth)
+        self.stop_event.set()
+        if self.supervisor.stopping:  # already stopping the workers: do not wait for them
+            for handle in list(self.supervisor.all.values()):
+                handle.signal(signal.SIGKILL)
+
+    def on_reload_signal(self) -> None:
+        task = asyncio.ensure_future(self.reload("SIGHUP"))
+        self.tasks.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self.tasks.discard)
+
+    async def reload(self, reason: str) -> str | None:
+        """Re-read and verify the artifact (hashing it in a thread, off the loop), then roll
+        every worker onto it; the error, if any. A reload asked for during one shares it."""
         if self.draining:
             return "server is draining"
+        if self.reloading is None:
+            self.reloading = asyncio.ensure_future(self._reload(reason))
+            self.reloading.add_done_callback(lambda _: setattr(self, "reloading", None))
+        return await asyncio.shield(self.reloading)
+
+    async def _reload(self, reason: str) -> str | None:
         try:
-            manifest = load_manifest(self.model_dir)
+            manifest = await asyncio.to_thread(load_manifest, self.model_dir)
         except ArtifactError as exc:
-            self.log.error("reload_refused", reason=str(exc))
+            self.log.error("reload_refused", reason=str(exc), by=reason)
             return str(exc)
         if manifest.labels != self.manifest.labels:
             msg = "reload refused: the new artifact's labels differ (restart the server instead)"
-            self.log.error("reload_refused", reason=msg)
+            self.log.error("reload_refused", reason=msg, by=reason)
             return msg
+        if self.draining:  # began while the artifact was being read
+            return "server is draining"
         self.manifest = manifest
         self.supervisor.reload()
         return None
@@ -247,6 +285,8 @@ class Server:
                 bconn.begin_drain()
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while self.draining_work() and time.monotonic() < deadline and not self.supervisor.fatal:
+            if self.hurry:
+                break
             await asyncio.sleep(0.01)
         self.dispatcher.accepting = False
         if self.dispatcher.depth:
@@ -254,7 +294,7 @@ class Server:
             self.dispatcher.fail_all()
         await asyncio.sleep(0)  # let the last answers reach their transports
         self.close_connections()
-        await self.supervisor.stop()
+        await self.supervisor.stop(HURRY_GRACE_S if self.hurry else STOP_GRACE_S)
         self.remove_control()
         left = segment.list_segments(os.getpid())
         if left:

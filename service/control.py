@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from service.auth import DENIED, control_ok
@@ -21,23 +22,49 @@ class ControlProtocol(asyncio.Protocol):
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.limit = server.settings.max_control_line
+        self.waiting: asyncio.Future[Reply] | None = None  # a command still working (reload)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        while True:
+        self.serve_lines()
+
+    def serve_lines(self) -> None:
+        """Answer each whole line, in order. A command that works off the loop holds the lines
+        after it (reading pauses meanwhile), so answers keep the order of their requests."""
+        while self.waiting is None:
             end = self.buffer.find(b"\n")
             if end < 0:
                 break
             line = bytes(self.buffer[:end])
             del self.buffer[: end + 1]
-            self.answer(self.handle(line))
-        if len(self.buffer) > self.limit:
+            reply = self.handle(line)
+            if isinstance(reply, dict):
+                self.answer(reply)
+            else:
+                self.waiting = asyncio.ensure_future(reply)
+                self.waiting.add_done_callback(self.answer_later)
+                if self.transport is not None:
+                    self.transport.pause_reading()
+        if self.waiting is None and len(self.buffer) > self.limit:
             self.answer({"ok": False, "error": f"line longer than {self.limit} bytes"})
             assert self.transport is not None
             self.transport.close()
+
+    def answer_later(self, done: asyncio.Future[Reply]) -> None:
+        self.waiting = None
+        if done.cancelled():
+            self.answer({"ok": False, "error": "cancelled: the server is stopping"})
+            return
+        self.answer(done.result())
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+            self.serve_lines()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
 
     def answer(self, reply: dict[str, Any]) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -48,9 +75,9 @@ class ControlProtocol(asyncio.Protocol):
             send_listeners(self.transport, line, fds)
         else:
             self.transport.write(line)
-            self.server.count("control", answer_code(reply))
+        self.server.count("control", answer_code(reply))
 
-    def handle(self, line: bytes) -> dict[str, Any]:
+    def handle(self, line: bytes) -> Reply | Awaitable[Reply]:
         if not line.strip():
             return {"ok": False, "error": "empty line"}
         try:
@@ -70,11 +97,26 @@ class ControlProtocol(asyncio.Protocol):
                 "commands": sorted(COMMANDS),
             }
         try:
-            return handler(self.server, doc)
-        except (TypeError, ValueError) as exc:
-            return {"ok": False, "error": str(exc)}
+            reply = handler(self.server, doc)
         except Exception as exc:  # noqa: BLE001 - the contract keeps the connection usable
-            return {"ok": False, "error": f"internal error: {type(exc).__name__}"}
+            return failure(exc)
+        return reply if isinstance(reply, dict) else guarded(reply)
+
+
+Reply = dict[str, Any]
+
+
+def failure(exc: Exception) -> Reply:
+    if isinstance(exc, TypeError | ValueError):
+        return {"ok": False, "error": str(exc)}
+    return {"ok": False, "error": f"internal error: {type(exc).__name__}"}
+
+
+async def guarded(work: Awaitable[Reply]) -> Reply:
+    try:
+        return await work
+    except Exception as exc:  # noqa: BLE001 - as handle(): every failure is an answer
+        return failure(exc)
 
 
 def answer_code(reply: dict[str, Any]) -> int:
@@ -119,8 +161,8 @@ def cmd_drain(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "draining": True}
 
 
-def cmd_reload(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
-    error = server.reload("control")
+async def cmd_reload(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+    error = await server.reload("control")
     if error:
         return {"ok": False, "error": error}
     return {"ok": True, "generation": server.supervisor.generation}
@@ -134,7 +176,8 @@ def cmd_listeners(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "listeners": names, FDS: fds}
 
 
-COMMANDS = {
+Command = Callable[["Server", Reply], Reply | Awaitable[Reply]]
+COMMANDS: dict[str, Command] = {
     "status": cmd_status,
     "restart": cmd_restart,
     "scale": cmd_scale,

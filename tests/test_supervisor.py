@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -114,6 +115,25 @@ def test_sigterm_under_load_finishes_inflight(start_server, sst2_texts) -> None:
     assert srv.stop() == 0
 
 
+def events(srv: ServerProc) -> list[str]:
+    return [json.loads(x)["event"] for x in srv.logs().splitlines() if x.startswith("{")]
+
+
+def test_second_stop_signal_stops_at_once_and_still_cleans_up(start_server) -> None:  # type: ignore[no-untyped-def]
+    srv = start_server("--workers", "1", "--spares", "0", "--drain-timeout-s", "600", workers=1)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as idle:
+        idle.sendall(b"GET /v1/model HTTP/1.1\r\n\r\n")
+        assert idle.recv(65536).startswith(b"HTTP/1.1 200 ")  # open: the drain waits for it
+        srv.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "drain" in events(srv), 30, "the drain")
+        assert srv.proc.poll() is None  # the first signal would wait up to 600 s
+        srv.proc.send_signal(signal.SIGINT)  # a second Ctrl-C
+        assert srv.proc.wait(60) == 0
+    assert "stop_now" in events(srv)
+    assert not os.path.exists(srv.control)
+    assert srv.stop() == 0  # and no worker process or shared-memory segment left behind
+
+
 def test_killed_frontend_takes_its_workers_and_next_server_cleans(
     start_server, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -148,7 +168,15 @@ def test_reload_and_scale_under_load_lose_nothing(start_server, sst2_texts) -> N
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(20)
         before = set(serving(srv).values())
-        assert srv.ctl({"cmd": "reload"})["ok"]
+        with socket.socket(socket.AF_UNIX) as ctl:  # answered in order, the reload's first
+            ctl.settimeout(60)
+            ctl.connect(srv.control)
+            ctl.sendall(b'{"cmd": "reload"}\n{"cmd": "status"}\n')
+            lines = b""
+            while lines.count(b"\n") < 2:
+                lines += ctl.recv(65536)
+        reload, status = (json.loads(x) for x in lines.splitlines())
+        assert reload["ok"] and "generation" in reload and "workers" in status
         wait_for(lambda: whole_again(srv, 2, before), 90.0, "every worker reloaded")
         load.wait_ok(20)
         assert srv.ctl({"cmd": "scale", "workers": 3})["ok"]
