@@ -460,3 +460,31 @@ def test_ringserve_batch_scores_pairs(served: dict[str, Served], tmp_path: Path)
     got = np.array([json.loads(line)["scores"] for line in out.read_text().splitlines()])
     want = np.concatenate([s.want("pairs", PAIRS)[:4], s.want("texts", TEXTS)[:3]])
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+def test_export_and_serving_code_never_import_transformers(
+    served: dict[str, Served], tmp_path: Path
+) -> None:
+    """Export and the serving modules run with `transformers` made unimportable."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    source, out = served["electra-multilabel"].source, tmp_path / "art"
+    script = f"""
+import sys
+sys.modules["transformers"] = None  # any import of it now raises ImportError
+import service.app, service.cli, workers.worker, workers.runtime, workers.cuda
+from workers.export import main
+assert main(["--from", {str(source)!r}, "--out", {str(out)!r}]) == 0
+from workers.artifact import load_model
+import torch
+ids = torch.tensor([[101, 2000, 102]])
+print(load_model({str(out)!r})(ids, torch.ones_like(ids)))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0, run.stderr
+    assert load_manifest(out).activation == "sigmoid"
