@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from service.cli import ctl_request
+from service.handover import socket_is_live
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"  # small samples with provenance (data/README.md)
@@ -98,7 +99,9 @@ class Launched:
         tmp = Path(tmp)
         self.port = beside.port if beside else port or free_port()
         self.binary_port = beside.binary_port if beside else free_port() if binary else 0
-        self.control = beside.control if beside else str(tmp / f"ctl-{self.port}.sock")
+        self.base_control = beside.base_control if beside else str(tmp / f"ctl-{self.port}.sock")
+        self.control = self.base_control
+        taken = beside is not None and socket_is_live(self.base_control)
         self.log_path = tmp / f"server-{self.port}{f'-{time.monotonic_ns()}' if beside else ''}.log"
         self.args = [
             sys.executable, "-m", "service.cli", "serve",
@@ -113,8 +116,8 @@ class Launched:
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.pid = self.proc.pid
-        if beside is not None:  # its own control socket beside the live one (CONTRACT.md)
-            self.control = f"{beside.control}.{self.pid}"
+        if taken:  # its own control socket beside the live one (CONTRACT.md)
+            self.control = f"{self.base_control}.{self.pid}"
 
     @property
     def url(self) -> str:

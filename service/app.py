@@ -19,9 +19,10 @@ from typing import Any
 
 from service.auth import ApiKey, guard_http, start_operator
 from service.dispatcher import Dispatcher, Group, Result
-from service.handover import fetch_listeners, listen
+from service.handover import fetch_listeners, listen, live_peer
 from service.http import HttpProtocol, HttpServerState
 from service.logs import EventLog
+from service.notify import sd_notify
 from service.routes import Router, v1_routes
 from service.settings import Config
 from service.supervisor import Supervisor
@@ -126,8 +127,9 @@ class Server:
             from service.metrics import access_logger
 
             state.access_log = access_logger(self)
-        if s.reuse_port and self.control_path != s.control:  # a live server beside us
-            self.inherited = fetch_listeners(s.control, s.api_key)
+        peer = live_peer(s.control, self.control_path) if s.reuse_port else None
+        if peer is not None:  # a live server on our ports: take its sockets, not new ones
+            self.inherited = fetch_listeners(peer, s.api_key)
         http = await listen(self, "http", lambda: HttpProtocol(state), s.host, s.port, 2048)
         self.listeners.append(http)
         if s.operator_port:
@@ -146,6 +148,11 @@ class Server:
 
         self.control_path = choose_control_path(self.settings.control, self.settings.reuse_port)
         self.listeners.append(await start_control(self, self.control_path))
+
+    async def notify_ready(self, sup: asyncio.Task[Any]) -> None:
+        """Tell systemd (Type=notify) we serve: listening, and a worker ready."""
+        if await self.first_worker_ready(sup):
+            sd_notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving")
 
     async def first_worker_ready(self, sup: asyncio.Task[Any]) -> bool:
         """With --reuse-port the kernel shares new connections among every listener on the port,
@@ -188,12 +195,13 @@ class Server:
             api_key="set" if self.api_key else "none",  # never the key itself
             control=self.control_path,
             reuse_port=self.settings.reuse_port,
-            model=self.manifest.name,
+            model=self.model_name,
             fingerprint=self.manifest.fingerprint,
             device=self.device,
             workers=self.supervisor.target,
             spares=self.settings.spares,
         )
+        notify = asyncio.create_task(self.notify_ready(sup))
         stop_wait = asyncio.create_task(self.stop_event.wait())
         await asyncio.wait([sup, stop_wait], return_when=asyncio.FIRST_COMPLETED)
         code = 0
@@ -202,7 +210,7 @@ class Server:
             print(f"ringserve: {self.supervisor.fatal}", file=sys.stderr)
             code = 1
         await self.drain()
-        for task in (sup, sweeper, stop_wait):
+        for task in (sup, sweeper, stop_wait, notify):
             task.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
@@ -216,6 +224,7 @@ class Server:
             return
         self.stopping = True
         self.stop_reason = reason
+        sd_notify("STOPPING=1")
         delay = self.settings.shutdown_delay_s
         self.log.info("stopping", reason=reason, shutdown_delay_s=delay)
         asyncio.get_running_loop().call_later(max(0.0, delay), self.stop_event.set)
@@ -336,6 +345,11 @@ class Server:
         return [s for s in (self.http_state, self.operator_state) if s is not None]
 
     # -- views ----------------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        """Served under --model-name when given (KServe names it), else the artifact's name."""
+        return self.settings.model_name or self.manifest.name
+
     def ready(self) -> bool:
         return not self.stopping and not self.draining and self.supervisor.ready_count() > 0
 
@@ -345,7 +359,7 @@ class Server:
             "queue_depth": self.dispatcher.depth,
             "draining": self.draining,
             "restarts_total": self.supervisor.restarts_total,
-            "model": {"name": self.manifest.name, "fingerprint": self.manifest.fingerprint},
+            "model": {"name": self.model_name, "fingerprint": self.manifest.fingerprint},
             "workers": self.supervisor.status_rows(),
         }
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from service.auth import DENIED, control_ok
-from service.handover import listening_fds, send_listeners
+from service.handover import listening_fds, send_listeners, socket_is_live
 
 if TYPE_CHECKING:
     from service.app import Server
@@ -186,19 +185,6 @@ COMMANDS: dict[str, Command] = {
     "listeners": cmd_listeners,
 }
 FDS = "_fds"  # a reply's descriptors, sent beside its line (never part of the JSON)
-
-
-def socket_is_live(path: str) -> bool:
-    """True when a server answers on this Unix socket (a killed one's leaves a dead file)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(2.0)
-        try:
-            probe.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError):
-            return False
-        except OSError:  # not a socket, no permission, a full backlog: leave it alone
-            return True
-    return True
 
 
 def choose_control_path(path: str, reuse_port: bool) -> str:

@@ -11,6 +11,7 @@ in the new server when the old one closes its copy; nothing queued is lost, what
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
 import socket
@@ -21,6 +22,28 @@ if TYPE_CHECKING:
     from service.app import Server
 
 MAX_FDS = 8
+
+
+def socket_is_live(path: str) -> bool:
+    """True when a server answers on this Unix socket (a killed one's leaves a dead file)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False
+        except OSError:  # not a socket, no permission, a full backlog: leave it alone
+            return True
+    return True
+
+
+def live_peer(path: str, own: str) -> str | None:
+    """The control socket of a live server on our ports: PATH, or PATH.<pid> of one that was
+    itself started beside another (blue/green upgrades alternate between the two)."""
+    for candidate in [path, *sorted(glob.glob(glob.escape(path) + ".*"))]:
+        if candidate != own and socket_is_live(candidate):
+            return candidate
+    return None
 
 
 def fetch_listeners(

@@ -75,7 +75,7 @@ def guard(
 
 def check_model(server: Server, params: dict[str, str]) -> str:
     name = unquote(params["model"])
-    if name != server.manifest.name:
+    if name != server.model_name:
         raise HttpError(404, f"unknown model {name!r}")
     version = params.get("version")
     if version is not None and unquote(version) != VERSION:

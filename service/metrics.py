@@ -167,7 +167,7 @@ class Metrics:
         padded = named["padded_tokens"]
         doc: dict[str, Any] = {
             "uptime_s": round(time.monotonic() - server.started, 3),
-            "model": {"name": server.manifest.name, "device": server.device},
+            "model": {"name": server.model_name, "device": server.device},
             "buckets": list(server.buckets),
             "metrics": bool(server.settings.metrics),
             "draining": server.draining,

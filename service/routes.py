@@ -169,7 +169,7 @@ def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str,
 def model_info(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     m = server.manifest
     body = {
-        "name": m.name,
+        "name": server.model_name,
         "labels": m.labels,
         "max_length": m.max_length,
         "fingerprint": m.fingerprint,

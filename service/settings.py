@@ -23,10 +23,55 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def _cgroup_quota(root: str, path: str) -> float | None:
+    """CPUs allowed by a cgroup's quota: v2 `cpu.max` ("max 100000" or "200000 100000") or v1
+    `cpu.cfs_quota_us` over `cpu.cfs_period_us` (-1: none); None when unlimited or unknown."""
+    here = os.path.join(root, path.lstrip("/"))
+    try:
+        with open(os.path.join(here, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(here, "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read())
+        with open(os.path.join(here, "cpu.cfs_period_us")) as f:
+            period_us = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> float | None:
+    """The tightest CPU quota on this process's cgroup (a container's CPU limit), or None.
+    Read at the cgroup named in /proc/self/cgroup, and at the root, which is the container's own
+    under a cgroup namespace."""
+    places: list[tuple[str, str]] = [(root, "/"), (os.path.join(root, "cpu"), "/")]
+    try:
+        with open(proc) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":  # cgroup v2
+                    places.insert(0, (root, path))
+                elif "cpu" in controllers.split(","):
+                    places.insert(0, (os.path.join(root, controllers), path))
+    except (OSError, ValueError):
+        pass
+    limits = [q for r, p in places if (q := _cgroup_quota(r, p)) is not None]
+    return min(limits) if limits else None
+
+
 def default_workers() -> int:
     # One single-threaded worker per core: two 1-thread workers matched one 2-thread worker's
     # throughput here with far steadier latency (DESIGN.md), and survive a busy front-end core.
-    return max(1, _cpu_count())
+    # A container's CPU limit (cgroup quota) caps it: the node's cores are not ours to use, and
+    # a worker per node core under a 2-CPU limit is throttled to a crawl.
+    cores = _cpu_count()
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        cores = min(cores, int(limit))
+    return max(1, cores)
 
 
 def parse_buckets(text: str) -> tuple[int, ...]:
@@ -102,6 +147,11 @@ class Config:
     model: str | None = option(
         None, "model artifact directory (default: the built-in default model)"
     )
+    model_name: str | None = option(
+        None,
+        "the name the model is served under (KServe paths, /v1/model; default: the artifact's); "
+        "KServe's runtime passes its InferenceService's name",
+    )
     host: str = option("127.0.0.1", "bind address for the HTTP and binary ports")
     port: int = option(8000, "HTTP port", int)
     binary_port: int = option(8001, "framed binary TCP port (0 = off)", int)
@@ -120,7 +170,11 @@ class Config:
     )
     operator_host: str | None = option(None, "bind address of the operator port (default: --host)")
     control: str = option("./ringserve.sock", "Unix control socket path (mode 0600)")
-    workers: int | None = option(None, "serving worker processes (default: one per core)", int)
+    workers: int | None = option(
+        None,
+        "serving worker processes (default: one per core, at most the cgroup CPU limit)",
+        int,
+    )
     threads: int = option(1, "torch threads per worker (1 measured steadiest, DESIGN.md)", int)
     device: str = option("auto", "cpu, cuda, cuda:K or auto (CUDA when available)")
     workers_per_gpu: int = option(1, "serving workers per GPU when the device is CUDA", int)
