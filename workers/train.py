@@ -202,14 +202,29 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# Ships with the repository (data/README.md: held-out SST-2 rows, with provenance).
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sst2" / "sample.tsv"
+
+
 def evaluate_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="ringserve evaluate", description="Accuracy of a model artifact on held-out rows."
     )
-    parser.add_argument("--data", type=Path, required=True, help="TSV: sentence<TAB>label")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=SAMPLE,
+        help="TSV: sentence<TAB>label (default: the SST-2 sample in data/, all held-out rows; "
+        "the full training set by its path)",
+    )
     parser.add_argument("--model", type=Path, default=None, help="artifact (default: built-in)")
     parser.add_argument("--holdout-mod", type=int, default=10, help="1 in N sentences held out")
     args = parser.parse_args(argv)
+    if not args.data.is_file():
+        print(
+            f"ringserve evaluate: no data file {args.data}; give one with --data", file=sys.stderr
+        )
+        return 2
     _use_all_cores()
     try:
         artifact = args.model or default_artifact_dir()
