@@ -488,3 +488,19 @@ print(load_model({str(out)!r})(ids, torch.ones_like(ids)))
     )
     assert run.returncode == 0, run.stderr
     assert load_manifest(out).activation == "sigmoid"
+
+
+def test_fields_missing_from_config_take_the_transformers_defaults(tmp_path: Path) -> None:
+    from workers.hf import read_config
+
+    path = tmp_path / "config.json"
+    for arch, pad, embed in (
+        ("RobertaForSequenceClassification", 1, 32),
+        ("ElectraForSequenceClassification", 0, 128),
+    ):
+        raw = {"architectures": [arch], "vocab_size": 9, "max_position_embeddings": 8} | SIZE
+        path.write_text(json.dumps(raw))
+        config = read_config(path)
+        assert (config.pad_token_id, config.embedding_size) == (pad, embed)
+        assert config.labels == ("LABEL_0", "LABEL_1") and config.activation == "softmax"
+        assert config.type_vocab_size == 2 and config.layer_norm_eps == 1e-12

@@ -121,6 +121,8 @@ def read_config(path: Path) -> HfConfig:
         raise WeightError(
             f"{path}: activation {act!r} is not supported ({', '.join(_ACTIVATIONS)})"
         )
+    # A field left out of config.json takes the transformers config class's default.
+    pad = raw.get("pad_token_id")
     try:
         hidden = int(raw["dim" if distil else "hidden_size"])
         config = HfConfig(
@@ -128,15 +130,15 @@ def read_config(path: Path) -> HfConfig:
             family=family,
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
-            embedding_size=int(raw.get("embedding_size", hidden)),
+            embedding_size=int(raw.get("embedding_size", 128 if family == "electra" else hidden)),
             num_layers=int(raw["n_layers" if distil else "num_hidden_layers"]),
             num_heads=int(raw["n_heads" if distil else "num_attention_heads"]),
             intermediate_size=int(raw["hidden_dim" if distil else "intermediate_size"]),
             max_positions=int(raw["max_position_embeddings"]),
-            type_vocab_size=0 if distil else int(raw["type_vocab_size"]),
-            layer_norm_eps=1e-12 if distil else float(raw["layer_norm_eps"]),
+            type_vocab_size=0 if distil else int(raw.get("type_vocab_size", 2)),
+            layer_norm_eps=1e-12 if distil else float(raw.get("layer_norm_eps", 1e-12)),
             act=_ACTIVATIONS[act],
-            pad_token_id=int(raw.get("pad_token_id") or 0),
+            pad_token_id=int(pad) if pad is not None else int(family == "roberta"),
             labels=_labels(raw, path),
             problem_type=raw.get("problem_type"),
         )
