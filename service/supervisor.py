@@ -432,7 +432,7 @@ class Supervisor:
                 await asyncio.wait_for(self.wake.wait(), TICK_S)
             self.wake.clear()
             self.check()
-            self.dispatcher.expire(int(self.clock() * 1e9))
+            self.dispatcher.expire(self.dispatcher.clock())  # deadlines are on its clock
             if self.fatal:
                 return
             self.reconcile()
