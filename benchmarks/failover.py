@@ -173,7 +173,9 @@ def ms(xs: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=20)
-    p.add_argument("--spawn-kills", type=int, default=5, help="kills with spawn and --spares 0")
+    p.add_argument(
+        "--spawn-kills", type=int, default=5, help="kills with spawn (each waits for a cold boot)"
+    )
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--sizes", default="1,2,4", help="--workers values for time to ready and PSS")
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [
         ("zygote", 0, args.kills),
         ("zygote", 1, args.kills),
-        ("spawn", 1, args.kills),
+        ("spawn", 1, args.spawn_kills),
         ("spawn", 0, args.spawn_kills),
     ]
     for method, spares, kills in cases:

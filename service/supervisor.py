@@ -33,6 +33,7 @@ CRASH_WINDOW_S = 30.0
 CRASH_LIMIT = 5  # crashes of one slot within the window before restarts back off
 SPARE_KEY = -1  # crash history and backoff of the spares, beside the slots' own
 ZYGOTE_RETRY_S = 5.0  # a dead zygote is replaced at most this often; workers spawn meanwhile
+ZYGOTE_RETRY_MAX_S = 300.0  # ... doubling for each zygote in a row that died before it was ready
 ZYGOTE_WAIT_S = 120.0  # at start, workers wait this long for the zygote before spawning
 
 
@@ -91,6 +92,7 @@ class Supervisor:
         self.use_zygote = getattr(settings, "start_method", "spawn") == "zygote"
         self.zygote: Zygote | None = None
         self.zygote_retry_at = 0.0
+        self.zygote_failures = 0  # zygotes in a row that died before they were ready
         self.rss_checked_at = 0.0
         self.ncpu = sorted(os.sched_getaffinity(0))
         self.gpus = gpu_indices(device)  # CUDA devices the workers spread over; [] on the CPU
@@ -158,6 +160,11 @@ class Supervisor:
 
     def _replace_zygote(self, reason: str) -> None:
         old, self.zygote = self.zygote, None
+        if old is not None and not old.announced and reason != "reload":
+            # It never became ready: back off, rather than re-import torch every few seconds.
+            self.zygote_failures += 1
+            delay = min(ZYGOTE_RETRY_MAX_S, ZYGOTE_RETRY_S * 2 ** (self.zygote_failures - 1))
+            self.zygote_retry_at = max(self.zygote_retry_at, old.started_at + delay)
         if old is not None:
             level = logging.INFO if reason == "reload" else logging.WARNING
             self._event("zygote_replaced", level=level, pid=old.process.pid, reason=reason)
@@ -177,6 +184,7 @@ class Supervisor:
             self._replace_zygote("died")
         elif z.poll() and not z.announced:
             z.announced = True
+            self.zygote_failures = 0
             boot_ms = round((self.clock() - z.started_at) * 1000)
             self._event("zygote_ready", pid=z.process.pid, boot_ms=boot_ms)
 
