@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from service.auth import ApiKey, guard_http, start_operator
+from service.binary import BinaryServerState
 from service.dispatcher import Dispatcher, Group, Result
 from service.handover import fetch_listeners, listen, live_peer
 from service.http import HttpProtocol, HttpServerState
@@ -25,6 +26,7 @@ from service.logs import EventLog
 from service.notify import sd_notify
 from service.routes import Router, v1_routes
 from service.settings import Config
+from service.stats import Stats
 from service.supervisor import Supervisor
 from shm import segment
 from workers import nvml
@@ -90,8 +92,8 @@ class Server:
         self.http_state: HttpServerState | None = None
         self.operator_state: HttpServerState | None = None  # --operator-port
         self.api_key = ApiKey(settings.api_key) if settings.api_key is not None else None
-        self.binary_state: Any = None  # service.binary.BinaryServerState when the port is on
-        self.stats: Any = None  # service.stats.Stats unless --metrics 0
+        self.binary_state: BinaryServerState | None = None  # when the binary port is on
+        self.stats: Stats | None = None  # unless --metrics 0
 
     # -- set-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:

@@ -15,9 +15,11 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import httptools
+
+from service.settings import Config
 
 REASONS = {
     100: "Continue",
@@ -78,7 +80,7 @@ class HttpServerState:
 
     def __init__(
         self,
-        settings: Any,
+        settings: Config,
         router: Callable[[HttpProtocol, Exchange], None],
         count: Callable[[str, int], None],
         clock: Callable[[], int] = time.monotonic_ns,

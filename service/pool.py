@@ -10,6 +10,7 @@ import signal
 import time
 from typing import Any
 
+from service.settings import Config
 from shm import layout as L
 from shm.channel import Channel, Doorbells, request_ring_slots, response_ring_slots
 from workers.spec import WorkerSpec
@@ -69,7 +70,7 @@ class WorkerHandle:
         device: str,
         model_dir: str,
         generation: int,
-        settings: Any,
+        settings: Config,
     ) -> None:
         pid = os.getpid()
         self.serial = serial
