@@ -32,6 +32,7 @@ from shm import segment
 from workers import nvml
 from workers.artifact import ArtifactError, Manifest, default_artifact_dir, load_manifest
 from workers.batcher import REPORT_GRID, length_grid, pad_grid
+from workers.onnx_model import choose_runtime
 from workers.spec import FAKE_GPU
 from workers.testhooks import HOOKS
 
@@ -85,6 +86,7 @@ class Server:
         self.labels: list[str] = []
         self.buckets: tuple[int, ...] = ()
         self.pad_grid: tuple[int, ...] = ()  # empty: each CPU batch padded to its own longest
+        self.runtime = "torch"  # resolved in prepare(): torch or onnx
         self.listeners: list[asyncio.AbstractServer] = []
         self.control_path = settings.control  # PATH, or PATH.<pid> beside a live server
         self.bound: dict[str, asyncio.AbstractServer] = {}  # listeners by name, to hand over
@@ -113,9 +115,30 @@ class Server:
         self.pad_grid = pad_grid(self.settings.buckets, on_gpu, max_len)
         # Latency is reported per length class: the padding grid's, or a fixed one without it.
         self.buckets = length_grid(self.pad_grid or REPORT_GRID, max_len)
+        self.choose_runtime(on_gpu)
         self.supervisor = Supervisor(
             self.settings, self.dispatcher, self.model_dir, self.device, self.log
         )
+
+    def choose_runtime(self, on_gpu: bool) -> None:
+        """Resolve --runtime once here (workers resolve it the same way) and say what int8
+        costs when it is asked for: the figure measured when the artifact was built."""
+        s = self.settings
+        try:
+            self.runtime, note = choose_runtime(s.runtime, s.precision, on_gpu, self.manifest)
+        except ValueError as exc:
+            raise SystemExit(f"ringserve: {exc}") from None
+        if note:
+            self.log.warning("runtime_fallback", runtime=self.runtime, reason=note)
+        if s.precision == "int8" and not on_gpu:
+            self.log.warning("int8_cost", **self.manifest.int8)
+            cost = self.manifest.int8
+            print(
+                f"ringserve: --precision int8: accuracy cost {cost.get('accuracy_cost')} "
+                f"({cost.get('accuracy_fp32')} -> {cost.get('accuracy_int8')}), same decision "
+                f"as fp32 on {cost.get('argmax_agreement')} of {cost.get('texts')} held-out texts",
+                file=sys.stderr,
+            )
 
     async def start_listeners(self) -> None:
         s = self.settings

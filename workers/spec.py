@@ -34,5 +34,6 @@ class WorkerSpec:
     max_delay_ms: float
     doorbell: Any  # shm.doorbell.Semaphore: posted once per request (None while in transit)
     eventfd: Any  # shm.doorbell.EventFd: written once per batch of answers (as above)
-    precision: str = "fp32"  # CUDA compute precision: fp32, fp16 or bf16 (autocast)
+    precision: str = "fp32"  # CUDA: fp32, fp16 or bf16 (autocast); CPU: fp32 or int8
     max_batch_tokens: int = 512  # CPU batches: most padded tokens (rows x padded length)
+    runtime: str = "auto"  # CPU: torch, onnx or auto (workers.onnx_model.choose_runtime)

@@ -79,7 +79,8 @@ class Worker:
         from workers.artifact import load_manifest, load_model, load_tokenizer
         from workers.batcher import Batcher
         from workers.cuda import is_gpu_device, make_runner
-        from workers.runtime import ACTIVATIONS
+        from workers.onnx_model import choose_runtime
+        from workers.runtime import ACTIVATIONS, ort_runner
 
         spec = self.spec
         torch.set_num_threads(spec.threads)
@@ -92,12 +93,18 @@ class Worker:
         self.report_grid = length_grid(grid or REPORT_GRID, max_len)
         self.tokenizer = load_tokenizer(spec.model_dir, max_len)
         self.ctl.beat()
-        if model is None:
-            model = load_model(spec.model_dir, "cpu")
-        self.cpu_model_ok = True  # a failure from here on is the device's, not the model's
+        runtime, _ = choose_runtime(spec.runtime, spec.precision, on_gpu, manifest)
         activation = ACTIVATIONS[manifest.activation]
         self.token_types = manifest.token_types
-        self.runner, sink = make_runner(spec, grid or (max_len,), model, self.ctl, activation)
+        sink = None
+        if runtime == "onnx":  # the session is made here, after any fork: ORT keeps threads
+            self.runner: Any = ort_runner(spec, manifest, activation)
+            self.cpu_model_ok = True
+        else:
+            if model is None:
+                model = load_model(spec.model_dir, "cpu")
+            self.cpu_model_ok = True  # a failure from here on is the device's, not the model's
+            self.runner, sink = make_runner(spec, grid or (max_len,), model, self.ctl, activation)
         self.ctl.beat()
         warm_s = self.runner.warm()
         if sink is not None:  # GPU worker: report its graphs; the loop samples NVML from now on
