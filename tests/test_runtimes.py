@@ -27,6 +27,8 @@ from workers.batcher import Item
 from workers.onnx_model import choose_runtime, open_session
 from workers.runtime import CpuRunner, OrtRunner, softmax
 
+pytest.importorskip("onnxruntime")  # a dependency (pyproject); absent only in a stale venv
+
 
 def texts_of_every_length(sst2: list[str], agnews: list[str]) -> list[str]:
     rng = random.Random(11)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -420,8 +421,15 @@ def default_encoder_dir() -> Path:
     return _encoder_dir()
 
 
+def onnx_available() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxruntime"))
+
+
 def _cache_key(encoder: Path, head: Path) -> str:
     digest = hashlib.sha256(f"format {ARTIFACT_FORMAT}\n".encode())
+    # Built without the ONNX packages, an artifact is TorchScript-only: keep it apart, so that
+    # installing them later builds the full one instead of reusing it.
+    digest.update(b"onnx" if onnx_available() else b"no onnx")
     digest.update((Path(__file__).parent / "model.py").read_bytes())
     digest.update(head.read_bytes())
     for name in ("config.json", "tokenizer.json"):
