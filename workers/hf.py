@@ -105,6 +105,8 @@ def _labels(raw: dict, path: Path) -> tuple[str, ...]:
 def read_config(path: Path) -> HfConfig:
     """The parts of a HF config.json the model needs; refuses what it cannot serve exactly."""
     raw = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise WeightError(f"{path}: not a JSON object")
     archs = raw.get("architectures") or []
     arch = next((a for a in archs if a in ARCHITECTURES), None)
     if arch is None:
