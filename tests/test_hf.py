@@ -262,6 +262,9 @@ def test_model_info_says_labels_and_activation(served: dict[str, Served], name: 
     assert status == 200 and info["labels"] == labels and info["max_length"] == MAX_LENGTH
     assert info["activation"] == ("sigmoid" if sigmoid else "softmax")
     assert info["architecture"] == config.architectures[0]
+    # Every architecture exports to ONNX, so the CPU default (auto) serves it on ONNX Runtime:
+    # no architecture falls back to TorchScript unnoticed.
+    assert load_manifest(s.artifact).onnx_file and info["runtime"] == "onnx"
     client = httpclient.InferenceServerClient(f"127.0.0.1:{s.server.port}")
     try:
         meta = client.get_model_metadata(s.model)
