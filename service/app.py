@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from service.admission import Admission
 from service.auth import ApiKey, guard_http, start_operator
 from service.binary import BinaryServerState
 from service.dispatcher import Dispatcher, Group, Result
@@ -79,6 +80,7 @@ class Server:
         self.started = time.monotonic()
         self.dispatcher = Dispatcher(settings.max_queue)
         self.dispatcher.on_result = self.on_result
+        self.admission = Admission(self.dispatcher, settings, self.refusal)
         self.requests_total: dict[tuple[str, int], int] = {}
         self.manifest: Manifest
         self.model_dir = ""
@@ -387,6 +389,12 @@ class Server:
             "model": {"name": self.model_name, "fingerprint": self.manifest.fingerprint},
             "workers": self.supervisor.status_rows(),
         }
+
+    def refusal(self) -> str:
+        """Why the dispatcher refuses a request now (the message of its 503)."""
+        if self.supervisor.fatal:
+            return "no worker can serve"
+        return "server is draining" if self.draining else "queue is full"
 
     def count(self, protocol: str, code: int, n: int = 1) -> None:
         """One more answer written (n more): called only where answers are written."""

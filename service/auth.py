@@ -85,7 +85,7 @@ Route = Callable[["HttpProtocol", "Exchange"], None]
 def guard_http(server: Server, key: ApiKey, route: Route) -> Route:
     """Every path but the probes needs the key; without it, 401 before any routing (so an
     unknown caller learns nothing, not even which paths exist)."""
-    from service.routes import latency_header
+    from service.admission import latency_header
 
     def guarded(conn: HttpProtocol, ex: Exchange) -> None:
         path = ex.url.split(b"?", 1)[0]

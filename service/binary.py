@@ -14,9 +14,9 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
+from service.admission import STATUS_HTTP
 from service.auth import AUTH_OK, read_auth_frame
 from service.dispatcher import Result
-from service.routes import STATUS_HTTP
 from service.wire import LENGTH, TAG, encode_answer, status_answer
 from shm import layout as L
 
@@ -212,7 +212,7 @@ class BinaryProtocol(asyncio.Protocol):
         if room < len(tags):  # admit what fits rather than refuse the whole group
             refused = tags[room:]
             texts, tags = texts[:room], tags[:room]
-            self.dispatcher.rejected += len(refused)  # as submit() counts what it refuses
+            self.dispatcher.rejected += len(refused)  # as the dispatcher counts what it refuses
         if tags:
             deadline = time.monotonic_ns() + self.timeout_ns
             if self.dispatcher.submit(texts, deadline, partial(self.answer, tags), "binary"):

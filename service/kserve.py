@@ -19,14 +19,10 @@ from urllib.parse import unquote
 
 import numpy as np
 
+from service.admission import latency_header
 from service.dispatcher import Result
 from service.http import Exchange, HttpError, HttpProtocol
-from service.routes import (
-    Router,
-    encode_text,
-    latency_header,
-    submit,
-)
+from service.routes import Router, encode_text
 from shm import layout as L
 
 if TYPE_CHECKING:
@@ -337,7 +333,7 @@ def request_deadline(server: Server, ex: Exchange, doc: dict[str, Any]) -> int |
     """Triton's `timeout` parameter (microseconds), unless X-Request-Timeout-Ms says otherwise."""
     timeout_us = as_dict(doc.get("parameters"), "parameters").get("timeout")
     if timeout_us is None or b"x-request-timeout-ms" in ex.headers:
-        return None  # routes.submit takes the header's or the default deadline
+        return None  # Admission.submit takes the header's or the default deadline
     if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0:
         raise HttpError(400, "parameters.timeout must be a positive integer (microseconds)")
     return ex.done_ns + timeout_us * 1000
@@ -416,4 +412,4 @@ def infer(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, st
         else:
             conn.respond(ex, 200, head, extra=extra)
 
-    submit(server, conn, ex, texts, done, "kserve", deadline)
+    server.admission.submit(conn, ex, texts, done, "kserve", deadline)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from service.admission import RETRY_AFTER, latency_header
 from service.dispatcher import Result
 from service.http import Exchange, HttpError, HttpProtocol
 from shm import layout as L
@@ -15,21 +15,6 @@ if TYPE_CHECKING:
     from service.app import Server
 
 Handler = Callable[[HttpProtocol, Exchange, dict[str, str]], None]
-
-STATUS_HTTP = {
-    L.STATUS_OK: 200,
-    L.STATUS_BAD_REQUEST: 400,
-    L.STATUS_OVERLOADED: 503,
-    L.STATUS_DEADLINE: 504,
-    L.STATUS_INTERNAL: 500,
-}
-STATUS_MESSAGE = {
-    L.STATUS_BAD_REQUEST: "text is empty or not valid UTF-8",
-    L.STATUS_OVERLOADED: "overloaded",
-    L.STATUS_DEADLINE: "request deadline passed",
-    L.STATUS_INTERNAL: "internal error",
-}
-RETRY_AFTER = [(b"retry-after", b"1")]
 
 
 def parse_json(ex: Exchange) -> Any:
@@ -62,67 +47,6 @@ def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[byte
         text + L.PAIR_SEPARATOR + encode_text(pair, where if single else f"{where}[{i}]")
         for i, (text, pair) in enumerate(zip(texts, pairs, strict=True))
     ]
-
-
-def deadline_ns(server: Server, ex: Exchange) -> int:
-    raw = ex.headers.get(b"x-request-timeout-ms")
-    timeout_s = server.settings.request_timeout_s
-    if raw is not None:
-        try:
-            ms = float(raw)
-        except ValueError:
-            raise HttpError(400, "X-Request-Timeout-Ms must be a number") from None
-        if not ms > 0 or ms > 86_400_000:
-            raise HttpError(400, "X-Request-Timeout-Ms must be in (0, 86400000]")
-        timeout_s = ms / 1000
-    return ex.done_ns + int(timeout_s * 1e9)
-
-
-def latency_header(ex: Exchange) -> tuple[bytes, bytes]:
-    return (b"x-latency-ms", b"%.1f" % ((time.monotonic_ns() - ex.done_ns) / 1e6))
-
-
-def first_failure(results: list[Result]) -> Result | None:
-    for r in results:
-        if r.status != L.STATUS_OK:
-            return r
-    return None
-
-
-def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
-    status = STATUS_HTTP.get(failed.status, 500)
-    extra = [latency_header(ex)]
-    if status == 503:
-        extra += RETRY_AFTER
-    conn.respond_error(ex, status, STATUS_MESSAGE.get(failed.status, "internal error"), extra)
-
-
-def submit(
-    server: Server,
-    conn: HttpProtocol,
-    ex: Exchange,
-    texts: list[bytes],
-    on_ok: Callable[[list[Result]], None],
-    protocol: str,
-    deadline: int | None = None,
-) -> None:
-    """Admit texts for inference, or answer 503 at once. `deadline` overrides the header's.
-    `on_ok` gets the results when every text succeeded; any failure is answered here."""
-    if deadline is None:
-        deadline = deadline_ns(server, ex)
-
-    def done(results: list[Result]) -> None:
-        failed = first_failure(results)
-        if failed is None:
-            on_ok(results)
-        else:
-            respond_failure(conn, ex, failed)
-
-    if not server.dispatcher.submit(texts, deadline, done, protocol):
-        message = "server is draining" if server.draining else "queue is full"
-        if server.supervisor.fatal:
-            message = "no worker can serve"
-        conn.respond_error(ex, 503, message, [latency_header(ex), *RETRY_AFTER])
 
 
 def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
@@ -163,7 +87,7 @@ def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str,
         body = json.dumps(items[0] if single else {"results": items}).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 
-    submit(server, conn, ex, texts, done, "http")
+    server.admission.submit(conn, ex, texts, done, "http")
 
 
 def model_info(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:

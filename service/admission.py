@@ -1,0 +1,100 @@
+"""Admission for every protocol: the dispatcher's queue bound, deadlines, and the refusal and
+failure answers an HTTP or KServe request gets (the binary protocol maps the same statuses).
+
+It knows the dispatcher and the settings, and asks the server only why it refuses; it never
+sees the server itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from service.dispatcher import Dispatcher, Result
+from service.http import Exchange, HttpError, HttpProtocol
+from service.settings import Config
+from shm import layout as L
+
+STATUS_HTTP = {
+    L.STATUS_OK: 200,
+    L.STATUS_BAD_REQUEST: 400,
+    L.STATUS_OVERLOADED: 503,
+    L.STATUS_DEADLINE: 504,
+    L.STATUS_INTERNAL: 500,
+}
+STATUS_MESSAGE = {
+    L.STATUS_BAD_REQUEST: "text is empty or not valid UTF-8",
+    L.STATUS_OVERLOADED: "overloaded",
+    L.STATUS_DEADLINE: "request deadline passed",
+    L.STATUS_INTERNAL: "internal error",
+}
+RETRY_AFTER = [(b"retry-after", b"1")]
+
+
+def latency_header(ex: Exchange) -> tuple[bytes, bytes]:
+    return (b"x-latency-ms", b"%.1f" % ((time.monotonic_ns() - ex.done_ns) / 1e6))
+
+
+def first_failure(results: list[Result]) -> Result | None:
+    for r in results:
+        if r.status != L.STATUS_OK:
+            return r
+    return None
+
+
+def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
+    status = STATUS_HTTP.get(failed.status, 500)
+    extra = [latency_header(ex)]
+    if status == 503:
+        extra += RETRY_AFTER
+    conn.respond_error(ex, status, STATUS_MESSAGE.get(failed.status, "internal error"), extra)
+
+
+class Admission:
+    """Admits texts to the dispatcher, or refuses them at once with the reason."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, settings: Config, refusal: Callable[[], str]
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.refusal = refusal  # why the dispatcher refuses now: draining, full, no worker
+
+    def deadline_ns(self, ex: Exchange) -> int:
+        """The request's own X-Request-Timeout-Ms after its last byte, else the default."""
+        raw = ex.headers.get(b"x-request-timeout-ms")
+        timeout_s = self.settings.request_timeout_s
+        if raw is not None:
+            try:
+                ms = float(raw)
+            except ValueError:
+                raise HttpError(400, "X-Request-Timeout-Ms must be a number") from None
+            if not ms > 0 or ms > 86_400_000:
+                raise HttpError(400, "X-Request-Timeout-Ms must be in (0, 86400000]")
+            timeout_s = ms / 1000
+        return ex.done_ns + int(timeout_s * 1e9)
+
+    def submit(
+        self,
+        conn: HttpProtocol,
+        ex: Exchange,
+        texts: list[bytes],
+        on_ok: Callable[[list[Result]], None],
+        protocol: str,
+        deadline: int | None = None,
+    ) -> None:
+        """Admit texts for inference, or answer 503 at once. `deadline` overrides the header's.
+        `on_ok` gets the results when every text succeeded; any failure is answered here."""
+        if deadline is None:
+            deadline = self.deadline_ns(ex)
+
+        def done(results: list[Result]) -> None:
+            failed = first_failure(results)
+            if failed is None:
+                on_ok(results)
+            else:
+                respond_failure(conn, ex, failed)
+
+        if not self.dispatcher.submit(texts, deadline, done, protocol):
+            extra = [latency_header(ex), *RETRY_AFTER]
+            conn.respond_error(ex, 503, self.refusal(), extra)
