@@ -20,8 +20,9 @@ from typing import Any
 from service.admission import Admission
 from service.auth import ApiKey, guard_http, start_operator
 from service.binary import BinaryServerState
+from service.control import ControlProtocol, choose_control_path, start_control
 from service.dispatcher import Dispatcher, Group, Result
-from service.handover import fetch_listeners, listen, live_peer
+from service.handover import fetch_listeners, listen, listening_fds, live_peer
 from service.http import HttpProtocol, HttpServerState
 from service.logs import EventLog
 from service.notify import sd_notify
@@ -171,10 +172,13 @@ class Server:
         self.inherited = {}
 
     async def start_control(self) -> None:
-        from service.control import choose_control_path, start_control
+        s = self.settings
+        self.control_path = choose_control_path(s.control, s.reuse_port)
 
-        self.control_path = choose_control_path(self.settings.control, self.settings.reuse_port)
-        self.listeners.append(await start_control(self, self.control_path))
+        def make() -> ControlProtocol:
+            return ControlProtocol(self, self.api_key, self.count, s.max_control_line)
+
+        self.listeners.append(await start_control(self.control_path, make))
 
     async def notify_ready(self, sup: asyncio.Task[Any]) -> None:
         """Tell systemd (Type=notify) we serve: listening, and a worker ready."""
@@ -389,6 +393,31 @@ class Server:
             "model": {"name": self.model_name, "fingerprint": self.manifest.fingerprint},
             "workers": self.supervisor.status_rows(),
         }
+
+    # -- what the control socket may do (service.control.Admin) --------------------------------
+    def restart(self, slot: int) -> str | None:
+        if self.draining:
+            return "server is draining"
+        if not self.supervisor.restart(slot):
+            return f"no serving worker with id {slot}"
+        return None
+
+    def scale(self, workers: int) -> str | None:
+        if self.draining:
+            return "server is draining"
+        self.supervisor.scale(workers)
+        return None
+
+    def stop(self, reason: str) -> None:
+        self.request_stop(reason)
+
+    def generation(self) -> int:
+        return self.supervisor.generation
+
+    def handover_sockets(self) -> tuple[list[str], list[int]] | str:
+        if self.draining:
+            return "server is draining: its listeners are closed"
+        return listening_fds(self)
 
     def refusal(self) -> str:
         """Why the dispatcher refuses a request now (the message of its 503)."""

@@ -6,21 +6,40 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from service.auth import DENIED, control_ok
-from service.handover import listening_fds, send_listeners, socket_is_live
+from service.auth import DENIED, ApiKey, control_ok
+from service.handover import send_listeners, socket_is_live
 
-if TYPE_CHECKING:
-    from service.app import Server
+Reply = dict[str, Any]
+
+
+class Admin(Protocol):
+    """What the control socket may do to the server: each method answers the error, if any."""
+
+    def status(self) -> dict[str, Any]: ...
+    def restart(self, slot: int) -> str | None: ...
+    def scale(self, workers: int) -> str | None: ...
+    def stop(self, reason: str) -> None: ...  # drain, as SIGTERM
+    async def reload(self, reason: str) -> str | None: ...
+    def generation(self) -> int: ...
+    def handover_sockets(self) -> tuple[list[str], list[int]] | str: ...
 
 
 class ControlProtocol(asyncio.Protocol):
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    def __init__(
+        self,
+        admin: Admin,
+        key: ApiKey | None,
+        count: Callable[[str, int], None],
+        limit: int,
+    ) -> None:
+        self.admin = admin
+        self.key = key
+        self.count = count  # requests_total, as every protocol counts its answers
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
-        self.limit = server.settings.max_control_line
+        self.limit = limit
         self.waiting: asyncio.Future[Reply] | None = None  # a command still working (reload)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -74,7 +93,7 @@ class ControlProtocol(asyncio.Protocol):
             send_listeners(self.transport, line, fds)
         else:
             self.transport.write(line)
-        self.server.count("control", answer_code(reply))
+        self.count("control", answer_code(reply))
 
     def handle(self, line: bytes) -> Reply | Awaitable[Reply]:
         if not line.strip():
@@ -85,7 +104,7 @@ class ControlProtocol(asyncio.Protocol):
             return {"ok": False, "error": "not a JSON object"}
         if not isinstance(doc, dict):
             return {"ok": False, "error": "not a JSON object"}
-        if not control_ok(self.server.api_key, doc):
+        if not control_ok(self.key, doc):
             return {"ok": False, "error": DENIED}
         cmd = doc.get("cmd")
         handler = COMMANDS.get(cmd) if isinstance(cmd, str) else None
@@ -96,13 +115,10 @@ class ControlProtocol(asyncio.Protocol):
                 "commands": sorted(COMMANDS),
             }
         try:
-            reply = handler(self.server, doc)
+            reply = handler(self.admin, doc)
         except Exception as exc:  # noqa: BLE001 - the contract keeps the connection usable
             return failure(exc)
         return reply if isinstance(reply, dict) else guarded(reply)
-
-
-Reply = dict[str, Any]
 
 
 def failure(exc: Exception) -> Reply:
@@ -132,50 +148,46 @@ def _int_arg(doc: dict[str, Any], name: str) -> int:
     return value
 
 
-def cmd_status(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
-    return {"ok": True, **server.status()}
+def cmd_status(admin: Admin, doc: Reply) -> Reply:
+    return {"ok": True, **admin.status()}
 
 
-def cmd_restart(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+def cmd_restart(admin: Admin, doc: Reply) -> Reply:
     slot = _int_arg(doc, "worker")
-    if server.draining:
-        return {"ok": False, "error": "server is draining"}
-    if not server.supervisor.restart(slot):
-        return {"ok": False, "error": f"no serving worker with id {slot}"}
-    return {"ok": True, "worker": slot}
+    error = admin.restart(slot)
+    return {"ok": False, "error": error} if error else {"ok": True, "worker": slot}
 
 
-def cmd_scale(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+def cmd_scale(admin: Admin, doc: Reply) -> Reply:
     n = _int_arg(doc, "workers")
     if not 1 <= n <= 256:
         return {"ok": False, "error": "workers must be between 1 and 256"}
-    if server.draining:
-        return {"ok": False, "error": "server is draining"}
-    server.supervisor.scale(n)
-    return {"ok": True, "workers": n}
+    error = admin.scale(n)
+    return {"ok": False, "error": error} if error else {"ok": True, "workers": n}
 
 
-def cmd_drain(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
-    server.request_stop("control")
+def cmd_drain(admin: Admin, doc: Reply) -> Reply:
+    admin.stop("control")
     return {"ok": True, "draining": True}
 
 
-async def cmd_reload(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
-    error = await server.reload("control")
+async def cmd_reload(admin: Admin, doc: Reply) -> Reply:
+    error = await admin.reload("control")
     if error:
         return {"ok": False, "error": error}
-    return {"ok": True, "generation": server.supervisor.generation}
+    return {"ok": True, "generation": admin.generation()}
 
 
-def cmd_listeners(server: Server, doc: dict[str, Any]) -> dict[str, Any]:
+def cmd_listeners(admin: Admin, doc: Reply) -> Reply:
     """Hand the listening sockets to a server upgrading beside this one (service.handover)."""
-    if server.draining:
-        return {"ok": False, "error": "server is draining: its listeners are closed"}
-    names, fds = listening_fds(server)
+    found = admin.handover_sockets()
+    if isinstance(found, str):
+        return {"ok": False, "error": found}
+    names, fds = found
     return {"ok": True, "listeners": names, FDS: fds}
 
 
-Command = Callable[["Server", Reply], Reply | Awaitable[Reply]]
+Command = Callable[[Admin, Reply], Reply | Awaitable[Reply]]
 COMMANDS: dict[str, Command] = {
     "status": cmd_status,
     "restart": cmd_restart,
@@ -200,16 +212,14 @@ def choose_control_path(path: str, reuse_port: bool) -> str:
     )
 
 
-async def start_control(server: Server, path: str) -> asyncio.AbstractServer:
+async def start_control(path: str, make: Callable[[], ControlProtocol]) -> asyncio.AbstractServer:
     try:
         os.unlink(path)  # a socket left by a killed server (a live one was refused above)
     except FileNotFoundError:
         pass
     old = os.umask(0o177)
     try:
-        srv = await asyncio.get_running_loop().create_unix_server(
-            lambda: ControlProtocol(server), path
-        )
+        srv = await asyncio.get_running_loop().create_unix_server(make, path)
     finally:
         os.umask(old)
     os.chmod(path, 0o600)
