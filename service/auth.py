@@ -6,7 +6,8 @@ hmac.compare_digest: constant time whatever the given key's length (comparing th
 would leak the key's length). The key itself is never logged, never echoed in an error, and never
 shown in /v1/stats; given on the command line, it is overwritten in the process's argument area
 so that `ps` and /proc/PID/cmdline no longer show it (the environment variable is the documented
-way: it never reaches `ps` at all).
+way: it never reaches `ps` at all), and given in the environment, it is unset before the workers
+start and overwritten in the stale copy that /proc/PID/environ shows.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ async def start_operator(server: Server) -> tuple[asyncio.AbstractServer, HttpSe
     """The operator listener: /metrics, /v1/stats and /dashboard only, no key (bind it to a
     private address with --operator-host)."""
     from service import metrics
+    from service.handover import listen
     from service.http import HttpProtocol, HttpServerState
     from service.routes import Router
 
@@ -111,8 +113,6 @@ async def start_operator(server: Server) -> tuple[asyncio.AbstractServer, HttpSe
     state = HttpServerState(s, router, server.count)
     state.access_log = server.http_state.access_log if server.http_state else None
     host = s.operator_host or s.host
-    from service.handover import listen
-
     listener = await listen(
         server, "operator", lambda: HttpProtocol(state), host, s.operator_port, 128
     )

@@ -266,6 +266,8 @@ def test_failures_counted(keyed: ServerProc, model: str) -> None:
         for line in body.decode().splitlines():
             if line.startswith("ringserve_auth_failures_total{"):
                 out[line.split('"')[1]] = float(line.split()[-1])
+            elif line.startswith("ringserve_requests_total{") and 'code="401"' in line:
+                out["401 " + line.split('"')[1]] = float(line.split()[-1])
         return out
 
     before = counts()
@@ -280,6 +282,9 @@ def test_failures_counted(keyed: ServerProc, model: str) -> None:
     )
     for protocol in ("http", "kserve", "binary", "control"):
         assert after[protocol] == before.get(protocol, 0) + 1, (protocol, before, after)
+    for protocol in ("http", "kserve", "binary"):  # and each is a 401 in requests_total
+        key = "401 " + protocol
+        assert after[key] == before.get(key, 0) + 1, (protocol, before, after)
 
 
 def test_key_out_of_children_and_stats(keyed: ServerProc) -> None:
