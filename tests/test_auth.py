@@ -61,6 +61,9 @@ def keyed(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Itera
         srv.stop()
         raise
     yield srv
+    # Whatever tests ran, the log holds answers to the right key and to a wrong one.
+    assert srv.request("GET", "/v1/model", headers=bearer(KEY + "0"))[0] == 401
+    assert srv.request("GET", "/v1/model", headers=bearer(KEY))[0] == 200
     assert srv.stop() == 0
     log = srv.log_path.read_text(errors="replace")
     assert '"event": "access"' in log and '"status": 401' in log  # it did log those requests
@@ -189,6 +192,7 @@ def binary_ok_count(srv: ServerProc) -> float:
         encode_frame("AUTH", 0),
         b"\xff\xff\xff\x7f",  # a length no AUTH frame has
     ],
+    ids=["no-auth", "wrong-key", "shorter-key", "longer-key", "tag-7", "no-key", "huge-length"],
 )
 def test_binary_closes_without_auth(keyed: ServerProc, first: bytes) -> None:
     """The connection closes, nothing after the first frame is read: the valid frames sent
