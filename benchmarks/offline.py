@@ -157,7 +157,8 @@ def report_batch(
     ) if len(got) == len(lines) else False  # fmt: skip
     print(f"ringserve batch: {summary['texts_per_s']:.1f} texts/s from its first answer "
           f"({len(lines) / wall:.1f} lines/s over {wall:.1f} s wall, workers' boot included); "
-          f"front-end max RSS {summary['front_end_max_rss_mib']} MiB")  # fmt: skip
+          f"front-end max RSS {summary['front_end_max_rss_mib']} MiB, "
+          f"CPU {summary['front_end_cpu_s']} s")  # fmt: skip
     print(
         f"output: {len(got)} lines for {len(lines)} (same count: {len(got) == len(lines)}); "
         f"bad lines marked in place and only there: {bad_ok}; errors={summary['errors']}"

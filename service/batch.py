@@ -321,6 +321,7 @@ class BatchJob:
             "texts_per_s": round(rate, 1),
             "seconds": round(time.monotonic() - progress.t0, 2),
             "front_end_max_rss_mib": round(_max_rss_mib(), 1),
+            "front_end_cpu_s": round(_cpu_s(), 2),
         }
         print(json.dumps(summary), file=sys.stderr)
         if finished:
@@ -331,6 +332,13 @@ class BatchJob:
             file=sys.stderr,
         )
         return 130
+
+
+def _cpu_s() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _max_rss_mib() -> float:
