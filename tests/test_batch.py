@@ -80,16 +80,23 @@ def test_batch_keeps_order_marks_bad_lines_and_matches_classify(
 def test_batch_jsonl_and_tsv_inputs(tmp_path: Path, server: ServerProc) -> None:
     texts = column(DATA / "sst2" / "sample.tsv", 6, skip=400)
     docs = [json.dumps({"text": t.decode()}) for t in texts]
-    docs[2:2] = ["{not json", '{"texts": ["x"]}']
+    pair = {"text": "a man plays a guitar", "text_pair": "someone makes music"}
+    docs[2:2] = ["{not json", '{"texts": ["x"]}', json.dumps(pair)]
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(docs) + "\n")
     out = tmp_path / "out.jsonl"
     run = run_batch(src, out)
     assert run.returncode == 0, run.stderr
     got = out.read_text().splitlines()
+    assert len(got) == len(docs)
     assert json.loads(got[2]) == {"error": "malformed JSON"}
     assert "must be an object" in json.loads(got[3])["error"]
-    check_against_server(server, texts, got[:2] + got[4:])
+    check_against_server(server, texts, got[:2] + got[5:])
+    status, _, body = server.request("POST", "/v1/classify", pair)  # the pair as one input
+    assert status == 200
+    want, mine = json.loads(body), json.loads(got[4])
+    assert want["label"] == mine["label"]
+    assert max(abs(a - b) for a, b in zip(want["scores"], mine["scores"], strict=True)) <= 1e-5
 
 
 def test_ctrl_c_leaves_valid_output_and_resume_finishes(tmp_path: Path, server: ServerProc) -> None:
