@@ -1,4 +1,5 @@
-"""Installs what the dashboard browser test needs (Debian's chromium), when it is missing."""
+"""Installs what the tests need from Debian when it is missing: chromium (the dashboard browser
+test) and haproxy (tests/test_cluster.py, benchmarks/cluster.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,22 @@ import shutil
 import subprocess
 import sys
 
+NEEDED = {"chromium": "chromium", "haproxy": "haproxy"}  # command: Debian package
+
 
 def main() -> int:
-    if shutil.which("chromium") or os.environ.get("RINGSERVE_SKIP_BROWSER_INSTALL"):
+    missing = [pkg for cmd, pkg in NEEDED.items() if not shutil.which(cmd)]
+    if os.environ.get("RINGSERVE_SKIP_BROWSER_INSTALL") and "chromium" in missing:
+        missing.remove("chromium")
+    if not missing:
         return 0
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        print("tests/install_browser.py: cannot install chromium (not root or no apt-get)")
+        print(f"tests/install_browser.py: cannot install {missing} (not root or no apt-get)")
         return 0
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
     subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"],
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
         check=True,
         env=env,
     )
