@@ -17,8 +17,9 @@ import sys
 import time
 from typing import Any
 
+from service import metrics
 from service.admission import Admission
-from service.auth import ApiKey, guard_http, start_operator
+from service.auth import ApiKey, guard_http
 from service.binary import BinaryServerState
 from service.control import ControlProtocol, choose_control_path, start_control
 from service.dispatcher import Dispatcher, Group, Result
@@ -148,7 +149,7 @@ class Server:
         router = Router(self)
         v1_routes(router)
         self.add_routes(router)
-        route = router if self.api_key is None else guard_http(self, self.api_key, router)
+        route = router if self.api_key is None else guard_http(self.api_key, router)
         self.http_state = HttpServerState(s, route, self.count)
         state = self.http_state
         if s.access_log:
@@ -161,7 +162,7 @@ class Server:
         http = await listen(self, "http", lambda: HttpProtocol(state), s.host, s.port, 2048)
         self.listeners.append(http)
         if s.operator_port:
-            operator, self.operator_state = await start_operator(self)
+            operator, self.operator_state = await self.start_operator()
             self.listeners.append(operator)
         if s.binary_port:
             from service.binary import start_binary
@@ -170,6 +171,18 @@ class Server:
         for sock in self.inherited.values():  # a port we no longer serve on
             sock.close()
         self.inherited = {}
+
+    async def start_operator(self) -> tuple[asyncio.AbstractServer, HttpServerState]:
+        """The operator listener: /metrics, /v1/stats and /dashboard only, no key (bind it to a
+        private address with --operator-host)."""
+        s = self.settings
+        router = Router(self)
+        metrics.register(router, self)
+        state = HttpServerState(s, router, self.count)
+        state.access_log = self.http_state.access_log if self.http_state else None
+        host = s.operator_host or s.host
+        make = lambda: HttpProtocol(state)  # noqa: E731 - one line, named for the call below
+        return await listen(self, "operator", make, host, s.operator_port, 128), state
 
     async def start_control(self) -> None:
         s = self.settings
@@ -196,11 +209,11 @@ class Server:
         return True
 
     def add_routes(self, router: Router) -> None:
-        from service import kserve, metrics
+        from service import kserve
 
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener
-            metrics.register(router)
+            metrics.register(router, self)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self) -> int:

@@ -12,21 +12,15 @@ start and overwritten in the stale copy that /proc/PID/environ shows.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import hashlib
 import hmac
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from service.http import protocol_of
+from service.http import Exchange, HttpProtocol, protocol_of
 from service.wire import AUTH_PREFIX, LENGTH, OK, TAG, status_answer
-
-if TYPE_CHECKING:
-    from service.app import Server
-    from service.http import Exchange, HttpProtocol, HttpServerState
 
 ENV = "RINGSERVE_API_KEY"
 DENIED = "missing or invalid API key"
@@ -83,7 +77,7 @@ class ApiKey:
 Route = Callable[["HttpProtocol", "Exchange"], None]
 
 
-def guard_http(server: Server, key: ApiKey, route: Route) -> Route:
+def guard_http(key: ApiKey, route: Route) -> Route:
     """Every path but the probes needs the key; without it, 401 before any routing (so an
     unknown caller learns nothing, not even which paths exist)."""
     from service.admission import latency_header
@@ -97,26 +91,6 @@ def guard_http(server: Server, key: ApiKey, route: Route) -> Route:
         conn.respond_error(ex, 401, DENIED, [CHALLENGE, latency_header(ex)])
 
     return guarded
-
-
-async def start_operator(server: Server) -> tuple[asyncio.AbstractServer, HttpServerState]:
-    """The operator listener: /metrics, /v1/stats and /dashboard only, no key (bind it to a
-    private address with --operator-host)."""
-    from service import metrics
-    from service.handover import listen
-    from service.http import HttpProtocol, HttpServerState
-    from service.routes import Router
-
-    s = server.settings
-    router = Router(server)
-    metrics.register(router)
-    state = HttpServerState(s, router, server.count)
-    state.access_log = server.http_state.access_log if server.http_state else None
-    host = s.operator_host or s.host
-    listener = await listen(
-        server, "operator", lambda: HttpProtocol(state), host, s.operator_port, 128
-    )
-    return listener, state
 
 
 # -- binary port ----------------------------------------------------------------------------------

@@ -10,18 +10,38 @@ past that, or while its transport's write buffer is full, it stops reading. A le
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from service.admission import STATUS_HTTP
-from service.auth import AUTH_OK, read_auth_frame
-from service.dispatcher import Result
+from service.auth import AUTH_OK, ApiKey, read_auth_frame
+from service.dispatcher import Dispatcher, Result
+from service.logs import EventLog
+from service.settings import Config
 from service.wire import LENGTH, TAG, encode_answer, status_answer
 from shm import layout as L
 
-if TYPE_CHECKING:
-    from service.app import Server
+
+class BinaryHost(Protocol):
+    """What the binary protocol needs of the server."""
+
+    settings: Config
+    binary_state: BinaryServerState | None  # set here: the drain closes these connections
+    dispatcher: Dispatcher
+    draining: bool
+
+    @property
+    def api_key(self) -> ApiKey | None: ...
+    @property
+    def bound(self) -> dict[str, asyncio.AbstractServer]: ...
+    @property
+    def inherited(self) -> dict[str, socket.socket]: ...
+    @property
+    def log(self) -> EventLog: ...
+    def count(self, protocol: str, code: int, n: int = 1) -> None: ...
+
 
 STATUSES = (L.STATUS_OK, L.STATUS_BAD_REQUEST, L.STATUS_OVERLOADED, L.STATUS_DEADLINE)
 
@@ -29,14 +49,14 @@ STATUSES = (L.STATUS_OK, L.STATUS_BAD_REQUEST, L.STATUS_OVERLOADED, L.STATUS_DEA
 class BinaryServerState:
     """What every binary connection of one server shares."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: BinaryHost) -> None:
         self.server = server
         self.settings = server.settings
         self.connections: set[BinaryProtocol] = set()
         self.refused = 0
 
 
-async def start_binary(server: Server, host: str, port: int) -> asyncio.AbstractServer:
+async def start_binary(server: BinaryHost, host: str, port: int) -> asyncio.AbstractServer:
     from service.handover import listen
 
     state = BinaryServerState(server)

@@ -16,10 +16,24 @@ import json
 import os
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from service.app import Server
+from service.logs import EventLog
+from service.settings import Config
+
+
+class Listeners(Protocol):
+    """What opening and handing over listeners needs of the server."""
+
+    @property
+    def settings(self) -> Config: ...
+    @property
+    def log(self) -> EventLog: ...
+    @property
+    def bound(self) -> dict[str, asyncio.AbstractServer]: ...  # by name, to hand over
+    @property
+    def inherited(self) -> dict[str, socket.socket]: ...  # handed over to us
+
 
 MAX_FDS = 8
 
@@ -82,7 +96,7 @@ def send_listeners(transport: asyncio.BaseTransport, line: bytes, fds: list[int]
         socket.send_fds(dup, [line], fds)
 
 
-def listening_fds(server: Server) -> tuple[list[str], list[int]]:
+def listening_fds(server: Listeners) -> tuple[list[str], list[int]]:
     names, fds = [], []
     for name, listener in server.bound.items():
         for sock in getattr(listener, "sockets", ()):  # asyncio.Server and uvloop's alike
@@ -92,7 +106,7 @@ def listening_fds(server: Server) -> tuple[list[str], list[int]]:
 
 
 async def listen(
-    server: Server,
+    server: Listeners,
     name: str,
     factory: Callable[[], asyncio.Protocol],
     host: str,

@@ -14,7 +14,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
@@ -22,11 +22,8 @@ import numpy as np
 from service.admission import latency_header
 from service.dispatcher import Result
 from service.http import Exchange, HttpError, HttpProtocol
-from service.routes import Router, encode_text
+from service.routes import ModelView, Router, encode_text
 from shm import layout as L
-
-if TYPE_CHECKING:
-    from service.app import Server
 
 VERSION = "1"
 PLATFORM = "pytorch_libtorch"  # Triton's name for TorchScript models
@@ -34,7 +31,7 @@ OUTPUTS = ("scores", "label")
 HEADER_LENGTH = b"inference-header-content-length"
 _U32 = struct.Struct("<I")
 
-KHandler = Callable[["Server", HttpProtocol, Exchange, dict[str, str]], None]
+KHandler = Callable[[ModelView, HttpProtocol, Exchange, dict[str, str]], None]
 
 
 def server_version() -> str:
@@ -55,7 +52,7 @@ def register(router: Router) -> None:
 
 
 def guard(
-    server: Server, handler: KHandler, inference: bool = False
+    server: ModelView, handler: KHandler, inference: bool = False
 ) -> Callable[[HttpProtocol, Exchange, dict[str, str]], None]:
     """Answer a handler's HttpError here, with the latency header every inference answer has."""
 
@@ -69,7 +66,7 @@ def guard(
     return run
 
 
-def check_model(server: Server, params: dict[str, str]) -> str:
+def check_model(server: ModelView, params: dict[str, str]) -> str:
     name = unquote(params["model"])
     if name != server.model_name:
         raise HttpError(404, f"unknown model {name!r}")
@@ -84,12 +81,12 @@ def respond_json(conn: HttpProtocol, ex: Exchange, doc: Any, status: int = 200) 
 
 
 # -- metadata and health --------------------------------------------------------------------------
-def server_metadata(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def server_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     doc = {"name": "ringserve", "version": server_version(), "extensions": ["binary_tensor_data"]}
     respond_json(conn, ex, doc)
 
 
-def model_metadata(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def model_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     name = check_model(server, p)
     doc = {
         "name": name,
@@ -108,7 +105,7 @@ def model_metadata(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str
     respond_json(conn, ex, doc)
 
 
-def model_config(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     """Triton's model configuration view, which tools such as perf_analyzer read."""
     name = check_model(server, p)
     doc = {
@@ -131,7 +128,7 @@ def model_config(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, 
     respond_json(conn, ex, doc)
 
 
-def model_ready(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def model_ready(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     name = check_model(server, p)
     if server.ready():
         respond_json(conn, ex, {"name": name, "ready": True})
@@ -145,7 +142,7 @@ def model_ready(server: Server, conn: HttpProtocol, ex: Exchange, p: dict[str, s
 
 
 # -- infer: request -------------------------------------------------------------------------------
-def read_body(server: Server, ex: Exchange) -> bytes:
+def read_body(server: ModelView, ex: Exchange) -> bytes:
     """The request body, inflated when the client compressed it (tritonclient can)."""
     body = b"".join(ex.body)
     encoding = ex.headers.get(b"content-encoding", b"identity").strip().lower()
@@ -166,7 +163,7 @@ def read_body(server: Server, ex: Exchange) -> bytes:
     return data
 
 
-def split_body(server: Server, ex: Exchange) -> tuple[dict[str, Any], memoryview]:
+def split_body(server: ModelView, ex: Exchange) -> tuple[dict[str, Any], memoryview]:
     """The JSON inference header and the binary tensor data after it."""
     body = read_body(server, ex)
     raw = ex.headers.get(HEADER_LENGTH)
@@ -278,7 +275,7 @@ def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[b
     return texts, pos
 
 
-def read_texts(server: Server, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
+def read_texts(server: ModelView, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
     """The request's texts; with the optional input `text_pair`, each text joined to its pair."""
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not 1 <= len(inputs) <= 2:
@@ -329,7 +326,7 @@ def read_outputs(doc: dict[str, Any]) -> list[tuple[str, bool]]:
     return wanted
 
 
-def request_deadline(server: Server, ex: Exchange, doc: dict[str, Any]) -> int | None:
+def request_deadline(server: ModelView, ex: Exchange, doc: dict[str, Any]) -> int | None:
     """Triton's `timeout` parameter (microseconds), unless X-Request-Timeout-Ms says otherwise."""
     timeout_us = as_dict(doc.get("parameters"), "parameters").get("timeout")
     if timeout_us is None or b"x-request-timeout-ms" in ex.headers:
@@ -386,7 +383,7 @@ def encoder_for(labels: list[str]) -> OutputEncoder:
     return encoder
 
 
-def infer(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     name = check_model(server, params)
     doc, blob = split_body(server, ex)
     request_id = doc.get("id")

@@ -13,11 +13,15 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from service.http import Exchange, HttpProtocol
+from service.auth import ApiKey
+from service.dispatcher import Dispatcher
+from service.http import Exchange, HttpProtocol, HttpServerState
 from service.logs import EventLog
 from service.pool import DEAD, DEGRADED, DRAINING, READY, SPARE, STARTING
+from service.routes import Router
+from service.settings import Config
 from service.stats import (
     PROM_BOUNDS_S,
     OverloadWatch,
@@ -26,11 +30,43 @@ from service.stats import (
     gpu_readings,
     prom_buckets,
 )
+from service.supervisor import Supervisor
 from shm import layout as L
+from workers.artifact import Manifest
 
-if TYPE_CHECKING:
-    from service.app import Server
-    from service.routes import Router
+
+class MetricsView(Protocol):
+    """What the metrics read of the server (and `stats`, which they install)."""
+
+    stats: Stats | None  # set by Metrics unless --metrics 0
+
+    @property
+    def settings(self) -> Config: ...
+    @property
+    def log(self) -> EventLog: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def api_key(self) -> ApiKey | None: ...
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+    @property
+    def supervisor(self) -> Supervisor: ...
+    @property
+    def http_state(self) -> HttpServerState | None: ...
+    @property
+    def requests_total(self) -> dict[tuple[str, int], int]: ...
+    @property
+    def manifest(self) -> Manifest: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def buckets(self) -> tuple[int, ...]: ...
+
 
 TICK_S = 0.25  # window rotation, worker counter sampling and overload detection
 PROM_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -112,7 +148,7 @@ class Exposition:
 class Metrics:
     """Wires the collectors into one server and renders what they hold."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: MetricsView) -> None:
         self.server = server
         self.stats = Stats(server.buckets)
         self.workers = WorkerTotals()
@@ -457,11 +493,10 @@ class Metrics:
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
-def register(router: Router) -> Metrics:
+def register(router: Router, server: MetricsView) -> Metrics:
     """Add /metrics, /v1/stats and /dashboard, and start the metrics tick."""
     import json
 
-    server = router.server
     metrics = Metrics(server)
     page = DASHBOARD.read_bytes()
     no_store = [(b"cache-control", b"no-store")]
@@ -482,7 +517,7 @@ def register(router: Router) -> Metrics:
     return metrics
 
 
-def access_logger(server: Server) -> Callable[[Exchange, int], None]:
+def access_logger(server: MetricsView) -> Callable[[Exchange, int], None]:
     """One JSON line per HTTP answer, whatever --log-level says (it was asked for)."""
     log = EventLog("info", server.log.stream)
 

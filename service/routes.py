@@ -4,15 +4,39 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from service.admission import RETRY_AFTER, latency_header
+from service.admission import RETRY_AFTER, Admission, latency_header
 from service.dispatcher import Result
 from service.http import Exchange, HttpError, HttpProtocol
+from service.settings import Config
 from shm import layout as L
+from workers.artifact import Manifest
 
-if TYPE_CHECKING:
-    from service.app import Server
+
+class ModelView(Protocol):
+    """What the /v1 and KServe routes read of the server: a read-only view."""
+
+    @property
+    def settings(self) -> Config: ...
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def manifest(self) -> Manifest: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def labels(self) -> list[str]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def buckets(self) -> tuple[int, ...]: ...
+    @property
+    def pad_grid(self) -> tuple[int, ...]: ...
+    def ready(self) -> bool: ...
+
 
 Handler = Callable[[HttpProtocol, Exchange, dict[str, str]], None]
 
@@ -49,7 +73,7 @@ def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[byte
     ]
 
 
-def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = parse_json(ex)
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
@@ -90,7 +114,7 @@ def classify(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str,
     server.admission.submit(conn, ex, texts, done, "http")
 
 
-def model_info(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     m = server.manifest
     body = {
         "name": server.model_name,
@@ -110,11 +134,15 @@ def model_info(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[st
     conn.respond(ex, 200, json.dumps(body).encode())
 
 
-def health_live(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def health_live(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
     conn.respond(ex, 200, b'{"live": true}')
 
 
-def health_ready(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def health_ready(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
     if server.ready():
         conn.respond(ex, 200, b'{"ready": true}')
     else:
@@ -124,7 +152,7 @@ def health_ready(server: Server, conn: HttpProtocol, ex: Exchange, params: dict[
 class Router:
     """Exact paths and `{name}` patterns, each with the methods it allows."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ModelView) -> None:
         self.server = server
         self.exact: dict[bytes, dict[bytes, Handler]] = {}
         self.patterns: list[tuple[list[str], dict[bytes, Handler]]] = []
