@@ -355,6 +355,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     p.add_argument("--workers", type=int, default=None, help="worker processes (one per core)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--device", default="auto")
+    p.add_argument("--runtime", default="auto", help="auto, torch or onnx, as for serve")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--max-batch-tokens", type=int, default=512, help="padded tokens a batch")
     p.add_argument("--resume", action="store_true", help="continue a stopped run's output")
@@ -366,6 +367,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
         workers=args.workers,
         threads=args.threads,
         device=args.device,
+        runtime=args.runtime,
         spares=0,  # a batch run has no clients to keep waiting: a replacement may boot cold
         max_batch=args.max_batch,
         max_batch_tokens=args.max_batch_tokens,
