@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from benchmarks.common import Launched, LoadResult, classify_request, load_texts, run_load
+from service.supervisor import STABLE_S
 
 POLL_S = 0.005
 
@@ -149,7 +150,9 @@ def under_load(
         with background_load(srv, texts, concurrency) as results:
             while len(times) < kills:
                 wait_until(lambda: spares_ready(srv) >= spares and len(serving(srv)) == workers)
-                time.sleep(0.3)  # let the load reach the new worker
+                # Each victim has served a while: the supervisor counts a worker that dies
+                # within STABLE_S of being ready as crash-looping and backs off.
+                time.sleep(STABLE_S + 0.5)
                 pids = serving(srv)
                 times.append(time_to_whole(srv, workers, pids[rng.choice(sorted(pids))]))
             time.sleep(1.0)  # answers to the last rerouted requests

@@ -31,6 +31,7 @@ KILL_AFTER_S = 3.0  # TERM, then KILL when a stopping worker has not left by the
 BOOT_TIMEOUT_S = 180.0  # a worker that has not loaded by then is killed and replaced
 CRASH_WINDOW_S = 30.0
 CRASH_LIMIT = 5  # crashes of one slot within the window before restarts back off
+STABLE_S = 2.0  # a worker ready this long that dies is not crash-looping (no backoff)
 SPARE_KEY = -1  # crash history and backoff of the spares, beside the slots' own
 ZYGOTE_RETRY_S = 5.0  # a dead zygote is replaced at most this often; workers spawn meanwhile
 ZYGOTE_RETRY_MAX_S = 300.0  # ... doubling for each zygote in a row that died before it was ready
@@ -269,8 +270,14 @@ class Supervisor:
             self.slots[slot] = None
             self.restarts[slot] = self.restarts.get(slot, 0) + 1
             self.restarts_total += 1
-            self._note_crash(slot)
-        if slot is None and not handle.draining and not self.stopping:
+            if self._crash_looping(handle):
+                self._note_crash(slot)
+        if (
+            slot is None
+            and not handle.draining
+            and not self.stopping
+            and self._crash_looping(handle)
+        ):
             self._note_crash(SPARE_KEY)  # a crash-looping spare backs off like a slot
         if code == EXIT_DEVICE_ERROR:  # retried with the crash backoff, never a server stop
             self._event("worker_device_error", level=logging.WARNING, worker=slot)
@@ -304,6 +311,13 @@ class Supervisor:
             self.on_release(handle)  # metrics keep its final counters
         self.all.pop(handle.serial, None)
         handle.release()
+
+    def _crash_looping(self, handle: WorkerHandle) -> bool:
+        """A death counts toward the crash backoff only if the worker died while booting or
+        within STABLE_S of being ready: that is a loop to slow down. One that had served longer
+        was killed or ran out of memory, and is replaced at once however often that happens
+        (forked replacements make back-to-back kills common, and each is ready in ~0.3 s)."""
+        return handle.ready_at is None or self.clock() - handle.ready_at < STABLE_S
 
     def _note_crash(self, slot: int) -> None:
         now = self.clock()

@@ -17,7 +17,7 @@ import pytest
 
 from service.dispatcher import Dispatcher
 from service.settings import Config
-from service.supervisor import BOOT_TIMEOUT_S, CRASH_LIMIT, KILL_AFTER_S, Supervisor
+from service.supervisor import BOOT_TIMEOUT_S, CRASH_LIMIT, KILL_AFTER_S, STABLE_S, Supervisor
 from shm import layout as L
 from shm.doorbell import EventFd
 from workers.spec import EXIT_BOOT_ERROR, EXIT_DEVICE_ERROR
@@ -237,3 +237,18 @@ def test_a_crash_looping_spare_backs_off(pool) -> None:  # type: ignore[no-untyp
     clock.now += 31.0
     sup.reconcile()
     assert len(sup.spares) == 1
+
+
+def test_workers_killed_after_serving_a_while_are_replaced_at_once(pool) -> None:  # type: ignore[no-untyped-def]
+    """Many kills in a row are no crash loop when each victim had been ready for STABLE_S."""
+    sup, clock = pool
+    sup.reconcile()
+    for _ in range(3 * CRASH_LIMIT):
+        handle = serving_handle(sup)
+        handle.boot()
+        sup.check()
+        clock.now += STABLE_S + 0.1
+        handle.exit(-signal.SIGKILL)
+        sup.on_exit(handle)
+        assert sup.slots[0] is not None and sup.slots[0] is not handle
+    assert 0 not in sup.backoff_until
