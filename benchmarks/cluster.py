@@ -28,7 +28,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import DATA, ROOT, percentile
+from service import wire
 
 SUBNET = "10.231.7"
 HUB_IP = f"{SUBNET}.1"
@@ -327,15 +327,15 @@ class BinaryClient(Paced):
     def once(self) -> None:
         started = time.monotonic()
         data = self.text().encode()
-        frame = struct.pack("<I", len(data)) + data + struct.pack("<Q", self.i)
+        frame = wire.encode_frame(data, self.i)
         outcome = "never answered"
         for attempt in range(5):
             try:
                 if self.sock is None:
                     self.sock = socket.create_connection((self.host, BINARY_PORT), timeout=3)
                 self.sock.sendall(frame)
-                head = recv_exact(self.sock, 14)
-                tag, status, _, _, n = struct.unpack("<QBBHH", head)
+                head = recv_exact(self.sock, wire.ANSWER.size)
+                tag, status, _, _, n = wire.ANSWER.unpack(head)
                 recv_exact(self.sock, 4 * n)
                 outcome = "ok" if status == 0 and tag == self.i else f"binary-status{status}"
                 break

@@ -97,9 +97,11 @@ class Launched:
     ) -> None:
         """`beside`: share that server's ports and control path (a --reuse-port upgrade)."""
         tmp = Path(tmp)
-        self.port = beside.port if beside else port or free_port()
-        self.binary_port = beside.binary_port if beside else free_port() if binary else 0
-        self.base_control = beside.base_control if beside else str(tmp / f"ctl-{self.port}.sock")
+        self.port: int = beside.port if beside else port or free_port()
+        self.binary_port: int = beside.binary_port if beside else free_port() if binary else 0
+        self.base_control: str = (
+            beside.base_control if beside else str(tmp / f"ctl-{self.port}.sock")
+        )
         self.control = self.base_control
         taken = beside is not None and socket_is_live(self.base_control)
         self.log_path = tmp / f"server-{self.port}{f'-{time.monotonic_ns()}' if beside else ''}.log"

@@ -7,8 +7,8 @@ import http.client
 import json
 import signal
 import socket
-import struct
 
+from service.wire import encode_frame, parse_answers
 from tests.conftest import wait_for
 
 
@@ -71,20 +71,16 @@ def test_binary_answers_owed_then_closes(start_server) -> None:  # type: ignore[
     sock = socket.create_connection(("127.0.0.1", srv.binary_port), timeout=60)
     text = ("a long and winding review of a film that goes on " * 20).encode()
     n = 64
-    sock.sendall(
-        b"".join(struct.pack("<I", len(text)) + text + struct.pack("<Q", t) for t in range(n))
-    )
+    sock.sendall(b"".join(encode_frame(text, t) for t in range(n)))
     wait_for(lambda: srv.status()["queue_depth"] > 0, 30, "frames in flight")
     srv.proc.send_signal(signal.SIGTERM)
     data = b""
     while chunk := sock.recv(65536):
         data += chunk
-    tags, pos = [], 0
-    while pos < len(data):
-        tag, status, _, _, count = struct.unpack_from("<QBBHH", data, pos)
-        assert status == 0, (tag, status)
-        tags.append(tag)
-        pos += 14 + 4 * count
+    answers, used = parse_answers(data)
+    assert used == len(data), "a partial answer"
+    assert all(a.ok for a in answers), [a for a in answers if not a.ok]
+    tags = [a.tag for a in answers]
     print(f"drain: binary frames sent {n}, answered {len(tags)} (status 0), then EOF")
     assert sorted(tags) == list(range(n))
     sock.close()
