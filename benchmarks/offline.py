@@ -156,7 +156,7 @@ def report_batch(
     bad_ok = all(
         (b'"error"' in g) == (t in BAD_LINES) for g, t in zip(got, lines, strict=True)
     ) if len(got) == len(lines) else False  # fmt: skip
-    print(f"ringserve batch: {summary['texts_per_s']:.1f} texts/s from its first answer "
+    print(f"ringserve batch: {summary['texts_per_s']:.1f} texts/s from the whole pool ready "
           f"({len(lines) / wall:.1f} lines/s over {wall:.1f} s wall, workers' boot included); "
           f"front-end max RSS {summary['front_end_max_rss_mib']} MiB, "
           f"CPU {summary['front_end_cpu_s']} s")  # fmt: skip

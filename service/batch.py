@@ -153,7 +153,7 @@ class Progress:
         self.tty = stream.isatty()
         self.every_s = 0.5 if self.tty else every_s
         self.t0 = time.monotonic()
-        self.first_at: float | None = None  # first answer: excludes the workers' boot
+        self.first_at: float | None = None  # the whole pool ready: excludes its boot
         self.last = 0.0
 
     def rate(self, done: int, now: float) -> float:
@@ -161,10 +161,12 @@ class Progress:
             return 0.0
         return (done - self.start_done) / (now - self.first_at)
 
+    def started(self) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+
     def update(self, done: int, force: bool = False) -> None:
         now = time.monotonic()
-        if self.first_at is None and done > self.start_done:
-            self.first_at = now
         if not force and now - self.last < self.every_s:
             return
         self.last = now
@@ -290,26 +292,31 @@ class BatchJob:
                     raise SystemExit(f"ringserve batch: {self.supervisor.fatal}")
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), STOP_WAIT_S if self.stopping else 0.5)
+                    wait_s = 0.5 if progress.first_at else 0.05  # see the pool's start closely
+                    await asyncio.wait_for(
+                        self.wake.wait(), STOP_WAIT_S if self.stopping else wait_s
+                    )
                 if self.stopping and self.wake.is_set() is False and self.inflight:
                     break  # answers stopped coming: give up on them, they stay pending
                 self.results.write_ready()
+                if len(self.dispatcher.serving) >= self.supervisor.target:
+                    progress.started()
                 progress.update(total_done + self.done)
         finally:
             self.results.write_ready()
             progress.update(total_done + self.done, force=True)
+            rate = progress.rate(total_done + self.done, time.monotonic())  # before the stop
             progress.finish()
             await self.supervisor.stop()
             sup_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sup_task
-        return self.report(progress, total_done + self.done)
+        return self.report(progress, total_done + self.done, rate)
 
-    def report(self, progress: Progress, done: int) -> int:
+    def report(self, progress: Progress, done: int, rate: float) -> int:
         finished = self.results.written == self.n
         self.results.close(finished)
         bad = 0  # counted from the output, which is the truth a user sees
-        rate = progress.rate(done, time.monotonic())
         with open(self.args.output, "rb") as f:
             for line in f:
                 bad += line.startswith(b'{"error"')
