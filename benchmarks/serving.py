@@ -1,11 +1,16 @@
-"""Raw model throughput against served throughput, side by side in one run on one machine.
+"""The server against the model's own ceiling, side by side in one run on one machine.
 
-raw:    N processes (N = the server's workers, pinned one per core, torch threads as the
-        server's) each run the same TorchScript artifact in-process on pre-tokenized batches
-        of the server's batch size, padded to the same bucket. Their sum is the ceiling.
-served: the real `ringserve serve` on the same texts, one text per HTTP request, closed loop
-        at concurrency 1 and 32 (benchmarks/common.py, on uvloop, in this process).
-Prints both, P50/P99, and served/raw. Usage: python -m benchmarks.serving [--seconds 15]
+ceiling: the raw model in N pinned processes (N = the server's workers, one thread each, the same
+         runtime and precision), on the same texts, in batches sorted by length and padded only
+         to their own longest, under the best batch limit found. At concurrency C the texts are
+         sorted within windows of C arriving texts (the most a server could see at once); the
+         256-text window is printed beside it as the absolute reference.
+served:  the real `ringserve serve` with default options (plus the runtime and precision, and the
+         batch limit found best, which is what the defaults are set from) on the same texts, one
+         text per HTTP request, closed loop at concurrency 1, 32 and 64.
+Two mixes: short (SST-2 sentences) and long (AG News descriptions). Reports served/ceiling,
+P50/P99, padding waste (from /v1/stats), whole-server CPU ms per request, and at concurrency 1 the
+model's own batch-1 latency. Usage: python -m benchmarks.serving [--seconds 6] [--quick]
 """
 
 from __future__ import annotations
@@ -13,127 +18,307 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.common import SST2, Launched, LoadResult, classify_request, load_texts, run_load
+import psutil
+
+from benchmarks.common import (
+    AG_NEWS,
+    SST2,
+    Launched,
+    LoadResult,
+    classify_request,
+    get_json,
+    load_texts,
+    run_load,
+)
+from service.settings import Config
+
+MIXES = {"short": SST2, "long": AG_NEWS}
+RUNTIMES = [("onnx", "fp32"), ("torch", "fp32"), ("onnx", "int8")]  # the default first
+LEVELS = [1, 32, 64]
+# Batch limits tried at the 256-text window: (rows, padded tokens).
+LIMITS = [(32, 256), (32, 512), (64, 512), (64, 1024), (64, 2048)]
+Batch = list[list[int]]  # token ids of each text
 
 
-def _raw_worker(args: tuple[str, list[str], int, int, int, float, int]) -> tuple[int, float]:
-    model_dir, texts, cpu, threads, batch, seconds, bucket_cap = args
+# -- the ceiling: pinned processes running planned batches -----------------------------------------
+def _ceiling_loop(conn: Any, cpu: int) -> None:
     os.sched_setaffinity(0, [cpu])
-    import numpy as np
     import torch
 
-    from workers.artifact import load_manifest, load_model, load_tokenizer
-    from workers.batcher import bucket_index
+    from workers.artifact import load_manifest, load_model
+    from workers.batcher import Item
+    from workers.onnx_model import open_session
+    from workers.runtime import CpuRunner, OrtRunner
 
-    torch.set_num_threads(threads)
-    manifest = load_manifest(model_dir)
-    tok = load_tokenizer(model_dir, manifest.max_length)
-    model = load_model(model_dir)
-    encs = [e.ids for e in tok.encode_batch(texts)]
-    buckets = (64, 128, 256)
-    width = buckets[bucket_index(buckets, max(len(e) for e in encs[:batch]))]
-    width = min(width, bucket_cap)
-    ids = np.zeros((batch, width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    ids_t, mask_t = torch.from_numpy(ids), torch.from_numpy(mask)
-    done, i = 0, 0
-    with torch.inference_mode():
-        for _ in range(3):  # warm-up, as the workers do
-            model(ids_t, mask_t)
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            ids[:] = 0
-            mask[:] = 0
-            for row in range(batch):
-                e = encs[i % len(encs)][:width]
-                i += 1
-                ids[row, : len(e)] = e
-                mask[row, : len(e)] = 1
-            model(ids_t, mask_t)
-            done += batch
-        elapsed = time.perf_counter() - t0
-    return done, elapsed
+    torch.set_num_threads(1)
+    runner: Any = None
+    while True:
+        msg = conn.recv()
+        if msg[0] == "load":
+            _, model_dir, runtime, precision = msg
+            m = load_manifest(model_dir)
+            if runtime == "onnx":
+                name = m.int8_file if precision == "int8" else m.onnx_file
+                runner = OrtRunner(open_session(f"{model_dir}/{name}"), m.max_length, 256)
+            else:
+                runner = CpuRunner(load_model(model_dir), m.max_length, 256)
+            runner.warm()
+            conn.send("ok")
+        elif msg[0] == "run":
+            _, batches, seconds = msg
+            conn.send(_run_batches(runner, [[Item(0, 0, 0, ids) for ids in b] for b in batches],
+                                   seconds))  # fmt: skip
+        else:
+            return
 
 
-def raw_throughput(
-    model_dir: str, texts: list[str], workers: int, threads: int, batch: int, seconds: float
+def _run_batches(runner: Any, batches: list[list[Any]], seconds: float) -> tuple[int, float, float]:
+    """Texts done, seconds taken, median seconds a batch: whole passes, until `seconds` pass."""
+    done, times = 0, []
+    t0 = time.perf_counter()
+    while not times or time.perf_counter() - t0 < seconds:
+        for batch in batches:
+            b0 = time.perf_counter()
+            length = max(len(it.ids) for it in batch)
+            runner.fill(length, batch)
+            runner.forward(length, len(batch))
+            times.append(time.perf_counter() - b0)
+            done += len(batch)
+    return done, time.perf_counter() - t0, statistics.median(times)
+
+
+class CeilingPool:
+    """One pinned process per worker; each runs its share of the planned batches."""
+
+    def __init__(self, workers: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        cpus = sorted(os.sched_getaffinity(0))
+        self.conns = []
+        self.procs = []
+        for k in range(workers):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_ceiling_loop, args=(child, cpus[k % len(cpus)]))
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+
+    def load(self, model_dir: str, runtime: str, precision: str) -> None:
+        for c in self.conns:
+            c.send(("load", model_dir, runtime, precision))
+        for c in self.conns:
+            c.recv()
+
+    def run(self, batches: list[Batch], seconds: float) -> tuple[float, float]:
+        """Texts/s of all processes together, and the median batch time (s). Batches are dealt
+        round robin, as workers sharing one queue would take them."""
+        n = len(self.conns)
+        for k, c in enumerate(self.conns):
+            c.send(("run", batches[k::n] or batches[:1], seconds))
+        results = [c.recv() for c in self.conns]
+        rate = sum(done / took for done, took, _ in results)
+        return rate, statistics.median(r[2] for r in results)
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.send(("stop",))
+        for p in self.procs:
+            p.join(10)
+
+
+def plan(encodings: list[list[int]], window: int, max_batch: int, max_tokens: int) -> list[Batch]:
+    """Batches as a server seeing `window` arriving texts at once would form them at best:
+    each window sorted by length, cut greedily under the limit, padded to each batch's longest."""
+
+    def fits(rows: int, length: int) -> bool:
+        return rows * length <= max_tokens
+
+    batches: list[Batch] = []
+    for start in range(0, len(encodings), window):
+        chunk = sorted(encodings[start : start + window], key=len)
+        i = 0
+        while i < len(chunk):
+            j = i + 1
+            while j < len(chunk) and j - i < max_batch and fits(j - i + 1, len(chunk[j])):
+                j += 1
+            batches.append(chunk[i:j])
+            i = j
+    return batches
+
+
+def ceiling(
+    texts: list[str],
+    runtime: str = "onnx",
+    precision: str = "fp32",
+    workers: int = 2,
+    window: int = 256,
+    limit: tuple[int, int] = (32, 512),
+    seconds: float = 3.0,
+    model_dir: str | None = None,
+    pool: CeilingPool | None = None,
 ) -> float:
-    ctx = multiprocessing.get_context("spawn")
-    cpus = sorted(os.sched_getaffinity(0))
-    # Only texts that fit the first bucket, as the served run's SST-2 sentences do.
-    jobs = [
-        (model_dir, texts, cpus[k % len(cpus)], threads, batch, seconds, 64) for k in range(workers)
-    ]
-    with ctx.Pool(workers) as pool:
-        results = pool.map(_raw_worker, jobs)
-    return sum(done / elapsed for done, elapsed in results)
+    """Texts/s of the model alone on `texts` (the ceiling any server of `workers` pinned
+    1-thread processes can reach): sorted within windows of `window` texts, batches of at most
+    limit = (rows, padded tokens). Importable: `ringserve batch`'s benchmark uses it too."""
+    from workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
+
+    model_dir = model_dir or str(default_artifact_dir())
+    tok = load_tokenizer(model_dir, load_manifest(model_dir).max_length)
+    encodings = [e.ids for e in tok.encode_batch(texts)]
+    own = pool is None
+    pool = pool or CeilingPool(workers)
+    try:
+        if own:
+            pool.load(model_dir, runtime, precision)
+        return pool.run(plan(encodings, window, *limit), seconds)[0]
+    finally:
+        if own:
+            pool.close()
 
 
-def served(port: int, texts: list[str], levels: list[int], seconds: float) -> list[LoadResult]:
+# -- served ----------------------------------------------------------------------------------------
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of the server and every process under it (workers, zygote)."""
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+@dataclass
+class Served:
+    load: LoadResult
+    waste: float
+    cpu_ms: float
+
+
+def serve_level(srv: Launched, texts: list[str], c: int, seconds: float) -> Served:
     import uvloop
 
     requests = [classify_request(t) for t in texts]
 
-    async def go() -> list[LoadResult]:
-        return [await run_load(port, requests, c, seconds) for c in levels]
+    async def warm() -> None:
+        await run_load(srv.port, requests, c, 1.0, warmup_s=0)
 
-    return uvloop.run(go())
+    uvloop.run(warm())
+    before = get_json(srv.port, "/v1/stats")["totals"]
+    cpu0 = tree_cpu_s(srv.pid)
+
+    async def go() -> LoadResult:
+        return await run_load(srv.port, requests, c, seconds, warmup_s=0)
+
+    result = uvloop.run(go())
+    cpu1 = tree_cpu_s(srv.pid)
+    after = get_json(srv.port, "/v1/stats")["totals"]
+    tokens = after["tokens"] - before["tokens"]
+    padded = after["padded_tokens"] - before["padded_tokens"]
+    waste = 1 - tokens / padded if padded else 0.0
+    return Served(result, waste, (cpu1 - cpu0) * 1000 / max(1, result.ok))
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def best_limit(pool: CeilingPool, encs: dict[str, list[list[int]]], seconds: float) -> Any:
+    print("batch limit at the 256 window (default runtime), texts/s:")
+    best, best_score = LIMITS[0], 0.0
+    for limit in LIMITS:
+        rates = {m: pool.run(plan(e, 256, *limit), seconds)[0] for m, e in encs.items()}
+        score = statistics.geometric_mean(rates.values())
+        print(f"  {limit[0]:>3} rows, {limit[1]:>5} tokens: "
+              + "  ".join(f"{m} {r:7.1f}" for m, r in rates.items()))  # fmt: skip
+        if score > best_score:
+            best, best_score = limit, score
+    defaults = f"{Config.max_batch} rows, {Config.max_batch_tokens} tokens"
+    print(f"  best (geometric mean): {best[0]} rows, {best[1]} tokens (defaults: {defaults})")
+    return best
+
+
+def run_config(
+    args: argparse.Namespace,
+    pool: CeilingPool,
+    model_dir: str,
+    texts: dict[str, list[str]],
+    encs: dict[str, list[list[int]]],
+    runtime: str,
+    precision: str,
+    limit: tuple[int, int],
+) -> list[str]:
+    pool.load(model_dir, runtime, precision)
+    rows = []
+    # The server's batch limit is the best one this run found (its defaults come from here).
+    extra = ["--workers", str(args.workers), "--runtime", runtime, "--precision", precision]
+    extra += ["--max-batch", str(limit[0]), "--max-batch-tokens", str(limit[1])]
+    with tempfile.TemporaryDirectory(prefix="ringserve-serving-") as tmp:
+        srv = Launched(tmp, [*extra, *args.server_args.split()], binary=False)
+        try:
+            srv.wait_ready(args.workers)
+            for mix in MIXES:
+                ref, _ = pool.run(plan(encs[mix], 256, *limit), args.ceiling_seconds)
+                for c in LEVELS:
+                    # The machine is shared: the ceiling is taken before and after the served
+                    # run and the higher one kept (the conservative ratio).
+                    batches = plan(encs[mix], c, *limit)
+                    ceil, batch_s = pool.run(batches, args.ceiling_seconds)
+                    s = serve_level(srv, texts[mix], c, args.seconds)
+                    again, batch_again = pool.run(batches, args.ceiling_seconds)
+                    ceil, batch_s = max(ceil, again), min(batch_s, batch_again)
+                    b1 = f"{batch_s * 1000:.1f}" if c == 1 else "-"
+                    rows.append(
+                        f"| {mix} | {runtime} {precision} | {c} | {s.load.rps:.1f} | {ceil:.1f} | "
+                        f"{s.load.rps / ceil:.2f} | {ref:.1f} | {s.load.pct(50):.1f} | "
+                        f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} |"
+                    )
+                    print(rows[-1], flush=True)
+        finally:
+            srv.terminate()
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--seconds", type=float, default=6.0, help="served load per level")
+    p.add_argument("--ceiling-seconds", type=float, default=2.5, help="per ceiling figure")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-batch", type=int, default=32)
-    p.add_argument("--data", default=str(SST2), help="TSV, texts in column 1 (default: sample)")
+    p.add_argument("--texts", type=int, default=1000, help="texts per mix")
+    p.add_argument("--quick", action="store_true", help="default runtime only")
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
     args = p.parse_args(argv)
-    from workers.artifact import default_artifact_dir
+    from workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
 
     model_dir = str(default_artifact_dir())
-    texts = load_texts(args.data, 4000)
-    print(
-        f"machine: {os.cpu_count()} cpus; workers={args.workers} x threads={args.threads}; "
-        f"max batch {args.max_batch}; {len(texts)} SST-2 sentences"
-    )
-    raw = 0.0
-    # The server's batch size, and half of it (what each of 2 workers sees at concurrency 32).
-    for batch in sorted({args.max_batch, max(1, args.max_batch // 2)}, reverse=True):
-        r = raw_throughput(model_dir, texts, args.workers, args.threads, batch, args.seconds)
-        print(f"raw in-process model: {r:8.1f} texts/s ({args.workers} processes, batch {batch})")
-        raw = r if batch == args.max_batch else raw
-    extra = [
-        "--workers",
-        str(args.workers),
-        "--threads",
-        str(args.threads),
-        "--max-batch",
-        str(args.max_batch),
-        *args.server_args.split(),
-    ]
-    with tempfile.TemporaryDirectory(prefix="ringserve-serving-") as tmp:
-        srv = Launched(tmp, extra, binary=False)
-        try:
-            srv.wait_ready()
-            results = served(srv.port, texts, [1, 32], args.seconds)
-        finally:
-            srv.terminate()
-    print("served /v1/classify (one text a request):")
-    for r in results:
-        print("  " + r.row())
-    ratio = results[-1].rps / raw if raw else 0.0
-    print(f"served/raw at concurrency 32: {ratio:.3f} (target >= 0.85)")
+    texts = {m: load_texts(path, args.texts) for m, path in MIXES.items()}
+    tok = load_tokenizer(model_dir, load_manifest(model_dir).max_length)
+    encs = {m: [e.ids for e in tok.encode_batch(t)] for m, t in texts.items()}
+    for m, e in encs.items():
+        print(f"{m}: {len(e)} texts, {statistics.mean(map(len, e)):.1f} tokens on average")
+    print(f"machine: {os.cpu_count()} cpus, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
+          f"load average {os.getloadavg()[0]:.1f}; {args.workers} workers x 1 thread")  # fmt: skip
+    t0 = time.monotonic()
+    pool = CeilingPool(args.workers)
+    try:
+        pool.load(model_dir, *RUNTIMES[0])
+        limit = best_limit(pool, encs, args.ceiling_seconds)
+        print("| mix | runtime | c | served/s | ceiling/s (window c) | served/ceiling | "
+              "ceiling/s (window 256) | P50 ms | P99 ms | model batch-1 ms | padding waste | "
+              "server CPU ms/req |")  # fmt: skip
+        print("| --- " * 12 + "|")
+        for runtime, precision in RUNTIMES[:1] if args.quick else RUNTIMES:
+            run_config(args, pool, model_dir, texts, encs, runtime, precision, limit)
+    finally:
+        pool.close()
+    print(f"took {time.monotonic() - t0:.0f} s")
     return 0
-
-
-def summary_dict(raw: float, results: list[LoadResult]) -> dict[str, Any]:
-    return {"raw": raw, **{f"c{r.concurrency}": r.rps for r in results}}
 
 
 if __name__ == "__main__":
