@@ -65,10 +65,14 @@ def zygote_pid(srv: Launched) -> int | None:
     return pid
 
 
+RUNTIME: list[str] = []  # --runtime for every server, when given
+
+
 @contextmanager
 def server(method: str, workers: int, spares: int) -> Iterator[Launched]:
     with tempfile.TemporaryDirectory(prefix="ringserve-failover-") as tmp:
         args = ["--workers", str(workers), "--spares", str(spares), "--start-method", method]
+        args += RUNTIME
         srv = Launched(tmp, args, binary=False)
         try:
             yield srv
@@ -183,11 +187,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--sizes", default="1,2,4", help="--workers values for time to ready and PSS")
     p.add_argument("--after-ready-trials", type=int, default=3)
+    p.add_argument("--runtime", help="the servers' --runtime (default: theirs, auto)")
+    p.add_argument("--sections", default="1,2,3", help="which of the three parts to run")
     args = p.parse_args(argv)
+    if args.runtime:
+        RUNTIME[:] = ["--runtime", args.runtime]
+    sections = {int(v) for v in args.sections.split(",")}
     texts = load_texts(n=2000)
     failed_total = 0
+    print(f"runtime: {args.runtime or 'the server default (auto)'}")
+    if 1 in sections:
+        startups(args.sizes)
+    if 2 in sections:
+        after_readiness(args.workers, args.after_ready_trials, texts)
+    if 3 in sections:
+        failed_total = kills_under_load(args, texts)
+    return 0 if failed_total == 0 else 1
+
+
+def startups(sizes: str) -> None:
     print("1. time to ready and PSS per worker (zygote's PSS shared out over its workers)")
-    for n in [int(v) for v in args.sizes.split(",")]:
+    for n in [int(v) for v in sizes.split(",")]:
         for method in ("zygote", "spawn"):
             r = startup(method, n)
             print(
@@ -196,10 +216,17 @@ def main(argv: list[str] | None = None) -> int:
                 + (f" (zygote {r['zygote_pss'] / 2**20:.1f} MiB)" if r["zygote_pss"] else ""),
                 flush=True,
             )
-    print(f"2. SIGKILL at readiness (--workers {args.workers} --spares 1), under light load")
+
+
+def after_readiness(workers: int, trials: int, texts: list[str]) -> None:
+    print(f"2. SIGKILL at readiness (--workers {workers} --spares 1), under light load")
     for method in ("zygote", "spawn"):
-        times = after_ready(method, args.workers, args.after_ready_trials, texts)
+        times = after_ready(method, workers, trials, texts)
         print(f"   {method:6s}: {len(times)} trials, whole again {ms(times)}", flush=True)
+
+
+def kills_under_load(args: argparse.Namespace, texts: list[str]) -> int:
+    failed_total = 0
     print(f"3. SIGKILLs under load (--workers {args.workers}, {args.concurrency} clients)")
     cases = [
         ("zygote", 0, args.kills),
@@ -215,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             f"requests ok {ok}, failed {failed}",
             flush=True,
         )
-    return 0 if failed_total == 0 else 1
+    return failed_total
 
 
 if __name__ == "__main__":

@@ -154,10 +154,24 @@ class Supervisor:
 
     # -- the zygote -----------------------------------------------------------------------------
     def _start_zygote(self) -> None:
-        self.zygote = Zygote(self.model_dir, self.generation)
+        self.zygote = Zygote(self.model_dir, self.generation, self._workers_run_torch())
         self.zygote.started_at = self.clock()
         self.zygote_retry_at = self.clock() + ZYGOTE_RETRY_S
         self._event("zygote_started", pid=self.zygote.process.pid, generation=self.generation)
+
+    def _workers_run_torch(self) -> bool:
+        """Whether workers run TorchScript (the zygote then holds the CPU weights to share)."""
+        from workers.artifact import ArtifactError, load_manifest
+        from workers.onnx_model import choose_runtime
+
+        s = self.settings
+        try:
+            manifest = load_manifest(self.model_dir, verify=False)
+            on_gpu = bool(self.gpus) or self.device == FAKE_GPU
+            runtime, _ = choose_runtime(s.runtime, s.precision, on_gpu, manifest)
+        except (ArtifactError, ValueError):
+            return True  # the workers will report the problem themselves
+        return runtime == "torch"
 
     def _replace_zygote(self, reason: str) -> None:
         old, self.zygote = self.zygote, None

@@ -71,7 +71,7 @@ class Worker:
         self.gpu: Any = None  # workers.nvml.GpuMonitor on CUDA: NVML sampled from the loop
         self.cpu_model_ok = False
 
-    def boot(self, model: Any = None) -> None:
+    def boot(self, model: Any = None, verified: bool = False) -> None:
         """Load (or take the zygote's already loaded CPU model), then warm this worker's shapes."""
         t0 = time.monotonic()
         import torch
@@ -87,7 +87,7 @@ class Worker:
         on_gpu = is_gpu_device(spec.device)
         set_graph_optimize(not on_gpu)  # before the model's first call
         # The zygote verified the fingerprint before it loaded the weights it hands over.
-        manifest = load_manifest(spec.model_dir, verify=model is None)
+        manifest = load_manifest(spec.model_dir, verify=not verified)
         max_len = manifest.max_length
         grid = pad_grid(spec.buckets, on_gpu, max_len)
         self.report_grid = length_grid(grid or REPORT_GRID, max_len)
@@ -253,7 +253,7 @@ def decode_payload(payload: bytes) -> str | tuple[str, str] | None:
     return texts[0] if len(texts) == 1 else (texts[0], texts[1])
 
 
-def main(spec: WorkerSpec, model: Any = None) -> None:
+def main(spec: WorkerSpec, model: Any = None, verified: bool = False) -> None:
     """The worker's life; `model` is the zygote's preloaded CPU model when forked from it."""
     _die_with_parent()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -268,7 +268,7 @@ def main(spec: WorkerSpec, model: Any = None) -> None:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front-end decides; Ctrl-C hits the group
     try:
-        worker.boot(model)
+        worker.boot(model, verified)
     except Exception as exc:  # noqa: BLE001 - any boot failure is reported the same way
         device_fault = worker.cpu_model_ok and spec.device != "cpu"
         what = f"cannot start on {spec.device}" if device_fault else "cannot load the model"

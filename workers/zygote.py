@@ -86,14 +86,16 @@ def check_forkable() -> str | None:
 
 
 # -- the zygote process ---------------------------------------------------------------------------
-def zygote_main(sock: socket.socket, model_dir: str, parent_pid: int) -> None:
+def zygote_main(
+    sock: socket.socket, model_dir: str, parent_pid: int, torch_model: bool = True
+) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front-end decides; Ctrl-C hits the group
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if os.getppid() != parent_pid:
         os._exit(EXIT_PARENT_GONE)
-    model = preload(model_dir)
+    model = preload(model_dir, torch_model)
     problem = check_forkable()
     if problem:
         print(f"ringserve zygote: will not fork: {problem}", file=sys.stderr)
@@ -109,8 +111,12 @@ def zygote_main(sock: socket.socket, model_dir: str, parent_pid: int) -> None:
         fork_worker(sock, data, fds, model)
 
 
-def preload(model_dir: str) -> Any:
-    """Import everything a worker needs and load the CPU weights; run nothing."""
+def preload(model_dir: str, torch_model: bool) -> Any:
+    """Import everything a worker needs and load the CPU weights; run nothing.
+
+    Workers on ONNX Runtime (`torch_model` False) get no TorchScript copy, which they would not
+    use: their session is created in the child and holds its own weights (importing
+    onnxruntime starts a thread, so not even the import happens here)."""
     import torch  # noqa: F401 - the point is to have it imported before the fork
 
     import workers.cuda
@@ -118,7 +124,7 @@ def preload(model_dir: str) -> Any:
     from workers.artifact import load_manifest, load_model
 
     load_manifest(model_dir)  # the fingerprint, checked once here rather than in every child
-    model = load_model(model_dir, "cpu")
+    model = load_model(model_dir, "cpu") if torch_model else None
     # Everything loaded so far lives as long as the zygote: move it out of the collector's
     # reach, so a child's collections never write to (and so copy) the shared pages. Measured
     # here: a child's first full collection took 0.15-0.39 s without this, ~0 with it.
@@ -157,7 +163,7 @@ def _run_child(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> 
             time.sleep(0.0005)
         from workers.worker import main
 
-        main(spec, model)
+        main(spec, model, verified=True)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - report and leave with a code, never unwind the zygote
@@ -173,14 +179,14 @@ def _run_child(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> 
 class Zygote:
     """The front-end's handle on one zygote process (for one model generation)."""
 
-    def __init__(self, model_dir: str, generation: int) -> None:
+    def __init__(self, model_dir: str, generation: int, torch_model: bool = True) -> None:
         become_subreaper()
         self.model_dir = model_dir
         self.generation = generation
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.process = SPAWN.Process(
             target=zygote_main,
-            args=(child, model_dir, os.getpid()),
+            args=(child, model_dir, os.getpid(), torch_model),
             name="ringserve-zygote",
             daemon=False,
         )
