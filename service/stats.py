@@ -18,6 +18,7 @@ from shm import layout as L
 
 if TYPE_CHECKING:
     from service.dispatcher import Dispatcher, Group, Result
+    from service.logs import EventLog
     from service.pool import WorkerHandle
     from service.supervisor import Supervisor
 
@@ -324,7 +325,7 @@ def gpu_readings(supervisor: Supervisor) -> list[dict[str, Any]]:
 class OverloadWatch:
     """Turns refusals into episodes: one event when refusing starts, one when it has stopped."""
 
-    def __init__(self, dispatcher: Dispatcher, log: Any) -> None:
+    def __init__(self, dispatcher: Dispatcher, log: EventLog) -> None:
         self.dispatcher = dispatcher
         self.log = log
         self.last_rejected = dispatcher.rejected

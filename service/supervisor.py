@@ -17,7 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from service.dispatcher import Dispatcher
+from service.logs import EventLog
 from service.pool import WorkerHandle
+from service.settings import Config
 from shm import layout as L
 from workers import nvml
 from workers.spec import EXIT_BOOT_ERROR, EXIT_DEVICE_ERROR, FAKE_GPU
@@ -56,11 +58,11 @@ def gpu_indices(device: str) -> list[int]:
 class Supervisor:
     def __init__(
         self,
-        settings: Any,
+        settings: Config,
         dispatcher: Dispatcher,
         model_dir: str,
         device: str,
-        events: Any = None,
+        events: EventLog | None = None,
         clock: Callable[[], float] = time.monotonic,
         make_handle: Callable[..., Any] = WorkerHandle,
     ) -> None:
