@@ -54,6 +54,9 @@ def resolve_device(wanted: str, log: EventLog) -> str:
         return wanted
     if wanted != "auto" and not re.fullmatch(r"cuda(:\d+)?", wanted):
         raise SystemExit(f"ringserve: unknown --device {wanted!r} (cpu, cuda, cuda:K or auto)")
+    # NVML numbers GPUs in PCI bus order; so must CUDA, here and in every worker (cuda:K is
+    # then the K-th GPU as nvidia-smi lists it, whatever CUDA_DEVICE_ORDER the user set).
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     missing = nvml.cuda_unavailable_reason()
     if wanted == "auto":
         if missing is None:

@@ -216,7 +216,7 @@ class BatchJob:
             Path(args.output), self.n, list(self.manifest.labels), meta, args.resume
         )
         # Two batches a worker: one running, one waiting; more would only lengthen a Ctrl-C.
-        self.window = max(GROUP, settings.serving_workers() * settings.max_batch * 2)
+        self.window = max(GROUP, settings.serving_workers() * settings.batch_rows(self.device) * 2)
         self.dispatcher = Dispatcher(self.window + GROUP)
         self.supervisor = Supervisor(
             settings, self.dispatcher, self.model_dir, self.device, self.log

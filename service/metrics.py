@@ -28,11 +28,13 @@ from service.stats import (
     Stats,
     WorkerTotals,
     gpu_readings,
+    graph_report,
     prom_buckets,
 )
 from service.supervisor import Supervisor
 from shm import layout as L
 from workers.artifact import Manifest
+from workers.spec import is_gpu_device
 
 
 class MetricsView(Protocol):
@@ -185,12 +187,15 @@ class Metrics:
     def worker_rows(self) -> list[dict[str, Any]]:
         """The control socket's status rows, plus what each process has served."""
         sup = self.server.supervisor
-        serial_of = {h.pid: h.serial for h in sup.all.values()}
+        by_pid = {h.pid: h for h in sup.all.values()}
         rows = sup.status_rows()
         for row in rows:
-            seen = self.workers.seen.get(serial_of.get(row["pid"], -1))
+            handle = by_pid.get(row["pid"])
+            seen = self.workers.seen.get(handle.serial if handle is not None else -1)
             row["requests"] = seen[0] if seen else 0
             row["batches"] = seen[1] if seen else 0
+            if handle is not None and is_gpu_device(handle.device):
+                row.update(graph_report(handle))
         return rows
 
     def snapshot(self) -> dict[str, Any]:

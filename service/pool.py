@@ -107,12 +107,12 @@ class WorkerHandle:
             model_dir=model_dir,
             channel=self.channel.names,
             buckets=tuple(settings.buckets),
-            max_batch=settings.max_batch,
+            max_batch=settings.batch_rows(device),
             max_delay_ms=settings.max_delay_ms,
             doorbell=self.doorbell,
             eventfd=self.eventfd,
             precision=getattr(settings, "precision", "fp32"),
-            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_tokens=settings.batch_tokens(device),
             runtime=settings.runtime,
         )
         self.process: Any = None

@@ -114,6 +114,16 @@ def parse_runtime(text: str) -> str:
     return value
 
 
+# Batch limits per device. CPU: measured by benchmarks/serving.py (README), 2 x 1-thread
+# workers, MiniLM; smaller token budgets keep a batch's activations in cache. GPU: not yet
+# measured on one (benchmarks/gpu_check.py will); CPU-sized batches would leave a GPU mostly
+# idle, and 16384 tokens (128 rows to 128 tokens, 64 rows at 256) keeps the graph pool small.
+CPU_MAX_BATCH = 32
+CPU_MAX_BATCH_TOKENS = 512
+GPU_MAX_BATCH = 128
+GPU_MAX_BATCH_TOKENS = 16384
+
+
 @dataclass(frozen=True)
 class Setting:
     """One option as the CLI, the environment and the README see it."""
@@ -206,11 +216,15 @@ class Config:
         "weights (sub-second boots, shared weight pages); spawn: a fresh interpreter each",
         parse_start_method,
     )
-    max_batch: int = option(32, "largest batch a worker runs at once (rows)", int)
-    # Measured by benchmarks/serving.py (README): 2 x 1-thread workers, MiniLM, best budget
-    # for both short and long texts; smaller budgets keep a batch's activations in cache.
-    max_batch_tokens: int = option(
-        512, "CPU: most padded tokens in one batch (rows x the batch's padded length)", int
+    # None: chosen for the worker's device by batch_rows() and batch_tokens().
+    max_batch: int | None = option(
+        None, "largest batch a worker runs at once, in rows (default: 32 CPU, 128 GPU)", int
+    )
+    max_batch_tokens: int | None = option(
+        None,
+        "most padded tokens in one batch, rows x the batch's padded length (default: 512 CPU, "
+        "16384 GPU)",
+        int,
     )
     # 0: a batch forms from what queued while the previous one ran; waiting only adds latency
     # (a forward is 17-450 ms here, far longer than any useful fill delay).
@@ -264,6 +278,19 @@ class Config:
     binary_group: int = option(32, "most binary frames admitted (and answered) as one group", int)
     binary_linger_s: float = option(2.0, "oversize frame: drop input this long, then close", float)
     extra: dict[str, Any] = field(default_factory=dict)  # not an option
+
+    def batch_rows(self, device: str) -> int:
+        """--max-batch, or its default for the device ("cuda..." is a GPU; the test-only fake
+        GPU is the CPU)."""
+        if self.max_batch is not None:
+            return self.max_batch
+        return GPU_MAX_BATCH if device.startswith("cuda") else CPU_MAX_BATCH
+
+    def batch_tokens(self, device: str) -> int:
+        """--max-batch-tokens, or its default for the device."""
+        if self.max_batch_tokens is not None:
+            return self.max_batch_tokens
+        return GPU_MAX_BATCH_TOKENS if device.startswith("cuda") else CPU_MAX_BATCH_TOKENS
 
     def serving_workers(self) -> int:
         return self.workers if self.workers is not None else default_workers()

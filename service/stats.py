@@ -322,6 +322,27 @@ def gpu_readings(supervisor: Supervisor) -> list[dict[str, Any]]:
     return [gpus[k] for k in sorted(gpus)]
 
 
+CAPTURE_ERRORS = {  # the control block's capture_error word (workers/cuda.py)
+    1: "out of memory while capturing CUDA graphs: serving eagerly",
+    2: "CUDA graph capture failed: serving eagerly (the worker's cuda_graphs_failed log line)",
+}
+
+
+def graph_report(handle: WorkerHandle) -> dict[str, Any]:
+    """A GPU worker's CUDA graphs as /v1/stats shows them; a failed capture is never silent."""
+    try:
+        snap = handle.ctl.snapshot()
+    except ValueError:  # released meanwhile
+        return {}
+    code = snap["capture_error"]
+    return {
+        "graphs": snap["graphs"],
+        "graphs_expected": snap["graphs_expected"],
+        "graph_bytes": snap["graph_bytes"],
+        "capture_error": CAPTURE_ERRORS.get(code, f"code {code}") if code else None,
+    }
+
+
 class OverloadWatch:
     """Turns refusals into episodes: one event when refusing starts, one when it has stopped."""
 

@@ -38,6 +38,7 @@ SPARE_KEY = -1  # crash history and backoff of the spares, beside the slots' own
 ZYGOTE_RETRY_S = 5.0  # a dead zygote is replaced at most this often; workers spawn meanwhile
 ZYGOTE_RETRY_MAX_S = 300.0  # ... doubling for each zygote in a row that died before it was ready
 ZYGOTE_WAIT_S = 120.0  # at start, workers wait this long for the zygote before spawning
+DEVICE_RETRIES = 3  # boots of a slot that fail on its GPU before the slot serves from the CPU
 
 
 class BootFailure(Exception):
@@ -79,6 +80,7 @@ class Supervisor:
         self.restarts: dict[int, int] = {}
         self.crashes: dict[int, list[float]] = {}
         self.backoff_until: dict[int, float] = {}
+        self.device_errors: dict[int | None, int] = {}  # slot (None: spares) -> boots failed
         self.spares: list[WorkerHandle] = []  # starting or loaded, not serving
         self.retiring: list[WorkerHandle] = []  # draining or stopping
         self.all: dict[int, WorkerHandle] = {}  # serial -> handle, every live process
@@ -123,6 +125,7 @@ class Supervisor:
         self.generation += 1
         if self.zygote is not None:  # a new zygote loads the new artifact
             self._replace_zygote("reload")
+        self.device_errors.clear()  # a reload tries every slot's GPU again
         for h in list(self.spares):  # spares carry the old model: replace them at once
             self.spares.remove(h)
             self._retire(h)
@@ -131,10 +134,16 @@ class Supervisor:
 
     # -- processes ------------------------------------------------------------------------------
     def device_for(self, slot: int | None) -> str:
-        """Slot s runs on GPU s mod G (a spare on the first GPU); the CPU device is as given."""
+        """Slot s runs on GPU s mod G; the CPU device is as given. A slot whose GPU failed its
+        boot DEVICE_RETRIES times serves from the CPU until the next reload."""
+        if self.device_errors.get(slot, 0) >= DEVICE_RETRIES:
+            return "cpu"
         if not self.gpus or self.device == FAKE_GPU:
             return self.device
-        return f"cuda:{self.gpus[(slot or 0) % len(self.gpus)]}"
+        if slot is None:  # a new spare goes to the GPU with the fewest spares
+            have = [h.device for h in self.spares]
+            return min((f"cuda:{g}" for g in self.gpus), key=have.count)
+        return f"cuda:{self.gpus[slot % len(self.gpus)]}"
 
     def _near_cpus(self, slot: int) -> list[int]:
         """The CPUs nearest the slot's GPU (NVML or sysfs), or [] when the system does not say."""
@@ -146,6 +155,10 @@ class Supervisor:
     def cpus_for(self, slot: int | None) -> list[int]:
         if slot is None:
             return list(self.ncpu)
+        if self.gpus and self.device_for(slot) != "cpu":
+            # A GPU worker tokenizes, moves rings and launches kernels: it gets every CPU near
+            # its GPU (shared with that GPU's other workers), not one core.
+            return self._near_cpus(slot) or list(self.ncpu)
         per = max(1, self.settings.threads)
         near = self._near_cpus(slot)
         if near:  # disjoint sets within the GPU's CPUs, in slot order
@@ -295,10 +308,10 @@ class Supervisor:
             and self._crash_looping(handle)
         ):
             self._note_crash(SPARE_KEY)  # a crash-looping spare backs off like a slot
-        if code == EXIT_DEVICE_ERROR:  # retried with the crash backoff, never a server stop
-            self._event("worker_device_error", level=logging.WARNING, worker=slot)
         if code == EXIT_BOOT_ERROR and not was_loaded and not self.stopping:
             self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
+        if code == EXIT_DEVICE_ERROR and not was_loaded:  # never a server stop
+            self._device_error(slot, handle.device)
         self._update_serving()  # before rerouting, so nothing goes back to the dead worker
         if not self.fatal:
             self.reconcile()  # a warm spare takes the slot now, not at the next tick
@@ -344,6 +357,16 @@ class Supervisor:
             self.backoff_until[slot] = now + delay
             self._event("worker_backoff", level=logging.WARNING, worker=slot, delay_s=delay)
 
+    def _device_error(self, slot: int | None, device: str) -> None:
+        """A boot failed on its GPU: retry after a growing delay, then give the slot the CPU."""
+        n = self.device_errors.get(slot, 0) + 1
+        self.device_errors[slot] = n
+        if slot is not None and n < DEVICE_RETRIES:
+            self.backoff_until[slot] = self.clock() + 0.25 * 2 ** (n - 1)
+        fallback = "cpu" if n >= DEVICE_RETRIES else device
+        self._event("worker_device_error", level=logging.WARNING, worker=slot, device=device,
+                    failures=n, next_device=fallback)  # fmt: skip
+
     def _vacate(self, slot: int, reason: str) -> None:
         handle = self.slots.get(slot)
         if handle is not None:
@@ -383,7 +406,7 @@ class Supervisor:
                     continue
             if handle is not None or now < self.backoff_until.get(slot, 0.0):
                 continue
-            spare = self._ready_spare()
+            spare = self._ready_spare(self.device_for(slot))
             if spare is not None:
                 self._promote(spare, slot)
             else:
@@ -398,9 +421,11 @@ class Supervisor:
             self.spares.append(self.spawn(None))
         self._update_serving()
 
-    def _ready_spare(self) -> WorkerHandle | None:
+    def _ready_spare(self, device: str | None = None) -> WorkerHandle | None:
+        """A loaded spare of this generation (on `device` when given: spares are per GPU)."""
         for h in self.spares:
-            if h.loaded() and h.generation == self.generation and not h.dead:
+            fresh = h.loaded() and h.generation == self.generation and not h.dead
+            if fresh and (device is None or h.device == device):
                 return h
         return None
 

@@ -97,7 +97,9 @@ CONTROL_FIELDS = (
     "cuda_allocated",
     "boot_ms",
     "graphs",  # CUDA graphs captured
-    "graph_bytes",
+    "graph_bytes",  # the graphs' shared memory pool, measured after every capture
+    "graphs_expected",  # graphs a CUDA worker should have captured
+    "capture_error",  # 0 none; 1 out of memory; 2 another error: the worker runs eagerly
 )
 CTL = {name: i for i, name in enumerate(CONTROL_FIELDS)}
 # Batch-size histogram: counts of batches with size <= BATCH_BOUNDS[i].

@@ -3,8 +3,12 @@
 CudaRunner runs on device "cpu" (no graphs, no pinned memory) as the "fake GPU": its static
 shapes, buffers and the out-of-memory fallback are the production code, while the CUDA-only parts
 (graph capture and replay, pinned copies, NVML on a real driver) are checked on a GPU machine by
-benchmarks/gpu_check.py. The OOM is injected through the test-only hook the server passes on
-from RINGSERVE_TEST_INJECT_OOM; it raises the same torch.cuda.OutOfMemoryError a real one does.
+benchmarks/gpu_check.py. Three failures a GPU can have are SIMULATED through test-only hooks the
+server passes on from the environment: an out-of-memory error in a batch
+(RINGSERVE_TEST_INJECT_OOM; the same torch.cuda.OutOfMemoryError a real one raises), a failed
+graph capture (RINGSERVE_TEST_CAPTURE_ERROR; a RuntimeError where torch.cuda.graph would raise
+one) and a device that refuses a worker at boot (RINGSERVE_TEST_DEVICE_BOOT_ERRORS; the first N
+worker boots raise the DeviceError a busy or full GPU gives).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from service.app import resolve_device
 from service.dispatcher import Dispatcher
 from service.logs import EventLog
 from service.settings import Config
-from service.supervisor import Supervisor, gpu_indices
+from service.supervisor import DEVICE_RETRIES, Supervisor, gpu_indices
 from shm import layout as L
 from shm.control import ControlBlock
 from shm.segment import Segment, segment_name
@@ -34,7 +38,17 @@ from tests.conftest import wait_for
 from workers import nvml
 from workers.artifact import load_model, load_tokenizer
 from workers.batcher import Item, batch_limits, bucket_index
-from workers.cuda import CudaRunner, FallbackRunner, graph_sizes, padded_rows
+from workers.cuda import (
+    CAPTURE_FAILED,
+    MAX_GRAPHS,
+    CudaRunner,
+    FallbackRunner,
+    first_line,
+    gpu_batch_limits,
+    graph_sizes,
+    is_out_of_memory,
+    padded_rows,
+)
 from workers.runtime import CpuRunner
 from workers.spec import FAKE_GPU
 
@@ -83,6 +97,22 @@ def test_runner_shapes_follow_the_batch_limits(model: Any) -> None:
     assert [runner.rows_for(2, n) for n in (1, 3, 7, 8)] == [1, 4, 8, 8]
     assert [t.shape[1] for t in runner.dev_ids] == [64, 128, 256]
     assert not runner.use_graphs and not runner.on_cuda  # the fake GPU captures nothing
+    assert runner.expected_graphs == 0
+
+
+GRID = (16, 32, 48, 64, 96, 128, 192, 256)  # the CUDA default grid (issue 10)
+
+
+def test_the_gpu_grid_is_sized_for_a_gpu_and_bounded() -> None:
+    # 128 rows per batch and at most 16384 padded tokens: 85 rows at 192, 64 at 256.
+    limits = gpu_batch_limits(GRID, 128, 16384)
+    assert limits == [128, 128, 128, 128, 128, 128, 85, 64]
+    count = sum(len(graph_sizes(n)) for n in limits)
+    assert count == 6 * 8 + 8 + 7 == 63 <= MAX_GRAPHS
+    assert gpu_batch_limits(GRID, 8, 0) == [8] * 8  # no token budget: rows only
+    too_many = tuple(range(16, 16 + 16 * 20, 16))  # 20 buckets x 9 sizes: refused, not captured
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        CudaRunner(StubModel(), too_many, 256, FAKE_GPU, max_tokens=0)
 
 
 # -- buffers and results ------------------------------------------------------------------------
@@ -121,6 +151,9 @@ class StubModel:
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.logits[: ids.shape[0]]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return []  # no weights to move
 
 
 def tensor_allocations(work: Any) -> int:
@@ -163,6 +196,10 @@ def test_padded_rows_do_not_change_a_text_s_scores(model: Any, items: list[Item]
 def test_bf16_autocast_runs_and_stays_close(model: Any, items: list[Item]) -> None:
     fp32 = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
     bf16 = CudaRunner(model, BUCKETS, 8, FAKE_GPU, precision="bf16")
+    # Weights are cast once, on the runner's own copy (a graph then never re-casts them); the
+    # caller's model is left as it was.
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32} and fp32.model is model
     fp32.warm()
     bf16.warm()
     batch = by_bucket(items)[0][:8]
@@ -179,6 +216,7 @@ def test_bf16_autocast_runs_and_stays_close(model: Any, items: list[Item]) -> No
 class Recorder:
     def __init__(self) -> None:
         self.events: list[str] = []
+        self.pieces = 0  # CPU re-run pieces (each keeps the heartbeat fresh)
 
     def degraded(self, reason: str) -> None:
         self.events.append("degraded")
@@ -188,6 +226,9 @@ class Recorder:
 
     def fell_back(self) -> None:
         self.events.append("cpu")
+
+    def alive(self) -> None:
+        self.pieces += 1
 
 
 def test_fallback_reruns_on_cpu_then_probes_back(model: Any, items: list[Item]) -> None:
@@ -203,11 +244,32 @@ def test_fallback_reruns_on_cpu_then_probes_back(model: Any, items: list[Item]) 
         runner.fill(BUCKETS[0], batch)
         got = runner.forward(BUCKETS[0], len(batch))
         reference.fill(BUCKETS[0], batch)
-        want = reference.forward(BUCKETS[0], len(batch))
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(
+            got, reference.forward(BUCKETS[0], len(batch)), atol=1e-5, rtol=0
+        )
     # OOM -> cpu, cpu, probe OOM -> cpu, cpu, probe ok, gpu: one transition each way.
     assert sink.events == ["degraded", "cpu", "cpu", "cpu", "cpu", "recovered"]
     assert runner.fallbacks == 4 and not runner.degraded and runner.inject_oom == 0
+
+
+def test_a_gpu_sized_batch_is_rerun_on_the_cpu_in_short_pieces(
+    model: Any, items: list[Item]
+) -> None:
+    gpu = CudaRunner(model, BUCKETS, 16, FAKE_GPU, max_tokens=0)  # 16 rows, as a GPU's would be
+    sink = Recorder()
+    runner = FallbackRunner(gpu, CpuRunner(model, max(BUCKETS), 16), sink, 2, cpu_tokens=64)
+    runner.warm()
+    reference = CpuRunner(model, max(BUCKETS), 16)
+    for bucket, group in enumerate(by_bucket(items)):
+        batch = group[: gpu.limits[bucket]]
+        assert len(batch) == 16
+        pieces = sink.pieces
+        runner.fill(BUCKETS[bucket], batch)
+        got = runner.forward(BUCKETS[bucket], len(batch))  # an injected OOM: re-run on the CPU
+        assert sink.pieces - pieces == 16 * BUCKETS[bucket] // 64  # 64 padded tokens a piece
+        reference.fill(BUCKETS[bucket], batch)
+        want = reference.forward(BUCKETS[bucket], len(batch))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
 def test_a_real_torch_oom_error_is_what_the_wrapper_catches(model: Any, items: list[Item]) -> None:
@@ -251,6 +313,31 @@ def test_the_script_interpreter_s_wrapped_oom_is_caught_and_other_errors_are_not
     runner.fill(BUCKETS[0], by_bucket(items)[0][:2])
     with pytest.raises(RuntimeError, match="illegal memory access"):
         runner.forward(BUCKETS[0], 2)
+
+
+def test_a_failed_capture_is_recorded_and_the_runner_still_serves(
+    model: Any, items: list[Item]
+) -> None:
+    # SIMULATED: the fake GPU captures nothing, so the hook raises where torch.cuda.graph would.
+    gpu = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
+    gpu.inject_capture_error = True
+    gpu.warm()
+    assert gpu.capture_code == CAPTURE_FAILED and "stream is capturing" in gpu.capture_error
+    assert gpu.graphs == {} and gpu.graph_bytes() == 0
+    batch = by_bucket(items)[0][:3]
+    gpu.fill(BUCKETS[0], batch)
+    cpu = CpuRunner(model, max(BUCKETS), 8)
+    cpu.fill(BUCKETS[0], batch)
+    np.testing.assert_allclose(
+        gpu.forward(BUCKETS[0], 3), cpu.forward(BUCKETS[0], 3), atol=1e-5, rtol=0
+    )
+
+
+def test_error_text_helpers_survive_odd_messages() -> None:
+    assert first_line(RuntimeError("")) == "RuntimeError"  # was an IndexError at boot
+    assert first_line(RuntimeError("\n  \nCUDA error: x\nmore")) == "CUDA error: x"
+    assert is_out_of_memory(RuntimeError("CUDA driver error: out of memory"))
+    assert not is_out_of_memory(RuntimeError("CUDA error: an illegal memory access"))
 
 
 # -- through a real server ------------------------------------------------------------------------
@@ -318,6 +405,46 @@ def test_injected_oom_degrades_then_recovers_with_no_failed_request(
     want = cpu.forward(256, 5)
     np.testing.assert_allclose([r["scores"] for r in got], want, atol=1e-5, rtol=0)
     assert srv.stop() == 0
+
+
+def test_device_boot_errors_are_retried_and_a_failed_capture_is_loud(
+    start_server: Any, sst2_texts: list[str]
+) -> None:
+    # SIMULATED on the fake GPU: the first 2 worker boots fail as a busy GPU does, and the
+    # worker that then boots has its graph capture fail.
+    env = {
+        **FAKE_ENV,
+        "RINGSERVE_TEST_DEVICE_BOOT_ERRORS": "2",
+        "RINGSERVE_TEST_CAPTURE_ERROR": "1",
+    }
+    srv = start_server("--device", "fake-gpu", "--workers", "1", "--spares", "0", env=env)
+    assert srv.classify(sst2_texts[:3])["results"]  # the server did not stop: it serves
+    logs = srv.logs()
+    events = [json.loads(x) for x in logs.splitlines() if x.startswith("{")]
+    errors = [e for e in events if e["event"] == "worker_device_error"]
+    assert [e["failures"] for e in errors] == [1, 2], logs
+    assert all(e["next_device"] == FAKE_GPU for e in errors)
+    died = [e["exit_code"] for e in events if e["event"] == "worker_died"]
+    assert died == [5, 5]  # EXIT_DEVICE_ERROR, not the fatal EXIT_BOOT_ERROR (3)
+    failed = [e for e in events if e["event"] == "cuda_graphs_failed"]
+    assert len(failed) == 1 and failed[0]["level"] == "error" and failed[0]["capture_error"]
+    status, _, body = srv.request("GET", "/v1/stats")
+    row = json.loads(body)["workers"][0]
+    assert status == 200 and row["device"] == FAKE_GPU
+    assert "capture failed" in row["capture_error"] and row["graphs"] == 0
+    assert srv.stop() == 0
+
+
+def test_a_slot_whose_gpu_keeps_failing_is_served_from_the_cpu() -> None:
+    sup = Supervisor(Config(workers=2, threads=1), Dispatcher(16), "/nowhere", "cpu")
+    sup.device, sup.gpus = "cuda", [0, 1]
+    for _ in range(1, DEVICE_RETRIES):
+        sup._device_error(1, "cuda:1")
+        assert sup.device_for(1) == "cuda:1" and sup.backoff_until[1] > 0  # retried, later
+    sup._device_error(1, "cuda:1")
+    assert sup.device_for(1) == "cpu" and sup.device_for(0) == "cuda:0"
+    sup.reload()  # a reload tries the GPU again
+    assert sup.device_for(1) == "cuda:1"
 
 
 def test_fake_gpu_needs_its_test_switch() -> None:
@@ -422,6 +549,31 @@ def test_nvml_failures_are_swallowed_and_readings_land_in_the_control_block(
     assert nvml.sysfs_local_cpus("not a bus id") == []
 
 
+def test_without_nvml_a_driver_still_lets_torch_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_nvml = nvml.Nvml(FakeNvml({"nvmlInit"}))  # a `compute`-only container: no libnvidia-ml
+    monkeypatch.setattr(nvml, "driver_present", lambda: False)
+    assert "no NVIDIA driver" in str(nvml.cuda_unavailable_reason(no_nvml))
+    monkeypatch.setattr(nvml, "driver_present", lambda: True)
+    reason = str(nvml.cuda_unavailable_reason(no_nvml))
+    assert "torch" in reason and "NVML" not in reason  # torch was asked, and said no (CPU torch)
+
+
+def test_nvml_handles_by_the_uuid_torch_reports() -> None:
+    good = nvml.Nvml(FakeNvml(set()))
+    assert good.handle_by_uuid("58d3bfa1-aaaa") == "uGPU-58d3bfa1-aaaa"
+    assert good.handle_by_uuid("MIG-1234") == "uMIG-1234"
+    assert nvml.Nvml(FakeNvml({"nvmlDeviceGetHandleByUUID"})).handle_by_uuid("x") is None
+    serial = 3
+    seg = Segment.create(segment_name(os.getpid(), 990_000 + serial, "ctl"), L.CONTROL_BYTES)
+    try:
+        ctl = ControlBlock(seg, create=True)  # no CUDA device here: torch cannot say; by index
+        assert nvml.GpuMonitor(ctl, 1, torch.device("cpu"), nvml=good).handle == "h1"
+        ctl.close()
+    finally:
+        seg.close()
+        seg.unlink()
+
+
 # -- placement ------------------------------------------------------------------------------------
 def test_workers_spread_over_gpus_pinned_near_each() -> None:
     assert gpu_indices("cpu") == [] and gpu_indices("cuda:3") == [3]
@@ -432,10 +584,31 @@ def test_workers_spread_over_gpus_pinned_near_each() -> None:
     sup.gpus = [0, 1]
     sup.gpu_cpus = {0: list(range(8)), 1: list(range(8, 16))}
     assert [sup.device_for(s) for s in range(4)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
-    assert [sup.cpus_for(s) for s in range(4)] == [[0, 1], [8, 9], [2, 3], [10, 11]]
-    sup.gpu_cpus = {}  # the system does not say: disjoint sets in slot order
-    assert [sup.cpus_for(s) for s in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # A GPU worker may use every CPU near its GPU, not one core.
+    near = [list(range(8)), list(range(8, 16))] * 2
+    assert [sup.cpus_for(s) for s in range(4)] == near
+    sup.gpu_cpus = {}  # the system does not say: every CPU
+    assert [sup.cpus_for(s) for s in range(4)] == [list(range(16))] * 4
     assert sup.cpus_for(None) == list(range(16))
+    sup.device, sup.gpus = "cpu", []  # on the CPU: disjoint sets of --threads cores
+    assert [sup.cpus_for(s) for s in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_spares_are_placed_per_gpu_and_promoted_on_their_own() -> None:
+    sup = Supervisor(Config(workers=2, threads=1), Dispatcher(16), "/nowhere", "cpu")
+    sup.device, sup.gpus = "cuda", [0, 1]
+
+    def spare(device: str) -> Any:
+        return SimpleNamespace(device=device, generation=0, dead=False, loaded=lambda: True)
+
+    assert sup.device_for(None) == "cuda:0"
+    sup.spares = [spare("cuda:0")]
+    assert sup.device_for(None) == "cuda:1"  # the next spare goes to the GPU without one
+    sup.spares.append(spare("cuda:1"))
+    assert sup._ready_spare("cuda:1") is sup.spares[1]  # slot 1 takes the spare on its GPU
+    assert sup._ready_spare("cuda:0") is sup.spares[0]
+    sup.spares.pop(0)
+    assert sup._ready_spare("cuda:0") is None  # never a spare from the other GPU
 
 
 # -- the device script -----------------------------------------------------------------------------

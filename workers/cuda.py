@@ -7,6 +7,10 @@ set; a batch is copied into the static buffers, padded up to the next captured s
 FallbackRunner wraps it with a CpuRunner: a CUDA out-of-memory error re-runs the batch on the CPU
 (no request fails), the worker says `degraded`, and a later probe batch returns it to the GPU.
 
+Bounds: a runner captures at most MAX_GRAPHS graphs (buckets x batch sizes 1, 2, 4, ... up to
+the bucket's row limit), and every graph shares one memory pool, so graph memory is about the
+largest shape's working set, not the sum over shapes.
+
 On a machine without a GPU the same CudaRunner runs on device "cpu" with no graphs (the tests'
 "fake GPU"): shape selection, buffers and the whole fallback path are then the production code.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import copy
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -24,32 +29,50 @@ import numpy as np
 import torch
 
 from shm import layout as L
-from workers.batcher import Item, batch_limits
+from workers.batcher import Item, row_limit
+from workers.events import EventLog
 from workers.runtime import CpuRunner, fill_rows, softmax
-from workers.spec import FAKE_GPU
+from workers.spec import FAKE_GPU, is_gpu_device
 from workers.testhooks import HOOKS
 
 # Batch sizes captured per bucket (each capped by the bucket's batch limit, which is captured
 # too): a batch pads to the next size, so padding never more than doubles a batch.
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MAX_GRAPHS = 128  # per runner: 8 buckets x 9 sizes is 72; more means a grid set by mistake
 WARMUP_RUNS = 3  # eager runs per shape before capture (cuBLAS picks kernels, allocator settles)
 PROBE_EVERY_BATCHES = 16  # while degraded, retry the GPU every this many batches ...
 PROBE_AFTER_S = 1.0  # ... or once this long has passed since the last out-of-memory error
+CPU_FALLBACK_TOKENS = 512  # a GPU batch re-run on the CPU goes in pieces of this many tokens
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 # The TorchScript interpreter re-raises an op's error as a plain RuntimeError with the message
 # inside, so a real out-of-memory error from the model is recognised by its text as well.
 OOM_MARKERS = (
     "CUDA out of memory",
     "CUDA error: out of memory",
+    "CUDA driver error: out of memory",
     "CUBLAS_STATUS_ALLOC_FAILED",
     "CUDNN_STATUS_ALLOC_FAILED",
 )
+INJECTED_CAPTURE_ERROR = "CUDA error: operation not permitted when stream is capturing (test)"
+# Capture outcome, in the control block's `capture_error` word (read by /v1/stats).
+CAPTURE_OK, CAPTURE_OOM, CAPTURE_FAILED = 0, 1, 2
+
+
+class DeviceError(RuntimeError):
+    """The GPU could not be used at start-up (out of memory, busy, lost): the worker exits with
+    EXIT_DEVICE_ERROR and the supervisor retries the slot, then serves it from the CPU."""
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The error's first non-empty line (its type name when the message is empty)."""
+    lines = [x for x in str(exc).splitlines() if x.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:limit]
 
 
 def graph_sizes(limit: int) -> list[int]:
@@ -65,12 +88,35 @@ def padded_rows(sizes: list[int], n: int) -> int:
     return sizes[i]
 
 
+def gpu_batch_limits(buckets: tuple[int, ...], max_batch: int, max_tokens: int) -> list[int]:
+    """Rows per batch for each bucket on a GPU: `max_batch`, and at most `max_tokens` padded
+    tokens (0: no token budget), as the worker's Batcher forms them. The budget bounds the
+    activations (and the graph pool) of the longest buckets."""
+    return [row_limit(b, max_batch, max_tokens or max_batch * b) for b in buckets]
+
+
+def device_model(model: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
+    """The model on `device`, its weights cast once to `dtype` (a half-precision graph then
+    reads half weights instead of re-casting every weight on every replay). The caller's copy
+    is never changed: tests and benchmarks share one model between runners."""
+    params = list(model.parameters())
+    if all(p.device == device and (dtype is None or p.dtype == dtype) for p in params):
+        return model
+    moved = copy.deepcopy(model)
+    with torch.no_grad():  # tensor by tensor: Module.to() trips over a script module's grads
+        for t in [*moved.parameters(), *moved.buffers()]:
+            cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
+            t.data = t.data.to(device=device, dtype=cast)
+    return moved
+
+
 class CudaRunner:
     """Static-shape model runner for one CUDA device (or the CPU, as a stand-in in tests).
 
-    Same interface as CpuRunner: fill(bucket, items) -> tokens, forward(bucket, n) -> float32
+    Same interface as CpuRunner: fill(length, items) -> tokens, forward(length, n) -> float32
     probabilities [n, C], warm() -> seconds, where `length` is one of the grid's lengths. Every
-    buffer is made at start-up; tests count torch's own allocations per batch."""
+    buffer is made at start-up; the tests check with torch's profiler that serving a batch
+    allocates no tensor."""
 
     def __init__(
         self,
@@ -80,11 +126,11 @@ class CudaRunner:
         device: str = "cuda:0",
         precision: str = "fp32",
         graphs: bool = True,
+        max_tokens: int | None = None,  # padded tokens per batch; None: the CPU's budget
         activation: Callable[[np.ndarray], np.ndarray] = softmax,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
-        self.model = model
         self.activation = activation  # logits -> scores, from the manifest
         self.buckets = buckets
         self.max_batch = max_batch
@@ -93,16 +139,35 @@ class CudaRunner:
         self.on_cuda = self.torch_device.type == "cuda"
         self.use_graphs = graphs and self.on_cuda
         self.precision = precision
-        self.limits = batch_limits(buckets, max_batch)
+        if max_tokens is None:
+            max_tokens = max_batch * buckets[0]  # a CPU-sized budget (tests, the fake GPU)
+        self.max_tokens = max_tokens
+        self.limits = gpu_batch_limits(buckets, max_batch, max_tokens)
         self.sizes = [graph_sizes(n) for n in self.limits]
+        shapes = sum(len(s) for s in self.sizes)
+        if shapes > MAX_GRAPHS:  # checked on the fake GPU too, so tests see the same refusal
+            raise ValueError(
+                f"{shapes} CUDA graphs for buckets {list(buckets)} at {max_batch} rows: over "
+                f"{MAX_GRAPHS}; use fewer buckets or a smaller --max-batch"
+            )
+        self.expected_graphs = shapes if self.use_graphs else 0
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # -> (graph, out)
         self.graph_stats: list[dict[str, Any]] = []
+        self.pool_bytes = 0  # the graphs' shared pool, measured after every capture
+        self.capture_s = 0.0
         self.capture_error = ""
+        self.capture_code = CAPTURE_OK
+        self.inject_capture_error = False  # test-only hook: the capture raises, as a real one can
+        self.side: Any = None
         if self.on_cuda:
             torch.cuda.set_device(self.torch_device)
             # fp32 means fp32: TF32 matmuls would break "same text, same scores" (1e-5).
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
+            # One side stream for every warm-up and capture: each stream that runs a matmul
+            # keeps its own cuBLAS workspace for the life of the process.
+            self.side = torch.cuda.Stream(self.torch_device)
+        self.model = device_model(model, self.torch_device, PRECISIONS[precision])
         self._alloc_buffers()
 
     def _alloc_buffers(self) -> None:
@@ -138,30 +203,27 @@ class CudaRunner:
 
     def forward(self, length: int, n: int) -> np.ndarray:
         """Probabilities [n, C]: copy in, replay the shape's graph (or run eagerly), copy out."""
-        bucket = self.buckets.index(length)
-        rows = self.rows_for(bucket, n)
-        self.dev_ids[bucket][:rows].copy_(self.host_ids[bucket][:rows], non_blocking=True)
-        self.dev_mask[bucket][:rows].copy_(self.host_mask[bucket][:rows], non_blocking=True)
-        captured = self.graphs.get((bucket, rows))
-        if captured is not None:
-            captured[0].replay()
-            logits = captured[1]
-        else:
-            logits = self._eager(bucket, rows)
-        self.host_out[bucket][:rows].copy_(logits[:rows], non_blocking=True)
-        if self.on_cuda:
-            torch.cuda.current_stream(self.torch_device).synchronize()
-        return self.activation(self.out[bucket][:n])
+        return self._run(self.buckets.index(length), n, graph=True)
 
     def forward_eager(self, length: int, n: int) -> np.ndarray:
         """As forward() without the graph (benchmarks compare the two)."""
-        bucket = self.buckets.index(length)
+        return self._run(self.buckets.index(length), n, graph=False)
+
+    def _run(self, bucket: int, n: int, graph: bool) -> np.ndarray:
         rows = self.rows_for(bucket, n)
-        self.dev_ids[bucket][:rows].copy_(self.host_ids[bucket][:rows], non_blocking=True)
-        self.dev_mask[bucket][:rows].copy_(self.host_mask[bucket][:rows], non_blocking=True)
-        self.host_out[bucket][:rows].copy_(self._eager(bucket, rows), non_blocking=True)
-        if self.on_cuda:
-            torch.cuda.current_stream(self.torch_device).synchronize()
+        try:
+            self.dev_ids[bucket][:rows].copy_(self.host_ids[bucket][:rows], non_blocking=True)
+            self.dev_mask[bucket][:rows].copy_(self.host_mask[bucket][:rows], non_blocking=True)
+            captured = self.graphs.get((bucket, rows)) if graph else None
+            if captured is not None:
+                captured[0].replay()
+                logits = captured[1]
+            else:
+                logits = self._eager(bucket, rows)
+            self.host_out[bucket][:rows].copy_(logits[:rows], non_blocking=True)
+        finally:  # also after an error: no queued copy may still write into reused buffers
+            if self.on_cuda:
+                torch.cuda.current_stream(self.torch_device).synchronize()
         return self.activation(self.out[bucket][:n])
 
     @contextlib.contextmanager
@@ -185,13 +247,15 @@ class CudaRunner:
         return out
 
     def release(self) -> None:
-        """After an out-of-memory error: hand cached blocks back so other users can have them."""
+        """After an out-of-memory error: hand back cached blocks outside the graph pool (the
+        allocator has usually done so before raising; graph pools are never freed here)."""
         if self.on_cuda:
             torch.cuda.empty_cache()
 
     # -- start-up -------------------------------------------------------------------------------
     def warm(self) -> float:
-        """Run every shape eagerly, then capture each as a CUDA graph (CUDA only)."""
+        """Run every shape eagerly, then capture each as a CUDA graph and replay it once (CUDA
+        only). A failed capture leaves an eager runner, said in `capture_error`."""
         t0 = time.perf_counter()
         for b in range(len(self.buckets)):
             logits = self._eager(b, 1)
@@ -199,56 +263,92 @@ class CudaRunner:
                 torch.zeros((self.limits[b], logits.shape[1]), pin_memory=self.on_cuda)
             )
             self.out.append(self.host_out[b].numpy())
-        if self.use_graphs:
+        if self.use_graphs or self.inject_capture_error:
+            t1 = time.perf_counter()
             try:
+                if self.inject_capture_error:
+                    raise RuntimeError(INJECTED_CAPTURE_ERROR)
                 self._capture_all()
-            except RuntimeError as exc:  # a failed capture still leaves an eager runner
-                torch.cuda.synchronize(self.torch_device)
-                self.graphs.clear()
-                self.capture_error = str(exc).splitlines()[0][:300]
+            except RuntimeError as exc:
+                self._capture_failed(exc)
+            self.capture_s = time.perf_counter() - t1
         else:  # the CPU stand-in: run the shapes a fresh TorchScript model is slow on first
             for b in range(len(self.buckets)):
                 for rows in sorted({1, self.sizes[b][min(1, len(self.sizes[b]) - 1)]}):
                     self._eager(b, rows)
         return time.perf_counter() - t0
 
+    def _capture_failed(self, exc: BaseException) -> None:
+        """Drop every graph, give their pool back, and keep the reason for /v1/stats."""
+        if self.on_cuda:
+            with contextlib.suppress(RuntimeError):
+                torch.cuda.synchronize(self.torch_device)
+        self.graphs.clear()
+        self.pool_bytes = 0
+        if self.on_cuda:
+            torch.cuda.empty_cache()  # the dropped graphs' pool is free once they are gone
+        self.capture_code = CAPTURE_OOM if is_out_of_memory(exc) else CAPTURE_FAILED
+        self.capture_error = first_line(exc)
+
     def _capture_all(self) -> None:
         """Largest shapes first, all in one memory pool: a smaller graph's intermediates reuse
         the larger one's blocks (replays never overlap: one stream, one batch at a time)."""
         pool = torch.cuda.graph_pool_handle()
-        dev = self.torch_device
         for b in range(len(self.buckets)):
             for rows in reversed(self.sizes[b]):
-                self._warmup(b, rows)
-                torch.cuda.synchronize(dev)
-                reserved0 = torch.cuda.memory_reserved(dev)
-                t0 = time.perf_counter()
-                graph = torch.cuda.CUDAGraph()
-                with self._mode(), torch.cuda.graph(graph, pool=pool):
-                    out = self.model(self.dev_ids[b][:rows], self.dev_mask[b][:rows]).float()
-                torch.cuda.synchronize(dev)
-                seconds = time.perf_counter() - t0
-                self.graphs[(b, rows)] = (graph, out)
-                self.graph_stats.append(
-                    {
-                        "bucket": self.buckets[b],
-                        "rows": rows,
-                        "capture_ms": round(seconds * 1000, 2),
-                        "bytes": int(torch.cuda.memory_reserved(dev) - reserved0),
-                    }
-                )
+                self._capture(b, rows, pool)
+        for graph, _ in self.graphs.values():  # the first launch uploads the graph: not on a
+            graph.replay()  # live request, and not with the GPU full
+        torch.cuda.synchronize(self.torch_device)
+        self.pool_bytes = pool_bytes(self.torch_device, pool)
+
+    def _capture(self, b: int, rows: int, pool: Any) -> None:
+        dev = self.torch_device
+        self._warmup(b, rows)
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()  # as torch.cuda.graph does on entry: measure after it
+        reserved0 = torch.cuda.memory_reserved(dev)
+        t0 = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        with self._mode(), torch.cuda.graph(graph, pool=pool, stream=self.side):
+            out = self.model(self.dev_ids[b][:rows], self.dev_mask[b][:rows]).float()
+        torch.cuda.synchronize(dev)
+        self.graphs[(b, rows)] = (graph, out)
+        self.graph_stats.append(
+            {
+                "bucket": self.buckets[b],
+                "rows": rows,
+                "capture_ms": round((time.perf_counter() - t0) * 1000, 2),
+                "bytes": int(torch.cuda.memory_reserved(dev) - reserved0),  # pool growth
+            }
+        )
 
     def _warmup(self, bucket: int, rows: int) -> None:
-        # torch requires warm-up runs on a side stream before capture (lazy init, workspaces).
-        side = torch.cuda.Stream(self.torch_device)
-        side.wait_stream(torch.cuda.current_stream(self.torch_device))
-        with torch.cuda.stream(side):
+        # torch requires warm-up runs on a side stream before capture (lazy init, workspaces);
+        # the same stream then captures, so its cuBLAS state exists before the capture begins.
+        current = torch.cuda.current_stream(self.torch_device)
+        self.side.wait_stream(current)
+        with torch.cuda.stream(self.side):
             for _ in range(WARMUP_RUNS):
                 self._eager(bucket, rows)
-        torch.cuda.current_stream(self.torch_device).wait_stream(side)
+        current.wait_stream(self.side)
 
     def graph_bytes(self) -> int:
-        return sum(int(s["bytes"]) for s in self.graph_stats)
+        """Device memory held by the graphs' shared pool (0 without graphs)."""
+        return self.pool_bytes if self.graphs else 0
+
+
+def pool_bytes(device: torch.device, pool: Any) -> int:
+    """Bytes of the segments the caching allocator holds for graph pool `pool`; the sum of
+    per-capture growth when the allocator's snapshot cannot say."""
+    try:
+        segments = torch.cuda.memory._snapshot(device)["segments"]
+        want = tuple(pool)
+        return sum(
+            int(s["total_size"]) for s in segments if tuple(s.get("segment_pool_id", ())) == want
+        )
+    except (RuntimeError, KeyError, TypeError):
+        return 0
 
 
 class FallbackSink(Protocol):
@@ -257,6 +357,7 @@ class FallbackSink(Protocol):
     def degraded(self, reason: str) -> None: ...
     def recovered(self, seconds: float) -> None: ...
     def fell_back(self) -> None: ...
+    def alive(self) -> None: ...
 
 
 class FallbackRunner:
@@ -275,6 +376,7 @@ class FallbackRunner:
         inject_oom: int = 0,
         probe_every: int = PROBE_EVERY_BATCHES,
         probe_after_s: float = PROBE_AFTER_S,
+        cpu_tokens: int = CPU_FALLBACK_TOKENS,
     ) -> None:
         self.primary = primary
         self.cpu = cpu
@@ -284,6 +386,9 @@ class FallbackRunner:
         self.probe_after_s = probe_after_s
         self.device = primary.device
         self.buckets = primary.buckets
+        self.limits = primary.limits
+        self.max_tokens = primary.max_tokens
+        self.cpu_tokens = cpu_tokens
         self.degraded = False
         self.degraded_at = 0.0
         self.failed_at = 0.0
@@ -293,13 +398,18 @@ class FallbackRunner:
         self.items: list[Item] = []
 
     def warm(self) -> float:
-        return float(self.primary.warm()) + float(self.cpu.warm())
+        try:
+            gpu_s = float(self.primary.warm())
+        except RuntimeError as exc:  # an eager warm-up that fails: the device is not usable
+            raise DeviceError(first_line(exc)) from exc
+        return gpu_s + float(self.cpu.warm())
 
     def fill(self, length: int, batch: list[Item]) -> int:
         self.items = batch
         self.on_cpu = self.degraded and not self._probe_due()
-        runner = self.cpu if self.on_cpu else self.primary
-        return int(runner.fill(length, batch))
+        if self.on_cpu:  # filled in forward(), in CPU-sized pieces
+            return sum(len(it.ids) for it in batch)
+        return int(self.primary.fill(length, batch))
 
     def _probe_due(self) -> bool:
         waited = time.monotonic() - self.failed_at
@@ -313,7 +423,6 @@ class FallbackRunner:
                 if not is_out_of_memory(exc):
                     raise  # any other error ends the worker; its requests are rerouted
                 self._out_of_memory(exc)
-                self.cpu.fill(length, self.items)
             else:
                 if self.degraded:
                     self._recover()
@@ -322,8 +431,21 @@ class FallbackRunner:
         self.fallbacks += 1
         if self.sink is not None:
             self.sink.fell_back()
-        probs = self.cpu.forward(length, n)
-        return np.asarray(probs)
+        return self._cpu_forward(length, self.items[:n])
+
+    def _cpu_forward(self, length: int, items: list[Item]) -> np.ndarray:
+        """The batch on the CPU copy in pieces of at most `cpu_tokens` padded tokens: a GPU
+        batch (up to 16384 tokens) would hold one CPU core for seconds; the sink hears from
+        each piece, so the worker's heartbeat stays fresh."""
+        step = row_limit(length, len(items), self.cpu_tokens)
+        parts = []
+        for i in range(0, len(items), step):
+            chunk = items[i : i + step]
+            self.cpu.fill(length, chunk)
+            parts.append(np.asarray(self.cpu.forward(length, len(chunk))))
+            if self.sink is not None:
+                self.sink.alive()
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _gpu_forward(self, length: int, n: int) -> np.ndarray:
         if self.inject_oom > 0:
@@ -343,7 +465,7 @@ class FallbackRunner:
             self.degraded = True
             self.degraded_at = self.failed_at
             if self.sink is not None:
-                self.sink.degraded(reason.splitlines()[0][:200])
+                self.sink.degraded(reason.splitlines()[0][:200] if reason.strip() else "OOM")
 
     def _recover(self) -> None:
         self.degraded = False
@@ -356,8 +478,6 @@ class WorkerSink:
     stderr per transition (never one per batch)."""
 
     def __init__(self, ctl: Any, serial: int, device: str) -> None:
-        from service.logs import EventLog
-
         self.ctl = ctl
         self.serial = serial
         self.device = device
@@ -382,6 +502,9 @@ class WorkerSink:
     def fell_back(self) -> None:
         self.ctl.add("fallbacks", 1)
 
+    def alive(self) -> None:
+        self.ctl.beat()  # between the pieces of a long CPU re-run
+
     def started(self, fallback: FallbackRunner, warm_s: float) -> Any:
         """Log the start-up report (capture time and memory per graph); returns the GpuMonitor
         the serving loop ticks (None for the fake GPU: there is nothing to sample)."""
@@ -391,33 +514,33 @@ class WorkerSink:
             return None
         from workers.nvml import GpuMonitor
 
-        index = runner.torch_device.index or 0
-        monitor = GpuMonitor(self.ctl, index, runner.torch_device)
+        monitor = GpuMonitor(self.ctl, runner.torch_device.index or 0, runner.torch_device)
         monitor.tick()
         return monitor
 
     def report(self, runner: CudaRunner, warm_s: float) -> None:
         self.ctl.set("device_kind", 1 if runner.on_cuda else 0)
         self.ctl.set("graphs", len(runner.graphs))
+        self.ctl.set("graphs_expected", runner.expected_graphs)
         self.ctl.set("graph_bytes", runner.graph_bytes())
+        self.ctl.set("capture_error", runner.capture_code)
         fields: dict[str, Any] = {
             "serial": self.serial,
             "device": self.device,
             "precision": runner.precision,
             "graphs": len(runner.graphs),
+            "graphs_expected": runner.expected_graphs,
             "graph_bytes": runner.graph_bytes(),
+            "capture_s": round(runner.capture_s, 3),
             "warm_s": round(warm_s, 3),
             "per_graph": runner.graph_stats,
         }
         if runner.capture_error:
             fields["capture_error"] = runner.capture_error
-            self.log.warning("cuda_graphs_failed", **fields)
+            self.log.error("cuda_graphs_failed", serving="eager, for the life of this worker",
+                           **fields)  # fmt: skip
         else:
             self.log.info("cuda_graphs", **fields)
-
-
-def is_gpu_device(device: str) -> bool:
-    return device.startswith("cuda") or device == FAKE_GPU
 
 
 def make_runner(
@@ -428,16 +551,26 @@ def make_runner(
     activation: Callable[[np.ndarray], np.ndarray] = softmax,
 ) -> tuple[Any, WorkerSink | None]:
     """The runner for a worker's device: CpuRunner on "cpu"; otherwise a CudaRunner (on the
-    GPU, or on the CPU for the test-only fake GPU) behind a FallbackRunner with a CPU copy."""
+    GPU, or on the CPU for the test-only fake GPU) behind a FallbackRunner with a CPU copy.
+
+    The GPU copy is made from the CPU model by the runner, so an error of the device itself (out
+    of memory, busy, lost) is a DeviceError, never a bad artifact."""
     cpu = CpuRunner(cpu_model, max(buckets), spec.max_batch, activation)
     if not is_gpu_device(spec.device):
         return cpu, None
-    from workers.artifact import load_model
-
     device = "cuda:0" if spec.device == "cuda" else spec.device
-    load_on = "cpu" if device == FAKE_GPU else device
-    precision = getattr(spec, "precision", "fp32")
-    model = load_model(spec.model_dir, load_on)
-    gpu = CudaRunner(model, buckets, spec.max_batch, device, precision, activation=activation)
+    if HOOKS.device_boot_errors >= spec.serial:  # test-only
+        raise DeviceError("CUDA error: all CUDA-capable devices are busy or unavailable "
+                          "(injected by a test hook)")  # fmt: skip
+    try:
+        # --max-batch and --max-batch-tokens come resolved for the device (GPU-sized on a GPU,
+        # CPU-sized on the fake GPU, which is the CPU). The runner copies the CPU model over.
+        gpu = CudaRunner(
+            cpu_model, buckets, spec.max_batch, device, spec.precision,
+            max_tokens=spec.max_batch_tokens, activation=activation,
+        )  # fmt: skip
+    except RuntimeError as exc:  # CUDA init, the weights' copy, a buffer: all the device's
+        raise DeviceError(first_line(exc)) from exc
+    gpu.inject_capture_error = HOOKS.capture_error
     sink = WorkerSink(ctl, spec.serial, device)
-    return FallbackRunner(gpu, cpu, sink, inject_oom=HOOKS.inject_oom_batches), sink
+    return FallbackRunner(gpu, cpu, sink, HOOKS.inject_oom_batches), sink

@@ -81,6 +81,15 @@ class Nvml:
             return self.call("nvmlDeviceGetHandleByIndex", int(name))
         return self.call("nvmlDeviceGetHandleByUUID", name)  # GPU-... or MIG-... names
 
+    def handle_by_uuid(self, uuid: str) -> Any:
+        """The handle of the device torch calls `uuid` (torch omits NVML's GPU-/MIG- prefix)."""
+        names = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]
+        for name in names:
+            handle = self.call("nvmlDeviceGetHandleByUUID", name)
+            if handle is not None:
+                return handle
+        return None
+
     def sample(self, handle: Any) -> GpuSample | None:
         """Memory, utilisation, temperature and power of one device; None if memory fails."""
         if handle is None:
@@ -148,13 +157,20 @@ def default() -> Nvml:
     return _default
 
 
+def driver_present() -> bool:
+    """An NVIDIA kernel driver is loaded (its control device exists), NVML or not: a container
+    given only the `compute` capability has CUDA without libnvidia-ml."""
+    return Path("/dev/nvidiactl").exists()
+
+
 def cuda_unavailable_reason(nvml: Nvml | None = None) -> str | None:
-    """None when CUDA can serve here; else why not. NVML is asked first: without a driver it
-    answers in milliseconds, and the front-end then never imports torch just to learn that."""
+    """None when CUDA can serve here; else why not. Without a driver the answer comes in
+    milliseconds and the front-end never imports torch to learn it; NVML only feeds the
+    readings, so a driver without NVML still asks torch."""
     nvml = nvml or default()
-    if nvml.lib() is None:
-        return f"NVML is not available ({nvml.error or 'no driver'})"
-    if nvml.device_count() == 0:
+    if nvml.lib() is None and not driver_present():
+        return f"no NVIDIA driver (NVML: {nvml.error or 'not available'})"
+    if nvml.lib() is not None and nvml.device_count() == 0:
         return "NVML sees no GPU"
     try:
         import torch
@@ -192,11 +208,24 @@ class GpuMonitor:
     ) -> None:
         self.ctl = ctl
         self.nvml = nvml or default()
-        self.handle = self.nvml.handle(cuda_index)
+        self.handle = self._handle(cuda_index, torch_device)
         self.torch_device = torch_device  # None: no allocator figures (a faked GPU)
         self.period_s = period_s
         self.last = 0.0
         ctl.set("gpu_index", cuda_index)
+
+    def _handle(self, cuda_index: int, torch_device: Any) -> Any:
+        """By the UUID torch reports for the device when it can say (CUDA and NVML may number
+        GPUs differently), else by index."""
+        if torch_device is not None:
+            with contextlib.suppress(Exception):
+                import torch
+
+                uuid = str(torch.cuda.get_device_properties(torch_device).uuid)
+                handle = self.nvml.handle_by_uuid(uuid)
+                if handle is not None:
+                    return handle
+        return self.nvml.handle(cuda_index)
 
     def tick(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
@@ -219,7 +248,8 @@ class GpuMonitor:
             with contextlib.suppress(Exception):  # an allocator query must not stop serving
                 import torch
 
-                # reserved - allocated is what the caching allocator holds but no tensor uses.
+                # reserved - allocated is not waste under CUDA graphs: it includes the graph
+                # pool's working memory, which every replay uses.
                 ctl.set("cuda_reserved", int(torch.cuda.memory_reserved(self.torch_device)))
                 ctl.set("cuda_allocated", int(torch.cuda.memory_allocated(self.torch_device)))
         return reading

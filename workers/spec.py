@@ -11,13 +11,19 @@ from shm.channel import ChannelNames
 EXIT_OK = 0
 EXIT_BOOT_ERROR = 3  # the model cannot be loaded: stop the server, do not crash-loop
 EXIT_PARENT_GONE = 4
-# The device failed while the worker booted (a CUDA init or GPU load error): retried with the
-# crash backoff, never a server stop, since the model itself loaded fine elsewhere.
+# The device failed while the worker booted (a CUDA init or GPU load error, out of memory, a
+# busy GPU): retried with a backoff, then the slot serves from the CPU; never a server stop,
+# since the model itself loaded fine.
 EXIT_DEVICE_ERROR = 5
 
 # Test-only device: the CUDA code path (static shapes, OOM fallback) run on the CPU, for machines
 # without a GPU; accepted only with RINGSERVE_TEST_FAKE_GPU=1 in the environment.
 FAKE_GPU = "fake-gpu"
+
+
+def is_gpu_device(device: str) -> bool:
+    """The CUDA code path runs for this device (a GPU, or the test-only fake one)."""
+    return device.startswith("cuda") or device == FAKE_GPU
 
 
 @dataclass

@@ -21,6 +21,11 @@ class Hooks:
     grow_bytes_per_batch: int = 0
     # RINGSERVE_TEST_INJECT_OOM=N: each GPU worker's first N GPU forwards raise CUDA out-of-memory.
     inject_oom_batches: int = 0
+    # RINGSERVE_TEST_DEVICE_BOOT_ERRORS=N: the first N workers the server starts (serials 1..N)
+    # fail at boot with the DeviceError a busy or full GPU gives.
+    device_boot_errors: int = 0
+    # RINGSERVE_TEST_CAPTURE_ERROR=1: every CUDA-graph capture raises, as a real one can.
+    capture_error: bool = False
 
 
 def read(env: Mapping[str, str]) -> Hooks:
@@ -28,6 +33,8 @@ def read(env: Mapping[str, str]) -> Hooks:
         fake_gpu=env.get("RINGSERVE_TEST_FAKE_GPU") == "1",
         grow_bytes_per_batch=int(env.get("RINGSERVE_TEST_GROW_BYTES_PER_BATCH") or 0),
         inject_oom_batches=int(env.get("RINGSERVE_TEST_INJECT_OOM") or 0),
+        device_boot_errors=int(env.get("RINGSERVE_TEST_DEVICE_BOOT_ERRORS") or 0),
+        capture_error=env.get("RINGSERVE_TEST_CAPTURE_ERROR") == "1",
     )
 
 

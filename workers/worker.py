@@ -78,9 +78,10 @@ class Worker:
 
         from workers.artifact import load_manifest, load_model, load_tokenizer
         from workers.batcher import Batcher
-        from workers.cuda import is_gpu_device, make_runner
+        from workers.cuda import make_runner
         from workers.onnx_model import choose_runtime
         from workers.runtime import ACTIVATIONS, ort_runner
+        from workers.spec import is_gpu_device
 
         spec = self.spec
         torch.set_num_threads(spec.threads)
@@ -109,11 +110,10 @@ class Worker:
         warm_s = self.runner.warm()
         if sink is not None:  # GPU worker: report its graphs; the loop samples NVML from now on
             self.gpu = sink.started(self.runner, warm_s)
-        # A CUDA grid keeps its per-bucket row limits (the captured shapes); the CPU's budget
-        # is --max-batch-tokens.
-        budget = spec.max_batch * grid[0] if on_gpu else spec.max_batch_tokens
+        # Rows and padded tokens per batch, resolved for the device by the front-end; on a GPU
+        # the runner captured one graph shape per (grid length, row count) they allow.
         delay_ns = int(spec.max_delay_ms * 1e6)
-        self.batcher = Batcher(spec.max_batch, budget, delay_ns, grid)
+        self.batcher = Batcher(spec.max_batch, spec.max_batch_tokens, delay_ns, grid)
         self.n_labels = len(manifest.labels)
         self.ctl.set("boot_ms", int((time.monotonic() - t0) * 1000))
         self.ctl.set("state", L.W_READY)
@@ -257,7 +257,7 @@ def main(spec: WorkerSpec, model: Any = None, verified: bool = False) -> None:
     """The worker's life; `model` is the zygote's preloaded CPU model when forked from it."""
     _die_with_parent()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA indices = NVML indices
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA indices = the front-end's NVML ones
     with contextlib.suppress(OSError, AttributeError):
         os.sched_setaffinity(0, spec.cpus)
     worker = Worker(spec)
