@@ -630,3 +630,29 @@ def test_gpu_check_parses_its_arguments_without_a_gpu() -> None:
         gpu_check.parse_args(["--only", "everything"])
     texts = gpu_check.make_texts(["short one", "another"], 6)
     assert len(texts) == 6 and len(texts[2]) > len(texts[1]) > len(texts[0])
+
+
+def test_gpu_check_dry_run_lists_every_row_and_fails_without_cuda(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    from benchmarks import gpu_check
+    from tests.conftest import ROOT
+
+    def dry(*extra: str) -> tuple[int, str, dict[str, Any]]:
+        out = tmp_path / "-".join(extra or ("cuda",))
+        done = subprocess.run(
+            [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--out", str(out), *extra],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        return done.returncode, done.stdout, json.loads((out / "gpu_check.json").read_text())
+
+    code, text, doc = dry()  # this machine has no CUDA: the first row fails, cleanly
+    assert code == 1, text
+    assert [(r["section"], r["check"]) for r in doc["rows"]] == [p[:2] for p in gpu_check.PLAN]
+    assert all(check in text for _, check, _ in gpu_check.PLAN)
+    env = doc["rows"][0]
+    assert env["verdict"] == "FAILED" and "is_available() is False" in env["note"]
+    assert all(r["result"] == "not run" for r in doc["rows"][1:])
+    code, text, doc = dry("--device", "fake-gpu")  # the same plan, no row failed: exit 0
+    assert code == 0 and doc["rows"][0]["verdict"] == "PASS" and not doc["failed"], text
