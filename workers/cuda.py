@@ -300,7 +300,10 @@ class CudaRunner:
         for graph, _ in self.graphs.values():  # the first launch uploads the graph: not on a
             graph.replay()  # live request, and not with the GPU full
         torch.cuda.synchronize(self.torch_device)
-        self.pool_bytes = pool_bytes(self.torch_device, pool)
+        # The pool's own segments; should the snapshot not name them (an API change), the sum of
+        # each capture's pool growth, which the empty_cache() before each one keeps honest.
+        growth = sum(max(0, int(st["bytes"])) for st in self.graph_stats)
+        self.pool_bytes = pool_bytes(self.torch_device, pool) or growth
 
     def _capture(self, b: int, rows: int, pool: Any) -> None:
         dev = self.torch_device
