@@ -108,6 +108,14 @@ def test_dead_zygote_is_replaced_and_forked_equals_spawned(start_server, sst2_te
         assert worst <= 1e-6, (a, b)
         assert a["scores"] == c["scores"]
 
+    # A reload builds a new zygote for the artifact, and the reloaded workers fork from it.
+    before = set(serving(srv).values())
+    assert srv.ctl({"cmd": "reload"})["ok"]
+    wait_for(lambda: whole_again(srv, 1, before), 120, "worker reloaded")
+    assert [e["reason"] for e in events(srv, "zygote_replaced")] == ["died", "reload"]
+    assert len(events(srv, "zygote_ready")) == 3
+    assert events(srv, "worker_started")[-1]["how"] == "fork"
+
 
 def test_clean_exit_leaves_nothing_and_no_named_semaphore_exists(start_server) -> None:  # type: ignore[no-untyped-def]
     srv = start_server("--workers", "1", "--spares", "1", workers=1)
