@@ -53,6 +53,13 @@ class FakeCtl:
         return 1.0 if self.state != L.W_STARTING else None
 
 
+class NoAnswers:
+    """An empty response ring."""
+
+    def read(self, limit: int = 0) -> list[tuple[int, int, bytes]]:
+        return []
+
+
 class FakeHandle:
     """What the supervisor reads and calls on a WorkerHandle, with no process behind it."""
 
@@ -70,6 +77,7 @@ class FakeHandle:
         self.exitcode: int | None = None
         self.ctl = FakeCtl()
         self.process = FakeProcess()
+        self.responses = NoAnswers()
         self.eventfd = EventFd()
         self.sentinel_fd = EventFd()
         self.signals: list[int] = []
@@ -207,12 +215,14 @@ def test_a_stopping_worker_gets_sigkill_after_the_drain_grace(pool) -> None:  # 
 
 
 def test_device_error_is_retried_but_a_model_boot_error_stops_the_server(pool) -> None:  # type: ignore[no-untyped-def]
-    sup, _clock = pool
+    sup, clock = pool
     sup.reconcile()
     first = serving_handle(sup)
     first.exit(EXIT_DEVICE_ERROR)  # the GPU failed; the model itself is fine
     sup.on_exit(first)
     assert sup.fatal is None
+    clock.now += 1.0  # past the device retry's short delay
+    sup.reconcile()
     assert sup.slots[0] is not None and sup.slots[0] is not first
     second = serving_handle(sup)
     second.exit(EXIT_BOOT_ERROR)
