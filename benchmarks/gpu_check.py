@@ -9,6 +9,7 @@ Rows, in order (PASS/FAIL rows decide the exit status; the others are measuremen
             graph memory from the shared pool, after every capture (> 0)            PASS/FAIL
             capture time; replay against eager latency at a few shapes
             same text alone and in a padded batch, max abs diff <= 1e-5 (fp32)      PASS/FAIL
+            no allocation in 20 graph replays                                       PASS/FAIL
   precision fp16 and bf16 against fp32: drift, argmax flips, speed
   server    a real `ringserve serve --device cuda`: every worker on CUDA            PASS/FAIL
             every worker captured its graphs, no capture_error, graph_bytes > 0     PASS/FAIL
@@ -85,6 +86,7 @@ PLAN: tuple[tuple[str, str, bool], ...] = (
     ("graphs", "replay vs eager, 64 tokens x all rows", False),
     ("graphs", "replay vs eager, 256 tokens x all rows", False),
     ("graphs", "same text alone vs in a padded batch (fp32 1e-5)", True),
+    ("graphs", "allocations in 20 replays", True),
     ("precision", "fp16 vs fp32", False),
     ("precision", "bf16 vs fp32", False),
     ("server", "ready after", False),
@@ -370,7 +372,30 @@ def check_graphs(args: argparse.Namespace, table: Table, model: Any, items: list
     diff = float(np.abs(alone - runner.forward(64, n)[0]).max())
     table.set("graphs", "same text alone vs in a padded batch (fp32 1e-5)", diff,
               "max abs diff", ok=diff <= 1e-5)  # fmt: skip
+    check_allocations(table, runner)
     return runner
+
+
+def check_allocations(table: Table, runner: Any) -> None:
+    """A replay takes nothing from the caching allocator (eager runs do, for comparison)."""
+    if not runner.on_cuda:
+        table.set("graphs", "allocations in 20 replays", "n/a", "needs CUDA")
+        return
+    import torch
+
+    def count(fn: Callable[[], Any]) -> int:
+        key = "allocation.all.allocated"
+        before = torch.cuda.memory_stats(runner.torch_device)[key]
+        for _ in range(20):
+            fn()
+        return int(torch.cuda.memory_stats(runner.torch_device)[key] - before)
+
+    runner.fill(16, synthetic(16, 7))
+    graph, eager = (
+        count(partial(runner.forward, 16, 7)),
+        count(partial(runner.forward_eager, 16, 7)),
+    )
+    table.set("graphs", "allocations in 20 replays", graph, f"eager: {eager}", ok=graph == 0)
 
 
 def check_precision(args: argparse.Namespace, table: Table, fp32: Any, items: list[Any]) -> None:
@@ -566,6 +591,10 @@ def run(args: argparse.Namespace, table: Table) -> None:
         if go and "precision" in args.only:
             check_precision(args, table, fp32 or new_runner(args, model, (64,), "fp32"), items)
     fp32 = None
+    if args.device != "fake-gpu":
+        import torch
+
+        torch.cuda.empty_cache()  # give the in-process graphs' pools back before the server
     with table.section("server", 3 * args.load_s + 120) as go:
         if go and "server" in args.only:
             t0 = time.monotonic()
