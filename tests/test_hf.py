@@ -395,6 +395,12 @@ def test_export_refuses_bad_checkpoints(
     save_file(tensors, str(extra / "model.safetensors"))
     assert "unexpected ['lm_head.bias']" in refused(extra, out, capsys)
 
+    missing = copy("missing-tensor")
+    tensors = load_file(str(missing / "model.safetensors"))
+    del tensors["pre_classifier.bias"]
+    save_file(tensors, str(missing / "model.safetensors"))
+    assert "missing tensors ['pre_classifier.bias']" in refused(missing, out, capsys)
+
 
 def test_failed_export_keeps_the_old_artifact(
     served: dict[str, Served], tmp_path: Path, capsys: pytest.CaptureFixture[str]
