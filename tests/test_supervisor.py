@@ -228,7 +228,8 @@ def test_boot_failure_stops_the_server_clearly(tmp_path: Path, default_model: st
 
     broken = tmp_path / "broken"
     shutil.copytree(default_model, broken)
-    (broken / "model.pt").write_bytes(b"not a torchscript archive")
+    for model_file in broken.glob("model*"):  # whichever runtime the worker picks
+        model_file.write_bytes(b"not a model")
     manifest = json.loads((broken / "manifest.json").read_text())
     manifest["fingerprint"] = compute_fingerprint(broken)  # consistent, but unloadable
     (broken / "manifest.json").write_text(json.dumps(manifest))
