@@ -206,7 +206,7 @@ class Config:
     runtime: str = option(
         "auto",
         "torch (TorchScript) or onnx (ONNX Runtime, CPU); auto: onnx on the CPU when the "
-        "artifact has model.onnx (measured 1.6-2x faster, README), torch on CUDA",
+        "artifact has model.onnx (measured 2-2.8x faster, README), torch on CUDA",
         parse_runtime,
     )
     spares: int = option(1, "warm spare workers beside the serving ones", int)
