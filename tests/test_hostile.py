@@ -7,7 +7,9 @@ One module server with small limits serves every test here; tests leave it as th
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -377,6 +379,10 @@ def test_tiny_deadline_is_504(srv: ServerProc, long_text: str) -> None:
 
 def test_deadline_passing_while_queued_is_504(srv: ServerProc, long_text: str) -> None:
     busy = occupy(srv, long_text, MAX_QUEUE // 2)
+    (worker,) = srv.worker_pids().values()
+    # Held still for well under the heartbeat timeout, so that however fast the model runs the
+    # request cannot be served before its deadline; the deadline alone answers it.
+    os.kill(worker, signal.SIGSTOP)
     try:
         with Raw(srv.port) as c:
             t0 = time.monotonic()
@@ -385,8 +391,10 @@ def test_deadline_passing_while_queued_is_504(srv: ServerProc, long_text: str) -
             waited = time.monotonic() - t0
             assert_error(resp, 504)
             assert 0.25 < waited < 0.3 + SWEEP_SLACK_S, waited  # at its deadline, not later
+        os.kill(worker, signal.SIGCONT)
         assert busy.response().status == 200
     finally:
+        os.kill(worker, signal.SIGCONT)
         busy.close()
     assert_serves(srv)
 

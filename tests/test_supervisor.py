@@ -97,7 +97,7 @@ def test_every_worker_killed_at_once(start_server, sst2_texts) -> None:  # type:
 
 
 def test_sigterm_under_load_finishes_inflight(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
-    srv = start_server("--workers", "1", "--spares", "0", workers=1)
+    srv = start_server("--workers", "1", "--spares", "0", "--heartbeat-timeout-s", "60", workers=1)
     texts = [" ".join(sst2_texts[i : i + 12]) for i in range(0, 12 * 40, 12)]
 
     def post(batch: list[str]) -> int:
@@ -105,9 +105,14 @@ def test_sigterm_under_load_finishes_inflight(start_server, sst2_texts) -> None:
         assert status == 200 or status == 503, (status, body)
         return status
 
+    (worker,) = srv.worker_pids().values()
+    os.kill(worker, signal.SIGSTOP)  # so that all 40 are in flight however fast the model is
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(post, texts[i : i + 5]) for i in range(0, 40, 5)]
-        wait_for(lambda: srv.status()["queue_depth"] == 40, 30, "all 40 texts in flight")
+        try:
+            wait_for(lambda: srv.status()["queue_depth"] == 40, 30, "all 40 texts in flight")
+        finally:
+            os.kill(worker, signal.SIGCONT)
         srv.proc.send_signal(signal.SIGTERM)
         codes = [f.result() for f in futures]
     assert codes == [200] * len(codes)
@@ -233,7 +238,8 @@ def test_boot_failure_stops_the_server_clearly(tmp_path: Path, default_model: st
     manifest = json.loads((broken / "manifest.json").read_text())
     manifest["fingerprint"] = compute_fingerprint(broken)  # consistent, but unloadable
     (broken / "manifest.json").write_text(json.dumps(manifest))
-    srv = ServerProc(tmp_path, ["--model", str(broken), "--workers", "1", "--spares", "0"])
+    args = ["--model", str(broken), "--runtime", "torch", "--workers", "1", "--spares", "0"]
+    srv = ServerProc(tmp_path, args)  # torch: the runtime that loads the broken model.pt
     assert srv.wait_exit(120) == 1
     log = srv.logs()
     assert "could not load the model" in log
