@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import random
 import signal
@@ -27,7 +26,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from benchmarks.common import AG_NEWS, ROOT, SST2
 
@@ -51,56 +49,13 @@ def mixed_input(n: int, seed: int = 7) -> list[bytes]:
 
 
 # -- the ceiling ----------------------------------------------------------------------------------
-def _ceiling_worker(args: tuple[str, list[str], int, int, int]) -> tuple[int, float]:
-    model_dir, texts, cpu, max_batch, max_tokens = args
-    os.sched_setaffinity(0, [cpu])
-    import numpy as np
-    import torch
+def whole_file_ceiling(texts: list[str], args: argparse.Namespace) -> float:
+    """benchmarks.serving's ceiling with the window as long as the file: `ringserve batch`
+    sorts the whole file, so the model alone may too. One pass over the texts."""
+    from benchmarks.serving import ceiling
 
-    from workers.artifact import load_manifest, load_model, load_tokenizer
-    from workers.batcher import row_limit
-
-    torch.set_num_threads(1)
-    manifest = load_manifest(model_dir)
-    tok = load_tokenizer(model_dir, manifest.max_length)
-    model = load_model(model_dir)
-    encs = sorted((e.ids for e in tok.encode_batch(texts)), key=len, reverse=True)
-    batches: list[tuple[Any, Any]] = []
-    i = 0
-    while i < len(encs):  # longest first, as `ringserve batch` feeds
-        rows = row_limit(len(encs[i]), max_batch, max_tokens)
-        chunk = encs[i : i + rows]
-        ids = np.zeros((len(chunk), len(chunk[0])), dtype=np.int64)
-        mask = np.zeros_like(ids)
-        for r, e in enumerate(chunk):
-            ids[r, : len(e)] = e
-            mask[r, : len(e)] = 1
-        batches.append((torch.from_numpy(ids), torch.from_numpy(mask)))
-        i += rows
-    with torch.inference_mode():
-        for ids_t, mask_t in batches[:: max(1, len(batches) // 8)]:  # warm a few shapes
-            model(ids_t, mask_t)
-        t0 = time.perf_counter()
-        for ids_t, mask_t in batches:
-            model(ids_t, mask_t)
-        elapsed = time.perf_counter() - t0
-    return len(encs), elapsed
-
-
-def ceiling(
-    model_dir: str, texts: list[str], workers: int, max_batch: int, max_tokens: int
-) -> float:
-    """Texts/s of the model alone: each pinned process takes every workers-th text of the
-    length-sorted list (equal shares of every length); the slowest sets the wall time."""
-    ordered = sorted(texts, key=len)
-    cpus = sorted(os.sched_getaffinity(0))
-    jobs = [
-        (model_dir, ordered[k::workers], cpus[k % len(cpus)], max_batch, max_tokens)
-        for k in range(workers)
-    ]
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        results = pool.map(_ceiling_worker, jobs)
-    return sum(n for n, _ in results) / max(s for _, s in results)
+    limit = (args.max_batch, args.max_tokens)
+    return ceiling(texts, args.runtime, "fp32", args.workers, len(texts), limit, seconds=0.0)
 
 
 # -- ringserve batch ------------------------------------------------------------------------------
@@ -110,9 +65,6 @@ def batch_cmd(src: Path, out: Path, *extra: str) -> list[str]:
 
 
 def throughput(args: argparse.Namespace, tmp: Path) -> int:
-    from workers.artifact import default_artifact_dir
-
-    model_dir = str(default_artifact_dir())
     lines = mixed_input(args.lines)
     src = tmp / "mixed.txt"
     src.write_bytes(b"\n".join(lines) + b"\n")
@@ -123,11 +75,11 @@ def throughput(args: argparse.Namespace, tmp: Path) -> int:
     )
     # The machine is shared: the ceiling is taken before and after the batch run, the higher
     # of the two counts (the stricter comparison).
-    raw1 = ceiling(model_dir, good, args.workers, args.max_batch, args.max_tokens)
+    raw1 = whole_file_ceiling(good, args)
     print(f"raw ceiling: {raw1:.1f} texts/s (the model alone on the same texts, sorted, "
           "batches padded to their own longest)")  # fmt: skip
     run, wall, out = run_batch(args, src, tmp)
-    raw2 = ceiling(model_dir, good, args.workers, args.max_batch, args.max_tokens)
+    raw2 = whole_file_ceiling(good, args)
     print(f"raw ceiling after the batch run: {raw2:.1f} texts/s")
     if run.returncode != 0:
         print(run.stderr[-3000:])
@@ -140,9 +92,9 @@ def run_batch(
     args: argparse.Namespace, src: Path, tmp: Path
 ) -> tuple[subprocess.CompletedProcess[str], float, Path]:
     out = tmp / "out.jsonl"
-    # The ceiling runs the TorchScript model: the batch run uses the same runtime.
+    # The same runtime and batch limits as the ceiling.
     extra = ["--workers", str(args.workers), "--max-batch", str(args.max_batch),
-             "--max-batch-tokens", str(args.max_tokens), "--runtime", "torch"]  # fmt: skip
+             "--max-batch-tokens", str(args.max_tokens), "--runtime", args.runtime]  # fmt: skip
     t0 = time.monotonic()
     run = subprocess.run(batch_cmd(src, out, *extra), cwd=ROOT, capture_output=True, text=True)
     return run, time.monotonic() - t0, out
@@ -272,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--runtime", choices=("onnx", "torch"), default="onnx")
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--settle-s", type=float, default=30.0)
     args = p.parse_args(argv)
