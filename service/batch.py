@@ -215,8 +215,9 @@ class BatchJob:
         self.results = Results(
             Path(args.output), self.n, list(self.manifest.labels), meta, args.resume
         )
-        # Two batches a worker: one running, one waiting; more would only lengthen a Ctrl-C.
-        self.window = max(GROUP, settings.serving_workers() * settings.batch_rows(self.device) * 2)
+        # Eight batches a worker: a group's answers come from both workers, so with only two
+        # the workers starved between refills (measured: 181 against 393 texts/s on ONNX).
+        self.window = max(GROUP, settings.serving_workers() * settings.batch_rows(self.device) * 8)
         self.dispatcher = Dispatcher(self.window + GROUP)
         self.supervisor = Supervisor(
             settings, self.dispatcher, self.model_dir, self.device, self.log
