@@ -391,6 +391,7 @@ def report(
             k: mem.fluctuation(k, warmup_s) for k in ("rss", "pss", "front_rss", "gpu_mem")
         }
         out["memory"] = {k: v for k, v in out["memory"].items() if v}
+        out["memory_samples"] = mem.samples  # the series, to look into a swing afterwards
     return out
 
 
