@@ -38,6 +38,7 @@ PROTOCOLS = ("http", "kserve", "binary")
 MAX_HTTP_CONNS = 512  # open loop on HTTP/1.1 needs a connection per outstanding request
 NO_ANSWER, CONN_ERROR, CLIENT_FULL = -3, -1, -2
 BINARY_BASE = 1000  # binary statuses are recorded as 1000 + the wire status
+IDLE_S = 20.0  # an idle HTTP connection is closed after this (the server's keep-alive: 60 s)
 
 
 # -- texts ----------------------------------------------------------------------------------------
@@ -125,10 +126,11 @@ def arrival_times(rate: float, duration: float, poisson: bool, seed: int = 1) ->
 class HttpSender:
     """HTTP/1.1 /v1/classify or KServe infer: a pool of keep-alive connections, one per request."""
 
-    def __init__(self, port: int, kserve_model: str | None) -> None:
+    def __init__(self, port: int, kserve_model: str | None, idle_s: float = IDLE_S) -> None:
         self.port = port
         self.kserve_model = kserve_model
-        self.idle: list[HttpConn] = []
+        self.idle: list[tuple[HttpConn, float]] = []  # with the time each went idle
+        self.idle_s = idle_s
         self.open = 0
 
     def request(self, text: bytes) -> bytes:
@@ -139,8 +141,21 @@ class HttpSender:
         path = f"/v2/models/{self.kserve_model}/infer"
         return http_message("POST", path, json.dumps(doc).encode())
 
+    def take(self) -> HttpConn | None:
+        """The most recently used idle connection, after closing any that idled so long the
+        server may be closing them (its keep-alive timeout): a request sent on one of those is
+        lost to the race, which a measurement must not count against the server."""
+        now = time.monotonic()
+        fresh = [(c, t) for c, t in self.idle if now - t < self.idle_s]
+        for c, t in self.idle:
+            if now - t >= self.idle_s:
+                c.close()
+                self.open -= 1
+        self.idle = fresh
+        return self.idle.pop()[0] if self.idle else None
+
     async def send(self, rec: Records, k: int, text: bytes, t0: int) -> None:
-        conn = self.idle.pop() if self.idle else None
+        conn = self.take()
         if conn is None:
             if self.open >= MAX_HTTP_CONNS:
                 rec.status[k] = CLIENT_FULL
@@ -166,10 +181,10 @@ class HttpSender:
         if conn.closed:
             self.open -= 1
         else:
-            self.idle.append(conn)
+            self.idle.append((conn, time.monotonic()))
 
     def close(self) -> None:
-        for c in self.idle:
+        for c, _ in self.idle:
             c.close()
 
 
@@ -432,6 +447,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--launch", default=None, help="start a server with these serve options")
     p.add_argument("--model", default=None, help="artifact for tokenizing (default model)")
     p.add_argument("--json", default=None, help="also write the report here")
+    p.add_argument("--idle-s", type=float, default=IDLE_S, help="HTTP connection idle limit")
     args = p.parse_args(argv)
     protos = args.protocol.split(",")
     if any(x not in PROTOCOLS for x in protos):
@@ -446,9 +462,10 @@ def make_senders(args: argparse.Namespace, port: int, binary_port: int) -> list[
         if proto == "binary":
             senders.append(BinarySender(binary_port))
         elif proto == "kserve":
-            senders.append(HttpSender(port, get_json(port, "/v1/model")["name"]))
+            model = get_json(port, "/v1/model")["name"]
+            senders.append(HttpSender(port, model, args.idle_s))
         else:
-            senders.append(HttpSender(port, None))
+            senders.append(HttpSender(port, None, args.idle_s))
     return senders
 
 
