@@ -37,7 +37,7 @@ from benchmarks.common import (
     load_texts,
     run_load,
 )
-from service.settings import Config
+from service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
 
 MIXES = {"short": SST2, "long": AG_NEWS}
 RUNTIMES = [("onnx", "fp32"), ("torch", "fp32"), ("onnx", "int8")]  # the default first
@@ -245,7 +245,7 @@ def best_limit(pool: CeilingPool, encs: dict[str, list[list[int]]], seconds: flo
               + "  ".join(f"{m} {r:7.1f}" for m, r in rates.items()))  # fmt: skip
         if score > best_score:
             best, best_score = limit, score
-    defaults = f"{Config.max_batch} rows, {Config.max_batch_tokens} tokens"
+    defaults = f"{CPU_MAX_BATCH} rows, {CPU_MAX_BATCH_TOKENS} tokens"
     print(f"  best (geometric mean): {best[0]} rows, {best[1]} tokens (defaults: {defaults})")
     return best
 

@@ -118,7 +118,7 @@ def parse_runtime(text: str) -> str:
 # workers, MiniLM; smaller token budgets keep a batch's activations in cache. GPU: not yet
 # measured on one (benchmarks/gpu_check.py will); CPU-sized batches would leave a GPU mostly
 # idle, and 16384 tokens (128 rows to 128 tokens, 64 rows at 256) keeps the graph pool small.
-CPU_MAX_BATCH = 32
+CPU_MAX_BATCH = 64  # benchmarks/serving.py, 2026-11-30: 64 rows x 512 tokens was best of 5
 CPU_MAX_BATCH_TOKENS = 512
 GPU_MAX_BATCH = 128
 GPU_MAX_BATCH_TOKENS = 16384
@@ -218,7 +218,7 @@ class Config:
     )
     # None: chosen for the worker's device by batch_rows() and batch_tokens().
     max_batch: int | None = option(
-        None, "largest batch a worker runs at once, in rows (default: 32 CPU, 128 GPU)", int
+        None, "largest batch a worker runs at once, in rows (default: 64 CPU, 128 GPU)", int
     )
     max_batch_tokens: int | None = option(
         None,
