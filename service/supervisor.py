@@ -38,6 +38,7 @@ SPARE_KEY = -1  # crash history and backoff of the spares, beside the slots' own
 ZYGOTE_RETRY_S = 5.0  # a dead zygote is replaced at most this often; workers spawn meanwhile
 ZYGOTE_RETRY_MAX_S = 300.0  # ... doubling for each zygote in a row that died before it was ready
 ZYGOTE_WAIT_S = 120.0  # at start, workers wait this long for the zygote before spawning
+EXIT_STATUS_WAIT_S = 1.0  # longest wait for a gone worker's exit status (see _status_pending)
 DEVICE_RETRIES = 3  # boots of a slot that fail on its GPU before the slot serves from the CPU
 
 
@@ -94,6 +95,7 @@ class Supervisor:
         self.wake = asyncio.Event()
         self.started = clock()
         self.restarts_total = 0
+        self.exit_seen: dict[int, float] = {}  # serial -> when its sentinel first fired
         self.use_zygote = getattr(settings, "start_method", "spawn") == "zygote"
         self.zygote: Zygote | None = None
         self.zygote_retry_at = 0.0
@@ -276,10 +278,22 @@ class Supervisor:
     def on_exit(self, handle: WorkerHandle) -> None:
         """The process sentinel fired: the worker is gone (any signal, any exit)."""
         code = handle.reap()
+        if code is None and self._status_pending(handle):
+            return  # the sentinel stays readable: the loop calls this again on its next pass
+        self.exit_seen.pop(handle.serial, None)
         if handle.dead:  # already mourned (hung, then killed): only release it
             self._finish(handle)
             return
         self._declare_dead(handle, f"exited with code {code}", code)
+
+    def _status_pending(self, handle: WorkerHandle) -> bool:
+        """Whether a gone worker's exit status may still come: a forked one killed before it
+        was re-parented here is the middle process's child for a moment, so waitpid finds
+        nothing yet. Waited for up to EXIT_STATUS_WAIT_S (wall time: the kernel's, not the
+        supervisor's clock), so a SIGKILL is reported as -9 rather than as no code at all."""
+        now = time.monotonic()
+        first = self.exit_seen.setdefault(handle.serial, now)
+        return now - first < EXIT_STATUS_WAIT_S
 
     def _declare_dead(self, handle: WorkerHandle, reason: str, code: int | None) -> None:
         if handle.dead:
