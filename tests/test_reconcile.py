@@ -262,3 +262,40 @@ def test_workers_killed_after_serving_a_while_are_replaced_at_once(pool) -> None
         sup.on_exit(handle)
         assert sup.slots[0] is not None and sup.slots[0] is not handle
     assert 0 not in sup.backoff_until
+
+
+class Events:
+    """The supervisor's structured events, kept in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, event: str, level: int = 0, **fields: Any) -> None:
+        self.seen.append((event, fields))
+
+
+def test_a_sentinel_that_fires_before_the_exit_status_waits_for_it(pool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The sentinel can be readable a moment before waitpid has a status (a forked worker not
+    yet re-parented here): the death is reported once the status is there, as -9 for SIGKILL,
+    and with no code only when none comes within EXIT_STATUS_WAIT_S."""
+    sup, _clock = pool
+    events = Events()
+    sup.events = events
+    sup.reconcile()
+    handle = serving_handle(sup)
+    handle.boot()
+    sup.check()
+    sup.on_exit(handle)  # fired, but no status yet
+    assert not handle.dead and sup.slots[0] is handle
+    handle.exit(-signal.SIGKILL)
+    sup.on_exit(handle)  # the loop calls it again: the sentinel is still readable
+    died = [f for e, f in events.seen if e == "worker_died"]
+    assert handle.dead and [d["exit_code"] for d in died] == [-signal.SIGKILL]
+    assert died[0]["reason"] == "exited with code -9"
+    monkeypatch.setattr("service.supervisor.EXIT_STATUS_WAIT_S", 0.0)
+    other = serving_handle(sup)
+    other.boot()
+    sup.check()
+    sup.on_exit(other)  # reaped elsewhere: no status will ever come
+    assert other.dead
+    assert [f["exit_code"] for e, f in events.seen if e == "worker_died"] == [-9, None]
