@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -343,6 +344,18 @@ def test_huge_header_dribbled_in_pieces_is_431(srv: ServerProc) -> None:
 
 
 # -- 503, 504 -------------------------------------------------------------------------------------
+@contextmanager
+def worker_held(srv: ServerProc) -> Iterator[None]:
+    """Hold the only worker still (SIGSTOP), so that nothing is answered meanwhile however fast
+    the model is; callers keep it well under the 5 s heartbeat timeout, so it is not replaced."""
+    (pid,) = srv.worker_pids().values()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def occupy(srv: ServerProc, long_text: str, n: int) -> Raw:
     """Admit n slow texts (one request) and wait until the server counts them as queued."""
     c = Raw(srv.port, timeout=120)
@@ -356,17 +369,20 @@ def occupy(srv: ServerProc, long_text: str, n: int) -> Raw:
 
 
 def test_full_queue_is_503_with_retry_after(srv: ServerProc, long_text: str) -> None:
-    busy = occupy(srv, long_text, MAX_QUEUE)
+    busy = None
     try:
-        with Raw(srv.port) as c:
-            c.send(post(b'{"text": "no room"}'))
-            resp = c.response()
-            assert_error(resp, 503)
-            assert resp.headers["retry-after"] == "1"
-            assert float(resp.headers["x-latency-ms"]) < 1000  # refused at once, not queued
+        with worker_held(srv):  # the queue stays full however fast the model is
+            busy = occupy(srv, long_text, MAX_QUEUE)
+            with Raw(srv.port) as c:
+                c.send(post(b'{"text": "no room"}'))
+                resp = c.response()
+                assert_error(resp, 503)
+                assert resp.headers["retry-after"] == "1"
+                assert float(resp.headers["x-latency-ms"]) < 1000  # refused at once, not queued
         assert busy.response().status == 200  # the admitted ones are answered in full
     finally:
-        busy.close()
+        if busy is not None:
+            busy.close()
     assert_serves(srv)
 
 
@@ -378,24 +394,25 @@ def test_tiny_deadline_is_504(srv: ServerProc, long_text: str) -> None:
 
 
 def test_deadline_passing_while_queued_is_504(srv: ServerProc, long_text: str) -> None:
-    busy = occupy(srv, long_text, MAX_QUEUE // 2)
-    (worker,) = srv.worker_pids().values()
-    # Held still for well under the heartbeat timeout, so that however fast the model runs the
-    # request cannot be served before its deadline; the deadline alone answers it.
-    os.kill(worker, signal.SIGSTOP)
+    n = MAX_QUEUE // 2
+    busy = None
     try:
-        with Raw(srv.port) as c:
-            t0 = time.monotonic()
-            c.send(post(b'{"text": "in a hurry"}', extra="X-Request-Timeout-Ms: 300\r\n"))
-            resp = c.response()
-            waited = time.monotonic() - t0
+        # Held still, the worker can serve neither the texts ahead nor the hurried one, however
+        # fast the model is: only the deadline can answer it.
+        with worker_held(srv):
+            busy = occupy(srv, long_text, n)
+            with Raw(srv.port) as c:
+                t0 = time.monotonic()
+                c.send(post(b'{"text": "in a hurry"}', extra="X-Request-Timeout-Ms: 300\r\n"))
+                resp = c.response()
+                waited = time.monotonic() - t0
             assert_error(resp, 504)
             assert 0.25 < waited < 0.3 + SWEEP_SLACK_S, waited  # at its deadline, not later
-        os.kill(worker, signal.SIGCONT)
+            assert srv.status()["queue_depth"] == n  # it left the queue; the ones ahead did not
         assert busy.response().status == 200
     finally:
-        os.kill(worker, signal.SIGCONT)
-        busy.close()
+        if busy is not None:
+            busy.close()
     assert_serves(srv)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -106,18 +108,30 @@ def test_sigterm_under_load_finishes_inflight(start_server, sst2_texts) -> None:
         return status
 
     (worker,) = srv.worker_pids().values()
-    os.kill(worker, signal.SIGSTOP)  # so that all 40 are in flight however fast the model is
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(post, texts[i : i + 5]) for i in range(0, 40, 5)]
-        try:
+    # Held still until the drain has begun, so that the 40 texts are all in flight when SIGTERM
+    # arrives however fast the model is; the server's own count at the drain says so.
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(post, texts[i : i + 5]) for i in range(0, 40, 5)]
             wait_for(lambda: srv.status()["queue_depth"] == 40, 30, "all 40 texts in flight")
-        finally:
+            srv.proc.send_signal(signal.SIGTERM)
+            drain = wait_for(lambda: logged(srv, "drain"), 30, "the drain")
+            assert drain["inflight"] == 40, drain
             os.kill(worker, signal.SIGCONT)
-        srv.proc.send_signal(signal.SIGTERM)
-        codes = [f.result() for f in futures]
+            codes = [f.result() for f in futures]
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # gone already once the drain ends
+            os.kill(worker, signal.SIGCONT)
     assert codes == [200] * len(codes)
     assert srv.proc.wait(60) == 0
     assert srv.stop() == 0
+
+
+def logged(srv: ServerProc, event: str) -> dict[str, Any] | None:
+    """The first log record of this event, if the server has written one."""
+    records = [json.loads(x) for x in srv.logs().splitlines() if x.startswith("{")]
+    return next((r for r in records if r["event"] == event), None)
 
 
 def events(srv: ServerProc) -> list[str]:
