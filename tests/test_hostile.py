@@ -153,9 +153,14 @@ def srv(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterato
         raise
     pids = server.worker_pids()
     yield server
-    assert server.worker_pids() == pids, "a worker restarted during the hostile tests"
-    assert server.status()["restarts_total"] == 0
-    assert server.stop() == 0
+    try:
+        pids_after = server.worker_pids()
+        restarts = server.status()["restarts_total"]
+    finally:
+        code = server.stop()  # even when the checks below fail: never leave a server behind
+    assert pids_after == pids, "a worker restarted during the hostile tests"
+    assert restarts == 0
+    assert code == 0
 
 
 @pytest.fixture(scope="module")
