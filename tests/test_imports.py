@@ -80,3 +80,15 @@ def test_no_import_cycle_in_service() -> None:
 def test_only_the_entry_points_import_the_app() -> None:
     users = {m for m, deps in graph().items() if "app" in deps}
     assert users <= {"cli", "batch"}, users  # the command line, and batch for resolve_device
+
+
+def test_lower_layers_never_import_the_service() -> None:
+    """workers/ and shm/ sit below service/: an import up would tie a worker to the front-end."""
+    service_modules = {p.stem for p in SERVICE.glob("*.py")}
+    upward = {
+        str(path.relative_to(ROOT)): imports_of(path, service_modules | {"service"})
+        for layer in ("workers", "shm")
+        for path in (ROOT / layer).glob("*.py")
+    }
+    assert len(upward) > 10, upward  # the files were read
+    assert {name: mods for name, mods in upward.items() if mods} == {}

@@ -252,8 +252,8 @@ def test_boot_failure_stops_the_server_clearly(tmp_path: Path, default_model: st
     manifest = json.loads((broken / "manifest.json").read_text())
     manifest["fingerprint"] = compute_fingerprint(broken)  # consistent, but unloadable
     (broken / "manifest.json").write_text(json.dumps(manifest))
-    args = ["--model", str(broken), "--runtime", "torch", "--workers", "1", "--spares", "0"]
-    srv = ServerProc(tmp_path, args)  # torch: the runtime that loads the broken model.pt
+    args = ["--model", str(broken), "--workers", "1", "--spares", "0"]
+    srv = ServerProc(tmp_path, args)  # the default runtime, whichever model file it loads
     assert srv.wait_exit(120) == 1
     log = srv.logs()
     assert "could not load the model" in log
