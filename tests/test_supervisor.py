@@ -153,6 +153,31 @@ def test_second_stop_signal_stops_at_once_and_still_cleans_up(start_server) -> N
     assert srv.stop() == 0  # and no worker process or shared-memory segment left behind
 
 
+def test_drain_timeout_answers_what_is_still_owed_and_exits(start_server) -> None:  # type: ignore[no-untyped-def]
+    """The drain's deadline: a request its worker never answers gets 500 at the deadline (not a
+    hang, not a lost answer), the server says so in its log, and still exits 0 and cleans up."""
+    srv = start_server(
+        "--workers", "1", "--spares", "0", "--drain-timeout-s", "1", "--heartbeat-timeout-s", "600",
+        workers=1,
+    )  # fmt: skip
+    worker = serving(srv)[0]
+    os.kill(worker, signal.SIGSTOP)  # holds the request in its ring; no heartbeat check for 600 s
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            owed = pool.submit(srv.request, "POST", "/v1/classify", {"text": "held"})
+            wait_for(lambda: srv.status()["queue_depth"] == 1, 30, "the request in flight")
+            srv.proc.send_signal(signal.SIGTERM)
+            status, _, body = owed.result(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGCONT)
+    assert status == 500, (status, body)
+    assert srv.proc.wait(60) == 0
+    timeout_record = logged(srv, "drain_timeout")
+    assert timeout_record is not None and timeout_record["unanswered"] == 1
+    assert srv.stop() == 0  # and no worker process or shared-memory segment left behind
+
+
 def test_killed_frontend_takes_its_workers_and_next_server_cleans(
     start_server, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
