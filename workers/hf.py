@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.model import MASK_VALUE, WeightError
+from workers.model import MASK_VALUE, Layer, WeightError, activate
 
 # Architecture (config.json "architectures") -> family; XLM-R has RoBERTa's layout and prefix.
 ARCHITECTURES: dict[str, str] = {
@@ -151,16 +150,6 @@ def read_config(path: Path) -> HfConfig:
     return config
 
 
-def _act(x: Tensor, kind: str) -> Tensor:
-    if kind == "gelu":
-        return F.gelu(x)
-    if kind == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    if kind == "tanh":
-        return torch.tanh(x)
-    return F.relu(x)
-
-
 class Embeddings(nn.Module):
     def __init__(self, c: HfConfig) -> None:
         super().__init__()
@@ -191,39 +180,6 @@ class Embeddings(nn.Module):
         return x
 
 
-class Layer(nn.Module):
-    """One post-LN transformer layer, as all five architectures have it."""
-
-    def __init__(self, c: HfConfig) -> None:
-        super().__init__()
-        h = c.hidden_size
-        self.num_heads = c.num_heads
-        self.head_dim = h // c.num_heads
-        self.scale = float(self.head_dim) ** 0.5
-        self.act = c.act
-        self.query = nn.Linear(h, h)
-        self.key = nn.Linear(h, h)
-        self.value = nn.Linear(h, h)
-        self.attn_out = nn.Linear(h, h)
-        self.attn_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
-        self.ffn_in = nn.Linear(h, c.intermediate_size)
-        self.ffn_out = nn.Linear(c.intermediate_size, h)
-        self.ffn_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
-
-    def _heads(self, x: Tensor) -> Tensor:
-        return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).transpose(1, 2)
-
-    def forward(self, x: Tensor, mask_bias: Tensor) -> Tensor:
-        q = self._heads(self.query(x))
-        k = self._heads(self.key(x))
-        v = self._heads(self.value(x))
-        scores = torch.matmul(q, k.transpose(-1, -2)) / self.scale + mask_bias
-        context = torch.matmul(torch.softmax(scores, dim=-1), v)
-        context = context.transpose(1, 2).reshape(x.size(0), x.size(1), -1)
-        x = self.attn_norm(self.attn_out(context) + x)
-        return self.ffn_norm(self.ffn_out(_act(self.ffn_in(x), self.act)) + x)
-
-
 class SequenceClassifier(nn.Module):
     """Encoder, then the family's head on the first token ([CLS] or <s>): logits [B, C]."""
 
@@ -231,7 +187,8 @@ class SequenceClassifier(nn.Module):
         super().__init__()
         self.mask_value = MASK_VALUE
         self.embeddings = Embeddings(c)
-        self.layers = nn.ModuleList([Layer(c) for _ in range(c.num_layers)])
+        layer = (c.hidden_size, c.num_heads, c.intermediate_size, c.layer_norm_eps, c.act)
+        self.layers = nn.ModuleList([Layer(*layer) for _ in range(c.num_layers)])
         self.dense = nn.Linear(c.hidden_size, c.hidden_size)
         self.out = nn.Linear(c.hidden_size, len(c.labels))
         self.head_act = _HEAD_ACT[c.family]
@@ -242,7 +199,7 @@ class SequenceClassifier(nn.Module):
         mask_bias = (1.0 - keep) * self.mask_value
         for layer in self.layers:
             x = layer(x, mask_bias)
-        return self.out(_act(self.dense(x[:, 0]), self.head_act))
+        return self.out(activate(self.dense(x[:, 0]), self.head_act))
 
 
 _LAYER_PARTS = {

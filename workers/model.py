@@ -84,23 +84,37 @@ class Embeddings(nn.Module):
         return self.norm(x)
 
 
-class Layer(nn.Module):
-    """One post-LN BERT layer: self-attention, then a GELU feed-forward block."""
+def activate(x: Tensor, kind: str) -> Tensor:
+    """The activations the supported families use, by their config names."""
+    if kind == "gelu":
+        return F.gelu(x)
+    if kind == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if kind == "tanh":
+        return torch.tanh(x)
+    return F.relu(x)
 
-    def __init__(self, config: BertConfig) -> None:
+
+class Layer(nn.Module):
+    """One post-LN transformer layer: self-attention, then a feed-forward block (GELU for BERT;
+    the Hugging Face families of workers/hf.py name theirs)."""
+
+    def __init__(
+        self, hidden: int, heads: int, intermediate: int, eps: float, act: str = "gelu"
+    ) -> None:
         super().__init__()
-        hidden = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.head_dim = hidden // config.num_attention_heads
+        self.num_heads = heads
+        self.head_dim = hidden // heads
         self.scale = math.sqrt(self.head_dim)
+        self.act = act
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
         self.attn_out = nn.Linear(hidden, hidden)
-        self.attn_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
-        self.ffn_in = nn.Linear(hidden, config.intermediate_size)
-        self.ffn_out = nn.Linear(config.intermediate_size, hidden)
-        self.ffn_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.attn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.ffn_in = nn.Linear(hidden, intermediate)
+        self.ffn_out = nn.Linear(intermediate, hidden)
+        self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
 
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).transpose(1, 2)
@@ -113,7 +127,7 @@ class Layer(nn.Module):
         context = torch.matmul(torch.softmax(scores, dim=-1), v)
         context = context.transpose(1, 2).reshape(x.size(0), x.size(1), -1)
         x = self.attn_norm(self.attn_out(context) + x)
-        return self.ffn_norm(self.ffn_out(F.gelu(self.ffn_in(x))) + x)
+        return self.ffn_norm(self.ffn_out(activate(self.ffn_in(x), self.act)) + x)
 
 
 class Encoder(nn.Module):
@@ -121,7 +135,13 @@ class Encoder(nn.Module):
         super().__init__()
         self.mask_value = MASK_VALUE
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList([Layer(config) for _ in range(config.num_hidden_layers)])
+        layer = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.intermediate_size,
+            config.layer_norm_eps,
+        )
+        self.layers = nn.ModuleList([Layer(*layer) for _ in range(config.num_hidden_layers)])
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Token states [B, L, H] for int64 ids and a 0/1 mask, both [B, L]."""
