@@ -23,6 +23,7 @@ import copy
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,7 +32,7 @@ import torch
 from shm import layout as L
 from workers.batcher import Item, row_limit
 from workers.events import EventLog
-from workers.runtime import CpuRunner, fill_rows, softmax
+from workers.runtime import CpuRunner, Runner, fill_rows, softmax
 from workers.spec import FAKE_GPU, is_gpu_device
 from workers.testhooks import HOOKS
 
@@ -552,7 +553,7 @@ def make_runner(
     cpu_model: Any,
     ctl: Any,
     activation: Callable[[np.ndarray], np.ndarray] = softmax,
-) -> tuple[Any, WorkerSink | None]:
+) -> tuple[Runner, Callable[[float], Any] | None]:
     """The runner for a worker's device: CpuRunner on "cpu"; otherwise a CudaRunner (on the
     GPU, or on the CPU for the test-only fake GPU) behind a FallbackRunner with a CPU copy.
 
@@ -576,4 +577,5 @@ def make_runner(
         raise DeviceError(first_line(exc)) from exc
     gpu.inject_capture_error = HOOKS.capture_error
     sink = WorkerSink(ctl, spec.serial, device)
-    return FallbackRunner(gpu, cpu, sink, HOOKS.inject_oom_batches), sink
+    fallback = FallbackRunner(gpu, cpu, sink, HOOKS.inject_oom_batches)
+    return fallback, partial(sink.started, fallback)

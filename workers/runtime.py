@@ -5,12 +5,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from workers.batcher import Item
+
+
+class Runner(Protocol):
+    """What a worker's serving loop needs of a model runtime, on any device: copy a batch into
+    its buffers padded to `length` (returns the real token count), run the first `n` rows (scores
+    [n, C]), and warm up before the worker says ready (returns the seconds it took)."""
+
+    def fill(self, length: int, batch: list[Item]) -> int: ...
+
+    def forward(self, length: int, n: int) -> np.ndarray: ...
+
+    def warm(self) -> float: ...
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

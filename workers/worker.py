@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shm import layout as L
 from shm.channel import Channel
@@ -28,6 +28,9 @@ from workers.spec import (
     WorkerSpec,
 )
 from workers.testhooks import HOOKS
+
+if TYPE_CHECKING:  # torch is imported in boot(), after the fork
+    from workers.runtime import Runner
 
 IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and exit latency
 READ_LIMIT = 1024  # messages taken from the ring per pass
@@ -97,19 +100,21 @@ class Worker:
         runtime, _ = choose_runtime(spec.runtime, spec.precision, on_gpu, manifest)
         activation = ACTIVATIONS[manifest.activation]
         self.token_types = manifest.token_types
-        sink = None
+        started = None  # on a GPU: reports the graphs and returns the NVML monitor
         if runtime == "onnx":  # the session is made here, after any fork: ORT keeps threads
-            self.runner: Any = ort_runner(spec, manifest, activation)
+            self.runner: Runner = ort_runner(spec, manifest, activation)
             self.cpu_model_ok = True
         else:
             if model is None:
                 model = load_model(spec.model_dir, "cpu")
             self.cpu_model_ok = True  # a failure from here on is the device's, not the model's
-            self.runner, sink = make_runner(spec, grid or (max_len,), model, self.ctl, activation)
+            self.runner, started = make_runner(
+                spec, grid or (max_len,), model, self.ctl, activation
+            )
         self.ctl.beat()
         warm_s = self.runner.warm()
-        if sink is not None:  # GPU worker: report its graphs; the loop samples NVML from now on
-            self.gpu = sink.started(self.runner, warm_s)
+        if started is not None:  # GPU worker: report its graphs; the loop samples NVML from now on
+            self.gpu = started(warm_s)
         # Rows and padded tokens per batch, resolved for the device by the front-end; on a GPU
         # the runner captured one graph shape per (grid length, row count) they allow.
         delay_ns = int(spec.max_delay_ms * 1e6)
