@@ -13,9 +13,11 @@ from workers.batcher import (
     Item,
     batch_limits,
     bucket_index,
+    cheapest_split,
     length_grid,
     pad_grid,
     row_limit,
+    runs,
 )
 
 MS = 1_000_000
@@ -77,27 +79,83 @@ def test_an_opt_in_grid_rounds_the_longest_up() -> None:
 
 
 def test_texts_of_similar_length_go_together_under_the_budget() -> None:
-    b = Batcher(32, 512, 0)
+    b = Batcher(32, 512, 0, overhead_tokens=32)
     lengths = [10, 100, 11, 101, 12, 102, 9, 103, 104, 105, 106]
     for n, length in enumerate(lengths):
         b.add(item(n, length))
     first, length = b.take()  # the oldest is short: the short ones come with it
     assert ids(first) == [0, 2, 4, 6] and length == 12
-    second, length = b.take()  # the long ones: 4 rows of 103 fit in 512, 5 of 104 do not
-    assert ids(second) == [1, 3, 5, 7] and length == 103
+    # The 7 long ones need two batches (4 rows of 103 fit in 512, 5 of 104 do not). Splitting
+    # 3 + 4 or 4 + 3 costs the same padding; the first cheapest split found is kept.
+    second, length = b.take()
+    assert ids(second) == [1, 3, 5] and length == 102
     third, length = b.take()
-    assert ids(third) == [8, 9, 10] and length == 106
+    assert ids(third) == [7, 8, 9, 10] and length == 106
 
 
-def test_a_few_short_texts_join_a_bigger_batch_rather_than_run_alone() -> None:
-    # 30 tokens of padding on 2 short rows cost less than a batch of its own (its fixed cost).
-    b = Batcher(32, 512, 0)
-    b.add(item(0, 13))
-    b.add(item(1, 14))
-    for n in range(2, 20):
+@pytest.mark.parametrize(
+    ("short", "together"),
+    [
+        # 2 x 4 tokens of padding cost less than a batch's fixed cost (11): they join.
+        (26, True),
+        # 2 x 17 tokens of padding cost more: the short ones run alone.
+        (13, False),
+    ],
+)
+def test_shorter_texts_join_a_batch_only_when_their_padding_costs_less_than_a_batch(
+    short: int, together: bool
+) -> None:
+    b = Batcher(32, 512, 0, overhead_tokens=11)
+    b.add(item(0, short))
+    b.add(item(1, short + 1))
+    for n in range(2, 12):
         b.add(item(n, 30))
     batch, length = b.take()
-    assert {0, 1} <= set(ids(batch)) and length == 30 and len(batch) == 17
+    if together:
+        assert ids(batch) == list(range(12)) and length == 30
+    else:
+        assert ids(batch) == [0, 1] and length == short + 1
+
+
+def split_cost(lengths: list[int], bounds: list[tuple[int, int]], overhead: int) -> int:
+    return sum(overhead + (end - start) * lengths[end - 1] for start, end in bounds)
+
+
+def all_splits(n: int) -> list[list[tuple[int, int]]]:
+    """Every way to cut range(n) into contiguous runs."""
+    if n == 0:
+        return [[]]
+    out = []
+    for start in range(n):
+        for rest in all_splits(start):
+            out.append([*rest, (start, n)])
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=9),
+    max_batch=st.integers(1, 6),
+    max_tokens=st.sampled_from([64, 128, 512]),
+    overhead=st.sampled_from([0, 4, 11, 32, 200]),
+)
+def test_the_split_is_the_cheapest_within_the_limits(
+    lengths: list[int], max_batch: int, max_tokens: int, overhead: int
+) -> None:
+    lengths.sort()
+    got = runs(cheapest_split(lengths, max_batch, max_tokens, overhead))
+    assert [i for run in got for i in range(*run)] == list(range(len(lengths)))
+
+    def allowed(run: tuple[int, int]) -> bool:
+        return run[1] - run[0] <= row_limit(lengths[run[1] - 1], max_batch, max_tokens)
+
+    assert all(allowed(r) for r in got)
+    best = min(
+        split_cost(lengths, split, overhead)
+        for split in all_splits(len(lengths))
+        if all(allowed(r) for r in split)
+    )
+    assert split_cost(lengths, got, overhead) == best
 
 
 def test_a_text_longer_than_the_budget_runs_alone() -> None:

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # The sequence lengths a CUDA graph is captured for when --buckets is not given (CONTRACT.md).
 CUDA_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
 # Latency is reported per length class; without a padding grid these are the classes.
 REPORT_GRID = CUDA_BUCKETS
-# A batch's fixed cost (the interpreter, the classifier, per-call set-up) in tokens of work:
-# measured with MiniLM on one core, a 13-token text alone took 16.4 ms against 7.4 ms a text in
-# a sorted batch of 32, about 17 tokens' worth; a batch is chosen for its real tokens per
-# (padded tokens + this), so a few stragglers join a bigger batch rather than run alone.
+# A batch's fixed cost in tokens of work, when the runner does not say its own (each CPU
+# runtime's is measured: workers/runtime.py BATCH_OVERHEAD).
 BATCH_OVERHEAD_TOKENS = 32
 
 
@@ -61,10 +60,43 @@ def batch_limits(buckets: tuple[int, ...], max_batch: int) -> list[int]:
     return [row_limit(b, max_batch, max_batch * buckets[0]) for b in buckets]
 
 
+def cheapest_split(
+    lengths: Sequence[int], max_batch: int, max_tokens: int, overhead: int
+) -> list[int]:
+    """Split texts sorted by (padded) length into runs, each run one batch padded to its last,
+    at the least total cost: a batch costs its padded tokens plus `overhead`, its fixed cost in
+    tokens of work, and holds at most row_limit() rows. Returns `cut`: the cheapest split of
+    the first j texts ends with the run lengths[cut[j]:j]; runs() lists the whole split.
+    Dynamic programming, O(len(lengths) x rows a batch)."""
+    cost = [0] * (len(lengths) + 1)
+    cut = [0] * (len(lengths) + 1)
+    for j, length in enumerate(lengths, 1):
+        rows = row_limit(length, max_batch, max_tokens)
+        best_i = j - 1
+        best = cost[best_i] + overhead + length
+        for i in range(max(0, j - rows), j - 1):
+            c = cost[i] + overhead + (j - i) * length
+            if c < best:
+                best, best_i = c, i
+        cost[j], cut[j] = best, best_i
+    return cut
+
+
+def runs(cut: list[int]) -> list[tuple[int, int]]:
+    """The runs [start, end) of a split from cheapest_split(), shortest texts first."""
+    out = []
+    j = len(cut) - 1
+    while j > 0:
+        out.append((cut[j], j))
+        j = cut[j]
+    return out[::-1]
+
+
 class Batcher:
     """Waiting items kept twice: in arrival order (who is oldest) and sorted by length (who fits
-    with it). The next batch is the run of similar lengths around the oldest item that gives the
-    most real tokens per unit of work, under `max_batch` rows and `max_tokens` padded tokens."""
+    with it). The next batch is the run of similar lengths around the oldest item that the
+    cheapest split of what waits would run it in, under `max_batch` rows and `max_tokens`
+    padded tokens."""
 
     def __init__(
         self,
@@ -104,30 +136,21 @@ class Batcher:
         return fifo[0] if fifo else None
 
     def plan(self) -> tuple[int, int, int] | None:
-        """(first, last, padded length) of the next batch in `by_length`, or None when empty."""
+        """(first, last, padded length) of the next batch in `by_length`, or None when empty:
+        the run holding the oldest in the cheapest split of the texts near it in length."""
         first = self.oldest()
         if first is None:
             return None
         order = self.by_length
         p = bisect.bisect_left(order, (len(first.ids), first.seq))
-        lo = max(0, p - self.max_batch + 1)
+        lo = max(0, p - self.max_batch)
         hi = min(len(order), p + self.max_batch)
-        sums = [0]
-        for length, _, _ in order[lo:hi]:
-            sums.append(sums[-1] + length)
-        best: tuple[int, int, int] = (p, p, self.padded(len(first.ids)))
-        best_score = -1.0
-        for r in range(p, hi):
-            length = self.padded(order[r][0])
-            k = min(row_limit(length, self.max_batch, self.max_tokens), r + 1)
-            left = r - k + 1
-            if left > p:  # too long to sit beside the oldest: every later one is longer
-                break
-            real = sums[r - lo + 1] - sums[left - lo]
-            score = real / (k * length + self.overhead)
-            if score > best_score:
-                best, best_score = (left, r, length), score
-        return best
+        lengths = [self.padded(entry[0]) for entry in order[lo:hi]]
+        cut = cheapest_split(lengths, self.max_batch, self.max_tokens, self.overhead)
+        j = len(lengths)
+        while cut[j] > p - lo:
+            j = cut[j]
+        return lo + cut[j], lo + j - 1, lengths[j - 1]
 
     def full(self, plan: tuple[int, int, int]) -> bool:
         first, last, length = plan

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from shm import layout as L
-from workers.batcher import Item, row_limit
+from workers.batcher import BATCH_OVERHEAD_TOKENS, Item, row_limit
 from workers.events import EventLog
 from workers.runtime import CpuRunner, Runner, fill_rows, softmax
 from workers.spec import FAKE_GPU, is_gpu_device
@@ -118,6 +118,10 @@ class CudaRunner:
     probabilities [n, C], warm() -> seconds, where `length` is one of the grid's lengths. Every
     buffer is made at start-up; the tests check with torch's profiler that serving a batch
     allocates no tensor."""
+
+    # A graph replay's fixed cost in tokens of work: not measured (no GPU has run this yet);
+    # a batch's rows are bounded by the graph shapes captured anyway.
+    overhead_tokens = BATCH_OVERHEAD_TOKENS
 
     def __init__(
         self,
@@ -389,6 +393,7 @@ class FallbackRunner:
         self.probe_every = probe_every
         self.probe_after_s = probe_after_s
         self.device = primary.device
+        self.overhead_tokens = primary.overhead_tokens
         self.buckets = primary.buckets
         self.limits = primary.limits
         self.max_tokens = primary.max_tokens

@@ -24,6 +24,18 @@ class Runner(Protocol):
 
     def warm(self) -> float: ...
 
+    @property
+    def overhead_tokens(self) -> int: ...
+
+
+# A batch's fixed cost in tokens of work, per CPU runtime and precision. A batch of n texts
+# padded to L tokens takes about a + b * n * L on one thread (per-call set-up, the classifier,
+# Python, then each token); the batcher splits what waits at the least total cost in tokens, so
+# it needs a / b. `python -m benchmarks.batch_cost` on MiniLM, one pinned thread, 2-vCPU EPYC,
+# 2026-11-30 (fit within 3-6% over batches up to 512 tokens): TorchScript a 2.65 ms, b 207 us,
+# 12.8 tokens; ONNX Runtime fp32 1.11 ms, 99 us, 11.2; ONNX Runtime int8 0.17 ms, 48 us, 3.6.
+BATCH_OVERHEAD = {("torch", "fp32"): 13, ("onnx", "fp32"): 11, ("onnx", "int8"): 4}
+
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(axis=1, keepdims=True)
@@ -70,6 +82,7 @@ class CpuRunner:
     forward(length, n) -> float32 probabilities [n, C], warm() -> seconds."""
 
     device = "cpu"
+    overhead_tokens = BATCH_OVERHEAD["torch", "fp32"]
 
     def __init__(
         self,
@@ -129,9 +142,11 @@ class OrtRunner(CpuRunner):
         max_len: int,
         max_batch: int,
         activation: Callable[[np.ndarray], np.ndarray] = softmax,
+        precision: str = "fp32",
     ) -> None:
         super().__init__(None, max_len, max_batch, activation)
         self.session = session
+        self.overhead_tokens = BATCH_OVERHEAD["onnx", precision]
 
     def forward(self, length: int, n: int) -> np.ndarray:
         ids, mask = self.views(length, n)
@@ -147,4 +162,4 @@ def ort_runner(
 
     name = manifest.int8_file if spec.precision == "int8" else manifest.onnx_file
     session = open_session(Path(spec.model_dir) / name, spec.threads)
-    return OrtRunner(session, manifest.max_length, spec.max_batch, activation)
+    return OrtRunner(session, manifest.max_length, spec.max_batch, activation, spec.precision)

@@ -118,7 +118,8 @@ class Worker:
         # Rows and padded tokens per batch, resolved for the device by the front-end; on a GPU
         # the runner captured one graph shape per (grid length, row count) they allow.
         delay_ns = int(spec.max_delay_ms * 1e6)
-        self.batcher = Batcher(spec.max_batch, spec.max_batch_tokens, delay_ns, grid)
+        overhead = self.runner.overhead_tokens
+        self.batcher = Batcher(spec.max_batch, spec.max_batch_tokens, delay_ns, grid, overhead)
         self.n_labels = len(manifest.labels)
         self.ctl.set("boot_ms", int((time.monotonic() - t0) * 1000))
         self.ctl.set("state", L.W_READY)
