@@ -43,7 +43,11 @@ test: lint
 fuzz: install-test
 	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/test_fuzz.py -q -p no:randomly
 
-bench: install
+$(VENV)/.installed-bench: $(VENV)/.installed pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	touch $@
+
+bench: $(VENV)/.installed-bench
 	$(BIN)/python -m benchmarks.serving
 
 clean:

@@ -244,7 +244,8 @@ def http_message(
 
 
 def classify_request(text: str, path: str = "/v1/classify") -> bytes:
-    return http_message("POST", path, json.dumps({"text": text}).encode())
+    body = json.dumps({"text": text}).encode()
+    return http_message("POST", path, body, {"Content-Type": "application/json"})
 
 
 # -- closed-loop load -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import argparse
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,11 +33,15 @@ import psutil
 
 from benchmarks.common import (
     AG_NEWS,
+    HOST,
+    ROOT,
     SST2,
     Launched,
     LoadResult,
     classify_request,
+    free_port,
     get_json,
+    inherited_env,
     load_texts,
     run_load,
 )
@@ -249,28 +254,88 @@ class Served:
     cpu_ms: float
 
 
-def serve_level(srv: Launched, texts: list[str], c: int, seconds: float) -> Served:
+def serve_level(
+    port: int, pid: int, texts: list[str], c: int, seconds: float, stats: bool = True
+) -> Served:
+    """Closed-loop load at concurrency `c` after a 1 s warm-up; padding waste from /v1/stats
+    (`stats`: ringserve has it, the peer does not)."""
     import uvloop
 
     requests = [classify_request(t) for t in texts]
-
-    async def warm() -> None:
-        await run_load(srv.port, requests, c, 1.0, warmup_s=0)
-
-    uvloop.run(warm())
-    before = get_json(srv.port, "/v1/stats")["totals"]
-    cpu0 = tree_cpu_s(srv.pid)
-
-    async def go() -> LoadResult:
-        return await run_load(srv.port, requests, c, seconds, warmup_s=0)
-
-    result = uvloop.run(go())
-    cpu1 = tree_cpu_s(srv.pid)
-    after = get_json(srv.port, "/v1/stats")["totals"]
-    tokens = after["tokens"] - before["tokens"]
-    padded = after["padded_tokens"] - before["padded_tokens"]
-    waste = 1 - tokens / padded if padded else 0.0
+    uvloop.run(run_load(port, requests, c, 1.0, warmup_s=0))
+    before = get_json(port, "/v1/stats")["totals"] if stats else {}
+    cpu0 = tree_cpu_s(pid)
+    result = uvloop.run(run_load(port, requests, c, seconds, warmup_s=0))
+    cpu1 = tree_cpu_s(pid)
+    waste = float("nan")
+    if stats:
+        after = get_json(port, "/v1/stats")["totals"]
+        padded = after["padded_tokens"] - before["padded_tokens"]
+        waste = 1 - (after["tokens"] - before["tokens"]) / padded if padded else 0.0
     return Served(result, waste, (cpu1 - cpu0) * 1000 / max(1, result.ok))
+
+
+# -- the peer --------------------------------------------------------------------------------------
+class Peer:
+    """benchmarks/peer.py under uvicorn: `workers` processes, one thread each, one text a
+    forward pass, on the same runtime and precision."""
+
+    def __init__(self, workers: int, runtime: str, precision: str) -> None:
+        self.port = free_port()
+        env = {**inherited_env(), "OMP_NUM_THREADS": "1"}
+        env |= {"RINGSERVE_PEER_RUNTIME": runtime, "RINGSERVE_PEER_PRECISION": precision}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "benchmarks.peer:app", "--host", HOST,
+             "--port", str(self.port), "--workers", str(workers), "--log-level", "warning",
+             "--no-access-log"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.pid = self.proc.pid
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        stop = time.monotonic() + timeout
+        while time.monotonic() < stop:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the peer exited with {self.proc.returncode}")
+            try:
+                get_json(self.port, "/health", timeout=2.0)
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError("the peer did not answer /health")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_peer(
+    args: argparse.Namespace, texts: dict[str, list[str]], ours: dict[tuple[str, int], Served]
+) -> None:
+    runtime, precision = RUNTIMES[0]
+    print(f"\nthe peer: FastAPI under uvicorn, {args.workers} workers x 1 thread, one text a "
+          f"forward pass, {runtime} {precision} (the same model and runtime as ringserve's "
+          "defaults):")  # fmt: skip
+    print("| mix | c | ringserve/s | peer/s | ringserve/peer | P50 ms ringserve / peer | "
+          "P99 ms ringserve / peer | CPU ms/req ringserve / peer |")  # fmt: skip
+    print("| --- " * 8 + "|")
+    peer = Peer(args.workers, runtime, precision)
+    try:
+        peer.wait_ready()
+        for mix in MIXES:
+            for c in LEVELS:
+                p = serve_level(peer.port, peer.pid, texts[mix], c, args.seconds, stats=False)
+                r = ours[mix, c]
+                print(f"| {mix} | {c} | {r.load.rps:.1f} | {p.load.rps:.1f} | "
+                      f"{r.load.rps / p.load.rps:.2f} | {r.load.pct(50):.1f} / "
+                      f"{p.load.pct(50):.1f} | {r.load.pct(99):.1f} / {p.load.pct(99):.1f} | "
+                      f"{r.cpu_ms:.1f} / {p.cpu_ms:.1f} |", flush=True)  # fmt: skip
+    finally:
+        peer.close()
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -300,10 +365,10 @@ def run_config(
     encs: dict[str, list[list[int]]],
     runtime: str,
     precision: str,
-) -> list[str]:
+) -> dict[tuple[str, int], Served]:
     pool.load(model_dir, runtime, precision)
     overhead = BATCH_OVERHEAD[runtime, precision]
-    rows = []
+    served = {}
     extra = ["--workers", str(args.workers), "--runtime", runtime, "--precision", precision]
     with tempfile.TemporaryDirectory(prefix="ringserve-serving-") as tmp:
         srv = Launched(tmp, [*extra, *args.server_args.split()], binary=False)
@@ -317,21 +382,21 @@ def run_config(
                     # run and the higher one kept (the conservative ratio).
                     name, batches = best_plan(pool, encs[mix], c, overhead, args.search_seconds)
                     ceil, batch_s = pool.run(batches, args.ceiling_seconds)
-                    s = serve_level(srv, texts[mix], c, args.seconds)
+                    s = served[mix, c] = serve_level(srv.port, srv.pid, texts[mix], c, args.seconds)
                     again, batch_again = pool.run(batches, args.ceiling_seconds)
                     ceil, batch_s = max(ceil, again), min(batch_s, batch_again)
                     if c == 1:
                         batch_s = pool.latency(batches, args.ceiling_seconds)
                     b1 = f"{batch_s * 1000:.1f}" if c == 1 else "-"
-                    rows.append(
+                    print(
                         f"| {mix} | {runtime} {precision} | {c} | {s.load.rps:.1f} | {ceil:.1f} | "
                         f"{name} | {s.load.rps / ceil:.2f} | {ref:.1f} | {s.load.pct(50):.1f} | "
-                        f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} |"
+                        f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} |",
+                        flush=True,
                     )
-                    print(rows[-1], flush=True)
         finally:
             srv.terminate()
-    return rows
+    return served
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--texts", type=int, default=1000, help="texts per mix")
     p.add_argument("--quick", action="store_true", help="default runtime only")
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
+    p.add_argument("--no-peer", action="store_true", help="skip the FastAPI peer")
     args = p.parse_args(argv)
     from workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
 
@@ -363,10 +429,15 @@ def main(argv: list[str] | None = None) -> int:
               "served/ceiling | ceiling/s (window 256) | P50 ms | P99 ms | model batch-1 ms | "
               "padding waste | server CPU ms/req |")  # fmt: skip
         print("| --- " * 13 + "|")
+        served = {}
         for runtime, precision in RUNTIMES[:1] if args.quick else RUNTIMES:
-            run_config(args, pool, model_dir, texts, encs, runtime, precision)
+            served[runtime, precision] = run_config(
+                args, pool, model_dir, texts, encs, runtime, precision
+            )
     finally:
         pool.close()
+    if not args.no_peer:
+        run_peer(args, texts, served[RUNTIMES[0]])
     print(f"took {time.monotonic() - t0:.0f} s")
     return 0
 
