@@ -118,7 +118,7 @@ def parse_runtime(text: str) -> str:
 # workers, MiniLM; smaller token budgets keep a batch's activations in cache. GPU: not yet
 # measured on one (benchmarks/gpu_check.py will); CPU-sized batches would leave a GPU mostly
 # idle, and 16384 tokens (128 rows to 128 tokens, 64 rows at 256) keeps the graph pool small.
-CPU_MAX_BATCH = 64  # benchmarks/serving.py, 2026-11-30: 64 rows x 512 tokens was best of 5
+CPU_MAX_BATCH = 64  # benchmarks/serving.py, 2026-11-30: the fastest of 5 limits for the split
 CPU_MAX_BATCH_TOKENS = 512
 GPU_MAX_BATCH = 128
 GPU_MAX_BATCH_TOKENS = 16384
