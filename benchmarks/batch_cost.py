@@ -3,7 +3,7 @@
 A batch of n texts padded to L tokens takes about a + b * n * L seconds on one pinned thread:
 `a` is the per-call cost (the runtime's set-up, the classifier, Python), `b` the cost of one
 token. The batcher weighs padding against that fixed cost, so it needs a / b, in tokens: the
-figures in workers/runtime.py (BATCH_OVERHEAD) come from this script. It times every shape of a
+figures in workers/batcher.py (BATCH_OVERHEAD) come from this script. It times every shape of a
 grid inside the range batches are formed in (n * L up to the default token budget), fits a and b
 by least squares, and prints them with the worst relative error of the fit.
 

@@ -46,8 +46,7 @@ from benchmarks.common import (
     run_load,
 )
 from service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
-from workers.batcher import cheapest_split, row_limit, runs
-from workers.runtime import BATCH_OVERHEAD
+from workers.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
 
 MIXES = {"short": SST2, "long": AG_NEWS}
 RUNTIMES = [("onnx", "fp32"), ("torch", "fp32"), ("onnx", "int8")]  # the default first

@@ -350,6 +350,15 @@ def _cpu_s() -> float:
 
 
 def _max_rss_mib() -> float:
+    """This process's peak RSS (VmHWM). Not ru_maxrss: Linux carries that over from the parent
+    across fork and exec, so a big parent (a benchmark holding torch) would show as ours."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

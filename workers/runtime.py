@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from workers.batcher import Item
+from workers.batcher import BATCH_OVERHEAD, Item
 
 
 class Runner(Protocol):
@@ -26,15 +26,6 @@ class Runner(Protocol):
 
     @property
     def overhead_tokens(self) -> int: ...
-
-
-# A batch's fixed cost in tokens of work, per CPU runtime and precision. A batch of n texts
-# padded to L tokens takes about a + b * n * L on one thread (per-call set-up, the classifier,
-# Python, then each token); the batcher splits what waits at the least total cost in tokens, so
-# it needs a / b. `python -m benchmarks.batch_cost` on MiniLM, one pinned thread, 2-vCPU EPYC,
-# 2026-11-30 (fit within 3-6% over batches up to 512 tokens): TorchScript a 2.65 ms, b 207 us,
-# 12.8 tokens; ONNX Runtime fp32 1.11 ms, 99 us, 11.2; ONNX Runtime int8 0.17 ms, 48 us, 3.6.
-BATCH_OVERHEAD = {("torch", "fp32"): 13, ("onnx", "fp32"): 11, ("onnx", "int8"): 4}
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
