@@ -21,27 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import raw_runner
 from service.settings import CPU_MAX_BATCH_TOKENS
 
 LENGTHS = (8, 12, 16, 24, 32, 48, 64)
 ROWS = (1, 2, 4, 8, 16, 32)
-
-
-def make_runner(model_dir: str, runtime: str, precision: str) -> Any:
-    import torch
-
-    from workers.artifact import load_manifest, load_model
-    from workers.onnx_model import open_session
-    from workers.runtime import CpuRunner, OrtRunner
-    from workers.worker import set_graph_optimize
-
-    torch.set_num_threads(1)
-    m = load_manifest(model_dir)
-    if runtime == "onnx":
-        name = m.int8_file if precision == "int8" else m.onnx_file
-        return OrtRunner(open_session(f"{model_dir}/{name}"), m.max_length, max(ROWS))
-    set_graph_optimize(True)  # as a CPU worker runs it
-    return CpuRunner(load_model(model_dir), m.max_length, max(ROWS))
 
 
 def time_shape(runner: Any, rows: int, length: int, seconds: float) -> float:
@@ -84,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | --- | --- | --- | --- |")
     for spec in args.runtimes.split(","):
         runtime, precision = spec.split(":")
-        runner = make_runner(model_dir, runtime, precision)
+        runner = raw_runner(model_dir, runtime, precision, max(ROWS))
         runner.warm()
         samples = [
             (n, length, time_shape(runner, n, length, args.seconds))

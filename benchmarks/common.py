@@ -76,6 +76,26 @@ def get_json(port: int, path: str, timeout: float = 10.0, host: str = HOST) -> d
     return doc
 
 
+def raw_runner(model_dir: str, runtime: str, precision: str, max_batch: int) -> Any:
+    """The model alone on one thread, run as a CPU worker runs it (workers/worker.py): an
+    OrtRunner on the artifact's ONNX file for `precision`, or TorchScript without the profiling
+    executor. For the benchmarks' ceilings; imports torch, so call it in the measuring process."""
+    import torch
+
+    from workers.artifact import load_manifest, load_model
+    from workers.onnx_model import open_session
+    from workers.runtime import CpuRunner, OrtRunner
+    from workers.worker import set_graph_optimize
+
+    torch.set_num_threads(1)
+    m = load_manifest(model_dir)
+    if runtime == "onnx":
+        session = open_session(f"{model_dir}/{m.onnx_for(precision)}")
+        return OrtRunner(session, m.max_length, max_batch, precision=precision)
+    set_graph_optimize(True)
+    return CpuRunner(load_model(model_dir), m.max_length, max_batch)
+
+
 def inherited_env() -> dict[str, str]:
     """This process's environment less RINGSERVE_API_KEY: a key exported in the shell must not
     turn every server under test into a keyed one (a keyed server is asked for by `env`)."""

@@ -42,8 +42,7 @@ class Model:
         if runtime == "onnx":
             from workers.onnx_model import open_session
 
-            name = m.int8_file if precision == "int8" else m.onnx_file
-            self.session = open_session(f"{model_dir}/{name}", 1)
+            self.session = open_session(f"{model_dir}/{m.onnx_for(precision)}", 1)
         else:
             import torch
 

@@ -43,6 +43,7 @@ from benchmarks.common import (
     get_json,
     inherited_env,
     load_texts,
+    raw_runner,
     run_load,
 )
 from service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
@@ -59,25 +60,14 @@ Batch = list[list[int]]  # token ids of each text
 # -- the ceiling: pinned processes running planned batches -----------------------------------------
 def _ceiling_loop(conn: Any, cpu: int) -> None:
     os.sched_setaffinity(0, [cpu])
-    import torch
-
-    from workers.artifact import load_manifest, load_model
     from workers.batcher import Item
-    from workers.onnx_model import open_session
-    from workers.runtime import CpuRunner, OrtRunner
 
-    torch.set_num_threads(1)
     runner: Any = None
     while True:
         msg = conn.recv()
         if msg[0] == "load":
             _, model_dir, runtime, precision = msg
-            m = load_manifest(model_dir)
-            if runtime == "onnx":
-                name = m.int8_file if precision == "int8" else m.onnx_file
-                runner = OrtRunner(open_session(f"{model_dir}/{name}"), m.max_length, 256)
-            else:
-                runner = CpuRunner(load_model(model_dir), m.max_length, 256)
+            runner = raw_runner(model_dir, runtime, precision, 256)
             runner.warm()
             conn.send("ok")
         elif msg[0] == "run":

@@ -8,7 +8,6 @@ import random
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 from tests.conftest import ServerProc
 from workers.artifact import (
     ArtifactError,
+    Manifest,
     compute_fingerprint,
     load_manifest,
     load_model,
@@ -48,8 +48,8 @@ def run(runner: CpuRunner, batch: list[Item]) -> np.ndarray:
 
 
 def test_choose_runtime() -> None:
-    new = SimpleNamespace(onnx_file="model.onnx", int8_file="model.int8.onnx")
-    old = SimpleNamespace(onnx_file="", int8_file="")
+    new = Manifest("m", ["a", "b"], 128, "", onnx_file="model.onnx", int8_file="model.int8.onnx")
+    old = Manifest("m", ["a", "b"], 128, "")
     assert choose_runtime("auto", "fp32", False, new) == ("onnx", "")
     assert choose_runtime("torch", "fp32", False, new) == ("torch", "")
     assert choose_runtime("onnx", "int8", False, new) == ("onnx", "")

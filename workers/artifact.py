@@ -76,6 +76,10 @@ class Manifest:
     int8_file: str = ""
     int8: dict[str, Any] = field(default_factory=dict)  # int8's measured cost (onnx_model.py)
 
+    def onnx_for(self, precision: str) -> str:
+        """The ONNX file that runs `precision` ("" when the artifact has none)."""
+        return self.int8_file if precision == "int8" else self.onnx_file
+
     def files(self) -> list[str]:
         """The fingerprinted model files beside the tokenizer, in a fixed order."""
         return [self.model_file, *(f for f in (self.onnx_file, self.int8_file) if f)]

@@ -13,9 +13,6 @@ from dataclasses import dataclass
 CUDA_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
 # Latency is reported per length class; without a padding grid these are the classes.
 REPORT_GRID = CUDA_BUCKETS
-# A batch's fixed cost in tokens of work, when the runner does not say its own (each CPU
-# runtime's is measured: BATCH_OVERHEAD below).
-BATCH_OVERHEAD_TOKENS = 32
 # A batch's fixed cost in tokens of work, per CPU runtime and precision. A batch of n texts
 # padded to L tokens takes about a + b * n * L on one thread (per-call set-up, the classifier,
 # Python, then each token); the batcher splits what waits at the least total cost in tokens, so
@@ -23,6 +20,7 @@ BATCH_OVERHEAD_TOKENS = 32
 # 2026-11-30 (fit within 3-6% over batches up to 512 tokens): TorchScript a 2.65 ms, b 207 us,
 # 12.8 tokens; ONNX Runtime fp32 1.11 ms, 99 us, 11.2; ONNX Runtime int8 0.17 ms, 48 us, 3.6.
 BATCH_OVERHEAD = {("torch", "fp32"): 13, ("onnx", "fp32"): 11, ("onnx", "int8"): 4}
+BATCH_OVERHEAD_TOKENS = 32  # for a runner that has not measured its own (CUDA)
 
 
 @dataclass(slots=True)

@@ -155,7 +155,7 @@ def choose_runtime(requested: str, precision: str, on_gpu: bool, manifest: Any) 
                 "fewer flipped decisions): use --runtime onnx or auto"
             )
         return "torch", ""
-    wanted = manifest.int8_file if precision == "int8" else manifest.onnx_file
+    wanted = manifest.onnx_for(precision)
     if wanted:
         return "onnx", ""
     what = "model.int8.onnx" if precision == "int8" else "model.onnx"

@@ -151,6 +151,5 @@ def ort_runner(
     """The ONNX Runtime runner of a worker: fp32 or int8, from the artifact's ONNX files."""
     from workers.onnx_model import open_session
 
-    name = manifest.int8_file if spec.precision == "int8" else manifest.onnx_file
-    session = open_session(Path(spec.model_dir) / name, spec.threads)
+    session = open_session(Path(spec.model_dir) / manifest.onnx_for(spec.precision), spec.threads)
     return OrtRunner(session, manifest.max_length, spec.max_batch, activation, spec.precision)
