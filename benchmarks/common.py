@@ -114,8 +114,11 @@ class Launched:
         binary: bool = True,
         port: int | None = None,
         beside: Launched | None = None,
+        own_group: bool = False,
     ) -> None:
-        """`beside`: share that server's ports and control path (a --reuse-port upgrade)."""
+        """`beside`: share that server's ports and control path (a --reuse-port upgrade).
+        `own_group`: start it in a session of its own, so a signal to its process group (as
+        systemd, supervisord and `kill -TERM -PGID` send) reaches it and its children only."""
         tmp = Path(tmp)
         self.port: int = beside.port if beside else port or free_port()
         self.binary_port: int = beside.binary_port if beside else free_port() if binary else 0
@@ -135,7 +138,7 @@ class Launched:
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             self.args, cwd=ROOT, env={**inherited_env(), **(env or {})}, stdout=self.log,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT, start_new_session=own_group,
         )  # fmt: skip
         self.pid = self.proc.pid
         if taken:  # its own control socket beside the live one (CONTRACT.md)

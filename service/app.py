@@ -123,6 +123,9 @@ class Server:
         # Latency is reported per length class: the padding grid's, or a fixed one without it.
         self.buckets = length_grid(self.pad_grid or REPORT_GRID, max_len)
         self.choose_runtime(on_gpu)
+        self.dispatcher.max_queue_ms = self.settings.max_queue_ms
+        self.dispatcher.hold_cost = self.settings.hold_cost(self.device)
+        self.dispatcher.max_tokens = max_len
         self.supervisor = Supervisor(
             self.settings, self.dispatcher, self.model_dir, self.device, self.log
         )
@@ -327,11 +330,12 @@ class Server:
         return None
 
     async def drain(self) -> None:
-        """Close the listeners, then serve what open connections still send, each answer with
-        `connection: close`; idle connections close at the deadline, binary ones once their
-        answers are out. Then stop the workers and remove what this server made."""
+        """Close the listeners and every idle connection, serve what is owed (each answer with
+        `connection: close`), and end as soon as nothing is owed or at the drain timeout. Then
+        stop the workers and remove what this server made."""
         self.log.info("drain", reason=self.stop_reason, inflight=self.dispatcher.depth)
         self.draining = True
+        self.supervisor.draining = True  # no worker is started from here on
         for listener in self.listeners:
             listener.close()
         for state in self.http_states():
@@ -352,17 +356,20 @@ class Server:
         self.close_connections()
         await self.supervisor.stop(HURRY_GRACE_S if self.hurry else STOP_GRACE_S)
         self.remove_control()
+        stop_resource_tracker()
         left = segment.list_segments(os.getpid())
         if left:
             self.log.warning("segments_left", names=left)
 
     def draining_work(self) -> bool:
-        """Something is still owed: a request in flight, or a connection still open."""
+        """Something is still owed: a request in flight, an answer unwritten, or a request
+        being read. An idle connection owes nothing and never holds the exit back."""
         if self.dispatcher.depth:
             return True
-        if any(state.connections for state in self.http_states()):
+        if any(state.owed() for state in self.http_states()):
             return True
-        return self.binary_state is not None and bool(self.binary_state.connections)
+        bstate = self.binary_state
+        return bstate is not None and any(c.owes() for c in bstate.connections)
 
     def close_connections(self) -> None:
         for state in self.http_states():
@@ -439,7 +446,7 @@ class Server:
         """Why the dispatcher refuses a request now (the message of its 503)."""
         if self.supervisor.fatal:
             return "no worker can serve"
-        return "server is draining" if self.draining else "queue is full"
+        return "server is draining" if self.draining else self.dispatcher.why
 
     def count(self, protocol: str, code: int, n: int = 1) -> None:
         """One more answer written (n more): called only where answers are written."""
@@ -449,6 +456,18 @@ class Server:
     def on_result(self, group: Group, result: Result, latency_ns: int) -> None:
         if self.stats is not None:
             self.stats.observe(group, result, latency_ns)
+
+
+def stop_resource_tracker() -> None:
+    """multiprocessing starts a resource tracker with the first spawned process; it exits when
+    we do, and would stay a zombie until init reaps it. Stop and reap it here (we track no
+    resource with it: our segments are ours to unlink)."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # private, since 3.8
+    if stop is not None:
+        with contextlib.suppress(OSError, ChildProcessError):
+            stop()
 
 
 def serve(settings: Config) -> int:

@@ -3,8 +3,10 @@
 Each data_received parses every complete frame in the buffer. Valid frames are admitted to the
 dispatcher in groups of up to `binary_group` (one admission and one answer write per group, not
 per frame); bad frames are answered at once. A connection owes at most `binary_max_owed` answers:
-past that, or while its transport's write buffer is full, it stops reading. A length over
-`max_frame` ends the connection once the answers already owed have been written.
+a frame past that is read and answered status 2 (overloaded) at once, as is one the queue has
+no room for, so no frame waits unseen in the socket. Reading pauses only while the transport's
+write buffer is full: a client that does not read its answers. A length over `max_frame` ends
+the connection once the answers already owed have been written.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Protocol
 
 from service.admission import STATUS_HTTP
 from service.auth import AUTH_OK, ApiKey, read_auth_frame
-from service.dispatcher import Dispatcher, Result
+from service.dispatcher import Dispatcher, Result, text_cost
 from service.logs import EventLog
 from service.settings import Config
 from service.wire import LENGTH, TAG, encode_answer, status_answer
@@ -124,18 +126,14 @@ class BinaryProtocol(asyncio.Protocol):
         self.update_reading()
 
     def update_reading(self) -> None:
-        """Read while answers owed and the write buffer are both under their bounds."""
+        """Read while the write buffer is under its bound (the client reads its answers)."""
         transport = self.transport
         if transport is None or self.closed:
             return
         if self.eof:
             return  # nothing more will come
         # Once stopped, read and drop what still comes: closing on unread input sends a RST.
-        want = (
-            self.stopped
-            or self.lingering
-            or (not self.paused_writing and self.owed < self.max_owed)
-        )
+        want = self.stopped or self.lingering or not self.paused_writing
         if want and self.paused_reading:
             self.paused_reading = False
             transport.resume_reading()
@@ -190,14 +188,15 @@ class BinaryProtocol(asyncio.Protocol):
             self.close_now()
 
     def parse(self) -> None:
-        """Admit every complete frame buffered, while the answers owed stay under the bound."""
+        """Admit every complete frame buffered; past the owed bound, answer status 2 at once."""
         buf = self.buffer
         pos, end = 0, len(buf)
         texts: list[bytes] = []
         tags: list[int] = []
         bad: list[bytes] = []
+        over: list[int] = []  # frames past the owed bound
         with memoryview(buf) as view:
-            while end - pos >= 4 and self.owed + len(tags) < self.max_owed:
+            while end - pos >= 4:
                 (n,) = LENGTH.unpack_from(buf, pos)
                 if n > self.max_frame:
                     self.stopped = True
@@ -208,40 +207,44 @@ class BinaryProtocol(asyncio.Protocol):
                 text = view[pos + 4 : pos + 4 + n].tobytes()
                 (tag,) = TAG.unpack_from(buf, stop - 8)
                 pos = stop
-                if valid_text(text):
+                if not valid_text(text):
+                    bad.append(status_answer(tag, L.STATUS_BAD_REQUEST))
+                elif self.owed + len(tags) >= self.max_owed:
+                    over.append(tag)
+                else:
                     texts.append(text)
                     tags.append(tag)
                     if len(tags) >= self.group_size:
                         self.admit(texts, tags)
                         texts, tags = [], []
-                else:
-                    bad.append(status_answer(tag, L.STATUS_BAD_REQUEST))
         del buf[:pos]
         if texts:
             self.admit(texts, tags)
         if bad:
             self.send(b"".join(bad), 400, len(bad))
+        if over:
+            self.refuse(over)
         if self.stopped:
             buf.clear()
         self.close_when_done()
 
     def admit(self, texts: list[bytes], tags: list[int]) -> None:
-        """One dispatcher group for these frames; the frames that do not fit answer status 2."""
-        room = max(0, self.dispatcher.max_queue - self.dispatcher.depth)
-        refused: list[int] = []
-        if room < len(tags):  # admit what fits rather than refuse the whole group
-            refused = tags[room:]
-            texts, tags = texts[:room], tags[:room]
-            self.dispatcher.rejected += len(refused)  # as the dispatcher counts what it refuses
-        if tags:
-            deadline = time.monotonic_ns() + self.timeout_ns
-            if self.dispatcher.submit(texts, deadline, partial(self.answer, tags), "binary"):
-                self.owed += len(tags)
-            else:  # draining, or no room after all
-                refused = tags + refused
-        if refused:
-            answers = b"".join([status_answer(t, L.STATUS_OVERLOADED) for t in refused])
-            self.send(answers, 503, len(refused))
+        """One dispatcher group for the frames that fit; the rest answer status 2. Each frame
+        is a request of its own, so the group is admitted in part rather than refused whole."""
+        d = self.dispatcher
+        costs = [text_cost(t, d.max_tokens) for t in texts]
+        k = d.room(costs, whole=False)
+        if k:
+            deadline = time.monotonic_ns() + self.timeout_ns  # from the frame's arrival
+            d.admit(texts[:k], costs[:k], deadline, partial(self.answer, tags[:k]), "binary")
+            self.owed += k
+        if k < len(tags):
+            self.refuse(tags[k:])
+
+    def refuse(self, tags: list[int]) -> None:
+        self.dispatcher.refuse(len(tags))
+        answers = b"".join([status_answer(t, L.STATUS_OVERLOADED) for t in tags])
+        self.send(answers, 503, len(tags))
 
     # -- answers --------------------------------------------------------------------------------
     def answer(self, tags: list[int], results: list[Result]) -> None:
@@ -258,10 +261,7 @@ class BinaryProtocol(asyncio.Protocol):
         if self.send(b"".join(out), 200, len(tags) - len(failed)):
             for code in failed:
                 self.server.count("binary", code)
-        if self.buffer and not self.stopped and self.owed < self.max_owed:
-            self.parse()  # frames left buffered when the bound was reached
-        else:
-            self.close_when_done()
+        self.close_when_done()
         self.update_reading()
 
     def send(self, answers: bytes, code: int, n: int = 1) -> bool:
@@ -296,9 +296,17 @@ class BinaryProtocol(asyncio.Protocol):
         self.linger_timer = loop.call_later(self.linger_s, self.close_now)
 
     def begin_drain(self) -> None:
-        """The server drains: frames already read are answered, then the connection closes."""
+        """The server drains: an idle connection closes at once (as uvicorn and Go's Shutdown
+        close theirs); one with answers owed closes after the last of them."""
         self.draining = True
-        self.close_when_done()
+        if not self.owed:
+            self.close_now()
+        else:
+            self.close_when_done()
+
+    def owes(self) -> bool:
+        """Answers are still to be written on it (a lingering close owes nothing)."""
+        return not self.closed and self.owed > 0
 
     def close_now(self) -> None:
         if not self.closed and self.transport is not None:

@@ -2,6 +2,11 @@
 
 A request is one text. A client call with N texts is a Group of N requests answered by one
 callback once the last answer is in, so a batch costs one pass through the loop, not N.
+
+What waits, waits here: a worker is given only what it can start soon (about two batches of
+work, `hold_cost`), so admission, deadlines and every worker see the queue, and a worker that
+dies or stalls strands little. Admission bounds the queue by count (--max-queue) and by time
+(--max-queue-ms): the queued work, in estimated tokens, over the pool's measured tokens/s.
 """
 
 from __future__ import annotations
@@ -16,6 +21,17 @@ import numpy as np
 
 from service.pool import WorkerHandle
 from shm import layout as L
+
+# A text's cost in token-equivalents, estimated from its bytes before any tokenizer has seen it:
+# about four bytes a token, plus a row's fixed share of a batch (special tokens, per-row work).
+BYTES_PER_TOKEN = 4
+ROW_COST = 8
+RATE_SAMPLE_NS = 200_000_000  # a worker's busy time per throughput sample
+RATE_WEIGHT_NS = 1_000_000_000  # a sample of this much busy time moves the estimate halfway
+
+
+def text_cost(payload: bytes, max_tokens: int) -> int:
+    return min(max_tokens, len(payload) // BYTES_PER_TOKEN) + ROW_COST
 
 
 @dataclass(slots=True)
@@ -42,29 +58,71 @@ class Group:
 
 
 class Request:
-    __slots__ = ("deadline_ns", "group", "id", "index", "payload", "worker")
+    __slots__ = ("cost", "deadline_ns", "group", "id", "index", "payload", "worker")
 
-    def __init__(self, rid: int, payload: bytes, deadline_ns: int, group: Group, index: int):
+    def __init__(
+        self, rid: int, payload: bytes, deadline_ns: int, group: Group, index: int, cost: int
+    ):
         self.id = rid
         self.payload = payload
         self.deadline_ns = deadline_ns
         self.group = group
         self.index = index
+        self.cost = cost
         self.worker: WorkerHandle | None = None
 
 
+class Flow:
+    """One worker as the dispatcher meters it: the cost it holds, and its measured tokens/s
+    while it had work (an idle worker's time says nothing about its speed)."""
+
+    __slots__ = ("busy_ns", "done", "held", "mark_ns", "rate")
+
+    def __init__(self) -> None:
+        self.held = 0  # cost of the requests in its ring or batcher
+        self.mark_ns = 0  # when the current busy stretch was last accounted (0: idle)
+        self.busy_ns = 0  # busy time not yet folded into `rate`
+        self.done = 0  # cost answered in that time
+        self.rate: float | None = None  # cost per second
+
+    def answered(self, cost: int, now_ns: int) -> None:
+        if self.mark_ns:
+            self.busy_ns += now_ns - self.mark_ns
+        self.done += cost
+        self.held -= cost
+        self.mark_ns = now_ns if self.held > 0 else 0
+        if self.busy_ns >= RATE_SAMPLE_NS:
+            sample = self.done * 1e9 / self.busy_ns
+            weight = self.busy_ns / (self.busy_ns + RATE_WEIGHT_NS)
+            self.rate = sample if self.rate is None else self.rate + (sample - self.rate) * weight
+            self.busy_ns = self.done = 0
+
+
 class Dispatcher:
-    def __init__(self, max_queue: int, clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        max_queue: int,
+        clock: Callable[[], int] = time.monotonic_ns,
+        max_queue_ms: float = 0.0,
+        hold_cost: int = 0,
+        max_tokens: int = 512,
+    ) -> None:
         self.max_queue = max_queue
+        self.max_queue_ms = max_queue_ms  # 0: no bound by time
+        self.hold_cost = hold_cost  # most cost a worker holds at once (0: as its ring takes)
+        self.max_tokens = max_tokens  # a text's tokens are cut there: so is its cost
         self.clock = clock  # monotonic ns; tests drive a fake one (deadlines are on it too)
         self.inflight: dict[int, Request] = {}  # admitted, not yet answered
         self.waiting: deque[Request] = deque()  # admitted, not in any ring yet
         self.serving: list[WorkerHandle] = []  # set by the supervisor
+        self.flows: dict[WorkerHandle, Flow] = {}
+        self.queued_cost = 0  # of everything in flight
         self.next_id = 1
         self.accepting = True
         self.on_result: Callable[[Group, Result, int], None] | None = None  # metrics hook
         self.rejected = 0
         self.expired = 0
+        self.why = "queue is full"  # the reason of the last refusal
 
     # -- admission ----------------------------------------------------------------------------
     def submit(
@@ -74,20 +132,99 @@ class Dispatcher:
         callback: Callable[[list[Result]], None],
         protocol: str = "http",
     ) -> bool:
-        """Admit a group of texts, or refuse it at once (False) when the queue is full."""
+        """Admit a group of texts whole, or refuse it at once (False): see room()."""
         n = len(texts)
-        if not self.accepting or len(self.inflight) + n > self.max_queue:
+        costs = [text_cost(t, self.max_tokens) for t in texts]
+        if self.room(costs, whole=True) < n:
             self.rejected += n
             return False
-        group = Group(n, callback, protocol, self.clock())
-        rid = self.next_id
-        self.next_id += n
-        reqs = [Request(rid + i, t, deadline_ns, group, i) for i, t in enumerate(texts)]
-        for r in reqs:
-            self.inflight[r.id] = r
-        self.place(reqs)
+        self.admit(texts, costs, deadline_ns, callback, protocol)
         return True
 
+    def admit(
+        self,
+        texts: list[bytes],
+        costs: list[int],
+        deadline_ns: int,
+        callback: Callable[[list[Result]], None],
+        protocol: str,
+    ) -> None:
+        """Admit texts that room() allowed."""
+        group = Group(len(texts), callback, protocol, self.clock())
+        rid = self.next_id
+        self.next_id += len(texts)
+        reqs = [
+            Request(rid + i, t, deadline_ns, group, i, c)
+            for i, (t, c) in enumerate(zip(texts, costs, strict=True))
+        ]
+        for r in reqs:
+            self.inflight[r.id] = r
+        self.queued_cost += sum(costs)
+        self.place(reqs)
+
+    def room(self, costs: list[int], whole: bool) -> int:
+        """How many of these texts, taken in order, may be admitted now.
+
+        Independent texts (`whole` False: binary frames) are admitted while the queue has a
+        slot and its estimated wait is within --max-queue-ms. A request of several texts
+        (`whole`) is admitted entire or not at all, and may take at most half of what is free,
+        by count and by time, so that one client's big batches cannot fill the queue for the
+        rest; into an empty queue it always fits, as long as it fits --max-queue."""
+        n = len(costs)
+        if not self.accepting:
+            self.why = "server is draining"
+            return 0
+        free = self.max_queue - len(self.inflight)
+        limit = self.cost_limit()
+        if whole and n > 1:
+            if not self.inflight:
+                return n if n <= self.max_queue else 0
+            fits = n <= free // 2
+            if fits and limit is not None:
+                fits = sum(costs) <= (limit - self.queued_cost) / 2
+            if not fits:
+                self.why = "queue is full: a batch may take at most half of what is free"
+            return n if fits else 0
+        k = min(n, max(0, free))
+        if k < n:
+            self.why = "queue is full"
+        if limit is not None:
+            queued, timed = self.queued_cost, 0
+            while timed < k and queued <= limit:
+                queued += costs[timed]
+                timed += 1
+            if timed < k:
+                self.why = f"queue is full: estimated wait over {self.max_queue_ms:g} ms"
+            k = timed
+        return k
+
+    def refuse(self, n: int) -> None:
+        """Count texts refused after room() said no (a protocol answers them itself)."""
+        self.rejected += n
+
+    # -- the pool's speed ---------------------------------------------------------------------
+    def rate(self) -> float | None:
+        """The serving workers' measured cost per second together; a worker not yet measured
+        counts as the mean of those that are. None before any is."""
+        workers = self.serving
+        rates = [f.rate for w in workers if (f := self.flows.get(w)) and f.rate is not None]
+        if not rates:
+            return None
+        return sum(rates) / len(rates) * len(workers)
+
+    def cost_limit(self) -> float | None:
+        """The queued cost that --max-queue-ms allows now, or None (no bound by time)."""
+        if self.max_queue_ms <= 0:
+            return None
+        rate = self.rate()
+        return None if rate is None else rate * self.max_queue_ms / 1000
+
+    def wait_ms(self) -> float | None:
+        """The estimated wait of a text admitted now."""
+        rate = self.rate()
+        return None if not rate else round(self.queued_cost / rate * 1000, 1)
+
+    # -- placement ------------------------------------------------------------------------------
     def place(self, reqs: list[Request]) -> None:
         """Send requests to the least-loaded serving workers; keep the rest waiting, in order."""
         if self.waiting:  # older requests go first
@@ -97,59 +234,85 @@ class Dispatcher:
         rest = self._assign(reqs)
         self.waiting.extend(rest)
 
+    def flow(self, worker: WorkerHandle) -> Flow:
+        f = self.flows.get(worker)
+        if f is None:
+            f = self.flows[worker] = Flow()
+        return f
+
     def _assign(self, reqs: list[Request]) -> list[Request]:
+        """Give each request, in order, to the serving worker holding the least, while one has
+        room under `hold_cost` (a worker holding nothing takes any one text); the rest wait."""
         workers = self.serving
         if not workers:
             return reqs
-        by_worker: dict[int, list[Request]] = {}
-        loads = {id(w): len(w.assigned) for w in workers}
-        if len(workers) == 1:
-            by_worker[id(workers[0])] = reqs
-        else:
-            for r in reqs:
-                w = min(workers, key=lambda w: loads[id(w)])
-                loads[id(w)] += 1
-                by_worker.setdefault(id(w), []).append(r)
-        rest: list[Request] = []
-        for w in workers:
-            batch = by_worker.get(id(w))
+        hold = self.hold_cost
+        flows = [self.flow(w) for w in workers]
+        loads = [f.held for f in flows]
+        by_worker: list[list[Request]] = [[] for _ in workers]
+        taken = 0
+        for r in reqs:
+            k = min(range(len(workers)), key=loads.__getitem__)
+            if hold and loads[k] and loads[k] + r.cost > hold:
+                break  # the least-loaded worker is full: so is every other
+            loads[k] += r.cost
+            by_worker[k].append(r)
+            taken += 1
+        rest = reqs[taken:]
+        now = self.clock()
+        refused: list[Request] = []
+        for w, f, batch in zip(workers, flows, by_worker, strict=True):
             if not batch:
                 continue
             n = w.submit([(r.id, r.payload, r.deadline_ns) for r in batch])
+            if n and not f.held:
+                f.mark_ns = now  # it was idle: its busy time starts now
             for r in batch[:n]:
                 r.worker = w
                 w.assigned[r.id] = r
-            rest.extend(batch[n:])
-        rest.sort(key=lambda r: r.id)
+                f.held += r.cost
+            refused.extend(batch[n:])
+        if refused:  # a ring was full
+            rest = sorted(refused + rest, key=lambda r: r.id)
         return rest
 
     def flush_waiting(self) -> None:
-        if not self.waiting or not self.serving:
+        """Hand the oldest waiting requests to workers with room, as many as they take."""
+        waiting = self.waiting
+        if not waiting or not self.serving:
             return
-        reqs = list(self.waiting)
-        self.waiting.clear()
-        self.waiting.extend(self._assign(reqs))
+        while waiting:
+            chunk = [waiting.popleft() for _ in range(min(len(waiting), 256))]
+            rest = self._assign(chunk)
+            if rest:
+                waiting.extendleft(reversed(rest))
+                return
 
     # -- answers --------------------------------------------------------------------------------
     def on_answers(self, worker: WorkerHandle) -> None:
         """The worker's eventfd fired: drain its response ring."""
         worker.eventfd.drain()
         assigned = worker.assigned
+        answered = 0
         for msg_id, _aux, payload in worker.responses.read():
             req = assigned.pop(msg_id, None)
             if req is None:  # a late answer for a request that was rerouted or timed out
                 continue
+            answered += req.cost
             status, bucket, label, n, _r, queued_us, model_us = L.RESPONSE.unpack_from(payload)
             scores = None
             if status == L.STATUS_OK:
                 scores = np.frombuffer(payload, dtype="<f4", count=n, offset=L.RESPONSE_SIZE)
             self.complete(req, Result(status, label, scores, bucket, queued_us, model_us))
+        if answered:
+            self.flow(worker).answered(answered, self.clock())
         if self.waiting:
             self.flush_waiting()
 
     def complete(self, req: Request, result: Result) -> None:
         if self.inflight.pop(req.id, None) is None:
             return
+        self.queued_cost -= req.cost
         group = req.group
         group.results[req.index] = result
         group.remaining -= 1
@@ -163,6 +326,7 @@ class Dispatcher:
         """Move every request a dead or hung worker held back to the front, in order."""
         moved = sorted(worker.assigned.values(), key=lambda r: r.id)
         worker.assigned.clear()
+        self.flows.pop(worker, None)
         for r in moved:
             r.worker = None
         if moved:
@@ -170,12 +334,21 @@ class Dispatcher:
             self.flush_waiting()
         return len(moved)
 
+    def forget(self, worker: WorkerHandle) -> None:
+        """A worker left the pool for good: drop its meter."""
+        self.flows.pop(worker, None)
+
     def expire(self, now_ns: int) -> int:
         """Answer 504 for every request whose deadline passed; their late answers are dropped."""
         late = [r for r in self.inflight.values() if r.deadline_ns and r.deadline_ns <= now_ns]
         for r in late:
             if r.worker is not None:
-                r.worker.assigned.pop(r.id, None)
+                if r.worker.assigned.pop(r.id, None) is not None:
+                    f = self.flows.get(r.worker)
+                    if f is not None:
+                        f.held -= r.cost
+                        if f.held <= 0:
+                            f.mark_ns = 0
             else:
                 with contextlib.suppress(ValueError):
                     self.waiting.remove(r)

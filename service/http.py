@@ -96,12 +96,21 @@ class HttpServerState:
         self.access_log: Callable[[Exchange, int], None] | None = None  # --access-log 1
 
     def begin_drain(self) -> None:
-        """Connections with answers owed close after the last one; idle ones stay open until
-        the drain's deadline, so a request already on its way is still served."""
+        """Idle connections close now, as uvicorn and Go's Shutdown close theirs; one with
+        answers owed closes after the last, and one in the middle of a request serves it, then
+        closes. A request that races the close of an idle connection is the client's to retry
+        (the keep-alive race every HTTP client handles; --shutdown-delay-s keeps it rare)."""
         self.closing = True
         for conn in list(self.connections):
             if conn.queue:
                 conn.end_after_owed()
+            elif not conn.started_ns and conn.transport is not None:
+                conn.closing = True
+                conn.transport.close()
+
+    def owed(self) -> bool:
+        """Some connection has an answer to write, or is reading a request."""
+        return any(c.queue or c.started_ns for c in self.connections if not c.closing)
 
     def new_request_id(self) -> bytes:
         self.counter += 1

@@ -6,14 +6,13 @@ import contextlib
 import multiprocessing
 import os
 import select
-import signal
 import time
 from typing import Any
 
 from service.settings import Config
 from shm import layout as L
 from shm.channel import Channel, Doorbells, request_ring_slots, response_ring_slots
-from workers.spec import WorkerSpec
+from workers.spec import STOP_SIGNAL, WorkerSpec
 from workers.zygote import Zygote
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -206,7 +205,8 @@ class WorkerHandle:
                 os.kill(pid, signum)
 
     def terminate(self, now: float) -> None:
-        self.signal(signal.SIGTERM)
+        """Ask the worker to stop (it ignores SIGTERM: that may be a signal to the group)."""
+        self.signal(STOP_SIGNAL)
         if self.kill_sent_at is None:
             self.kill_sent_at = now
 

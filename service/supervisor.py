@@ -88,6 +88,7 @@ class Supervisor:
         self.serial = 0
         self.generation = 0
         self.stopping = False
+        self.draining = False  # the server drains: replace no worker, start no zygote
         self.fatal: str | None = None
         # Called just before a worker's segments are released (metrics keep its last counters).
         self.on_release: Callable[[WorkerHandle], None] | None = None
@@ -206,7 +207,7 @@ class Supervisor:
 
     def tend_zygote(self) -> None:
         """Keep one live zygote for the current generation (when the start method wants one)."""
-        if not self.use_zygote or self.stopping:
+        if not self.use_zygote or self.stopping or self.draining:
             return
         z = self.zygote
         if z is None:
@@ -353,6 +354,7 @@ class Supervisor:
         if self.on_release is not None:
             self.on_release(handle)  # metrics keep its final counters
         self.all.pop(handle.serial, None)
+        self.dispatcher.forget(handle)
         handle.release()
 
     def _crash_looping(self, handle: WorkerHandle) -> bool:
@@ -423,7 +425,7 @@ class Supervisor:
             spare = self._ready_spare(self.device_for(slot))
             if spare is not None:
                 self._promote(spare, slot)
-            else:
+            elif not self.draining:
                 self.slots[slot] = self.spawn(slot)
         want_spares = self.target_spares
         if any(h is not None and h.generation != self.generation for h in self.slots.values()):
@@ -431,6 +433,8 @@ class Supervisor:
         booting = any(h is not None and not h.loaded() for h in self.slots.values())
         if booting or self.zygote_booting():  # serving workers boot first; spares wait for
             want_spares = min(want_spares, len(self.spares))  # a booting zygote (fast forks)
+        if self.draining:
+            want_spares = 0
         while len(self.spares) < want_spares and now >= self.backoff_until.get(SPARE_KEY, 0.0):
             self.spares.append(self.spawn(None))
         self._update_serving()

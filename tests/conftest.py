@@ -148,8 +148,9 @@ def start_server(tmp_path: Path, default_model: str) -> Iterator[Callable[..., S
         wait: bool = True,
         workers: int | None = None,
         beside: ServerProc | None = None,
+        own_group: bool = False,
     ) -> ServerProc:
-        srv = ServerProc(tmp_path, list(args), env, beside=beside)
+        srv = ServerProc(tmp_path, list(args), env, beside=beside, own_group=own_group)
         started.append(srv)
         if wait:
             srv.wait_ready(workers)

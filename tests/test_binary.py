@@ -52,7 +52,9 @@ def test_answer_matches_http(server: ServerProc, sst2_texts: list[str]) -> None:
 
 
 def test_pipelined_burst_answered_once(server: ServerProc, sst2_texts: list[str]) -> None:
-    """520 frames in one write: more than a connection may owe, so reading pauses and resumes."""
+    """520 frames in one write: more than a connection may owe (256). Each frame is answered
+    exactly once: those within the bound with their scores, those past it status 2 at once
+    (none is left unread in the socket)."""
     texts = [sst2_texts[i % 50] for i in range(520)]
     frames = b"".join(encode_frame(t, 1000 + i) for i, t in enumerate(texts))
     seen: dict[int, int] = {}
@@ -64,15 +66,19 @@ def test_pipelined_burst_answered_once(server: ServerProc, sst2_texts: list[str]
             assert chunk, f"closed with {len(texts) - len(seen)} answers owed"
             for a in parser.feed(chunk):
                 assert a.tag not in seen, f"tag {a.tag} answered twice"
-                assert a.status == OK
-                seen[a.tag] = a.label_id
+                assert a.status in (OK, OVERLOADED), a
+                seen[a.tag] = a.label_id if a.status == OK else -1
         sock.settimeout(0.3)
         with pytest.raises(TimeoutError):
             sock.recv(1)  # nothing more: every frame was answered exactly once
     assert sorted(seen) == list(range(1000, 1520))
+    ok = [tag for tag, label in seen.items() if label >= 0]
+    print(f"binary burst: 520 frames, {len(ok)} answered ok, {520 - len(ok)} status 2")
+    assert len(ok) >= 256  # the bound itself is admitted
     by_text: dict[str, int] = {}
-    for i, t in enumerate(texts):
-        assert by_text.setdefault(t, seen[1000 + i]) == seen[1000 + i]
+    for tag in ok:
+        t = texts[tag - 1000]
+        assert by_text.setdefault(t, seen[tag]) == seen[tag]
 
 
 def test_parallel_connections(server: ServerProc, sst2_texts: list[str]) -> None:

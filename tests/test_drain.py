@@ -1,12 +1,21 @@
 """The drain on SIGTERM: readiness turns 503 first (--shutdown-delay-s) while serving goes on, then
-open connections are still served and told `connection: close`; idle ones close at the deadline."""
+idle connections close at once, and a request in flight is answered with `connection: close`; the
+server exits as soon as nothing is owed."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import os
 import signal
 import socket
+import threading
+import time
+from collections import Counter
+
+import psutil
+import pytest
 
 from service.wire import encode_frame, parse_answers
 from tests.conftest import wait_for
@@ -26,9 +35,20 @@ def refused(port: int) -> bool:
     return False
 
 
+def closed_by_peer(sock: socket.socket) -> bool:
+    """The server closed this idle connection (EOF, or a reset)."""
+    try:
+        return sock.recv(64) == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_keepalive_client_is_served_through_the_drain(start_server) -> None:  # type: ignore[no-untyped-def]
+    """Through the shutdown delay a keep-alive client is served as usual; when the drain begins
+    its idle connection is closed at once (as uvicorn and Go's Shutdown do), while a request in
+    flight on another is answered, with `connection: close`."""
     srv = start_server(
-        "--workers", "1", "--spares", "0", "--shutdown-delay-s", "1.5", "--drain-timeout-s", "6",
+        "--workers", "1", "--spares", "0", "--shutdown-delay-s", "1.5", "--drain-timeout-s", "30",
         workers=1,
     )  # fmt: skip
     busy = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
@@ -43,26 +63,73 @@ def test_keepalive_client_is_served_through_the_drain(start_server) -> None:  # 
     during_delay = post(busy, "still serving")
     assert during_delay[:2] == (200, None), during_delay
 
-    # The drain: the listener is closed; a request on an open connection is served, then closed.
-    wait_for(lambda: refused(srv.port), 10, "listener closed")
-    status, connection, body = post(busy, "served while draining")
-    print(f"drain: keep-alive request answered {status}, connection: {connection}")
+    # A request in flight when the drain begins (its worker held still until then).
+    (pid,) = srv.worker_pids().values()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        busy.request("POST", "/v1/classify", json.dumps({"text": "served while draining"}))
+        wait_for(lambda: srv.status()["queue_depth"] == 1, 10, "the request in flight")
+        # The drain: the listener closes, and so do the idle connections, HTTP and binary.
+        wait_for(lambda: refused(srv.port), 10, "listener closed")
+        idle.sock.settimeout(5)  # type: ignore[union-attr]
+        assert closed_by_peer(idle.sock)  # type: ignore[arg-type]
+        binary.settimeout(5)
+        assert closed_by_peer(binary)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resp = busy.getresponse()
+    status, connection, body = resp.status, resp.getheader("connection"), resp.read()
+    print(f"drain: request in flight answered {status}, connection: {connection}")
     assert status == 200, body
     assert connection == "close"
     assert json.loads(body)["label"]
-
-    # A binary connection owed nothing is closed at once (EOF, no answer).
-    binary.settimeout(10)
-    assert binary.recv(64) == b""
-    binary.close()
-
-    # The idle keep-alive connection is closed at the drain's deadline; then the server exits 0.
-    assert srv.proc.wait(30) == 0
-    idle.sock.settimeout(5)  # type: ignore[union-attr]
-    assert idle.sock.recv(64) == b""  # type: ignore[union-attr]
+    assert srv.proc.wait(10) == 0
     busy.close()
     idle.close()
+    binary.close()
     assert srv.stop() == 0
+
+
+def test_idle_connections_do_not_hold_the_exit(start_server) -> None:  # type: ignore[no-untyped-def]
+    """10 idle keep-alive HTTP connections, 5 idle binary ones and one request in flight:
+    SIGTERM answers the request 200 and exits 0 within 2 s, leaving nothing behind."""
+    srv = start_server("--workers", "1", "--spares", "0", workers=1)
+    idle_http = [http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30) for _ in range(10)]
+    for conn in idle_http:
+        assert post(conn, "a fine film")[0] == 200  # kept alive, as a client pool keeps it
+    idle_binary = [socket.create_connection(("127.0.0.1", srv.binary_port)) for _ in range(5)]
+    for k, sock in enumerate(idle_binary):
+        sock.sendall(encode_frame(b"a fine film", k))
+        wait_for(lambda s=sock: parse_answers(s.recv(64))[0], 10, "a binary answer")
+    busy = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    (pid,) = srv.worker_pids().values()
+    os.kill(pid, signal.SIGSTOP)  # so the request is still in flight at the signal
+    try:
+        busy.request("POST", "/v1/classify", json.dumps({"text": "in flight at the signal"}))
+        wait_for(lambda: srv.status()["queue_depth"] == 1, 10, "the request in flight")
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: refused(srv.port), 5, "listener closed")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resp = busy.getresponse()
+    assert resp.status == 200, resp.read()
+    assert json.loads(resp.read())["label"]
+    code = srv.proc.wait(10)
+    took = time.monotonic() - t0
+    print(f"drain: 10 idle HTTP + 5 idle binary + 1 in flight: exit {code} after {took:.2f} s")
+    assert code == 0 and took < 2.0, (code, took)
+    assert not os.path.exists(srv.control), "control socket left behind"
+    for conn in idle_http:
+        conn.sock.settimeout(5)  # type: ignore[union-attr]
+        assert closed_by_peer(conn.sock)  # type: ignore[arg-type]
+        conn.close()
+    for sock in idle_binary:
+        sock.settimeout(5)
+        assert closed_by_peer(sock)
+        sock.close()
+    busy.close()
+    assert srv.stop() == 0  # no worker and no /dev/shm segment left behind
 
 
 def test_binary_answers_owed_then_closes(start_server) -> None:  # type: ignore[no-untyped-def]
@@ -85,4 +152,111 @@ def test_binary_answers_owed_then_closes(start_server) -> None:  # type: ignore[
     assert sorted(tags) == list(range(n))
     sock.close()
     assert srv.proc.wait(60) == 0
+    assert srv.stop() == 0
+
+
+class Load:
+    """Client threads, each sending one request after another on a keep-alive connection until
+    the server stops taking them; every answer's status is counted."""
+
+    def __init__(self, port: int, texts: list[str], threads: int, pause_s: float) -> None:
+        self.port, self.texts, self.pause_s = port, texts, pause_s
+        self.codes: Counter[int] = Counter()
+        self.raced = 0  # a request sent as its idle connection closed: the client's to retry
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(k,)) for k in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def run(self, k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            self.loop(conn, k)
+        finally:
+            conn.close()
+
+    def loop(self, conn: http.client.HTTPConnection, k: int) -> None:
+        i = k
+        while not self.stop.is_set():
+            try:
+                status, connection, _ = post(conn, self.texts[i % len(self.texts)])
+            except ConnectionRefusedError:
+                return  # the listener is closed: the drain began
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.raced += 1
+                conn.close()
+                continue  # a new connection: refused once the listener is closed
+            self.codes[status] += 1
+            if connection == "close":
+                conn.close()
+            i += len(self.threads)
+            self.stop.wait(self.pause_s)
+
+    def join(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+
+def events(log: str) -> list[dict[str, object]]:
+    out = []
+    for line in log.splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_process_group_drains(start_server, sst2_texts, sig) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM or SIGINT to the whole process group (systemd's control-group kill, tini -g,
+    `kill -TERM -PGID`) drains as the front-end's own would: workers and the zygote ignore it,
+    every request is answered 200, no worker is started after it, nothing is left behind."""
+    srv = start_server("--workers", "2", "--drain-timeout-s", "20", workers=2, own_group=True)
+    srv.wait_spares(1)
+    tracker = [p for p in srv.children() if "resource_tracker" in " ".join(p.cmdline())]
+    assert tracker, "multiprocessing's resource tracker (started with the zygote)"
+    load = Load(srv.port, sst2_texts, threads=4, pause_s=0.005)
+    try:
+        wait_for(lambda: sum(load.codes.values()) >= 200, 60, "load under way")
+        t0 = time.monotonic()
+        os.killpg(srv.pid, sig)
+        code = srv.proc.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        load.join()
+    print(f"group {sig.name}: exit {code} after {took:.2f} s; answers {dict(load.codes)}, "
+          f"raced {load.raced}")  # fmt: skip
+    assert code == 0 and took < 20, (code, took)
+    assert set(load.codes) == {200}, load.codes
+    seen = events(srv.logs())
+    at = next(i for i, e in enumerate(seen) if e.get("event") == "stopping")
+    started = [e for e in seen[at:] if e.get("event") in ("worker_started", "zygote_started")]
+    assert not started, started
+    assert not [e for e in seen[at:] if e.get("event") == "worker_died"], "a worker died"
+    for p in tracker:  # reaped, not a zombie left for init
+        assert not psutil.pid_exists(p.pid) or p.status() != psutil.STATUS_ZOMBIE
+    assert srv.stop() == 0
+
+
+def test_sighup_to_the_process_group_reloads_without_a_loss(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+    """SIGHUP to the group reloads, worker by worker, as the front-end's own SIGHUP does; the
+    workers and the zygote ignore it, so none dies of it and every request is answered 200."""
+    srv = start_server("--workers", "2", workers=2, own_group=True)
+    srv.wait_spares(1)
+    before = set(srv.worker_pids().values())
+    load = Load(srv.port, sst2_texts, threads=4, pause_s=0.005)
+    try:
+        wait_for(lambda: sum(load.codes.values()) >= 100, 60, "load under way")
+        os.killpg(srv.pid, signal.SIGHUP)
+        wait_for(
+            lambda: not before & set(srv.worker_pids().values()) and srv.ready_workers() == 2,
+            60,
+            "every worker replaced by the reload",
+        )
+    finally:
+        load.join()
+    assert set(load.codes) == {200} and load.raced == 0, (load.codes, load.raced)
+    seen = events(srv.logs())
+    died = [e for e in seen if e.get("event") == "worker_died" and e.get("exit_code") != 0]
+    assert not died, died  # retired workers exit 0; none was killed by the signal
     assert srv.stop() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,18 @@ EXIT_PARENT_GONE = 4
 # busy GPU): retried with a backoff, then the slot serves from the CPU; never a server stop,
 # since the model itself loaded fine.
 EXIT_DEVICE_ERROR = 5
+
+# Workers and the zygote ignore SIGTERM, SIGINT and SIGHUP: those reach them as signals to the
+# whole process group or cgroup (`kill -TERM -PGID`, systemd's KillMode=control-group, tini -g,
+# Ctrl-C), and the front-end alone decides what a stop means. It stops a worker with this one.
+GROUP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNAL = signal.SIGUSR1
+
+
+def ignore_group_signals() -> None:
+    for sig in GROUP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
 
 # Test-only device: the CUDA code path (static shapes, OOM fallback) run on the CPU, for machines
 # without a GPU; accepted only with RINGSERVE_TEST_FAKE_GPU=1 in the environment.

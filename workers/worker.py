@@ -25,7 +25,9 @@ from workers.spec import (
     EXIT_DEVICE_ERROR,
     EXIT_OK,
     EXIT_PARENT_GONE,
+    STOP_SIGNAL,
     WorkerSpec,
+    ignore_group_signals,
 )
 from workers.testhooks import HOOKS
 
@@ -268,11 +270,11 @@ def main(spec: WorkerSpec, model: Any = None, verified: bool = False) -> None:
         os.sched_setaffinity(0, spec.cpus)
     worker = Worker(spec)
 
-    def on_term(signum: int, frame: Any) -> None:
+    def on_stop(signum: int, frame: Any) -> None:
         worker.stop = True
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front-end decides; Ctrl-C hits the group
+    ignore_group_signals()  # the front-end decides (workers.spec)
+    signal.signal(STOP_SIGNAL, on_stop)
     try:
         worker.boot(model, verified)
     except Exception as exc:  # noqa: BLE001 - any boot failure is reported the same way

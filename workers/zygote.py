@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shm.doorbell import EventFd, Semaphore
-from workers.spec import EXIT_PARENT_GONE, WorkerSpec
+from workers.spec import EXIT_PARENT_GONE, WorkerSpec, ignore_group_signals
 
 SPAWN = multiprocessing.get_context("spawn")
 _PR_SET_PDEATHSIG = 1
@@ -90,7 +90,7 @@ def zygote_main(
     sock: socket.socket, model_dir: str, parent_pid: int, torch_model: bool = True
 ) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front-end decides; Ctrl-C hits the group
+    ignore_group_signals()  # the front-end decides; it stops us by closing the socket
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if os.getppid() != parent_pid:
@@ -153,7 +153,6 @@ def _run_child(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> 
     code = 1
     try:
         sock.close()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
         spec: WorkerSpec = pickle.loads(data)
         spec.doorbell, spec.eventfd = Semaphore(fds[0]), EventFd(fds[1])
         deadline = time.monotonic() + REPARENT_TIMEOUT_S
@@ -246,15 +245,28 @@ class Zygote:
         self.ready = False
         with contextlib.suppress(OSError):
             self.sock.close()
-        if self.process.exitcode is None:
-            with contextlib.suppress(OSError, AttributeError):
-                self.process.terminate()
-            self.process.join(2.0)
+        if self.process.exitcode is None:  # it exits on the socket's EOF (it ignores SIGTERM)
+            self._wait_exit(2.0)
             if self.process.exitcode is None:
                 self.process.kill()
-                self.process.join(2.0)
+                self._wait_exit(2.0)
         with contextlib.suppress(ValueError):
             self.process.close()
+
+    def _wait_exit(self, timeout: float) -> None:
+        """Wait on a pidfd, not multiprocessing's sentinel: the workers forked from us inherit
+        that pipe's write end, so it reads EOF only once they have all exited too."""
+        pid = self.process.pid
+        if pid is None:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # already reaped
+            return
+        try:
+            select.select([fd], [], [], timeout)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
