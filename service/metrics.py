@@ -217,6 +217,11 @@ class Metrics:
             "max_queue": server.dispatcher.max_queue,
             "inflight": self.inflight(),
             "waiting": len(server.dispatcher.waiting),
+            # The wait a text admitted now is estimated to have (None until the pool has been
+            # measured): the queued work over the pool's tokens/s; --max-queue-ms bounds it.
+            "queue_wait_ms": server.dispatcher.wait_ms(),
+            "max_queue_ms": server.dispatcher.max_queue_ms,
+            "pool_tokens_per_s": _round(server.dispatcher.rate()),
             "requests_per_s": self.stats.requests_per_s(now_ns),
             "requests_per_s_history": self.stats.history(),
             "workers": self.worker_rows(),
@@ -280,6 +285,15 @@ class Metrics:
             "Texts refused at admission (queue full, draining or no worker): answered 503.",
             d.rejected,
         )
+        wait = d.wait_ms()
+        if wait is not None:
+            out.single(
+                "ringserve_queue_wait_seconds",
+                "gauge",
+                "Estimated wait of a text admitted now: queued tokens over the pool's measured "
+                "tokens/s (--max-queue-ms refuses past it).",
+                wait / 1000,
+            )
         out.single(
             "ringserve_timed_out_requests_total",
             "counter",
@@ -538,3 +552,7 @@ def access_logger(server: MetricsView) -> Callable[[Exchange, int], None]:
         )
 
     return write
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

@@ -282,6 +282,93 @@ def test_no_deadline_never_expires() -> None:
     assert d.expire(clock.now) == 0 and d.depth == 1
 
 
+def measured(d: Dispatcher, w: Worker, clock: Clock, n: int, busy_s: float) -> None:
+    """Give the worker n texts of 40 bytes (cost 18 each) that take it busy_s to answer."""
+    d.submit([b"x" * 40] * n, 0, Calls())
+    clock.now += int(busy_s * S)
+    w.answer()
+    d.on_answers(w)
+
+
+def test_the_pool_rate_counts_only_the_time_a_worker_had_work() -> None:
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=1000)
+    assert d.rate() is None and d.wait_ms() is None  # nothing measured yet
+    measured(d, w, clock, 1, 0.1)
+    clock.now += 10 * S  # idle: says nothing about its speed
+    measured(d, w, clock, 10, 0.2)
+    rate = d.rate()
+    assert rate is not None and abs(rate - (18 + 180) / 0.3) < 1e-6, rate
+    d.serving.append(Worker())  # type: ignore[arg-type]  # not measured yet: counts as the mean
+    assert d.rate() == 2 * rate
+
+
+def test_the_time_bound_refuses_once_the_estimated_wait_passes_max_queue_ms() -> None:
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=1000)
+    d.max_queue_ms = 1000
+    measured(d, w, clock, 10, 0.25)  # 180 cost in 0.25 s: 720 a second, so 1 s holds 720
+    assert d.rate() == 720
+    admitted = 0
+    while d.submit([b"x" * 40], 0, Calls()):
+        admitted += 1
+    assert admitted == 41  # admitted while what is queued before it waits at most 1 s
+    assert d.wait_ms() == round(41 * 18 / 720 * 1000, 1)
+    assert "estimated wait over 1000 ms" in d.why and d.rejected == 1
+    w.answer()
+    d.on_answers(w)  # the queue drained: room again
+    assert d.submit([b"x" * 40], 0, Calls())
+
+
+def test_a_batch_request_takes_at_most_half_of_what_is_free() -> None:
+    d, _ = dispatcher(Worker(), max_queue=100)
+    done = Calls()
+    assert d.submit([b"big"] * 100, 0, done)  # into an empty queue any batch fits
+    d.fail_all()
+    assert not d.submit([b"big"] * 101, 0, done)  # never past --max-queue
+    for _ in range(40):
+        assert d.submit([b"one"], 0, done)
+    assert not d.submit([b"b"] * 31, 0, done)  # 60 free: a batch takes at most 30
+    assert "at most half" in d.why
+    assert d.submit([b"b"] * 30, 0, done)
+    assert d.submit([b"one"], 0, done)  # a single text still finds room
+
+
+def test_a_batch_takes_at_most_half_of_the_time_that_is_free() -> None:
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=1000)
+    d.max_queue_ms = 1000
+    measured(d, w, clock, 10, 0.25)  # 720 cost a second
+    assert d.submit([b"x" * 40] * 10, 0, Calls())  # 180 queued: 540 free
+    assert not d.submit([b"x" * 40] * 16, 0, Calls())  # 288 > 540 / 2
+    assert d.submit([b"x" * 40] * 15, 0, Calls())  # 270 <= 540 / 2
+
+
+def test_a_worker_holds_only_what_it_can_start_soon() -> None:
+    a, b = Worker(), Worker()
+    d, _ = dispatcher(a, b, max_queue=100)
+    d.hold_cost = 100  # five texts of cost 18 each
+    d.submit([b"x" * 40] * 20, 0, Calls())
+    assert len(a.ring) == 5 and len(b.ring) == 5 and len(d.waiting) == 10
+    a.answer()
+    d.on_answers(a)  # its room is refilled from the front-end's queue, oldest first
+    assert [m[0] for m in a.ring] == [11, 12, 13, 14, 15] and len(d.waiting) == 5
+    d.serving = [a]  # type: ignore[list-item]  # b died: the supervisor took it out
+    moved = d.reroute(b)  # what it held goes before what waited, in order
+    assert moved == 5 and [r.id for r in d.waiting] == [2, 4, 6, 8, 10, 16, 17, 18, 19, 20]
+    a.answer()
+    d.on_answers(a)
+    assert [m[0] for m in a.ring] == [2, 4, 6, 8, 10]
+
+
+def test_a_worker_holding_nothing_takes_a_text_over_the_hold() -> None:
+    w = Worker()
+    d, _ = dispatcher(w)
+    d.hold_cost = 10
+    d.submit([b"x" * 400, b"y" * 400], 0, Calls())  # each costs 108
+    assert len(w.ring) == 1 and len(d.waiting) == 1
+
+
 # -- reload, off the loop -------------------------------------------------------------------------
 class Rolls:
     """Stands in for the supervisor: counts the rolls a reload asks for."""
