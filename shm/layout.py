@@ -145,6 +145,7 @@ CONTROL_FIELDS = (
     "graph_bytes",  # the graphs' shared memory pool, measured after every capture
     "graphs_expected",  # graphs a CUDA worker should have captured
     "capture_error",  # 0 none; 1 out of memory; 2 another error: the worker runs eagerly
+    "rows",  # rows run through the model: a text's windows count one each
 )
 CTL = {name: i for i, name in enumerate(CONTROL_FIELDS)}
 # Batch-size histogram: counts of batches with size <= BATCH_BOUNDS[i].

@@ -217,9 +217,14 @@ def test_windowed_scores_combine_the_windows_scores(
 ) -> None:
     text = long_text(5, tok)
     windows = windows_of(tok, text)
+    rows = metric(windowing, "ringserve_batch_size_sum")
     status, doc = classify(windowing, {"text": text})
     assert status == 200, doc
     assert doc["windows"] == len(windows) >= 5
+    # Each window was a row of a batch (the module's tests run one at a time).
+    wait_for(
+        lambda: metric(windowing, "ringserve_batch_size_sum") - rows == len(windows), 10, "rows"
+    )
     assert doc["tokens"] == len(tok.encode(text).ids)
     assert "truncated" not in doc
     assert np.abs(np.array(doc["scores"]) - model.windowed(windows)).max() <= 1e-5
@@ -337,12 +342,16 @@ def sixteen_windows(tok: Tokenizer) -> str:
     return text
 
 
-def batches_run(srv: ServerProc) -> int:
+def metric(srv: ServerProc, name: str) -> int:
     _, _, data = srv.request("GET", "/metrics")
     for line in data.decode().splitlines():
-        if line.startswith("ringserve_batch_size_count"):
+        if line.startswith(name + " "):
             return int(float(line.split()[-1]))
-    return 0
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def batches_run(srv: ServerProc) -> int:
+    return metric(srv, "ringserve_batch_size_count")
 
 
 def test_a_worker_killed_mid_text_loses_nothing(

@@ -237,6 +237,7 @@ class Worker:
             )  # fmt: skip
         ctl = self.ctl  # counted before the answers go: whoever sees one sees its batch counted
         ctl.add("requests", len(out))
+        ctl.add("rows", len(batch))
         ctl.add("batches", 1)
         ctl.add("tokens", tokens)
         ctl.add("padded_tokens", len(batch) * length)
