@@ -175,6 +175,16 @@ def test_too_many_windows_and_bad_settings_are_refused(default_model: str, tok: 
     need = len(windows_of(tok, text))
     (plan,) = lt.plan([text], [0])
     assert need > 3 and plan.refusal == (need, 3) and plan.flags == L.RSP_WINDOWED
+    # A pair whose first text leaves the stride or less for the second: refused (the library
+    # itself would panic, which no except clause of the worker's catches).
+    room = MAX_LEN - 3 - STRIDE
+    for words, refusal in ((room, (0, 3)), (room - 1, None)):
+        query = " ".join(["word"] * words)  # one token a word
+        (pair,) = lt.plan([(query, text)], [0])
+        if refusal is not None:
+            assert pair.refusal == refusal and pair.pieces == []
+        else:  # one token of room past the stride: a window a token, far over 3
+            assert pair.refusal is not None and pair.refusal[0] > 3
     for stride, windows in ((-1, 4), (MAX_LEN - 4, 4), (0, 0)):
         with pytest.raises(ValueError):
             LongText(base, MAX_LEN, "window", stride, windows, False)

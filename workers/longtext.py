@@ -83,7 +83,8 @@ class LongText:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"--long-text must be one of {', '.join(MODES)}, got {mode!r}")
-        room = max_length - tokenizer.num_special_tokens_to_add(True)
+        self.pair_specials = tokenizer.num_special_tokens_to_add(True)
+        room = max_length - self.pair_specials
         if not 0 <= stride < room - 1:  # a pair's window must still move forward
             raise ValueError(
                 f"--window-stride {stride} must be at least 0 and below {room - 1} "
@@ -134,13 +135,16 @@ class LongText:
     def plan_windows(self, text: Text, n: int) -> Plan:
         """Windows of max_length tokens overlapping by the stride; a pair keeps its first text
         whole in each window and slides over the second."""
-        tokenizer = self.pair_windows if isinstance(text, tuple) else self.windows
-        try:
-            first = _encode(tokenizer, text)
-        except Exception:  # noqa: BLE001 - the Rust library raises a plain Exception
-            # A pair whose first text leaves no room for a window of the second.
-            return Plan([], n, L.RSP_WINDOWED, (0, self.max_windows))
-        encodings = [first, *first.overflowing]
+        tokenizer = self.windows
+        if isinstance(text, tuple):
+            # Checked here, not left to the library: a window of the second text with no more
+            # room than the stride makes the Rust code panic, which would end the worker.
+            first = len(self.full.encode(text[0], add_special_tokens=False).ids)
+            if self.max_length - self.pair_specials - first <= self.stride:
+                return Plan([], n, L.RSP_WINDOWED, (0, self.max_windows))
+            tokenizer = self.pair_windows
+        head = _encode(tokenizer, text)
+        encodings = [head, *head.overflowing]
         if len(encodings) > self.max_windows:
             return Plan([], n, L.RSP_WINDOWED, (len(encodings), self.max_windows))
         return Plan([self.piece(text, e) for e in encodings], n, L.RSP_WINDOWED)
