@@ -190,6 +190,7 @@ def test_too_many_windows_and_bad_settings_are_refused(default_model: str, tok: 
             LongText(base, MAX_LEN, "window", stride, windows, False)
     with pytest.raises(ValueError):
         LongText(base, MAX_LEN, "span", STRIDE, 4, False)
+    LongText(base, 24, "truncate", STRIDE, 16, False)  # a stride that no window needs is fine
 
 
 def test_combining_windows() -> None:

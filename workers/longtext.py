@@ -85,7 +85,9 @@ class LongText:
             raise ValueError(f"--long-text must be one of {', '.join(MODES)}, got {mode!r}")
         self.pair_specials = tokenizer.num_special_tokens_to_add(True)
         room = max_length - self.pair_specials
-        if not 0 <= stride < room - 1:  # a pair's window must still move forward
+        # Checked only where windows are made: the stride's default need not fit a model with
+        # a short max_length that is never windowed (no request can ask for windows itself).
+        if mode == "window" and not 0 <= stride < room - 1:  # a pair's window must move on
             raise ValueError(
                 f"--window-stride {stride} must be at least 0 and below {room - 1} "
                 f"(max_length {max_length} less a pair's special tokens, less one)"
@@ -100,10 +102,12 @@ class LongText:
         self.full = _copy(tokenizer, None)
         self.right = _copy(tokenizer, {"max_length": max_length})
         self.left = _copy(tokenizer, {"max_length": max_length, "direction": "left"})
-        self.windows = _copy(tokenizer, {"max_length": max_length, "stride": stride})
-        self.pair_windows = _copy(
-            tokenizer, {"max_length": max_length, "stride": stride, "strategy": "only_second"}
-        )
+        self.windows = self.pair_windows = self.right  # only "window" mode ever uses these
+        if mode == "window":
+            self.windows = _copy(tokenizer, {"max_length": max_length, "stride": stride})
+            self.pair_windows = _copy(
+                tokenizer, {"max_length": max_length, "stride": stride, "strategy": "only_second"}
+            )
 
     def plan(self, texts: list[Text], options: list[int]) -> list[Plan]:
         """One plan a text, in order."""
