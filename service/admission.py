@@ -7,6 +7,7 @@ sees the server itself.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ STATUS_HTTP = {
     L.STATUS_OVERLOADED: 503,
     L.STATUS_DEADLINE: 504,
     L.STATUS_INTERNAL: 500,
+    L.STATUS_TOO_LONG: 413,
 }
 STATUS_MESSAGE = {
     L.STATUS_BAD_REQUEST: "text is empty or not valid UTF-8",
@@ -42,11 +44,35 @@ def first_failure(results: list[Result]) -> Result | None:
     return None
 
 
+def too_long(failed: Result) -> tuple[str, dict[str, int]]:
+    """The message and fields of a 413 for a text over the model's max_length."""
+    if failed.flags & L.RSP_WINDOWED:
+        if not failed.windows:
+            msg = f"text pair has {failed.tokens} tokens, and its first text leaves no room "
+            return msg + "for windows of the second", {"tokens": failed.tokens}
+        msg = (
+            f"text has {failed.tokens} tokens: {failed.windows} windows, over --max-windows "
+            f"{failed.limit}"
+        )
+        return msg, {
+            "tokens": failed.tokens,
+            "windows": failed.windows,
+            "max_windows": failed.limit,
+        }
+    msg = f"text has {failed.tokens} tokens, over the model's max_length of {failed.limit}"
+    return msg + " (truncate: false)", {"tokens": failed.tokens, "max_length": failed.limit}
+
+
 def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
     status = STATUS_HTTP.get(failed.status, 500)
     extra = [latency_header(ex)]
     if status == 503:
         extra += RETRY_AFTER
+    if failed.status == L.STATUS_TOO_LONG:  # the counts as fields too, for programs
+        message, counts = too_long(failed)
+        body = json.dumps({"error": message, **counts}).encode()
+        conn.respond(ex, 413, body, extra=extra)
+        return
     conn.respond_error(ex, status, STATUS_MESSAGE.get(failed.status, "internal error"), extra)
 
 

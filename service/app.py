@@ -125,7 +125,9 @@ class Server:
         self.choose_runtime(on_gpu)
         self.dispatcher.max_queue_ms = self.settings.max_queue_ms
         self.dispatcher.hold_cost = self.settings.hold_cost(self.device)
-        self.dispatcher.max_tokens = max_len
+        # A text's cost is cut where its tokens are: at max_length, or its windows' worth.
+        windows = self.settings.max_windows if self.settings.long_text == "window" else 1
+        self.dispatcher.max_tokens = max_len * windows
         self.supervisor = Supervisor(
             self.settings, self.dispatcher, self.model_dir, self.device, self.log
         )

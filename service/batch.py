@@ -26,9 +26,11 @@ from typing import Any, TextIO
 import numpy as np
 
 from service import corpus as C
+from service.admission import too_long
 from service.dispatcher import Dispatcher, Result
 from service.logs import EventLog
-from service.settings import Config
+from service.routes import long_text_fields
+from service.settings import BY_NAME, Config
 from service.supervisor import Supervisor
 from shm import layout as L
 from shm import segment
@@ -54,7 +56,18 @@ STOP_WAIT_S = 60.0  # on Ctrl-C, longest wait for answers already in flight
 
 
 def table_dtype(n_labels: int) -> np.dtype[Any]:
-    return np.dtype([("status", "u1"), ("label", "<u2"), ("scores", "<f4", (n_labels,))])
+    # flags, tokens, windows and limit as the worker answered them (long texts: shm/layout.py)
+    return np.dtype(
+        [
+            ("status", "u1"),
+            ("label", "<u2"),
+            ("scores", "<f4", (n_labels,)),
+            ("flags", "u1"),
+            ("tokens", "<u4"),
+            ("windows", "<u2"),
+            ("limit", "<u2"),
+        ]
+    )
 
 
 class Results:
@@ -101,23 +114,45 @@ class Results:
 
     def store(self, rows: list[int], results: list[Result]) -> None:
         ok = [(i, r) for i, r in zip(rows, results, strict=True) if r.status == L.STATUS_OK]
+        table = self.table
         for i, r in zip(rows, results, strict=True):
             if r.status != L.STATUS_OK:
+                if r.status == L.STATUS_TOO_LONG:  # its message names the counts
+                    table[i] = (PENDING, 0, 0, r.flags, r.tokens, r.windows, r.limit)
                 self.status[i] = 20 + r.status
         if ok:
             idx = np.fromiter((i for i, _ in ok), np.int64, len(ok))
-            self.table["scores"][idx] = np.stack([r.scores for _, r in ok])  # type: ignore[misc]
-            self.table["label"][idx] = [r.label_id for _, r in ok]
+            table["scores"][idx] = np.stack([r.scores for _, r in ok])  # type: ignore[misc]
+            table["label"][idx] = [r.label_id for _, r in ok]
+            table["flags"][idx] = [r.flags for _, r in ok]
+            table["tokens"][idx] = [r.tokens for _, r in ok]
+            table["windows"][idx] = [r.windows for _, r in ok]
             self.status[idx] = DONE_OK  # last: a row is finished only once its scores are in
 
     def line(self, i: int) -> bytes:
         st = int(self.status[i])
+        row = self.table[i]
+        if st == 20 + L.STATUS_TOO_LONG:  # as /v1/classify's 413 says it
+            message, counts = too_long(self.row_result(row, L.STATUS_TOO_LONG))
+            return json.dumps({"error": message, **counts}).encode() + b"\n"
         if st != DONE_OK:
             return json.dumps({"error": MESSAGES.get(st, "internal error")}).encode() + b"\n"
-        row = self.table[i]
         label = int(row["label"])
         doc = {"label": self.labels[label], "label_id": label, "scores": row["scores"].tolist()}
+        if row["flags"]:
+            doc.update(long_text_fields(self.row_result(row, L.STATUS_OK)))
         return json.dumps(doc).encode() + b"\n"
+
+    @staticmethod
+    def row_result(row: Any, status: int) -> Result:
+        """The long-text counts of a table row, as the worker answered them."""
+        return Result(
+            status,
+            flags=int(row["flags"]),
+            tokens=int(row["tokens"]),
+            windows=int(row["windows"]),
+            limit=int(row["limit"]),
+        )
 
     def write_ready(self) -> int:
         """Append every finished line after the last one written; returns lines written."""
@@ -375,6 +410,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     p.add_argument("--runtime", default="auto", help="auto, torch or onnx, as for serve")
     p.add_argument("--max-batch", type=int, default=None, help="rows a batch (serve's default)")
     p.add_argument("--max-batch-tokens", type=int, default=None, help="padded tokens a batch")
+    for name in ("long-text", "window-stride", "max-windows"):  # as serve names them
+        opt = BY_NAME[name]
+        p.add_argument(
+            "--" + name, type=opt.type, default=os.environ.get(opt.env, opt.default),
+            help=f"{opt.help} [env {opt.env}, default {opt.shown}]",
+        )  # fmt: skip
     p.add_argument("--resume", action="store_true", help="continue a stopped run's output")
     p.add_argument("--progress-every-s", type=float, default=5.0, help="log line interval")
     p.add_argument("--log-level", default="warning")
@@ -388,6 +429,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
         spares=0,  # a batch run has no clients to keep waiting: a replacement may boot cold
         max_batch=args.max_batch,
         max_batch_tokens=args.max_batch_tokens,
+        long_text=BY_NAME["long-text"].type(args.long_text),  # an environment default is text
+        window_stride=int(args.window_stride),
+        max_windows=int(args.max_windows),
         log_level=args.log_level,
     )
     return args, settings

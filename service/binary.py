@@ -252,9 +252,11 @@ class BinaryProtocol(asyncio.Protocol):
         failed: list[int] = []  # the codes of the answers that are not ok
         for tag, r in zip(tags, results, strict=True):
             if r.status == L.STATUS_OK and r.scores is not None:
-                out.append(encode_answer(tag, L.STATUS_OK, r.label_id, r.scores.tobytes()))
+                out.append(encode_answer(tag, L.STATUS_OK, r.label_id, r.scores.tobytes(), r.flags))
             else:
                 status = r.status if r.status in STATUSES else L.STATUS_INTERNAL
+                if r.status == L.STATUS_TOO_LONG:  # the contract's "bad request" (status 1)
+                    status = L.STATUS_BAD_REQUEST
                 out.append(status_answer(tag, status))
                 failed.append(STATUS_HTTP.get(status, 500))
         self.owed -= len(tags)

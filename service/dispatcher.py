@@ -53,6 +53,10 @@ class Result:
     bucket: int = 0
     queued_us: int = 0
     model_us: int = 0
+    flags: int = 0  # shm.layout.RSP_TRUNCATED, RSP_WINDOWED
+    tokens: int = 0  # the text's token count before any cut (STATUS_TOO_LONG: too many)
+    windows: int = 0  # windows scored (STATUS_TOO_LONG: windows it would need)
+    limit: int = 0  # STATUS_TOO_LONG: max_length, or --max-windows when RSP_WINDOWED
 
 
 class Group:
@@ -352,11 +356,16 @@ class Dispatcher:
             if req is None:  # a late answer for a request that was rerouted or timed out
                 continue
             answered += req.cost
-            status, bucket, label, n, _r, queued_us, model_us = L.RESPONSE.unpack_from(payload)
+            status, bucket, label, n, flags, _r, windows, limit, tokens, queued_us, model_us = (
+                L.RESPONSE.unpack_from(payload)
+            )
             scores = None
             if status == L.STATUS_OK:
                 scores = np.frombuffer(payload, dtype="<f4", count=n, offset=L.RESPONSE_SIZE)
-            self.complete(req, Result(status, label, scores, bucket, queued_us, model_us))
+            result = Result(
+                status, label, scores, bucket, queued_us, model_us, flags, tokens, windows, limit
+            )
+            self.complete(req, result)
         if answered:
             now = self.clock()
             self.flow(worker).answered(answered, now)

@@ -22,7 +22,7 @@ import numpy as np
 from service.admission import latency_header
 from service.dispatcher import Result
 from service.http import Exchange, HttpError, HttpProtocol
-from service.routes import ModelView, Router, encode_text
+from service.routes import ModelView, Router, encode_text, long_text_prefix
 from shm import layout as L
 
 VERSION = "1"
@@ -383,6 +383,18 @@ def encoder_for(labels: list[str]) -> OutputEncoder:
     return encoder
 
 
+def long_text_parameters(results: list[Result]) -> dict[str, Any]:
+    """Response parameters when a text was cut or windowed. KServe parameters are scalars, so
+    the per-text counts are comma lists, one entry a text in input order."""
+    params: dict[str, Any] = {
+        "truncated": any(r.flags & L.RSP_TRUNCATED for r in results),
+        "tokens": ",".join(str(r.tokens) for r in results),
+    }
+    if any(r.flags & L.RSP_WINDOWED for r in results):
+        params["windows"] = ",".join(str(r.windows) for r in results)
+    return params
+
+
 def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     name = check_model(server, params)
     doc, blob = split_body(server, ex)
@@ -390,6 +402,9 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     if request_id is not None and not isinstance(request_id, str):
         raise HttpError(400, "id must be a string")
     texts = read_texts(server, doc, blob)
+    prefix = long_text_prefix(as_dict(doc.get("parameters"), "parameters"), "parameters.")
+    if prefix:
+        texts = [prefix + t for t in texts]
     wanted = read_outputs(doc)
     deadline = request_deadline(server, ex, doc)
     encoder = encoder_for(server.labels)
@@ -399,6 +414,8 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
         answer: dict[str, Any] = {"model_name": name, "model_version": VERSION}
         if request_id is not None:
             answer["id"] = request_id
+        if any(r.flags for r in results):
+            answer["parameters"] = long_text_parameters(results)
         answer["outputs"] = tensors
         head = json.dumps(answer).encode()
         extra = [latency_header(ex)]

@@ -442,7 +442,7 @@ class Metrics:
             {},
             [float(b) for b in L.BATCH_BOUNDS],
             cumulative,
-            named["requests"],
+            named["rows"],  # rows, not answers: a windowed text's windows are rows of batches
         )
         counters = (
             ("ringserve_tokens_total", "Real tokens run through the model.", "tokens", 1),

@@ -113,6 +113,9 @@ class WorkerHandle:
             precision=getattr(settings, "precision", "fp32"),
             max_batch_tokens=settings.batch_tokens(device),
             runtime=settings.runtime,
+            long_text=settings.long_text,
+            window_stride=settings.window_stride,
+            max_windows=settings.max_windows,
         )
         self.process: Any = None
         self.pidfd = -1  # the sentinel of a spawned worker (a forked one's is its own pidfd)

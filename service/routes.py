@@ -73,6 +73,42 @@ def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[byte
     ]
 
 
+def long_text_prefix(doc: dict[str, Any], where: str) -> bytes:
+    """The options prefix of each payload (shm/layout.py: OPTIONS_MARK) for a request's
+    `truncate` and `truncation_direction`; empty when it sets neither, so the worker applies
+    the server's --long-text."""
+    truncate = doc.get("truncate")
+    direction = doc.get("truncation_direction")
+    if truncate is None and direction is None:
+        return b""
+    opts = 0
+    if truncate is not None:
+        if not isinstance(truncate, bool):
+            raise HttpError(400, f"{where}truncate must be true or false")
+        opts |= L.OPT_CUT if truncate else L.OPT_REFUSE
+    if direction is not None:
+        if direction not in ("left", "right"):
+            raise HttpError(400, f'{where}truncation_direction must be "left" or "right"')
+        opts |= L.OPT_LEFT if direction == "left" else 0
+    return L.OPTIONS_MARK + bytes([opts])
+
+
+def long_text_fields(r: Result) -> dict[str, Any]:
+    """What an answer says about a text that was cut or windowed (nothing otherwise)."""
+    if r.flags & L.RSP_TRUNCATED:
+        return {"truncated": True, "tokens": r.tokens}
+    if r.flags & L.RSP_WINDOWED:
+        return {"windows": r.windows, "tokens": r.tokens}
+    return {}
+
+
+def result_doc(labels: list[str], r: Result) -> dict[str, Any]:
+    doc = {"label": labels[r.label_id], "label_id": r.label_id, "scores": r.scores.tolist()}  # type: ignore[union-attr]
+    if r.flags:
+        doc.update(long_text_fields(r))
+    return doc
+
+
 def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = parse_json(ex)
     if not isinstance(doc, dict):
@@ -102,12 +138,12 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
             texts = pair_payloads(texts, pairs, "text_pairs")
     else:
         raise HttpError(400, 'body must have exactly one of "text" or "texts"')
+    prefix = long_text_prefix(doc, "")
+    if prefix:
+        texts = [prefix + t for t in texts]
 
     def done(results: list[Result]) -> None:
-        items = [
-            {"label": labels[r.label_id], "label_id": r.label_id, "scores": r.scores.tolist()}  # type: ignore[union-attr]
-            for r in results
-        ]
+        items = [result_doc(labels, r) for r in results]
         body = json.dumps(items[0] if single else {"results": items}).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 

@@ -114,6 +114,13 @@ def parse_runtime(text: str) -> str:
     return value
 
 
+def parse_long_text(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in ("truncate", "refuse", "window"):
+        raise ValueError(f"long-text must be truncate, refuse or window, got {text!r}")
+    return value
+
+
 # Batch limits per device. CPU: measured by benchmarks/serving.py (README), 2 x 1-thread
 # workers, MiniLM; smaller token budgets keep a batch's activations in cache. GPU: not yet
 # measured on one (benchmarks/gpu_check.py will); CPU-sized batches would leave a GPU mostly
@@ -235,6 +242,21 @@ class Config:
         "its own longest text), CUDA: 16,32,48,64,96,128,192,256 (the captured graph shapes)",
         parse_buckets,
     )
+    long_text: str = option(
+        "truncate",
+        "what a text over the model's max_length gets when its request does not choose "
+        "(`truncate`): truncate (cut, keeping the start), refuse (413) or window (scored in "
+        "overlapping windows of max_length tokens, their scores combined)",
+        parse_long_text,
+    )
+    # 32 of 256 tokens: each window sees its neighbour's last eighth, so a sentence cut by one
+    # window's edge is read whole by the next, at 14% more rows than windows without overlap.
+    window_stride: int = option(
+        32, "tokens shared by consecutive windows (below max_length less the special tokens)", int
+    )
+    # 16 windows of 256 tokens cover 3,584 tokens (254 + 15 x 222): a bound on the work
+    # one request can ask of a worker, as --max-texts bounds a batch request's.
+    max_windows: int = option(16, "most windows one text is split into (413 beyond)", int)
     max_queue: int = option(1024, "requests admitted and not yet answered, all protocols", int)
     # 1 s: a client's own retry (Retry-After: 1) is sooner than a longer wait would answer; the
     # overload benchmark (README) keeps the accepted P99 near it with goodput at capacity.

@@ -60,6 +60,7 @@ WORKER_COUNTERS = (
     "expired",
     "bad_requests",
     "fallbacks",
+    "rows",
 )
 NCOUNTERS = len(WORKER_COUNTERS)
 

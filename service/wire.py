@@ -1,7 +1,9 @@
 """The binary protocol's bytes in one place: frames, answers and their statuses.
 
 A frame is `u32 text_len | text | u64 tag`; an answer is
-`u64 tag | u8 status | u8 reserved(0) | u16 label_id | u16 n | n x f32 scores`, all little-endian.
+`u64 tag | u8 status | u8 flags | u16 label_id | u16 n | n x f32 scores`, all little-endian; the
+flags byte (the contract's reserved byte) has bit 0 set when the text was cut, bit 1 when it was
+scored in windows.
 The server, the clients, the corpus files, the tests and the benchmarks all read and write them
 through this module, so that the format is written down once.
 """
@@ -22,7 +24,9 @@ from shm.layout import (
 
 LENGTH = struct.Struct("<I")
 TAG = struct.Struct("<Q")
-ANSWER = struct.Struct("<QBBHH")  # tag, status, reserved, label_id, n; then n x f32
+ANSWER = struct.Struct("<QBBHH")  # tag, status, flags, label_id, n; then n x f32
+TRUNCATED = 1  # flags bit 0: the text was cut to the model's max_length
+WINDOWED = 2  # flags bit 1: the text was scored in windows
 SCORE = struct.Struct("<f")
 
 # The statuses an answer may carry are the worker's own, so none needs translating.
@@ -48,6 +52,7 @@ class Answer:
     status: int
     label_id: int = 0
     scores: list[float] = field(default_factory=list)
+    flags: int = 0  # TRUNCATED, WINDOWED
 
     @property
     def ok(self) -> bool:
@@ -72,9 +77,11 @@ def auth_frame(key: str) -> bytes:
     return encode_frame(AUTH_PREFIX + key.encode("ascii"), 0)
 
 
-def encode_answer(tag: int, status: int, label_id: int = 0, scores: bytes = b"") -> bytes:
+def encode_answer(
+    tag: int, status: int, label_id: int = 0, scores: bytes = b"", flags: int = 0
+) -> bytes:
     """`scores` is the raw little-endian f32 bytes (a numpy float32 array's tobytes())."""
-    return ANSWER.pack(tag, status, 0, label_id, len(scores) // SCORE.size) + scores
+    return ANSWER.pack(tag, status, flags, label_id, len(scores) // SCORE.size) + scores
 
 
 def status_answer(tag: int, status: int) -> bytes:
@@ -101,12 +108,12 @@ def parse_answers(buf: bytes | bytearray) -> tuple[list[Answer], int]:
     out: list[Answer] = []
     pos, end = 0, len(buf)
     while end - pos >= ANSWER.size:
-        tag, status, _reserved, label_id, n = ANSWER.unpack_from(buf, pos)
+        tag, status, flags, label_id, n = ANSWER.unpack_from(buf, pos)
         stop = pos + ANSWER.size + SCORE.size * n
         if stop > end:
             break
         scores = list(struct.unpack_from(f"<{n}f", buf, pos + ANSWER.size)) if n else []
-        out.append(Answer(tag, status, label_id, scores))
+        out.append(Answer(tag, status, label_id, scores, flags))
         pos = stop
     return out, pos
 

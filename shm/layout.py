@@ -45,18 +45,63 @@ MAX_LABELS = 1024
 
 # Request payload: the UTF-8 text, or for a pair text | PAIR_SEPARATOR | text_pair (0xFF never
 # occurs in UTF-8, so a single text cannot be mistaken for a pair). aux = deadline,
-# CLOCK_MONOTONIC ns (0 = none).
+# CLOCK_MONOTONIC ns (0 = none). A request that chose how a long text is handled starts with
+# OPTIONS_MARK and one options byte (0xFE never occurs in UTF-8 either); one that did not choose
+# carries neither and the worker applies the server's --long-text, so the common payload is
+# unchanged.
 PAIR_SEPARATOR = b"\xff"
-# Response payload: status u8 | bucket u8 | label_id u16 | n u16 | reserved u16 |
-#                   queued_us u32 | model_us u32 | n x f32 scores
-RESPONSE = struct.Struct("<BBHHHII")
-RESPONSE_SIZE = RESPONSE.size  # 16
+OPTIONS_MARK = b"\xfe"
+OPT_CUT = 1  # truncate: true
+OPT_REFUSE = 2  # truncate: false
+OPT_MODE = 3  # the bits above; neither set: the server's --long-text
+OPT_LEFT = 4  # truncation_direction: left (keep the end)
+# Response payload (24 bytes, so a two-label answer still fits one 64-byte slot):
+#   status u8 | bucket u8 | label_id u16 | n u16 | flags u8 | reserved u8 |
+#   windows u16 | limit u16 | tokens u32 | queued_us u32 | model_us u32 | n x f32 scores
+# flags: RSP_TRUNCATED (the text was cut) and RSP_WINDOWED (scored in `windows` windows);
+# tokens: the text's (or pair's) token count with the special tokens, before any cut. A
+# STATUS_TOO_LONG refusal has no scores: `limit` is the model's max_length (truncate: false) or
+# --max-windows (RSP_WINDOWED set; `windows` = the windows the text needs, 0 when a pair's first
+# text leaves no room for any).
+RESPONSE = struct.Struct("<BBHHBBHHIII")
+RESPONSE_SIZE = RESPONSE.size  # 24
+RSP_TRUNCATED = 1
+RSP_WINDOWED = 2
 
 STATUS_OK = 0
 STATUS_BAD_REQUEST = 1
 STATUS_OVERLOADED = 2
 STATUS_DEADLINE = 3
 STATUS_INTERNAL = 4
+STATUS_TOO_LONG = 7  # worker-side only: HTTP 413; the binary protocol answers it as status 1
+
+
+def pack_response(
+    status: int,
+    bucket: int = 0,
+    label_id: int = 0,
+    n: int = 0,
+    queued_us: int = 0,
+    model_us: int = 0,
+    flags: int = 0,
+    windows: int = 0,
+    tokens: int = 0,
+    limit: int = 0,
+) -> bytes:
+    """A response header (the scores follow it); counts past a field's width are clamped."""
+    return RESPONSE.pack(
+        status,
+        bucket,
+        label_id,
+        n,
+        flags,
+        0,
+        min(windows, 0xFFFF),
+        min(limit, 0xFFFF),
+        min(tokens, 0xFFFFFFFF),
+        min(queued_us, 0xFFFFFFFF),
+        min(model_us, 0xFFFFFFFF),
+    )
 
 
 def ring_bytes(slot_size: int, slot_count: int) -> int:
@@ -100,6 +145,7 @@ CONTROL_FIELDS = (
     "graph_bytes",  # the graphs' shared memory pool, measured after every capture
     "graphs_expected",  # graphs a CUDA worker should have captured
     "capture_error",  # 0 none; 1 out of memory; 2 another error: the worker runs eagerly
+    "rows",  # rows run through the model: a text's windows count one each
 )
 CTL = {name: i for i, name in enumerate(CONTROL_FIELDS)}
 # Batch-size histogram: counts of batches with size <= BATCH_BOUNDS[i].

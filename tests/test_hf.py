@@ -513,3 +513,54 @@ def test_fields_missing_from_config_take_the_transformers_defaults(tmp_path: Pat
         assert (config.pad_token_id, config.embedding_size) == (pad, embed)
         assert config.labels == ("LABEL_0", "LABEL_1") and config.activation == "softmax"
         assert config.type_vocab_size == 2 and config.layer_norm_eps == 1e-12
+
+
+def hf_window_scores(source: Path, windows: list[list[int]]) -> np.ndarray:
+    """The transformers model's sigmoids on each window's ids, run alone."""
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(source).eval()
+    rows = []
+    with torch.no_grad():
+        for ids in windows:
+            t = torch.tensor([ids])
+            kw = {"input_ids": t, "attention_mask": torch.ones_like(t)}
+            kw["token_type_ids"] = torch.zeros_like(t)
+            rows.append(model(**kw).logits[0].sigmoid().numpy())
+    return np.stack(rows)
+
+
+def test_a_multi_label_model_takes_the_maximum_over_windows(
+    served: dict[str, Served], tmp_path: Path
+) -> None:
+    """Sigmoid scores of a windowed text are each label's maximum over its windows, the windows
+    built here by hand: [CLS] 22 tokens [SEP], each starting 4 tokens before the last ended."""
+    s = served["electra-multilabel"]
+    srv = ServerProc(
+        tmp_path,
+        ["--model", str(s.artifact), "--workers", "1", "--spares", "0",
+         "--long-text", "window", "--window-stride", "4"],
+    )  # fmt: skip
+    try:
+        srv.wait_ready(1)
+        text = " ".join(TEXTS[-3:])
+        tok = Tokenizer.from_file(str(s.source / "tokenizer.json"))
+        tok.no_padding()
+        tok.no_truncation()
+        body = tok.encode(text, add_special_tokens=False).ids
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        room = MAX_LENGTH - 2
+        windows, start = [], 0
+        while True:
+            windows.append([cls, *body[start : start + room], sep])
+            if start + room >= len(body):
+                break
+            start += room - 4
+        assert 3 <= len(windows) <= 16, len(windows)
+        per_window = hf_window_scores(s.source, windows)
+        status, answer = classify(srv, {"text": text})
+        assert status == 200, answer
+        assert answer["windows"] == len(windows) and answer["tokens"] == len(body) + 2
+        np.testing.assert_allclose(answer["scores"], per_window.max(axis=0), atol=TOL, rtol=0)
+        # Not the mean: the two combinations differ on these windows, so the test can tell.
+        assert np.abs(per_window.max(axis=0) - per_window.mean(axis=0)).max() > 10 * TOL
+    finally:
+        assert srv.stop() == 0

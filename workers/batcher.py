@@ -8,6 +8,7 @@ import bisect
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # The sequence lengths a CUDA graph is captured for when --buckets is not given (CONTRACT.md).
 CUDA_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
@@ -32,6 +33,10 @@ class Item:
     seq: int = 0  # arrival order, set by Batcher.add: items read in one pass share arrived_ns
     taken: bool = False  # left the batcher (run or expired); the arrival queue drops it lazily
     types: list[int] | None = None  # token types of a pair, on models that take them
+    tokens: int = 0  # the text's own token count, before any cut (workers/longtext.py)
+    flags: int = 0  # shm.layout.RSP_TRUNCATED when the text was cut
+    whole: Any = None  # a window's workers.longtext.Whole; None for a text scored as one row
+    window: int = 0  # a window's index among its text's windows
 
 
 def bucket_index(buckets: tuple[int, ...], length: int) -> int:

@@ -26,6 +26,9 @@ class Hooks:
     device_boot_errors: int = 0
     # RINGSERVE_TEST_CAPTURE_ERROR=1: every CUDA-graph capture raises, as a real one can.
     capture_error: bool = False
+    # RINGSERVE_TEST_BATCH_DELAY_MS=N: a worker sleeps N ms before each batch, so a test can hold
+    # it between two batches of one windowed text (a kill then lands with some windows done).
+    batch_delay_ms: int = 0
 
 
 def read(env: Mapping[str, str]) -> Hooks:
@@ -35,6 +38,7 @@ def read(env: Mapping[str, str]) -> Hooks:
         inject_oom_batches=int(env.get("RINGSERVE_TEST_INJECT_OOM") or 0),
         device_boot_errors=int(env.get("RINGSERVE_TEST_DEVICE_BOOT_ERRORS") or 0),
         capture_error=env.get("RINGSERVE_TEST_CAPTURE_ERROR") == "1",
+        batch_delay_ms=int(env.get("RINGSERVE_TEST_BATCH_DELAY_MS") or 0),
     )
 
 

@@ -137,6 +137,11 @@ def _train_parser() -> argparse.ArgumentParser:
     parser.add_argument("--holdout-mod", type=int, default=10, help="1 in N sentences held out")
     parser.add_argument("--max-train", type=int, default=20000, help="training rows (subsample)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the training subsample")
+    parser.add_argument(
+        "--labels",
+        default=",".join(DEFAULT_LABELS),
+        help="label names, comma-separated, for label ids 0, 1, ... (default: SST-2's)",
+    )
     return parser
 
 
@@ -167,7 +172,8 @@ def main(argv: list[str]) -> int:
     y_held = torch.tensor([y for _, y in held_rows])
     print(f"embedded in {time.monotonic() - started:.0f} s")
 
-    weight, bias = fit_head(x_train, y_train, len(DEFAULT_LABELS))
+    labels = [name.strip() for name in args.labels.split(",")]
+    weight, bias = fit_head(x_train, y_train, len(labels))
     train_acc = accuracy(x_train @ weight.T + bias, y_train)
     held_acc = accuracy(x_held @ weight.T + bias, y_held)
     print(f"train accuracy: {train_acc:.4f} (n={len(used)})")
@@ -191,7 +197,7 @@ def main(argv: list[str]) -> int:
         "torch": torch.__version__,
     }
     head = {
-        "labels": list(DEFAULT_LABELS),
+        "labels": labels,
         "weight": weight.tolist(),
         "bias": bias.tolist(),
         "provenance": provenance,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from shm import layout as L
 from shm.channel import Channel
 from workers.batcher import REPORT_GRID, Item, bucket_index, length_grid, pad_grid
+from workers.longtext import LongText, Plan, Whole, combine, split_options
 from workers.spec import (
     EXIT_BOOT_ERROR,
     EXIT_DEVICE_ERROR,
@@ -98,6 +99,11 @@ class Worker:
         grid = pad_grid(spec.buckets, on_gpu, max_len)
         self.report_grid = length_grid(grid or REPORT_GRID, max_len)
         self.tokenizer = load_tokenizer(spec.model_dir, max_len)
+        self.longtext = LongText(
+            self.tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows,
+            manifest.token_types,
+        )  # fmt: skip
+        self.activation = manifest.activation
         self.ctl.beat()
         runtime, _ = choose_runtime(spec.runtime, spec.precision, on_gpu, manifest)
         activation = ACTIVATIONS[manifest.activation]
@@ -156,30 +162,56 @@ class Worker:
             return 0
         now = time.monotonic_ns()
         texts: list[str | tuple[str, str]] = []
+        options: list[int] = []
         keep: list[tuple[int, int]] = []
         bad: list[Answer] = []
         for msg_id, deadline, payload in msgs:
+            opts, payload = split_options(payload)
             text = decode_payload(payload)
             if text is None:
                 bad.append(self.pack(msg_id, L.STATUS_BAD_REQUEST))
                 continue
             texts.append(text)
+            options.append(opts)
             keep.append((msg_id, deadline))
         if texts:
-            # A pair goes through the tokenizer's own post-processor (special tokens, type ids)
-            # and is truncated longest-first to max_length.
-            encodings = self.tokenizer.encode_batch(texts)
-            for (msg_id, deadline), text, enc in zip(keep, texts, encodings, strict=True):
-                types = enc.type_ids if self.token_types and isinstance(text, tuple) else None
-                self.batcher.add(Item(msg_id, deadline, now, enc.ids, types=types))
+            # A pair goes through the tokenizer's own post-processor (special tokens, type ids);
+            # a text over max_length is cut, refused or windowed (workers/longtext.py).
+            plans = self.longtext.plan(texts, options)
+            refused = self.admit(keep, plans, now)
+            bad.extend(refused)
         if bad:
             self.ctl.add("bad_requests", len(bad))
             self.send(bad)
         return len(msgs)
 
+    def admit(self, keep: list[tuple[int, int]], plans: list[Plan], now: int) -> list[Answer]:
+        """Each plan's rows into the batcher; returns the refusals of texts that are too long."""
+        refused: list[Answer] = []
+        add = self.batcher.add
+        for (msg_id, deadline), plan in zip(keep, plans, strict=True):
+            if plan.refusal is not None:
+                windows, limit = plan.refusal
+                head = L.pack_response(
+                    L.STATUS_TOO_LONG, flags=plan.flags, windows=windows, tokens=plan.tokens,
+                    limit=limit,
+                )  # fmt: skip
+                refused.append((msg_id, head, 0))
+            elif len(plan.pieces) == 1:
+                p = plan.pieces[0]
+                add(Item(msg_id, deadline, now, p.ids, types=p.types, tokens=plan.tokens,
+                         flags=plan.flags))  # fmt: skip
+            else:  # windows: one Whole answers once, when its last window is scored
+                whole = Whole(msg_id, plan.tokens, now, left=len(plan.pieces))
+                whole.scores = [None] * len(plan.pieces)
+                for i, p in enumerate(plan.pieces):
+                    add(Item(msg_id, deadline, now, p.ids, types=p.types, whole=whole, window=i))
+        return refused
+
     def run_next(self) -> None:
         late = self.batcher.expire(time.monotonic_ns())
         if late:  # expired before it started: skip the work
+            late = [it for it in late if it.whole is None or _settle(it.whole)]
             self.ctl.add("expired", len(late))
             self.send([self.pack(it.msg_id, L.STATUS_DEADLINE) for it in late])
         batch, length = self.batcher.take()
@@ -194,17 +226,46 @@ class Worker:
         grid = self.report_grid
         out = []
         for row, it in enumerate(batch):
+            if it.whole is not None:
+                answer = self.window_done(it, probs[row], t0, model_us)
+                if answer is not None:
+                    out.append(answer)
+                continue
             queued_us = (t0 - it.arrived_ns) // 1000
             cls = bucket_index(grid, len(it.ids))  # latency is reported by the text's own length
-            out.append(self.pack(it.msg_id, L.STATUS_OK, cls, probs[row], queued_us, model_us))
+            out.append(
+                self.pack(it.msg_id, L.STATUS_OK, cls, probs[row], queued_us, model_us,
+                          it.flags, it.tokens)
+            )  # fmt: skip
         ctl = self.ctl  # counted before the answers go: whoever sees one sees its batch counted
-        ctl.add("requests", len(batch))
+        ctl.add("requests", len(out))
+        ctl.add("rows", len(batch))
         ctl.add("batches", 1)
         ctl.add("tokens", tokens)
         ctl.add("padded_tokens", len(batch) * length)
         ctl.add("busy_ns", t1 - t0)
         ctl.count_batch(len(batch))
         self.send(out)
+
+    def window_done(self, it: Item, probs: Any, t0: int, model_us: int) -> Answer | None:
+        """Record one window's scores (a copy: the runner reuses its output buffer); the answer
+        once the text's last window is in."""
+        whole: Whole = it.whole
+        if whole.done:  # its deadline passed while this window ran
+            return None
+        whole.scores[it.window] = probs.copy()
+        whole.left -= 1
+        whole.model_us += model_us  # the model time the text cost, over all its windows
+        if whole.left:
+            return None
+        whole.done = True
+        combined = combine(whole.scores, self.activation)
+        cls = bucket_index(self.report_grid, self.longtext.max_length)
+        queued_us = (t0 - whole.arrived_ns) // 1000 - whole.model_us + model_us
+        return self.pack(
+            whole.msg_id, L.STATUS_OK, cls, combined, max(0, queued_us), whole.model_us,
+            L.RSP_WINDOWED, whole.tokens, len(whole.scores),
+        )  # fmt: skip
 
     def pack(
         self,
@@ -214,12 +275,15 @@ class Worker:
         probs: Any = None,
         queued_us: int = 0,
         model_us: int = 0,
+        flags: int = 0,
+        tokens: int = 0,
+        windows: int = 0,
     ) -> Answer:
         if probs is None:
-            return (msg_id, L.RESPONSE.pack(status, 0, 0, 0, 0, 0, 0), 0)
+            return (msg_id, L.pack_response(status), 0)
         label = int(probs.argmax())
-        head = L.RESPONSE.pack(
-            status, bucket, label, len(probs), 0, min(queued_us, 0xFFFFFFFF), model_us
+        head = L.pack_response(
+            status, bucket, label, len(probs), queued_us, model_us, flags, windows, tokens
         )
         return (msg_id, head + probs.tobytes(), 0)
 
@@ -244,6 +308,17 @@ class Worker:
         step = HOOKS.grow_bytes_per_batch
         if step:  # test-only: a leak for the supervisor's RSS limit to catch
             self.grow.append(b"\x01" * step)
+        if HOOKS.batch_delay_ms:  # test-only: a slow batch, to hold a text between batches
+            time.sleep(HOOKS.batch_delay_ms / 1000)
+
+
+def _settle(whole: Whole) -> bool:
+    """A windowed text's deadline passed: True for the first of its windows to see it (which
+    answers), False for the rest."""
+    if whole.done:
+        return False
+    whole.done = True
+    return True
 
 
 def decode_payload(payload: bytes) -> str | tuple[str, str] | None:
