@@ -62,6 +62,7 @@ class Faults:
         self.srv, self.seconds, self.kill_every = srv, seconds, kill_every
         self.log: list[tuple[int, str]] = []
         self.stopped_at = 0
+        self.stopped_pid = 0  # never a kill's victim: it is the hung-worker fault
         self.done = threading.Event()
         self.rng = random.Random(7)
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -91,7 +92,7 @@ class Faults:
     def act(self, what: str) -> None:
         srv = self.srv
         if what in ("kill", "stop"):
-            pids = serving(srv)
+            pids = {k: v for k, v in serving(srv).items() if v != self.stopped_pid}
             if not pids:
                 self.note(f"{what}: no serving worker")
                 return
@@ -101,7 +102,7 @@ class Faults:
                 self.note(f"SIGKILL worker {pid}")
             else:
                 os.kill(pid, signal.SIGSTOP)
-                self.stopped_at = time.monotonic_ns()
+                self.stopped_at, self.stopped_pid = time.monotonic_ns(), pid
                 self.note(f"SIGSTOP worker {pid}")
                 threading.Timer(STOP_S, self.resume, (pid,)).start()
         elif what == "zygote":
