@@ -24,7 +24,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -34,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks import loadgen
-from benchmarks.common import SST2, Launched, http_message, percentile, run_load
-from service.corpus import pack
+from benchmarks.common import SST2, Launched, percentile
+from benchmarks.failover import zygote_pid
 
 HEARTBEAT_S = 5.0  # the server's default --heartbeat-timeout-s
 STOP_S = 10.0
@@ -44,15 +43,6 @@ STOP_S = 10.0
 def serving(srv: Launched) -> dict[int, int]:
     rows = srv.ctl({"cmd": "status"})["workers"]
     return {int(w["id"]): int(w["pid"]) for w in rows if w["state"] in ("ready", "degraded")}
-
-
-def zygote(srv: Launched) -> int | None:
-    """The live zygote: the last one the log says was started."""
-    pid = None
-    for line in srv.logs().splitlines():
-        if '"event": "zygote_started"' in line:
-            pid = int(json.loads(line)["pid"])
-    return pid
 
 
 class Faults:
@@ -106,7 +96,7 @@ class Faults:
                 self.note(f"SIGSTOP worker {pid}")
                 threading.Timer(STOP_S, self.resume, (pid,)).start()
         elif what == "zygote":
-            pid = zygote(srv)
+            pid = zygote_pid(srv)
             if pid:
                 os.kill(pid, signal.SIGKILL)
             self.note(f"SIGKILL zygote {pid}")
@@ -167,8 +157,6 @@ def report(rec: loadgen.Records, t0: int, faults: Faults, seconds: float) -> boo
 def main(argv: list[str] | None = None) -> int:
     import uvloop
 
-    from workers.artifact import default_artifact_dir
-
     p = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seconds", type=float, default=180.0)
@@ -179,42 +167,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
     p.add_argument("--json", default=None, help="also write the windows here")
     ns = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="ringserve-chaos-") as tmp:
-        corpus = Path(tmp) / "texts.corpus"
-        pack(ns.texts, corpus)
-        texts = loadgen.Texts(str(corpus), str(default_artifact_dir()), limit=100_000)
-        args = ["--workers", str(ns.workers), *ns.server_args.split()]
-        srv = Launched(tmp, args)
-        try:
-            srv.wait_ready()
-            loadgen.wait_pool(srv)
-            reqs = [http_message("POST", "/v1/classify",
-                                 json.dumps({"text": texts.text(k).decode()}).encode())
-                    for k in range(2000)]  # fmt: skip
-            cap = uvloop.run(run_load(srv.port, reqs, 32, ns.capacity_seconds)).rps
-            rate = ns.share * cap
-            print(f"capacity {cap:.1f} req/s (closed loop, HTTP c=32); chaos load {rate:.1f} "
-                  f"req/s for {ns.seconds:g} s, HTTP and binary", flush=True)  # fmt: skip
-            times = loadgen.arrival_times(rate, ns.seconds, poisson=True)
-            senders: list[Any] = [loadgen.HttpSender(srv.port, None),
-                                  loadgen.BinarySender(srv.binary_port)]  # fmt: skip
-            faults = Faults(srv, ns.seconds, ns.kill_every)
+    args = ["--workers", str(ns.workers), *ns.server_args.split()]
+    with loadgen.served_texts(ns.texts, args, "ringserve-chaos-") as (srv, texts):
+        cap = uvloop.run(loadgen.capacity(srv.port, texts, ns.capacity_seconds))
+        rate = ns.share * cap
+        print(f"capacity {cap:.1f} req/s (closed loop, HTTP c=32); chaos load {rate:.1f} "
+              f"req/s for {ns.seconds:g} s, HTTP and binary", flush=True)  # fmt: skip
+        times = loadgen.arrival_times(rate, ns.seconds, poisson=True)
+        senders: list[Any] = [loadgen.HttpSender(srv.port, None),
+                              loadgen.BinarySender(srv.binary_port)]  # fmt: skip
+        faults = Faults(srv, ns.seconds, ns.kill_every)
 
-            async def go() -> tuple[loadgen.Records, int]:
-                faults.thread.start()
-                try:
-                    return await loadgen.open_loop(texts, senders, times, 30.0)
-                finally:
-                    for s in senders:
-                        s.close()
+        async def go() -> tuple[loadgen.Records, int]:
+            faults.thread.start()
+            try:
+                return await loadgen.open_loop(texts, senders, times, 30.0)
+            finally:
+                for s in senders:
+                    s.close()
 
-            rec, t0 = uvloop.run(go())
-            faults.done.set()
-            passed = report(rec, t0, faults, ns.seconds)
-            if ns.json:
-                Path(ns.json).write_text(json.dumps(windows(rec, ns.seconds), indent=2))
-        finally:
-            print(f"server exited with {srv.terminate()}")
+        rec, t0 = uvloop.run(go())
+        faults.done.set()
+        passed = report(rec, t0, faults, ns.seconds)
+        if ns.json:
+            Path(ns.json).write_text(json.dumps(windows(rec, ns.seconds), indent=2))
     return 0 if passed else 1
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -504,6 +506,35 @@ def run(args: argparse.Namespace, port: int, binary_port: int, pid: int) -> dict
         if mem is not None:
             mem.stop()
     return report(rec, args.protos, args.duration, args.warmup_s, mem)
+
+
+@contextlib.contextmanager
+def served_texts(texts_tsv: Path, args: list[str], prefix: str) -> Iterator[tuple[Launched, Texts]]:
+    """A server started with `args`, its pool whole, and the TSV's texts packed as a corpus."""
+    from service.corpus import pack
+    from workers.artifact import default_artifact_dir
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        corpus = Path(tmp) / "texts.corpus"
+        pack(texts_tsv, corpus)
+        texts = Texts(str(corpus), str(default_artifact_dir()), limit=100_000)
+        srv = Launched(tmp, args)
+        try:
+            srv.wait_ready()
+            wait_pool(srv)
+            print(f"server pid {srv.pid}: {' '.join(args)}", flush=True)
+            yield srv, texts
+        finally:
+            print(f"server exited with {srv.terminate()}")
+
+
+async def capacity(port: int, texts: Texts, seconds: float, concurrency: int = 32) -> float:
+    """Closed loop of single texts on HTTP: the server's capacity, measured now."""
+    reqs = [
+        http_message("POST", "/v1/classify", json.dumps({"text": texts.text(k).decode()}).encode())
+        for k in range(2000)
+    ]
+    return float((await run_load(port, reqs, concurrency, seconds)).rps)
 
 
 def wait_pool(server: Launched, timeout: float = 300.0) -> None:

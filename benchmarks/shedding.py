@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,9 +27,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks import loadgen
-from benchmarks.common import SST2, HttpConn, Launched, get_json, http_message, percentile, run_load
+from benchmarks.common import SST2, HttpConn, Launched, get_json, percentile
 from service import wire
-from service.corpus import pack
 from service.settings import CPU_MAX_BATCH_TOKENS
 
 DEADLINE_S = 30.0  # the server's default request deadline (--request-timeout-s)
@@ -42,15 +40,6 @@ def kinds(rec: loadgen.Records, protos: list[str]) -> Counter[str]:
 
 def refusals(status: np.ndarray) -> np.ndarray:
     return (status == 503) | (status == loadgen.BINARY_BASE + wire.OVERLOADED)
-
-
-async def capacity(port: int, texts: loadgen.Texts, seconds: float) -> float:
-    reqs = [
-        http_message("POST", "/v1/classify", json.dumps({"text": texts.text(k).decode()}).encode())
-        for k in range(2000)
-    ]
-    res = await run_load(port, reqs, 32, seconds)
-    return float(res.rps)
 
 
 async def overload(
@@ -142,7 +131,7 @@ async def fair_share(
 
 
 async def run(srv: Launched, texts: loadgen.Texts, ns: argparse.Namespace) -> bool:
-    base = await capacity(srv.port, texts, ns.capacity_seconds)
+    base = await loadgen.capacity(srv.port, texts, ns.capacity_seconds)
     stats = get_json(srv.port, "/v1/stats")
     rate = stats.get("pool_tokens_per_s") or 0.0
     per_worker = rate / max(1, ns.workers)
@@ -164,8 +153,6 @@ async def run(srv: Launched, texts: loadgen.Texts, ns: argparse.Namespace) -> bo
 def main(argv: list[str] | None = None) -> int:
     import uvloop
 
-    from workers.artifact import default_artifact_dir
-
     p = argparse.ArgumentParser(prog="python -m benchmarks.shedding", description=__doc__)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--factor", type=float, default=5.0)
@@ -175,19 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--texts", type=Path, default=SST2, help="TSV, text in column 1")
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
     ns = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="ringserve-shedding-") as tmp:
-        corpus = Path(tmp) / "texts.corpus"
-        pack(ns.texts, corpus)
-        texts = loadgen.Texts(str(corpus), str(default_artifact_dir()), limit=100_000)
-        args = ["--workers", str(ns.workers), *ns.server_args.split()]
-        srv = Launched(tmp, args)
-        try:
-            srv.wait_ready()
-            loadgen.wait_pool(srv)
-            print(f"server pid {srv.pid}: {' '.join(args)}", flush=True)
-            passed = uvloop.run(run(srv, texts, ns))
-        finally:
-            print(f"server exited with {srv.terminate()}")
+    args = ["--workers", str(ns.workers), *ns.server_args.split()]
+    with loadgen.served_texts(ns.texts, args, "ringserve-shedding-") as (srv, texts):
+        passed = uvloop.run(run(srv, texts, ns))
     return 0 if passed else 1
 
 
