@@ -273,6 +273,19 @@ def test_stats_match_control_status(server: ServerProc) -> None:
     assert stats["totals"]["answered"] >= 6 and 0 <= stats["totals"]["padding_waste"] < 1
 
 
+def test_stats_show_the_estimated_queue_wait(server: ServerProc, sst2_texts: list[str]) -> None:
+    """Once the pool has worked long enough to be measured, /v1/stats shows its rate and the
+    wait a text admitted now would have (none, on an idle server), and /metrics the gauge."""
+    for k in range(4):  # a few hundred texts: more than one rate sample of busy time
+        server.classify(sst2_texts[k * 200 : k * 200 + 200])
+    stats = json.loads(server.request("GET", "/v1/stats")[2])
+    assert stats["max_queue_ms"] == 1000.0
+    assert stats["pool_tokens_per_s"] > 0, stats["pool_tokens_per_s"]
+    assert stats["queue_wait_ms"] == 0.0  # nothing queued
+    text = server.request("GET", "/metrics")[2].decode()
+    assert "\nringserve_queue_wait_seconds 0" in text
+
+
 def test_access_log_lines(server: ServerProc) -> None:
     rid = "access-" + uuid.uuid4().hex[:8]
     status, headers, _ = server.request("GET", "/v1/model", headers={"X-Request-Id": rid})
