@@ -164,6 +164,7 @@ class Load:
         self.codes: Counter[int] = Counter()
         self.raced = 0  # a request sent as its idle connection closed: the client's to retry
         self.stop = threading.Event()
+        self.started = time.monotonic()
         self.threads = [threading.Thread(target=self.run, args=(k,)) for k in range(threads)]
         for t in self.threads:
             t.start()
@@ -224,8 +225,9 @@ def test_a_signal_to_the_process_group_drains(start_server, sst2_texts, sig) -> 
         took = time.monotonic() - t0
     finally:
         load.join()
-    print(f"group {sig.name}: exit {code} after {took:.2f} s; answers {dict(load.codes)}, "
-          f"raced {load.raced}")  # fmt: skip
+    rate = sum(load.codes.values()) / (t0 + took - load.started)
+    print(f"group {sig.name}: exit {code} after {took:.2f} s; answers {dict(load.codes)} "
+          f"({rate:.0f}/s), raced {load.raced}")  # fmt: skip
     assert code == 0 and took < 20, (code, took)
     assert set(load.codes) == {200}, load.codes
     seen = events(srv.logs())
