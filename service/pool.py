@@ -110,7 +110,7 @@ class WorkerHandle:
             max_delay_ms=settings.max_delay_ms,
             doorbell=self.doorbell,
             eventfd=self.eventfd,
-            precision=getattr(settings, "precision", "fp32"),
+            precision=settings.precision,
             max_batch_tokens=settings.batch_tokens(device),
             runtime=settings.runtime,
             long_text=settings.long_text,

@@ -313,7 +313,6 @@ class Config:
     binary_max_owed: int = option(256, "answers a binary connection owes before it pauses", int)
     binary_group: int = option(32, "most binary frames admitted (and answered) as one group", int)
     binary_linger_s: float = option(2.0, "oversize frame: drop input this long, then close", float)
-    extra: dict[str, Any] = field(default_factory=dict)  # not an option
 
     def batch_rows(self, device: str) -> int:
         """--max-batch, or its default for the device ("cuda..." is a GPU; the test-only fake

@@ -42,10 +42,6 @@ EXIT_STATUS_WAIT_S = 1.0  # longest wait for a gone worker's exit status (see _s
 DEVICE_RETRIES = 3  # boots of a slot that fail on its GPU before the slot serves from the CPU
 
 
-class BootFailure(Exception):
-    pass
-
-
 def gpu_indices(device: str) -> list[int]:
     """The CUDA device indices a resolved --device names ([0] for the test-only fake GPU)."""
     if device == FAKE_GPU:
@@ -97,7 +93,7 @@ class Supervisor:
         self.started = clock()
         self.restarts_total = 0
         self.exit_seen: dict[int, float] = {}  # serial -> when its sentinel first fired
-        self.use_zygote = getattr(settings, "start_method", "spawn") == "zygote"
+        self.use_zygote = settings.start_method == "zygote"
         self.zygote: Zygote | None = None
         self.zygote_retry_at = 0.0
         self.zygote_failures = 0  # zygotes in a row that died before they were ready

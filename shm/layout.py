@@ -27,11 +27,11 @@ MAGIC_RING = 0x52494E4753525631  # "RINGSRV1"
 MAGIC_CONTROL = 0x52494E4743544C31  # "RINGCTL1"
 VERSION = 1
 
-CACHE_LINE = 64
+CACHE_LINE = 64  # each counter on a line of its own: one writer a line, no false sharing
 RING_HEADER = struct.Struct("<QQQQ")  # magic, version, slot_size, slot_count
-TAIL_OFFSET = 64
-HEAD_OFFSET = 128
-SLOTS_OFFSET = 192
+TAIL_OFFSET = CACHE_LINE
+HEAD_OFFSET = 2 * CACHE_LINE
+SLOTS_OFFSET = 3 * CACHE_LINE
 
 # Record header at the start of a message's first slot:
 #   msg_id u64 | aux i64 | length u32 | flags u32 | nslots u32 | reserved u32
@@ -41,7 +41,6 @@ FLAG_PAD = 1  # filler up to the end of the ring; skip it
 
 REQUEST_SLOT_SIZE = 256  # most sentences fit in one slot; long texts span several
 RESPONSE_SLOT_SIZE = 64  # header + a two-label answer in one slot
-MAX_LABELS = 1024
 
 # Request payload: the UTF-8 text, or for a pair text | PAIR_SEPARATOR | text_pair (0xFF never
 # occurs in UTF-8, so a single text cannot be mistaken for a pair). aux = deadline,
