@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,17 +33,21 @@ def reference(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     tokens followed by L2 normalisation is exactly sentence-transformers' `encode` for
     all-MiniLM-L6-v2 (its modules.json: Transformer, Pooling(mean), Normalize), so this is the
     reference without installing sentence-transformers and its dependencies."""
-    directory = default_encoder_dir()
-    model = transformers.BertModel.from_pretrained(directory).eval()
-    tok = open_tokenizer(directory / "tokenizer.json", MAX_LENGTH)
-    rows = []
-    with torch.no_grad():
-        for text in texts:
-            ids = torch.tensor([tok.encode(text).ids])
-            states = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
-            rows.append(states[0].mean(dim=0).numpy())
-    pooled = np.stack(rows).astype(np.float64)
+    tok = open_tokenizer(default_encoder_dir() / "tokenizer.json", MAX_LENGTH)
+    pooled = mean_pooled([tok.encode(text).ids for text in texts])
     return pooled, pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+
+def mean_pooled(rows: list[list[int]]) -> np.ndarray:
+    """transformers' BertModel on each row of token ids alone, mean-pooled [N, 384]."""
+    model = transformers.BertModel.from_pretrained(default_encoder_dir()).eval()
+    out = []
+    with torch.no_grad():
+        for row in rows:
+            ids = torch.tensor([row])
+            states = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+            out.append(states[0].mean(dim=0).numpy())
+    return np.stack(out).astype(np.float64)
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +207,49 @@ def test_every_runtime_embeds(start_server: Any, want: Any, runtime: str) -> Non
     assert status == 200, doc
     np.testing.assert_allclose(np.array(doc), want[1], atol=TOL, rtol=0)
     assert len(srv.classify(TEXTS)["results"]) == len(TEXTS)
+
+
+def test_windowed_embedding_is_the_mean_of_its_windows(start_server: Any) -> None:
+    """--long-text window: a long text's embedding is the mean of its windows' pooled vectors
+    (then normalized as the model does); the windows are cut by hand in tests/test_longtext."""
+    from tests.test_longtext import long_text, raw, windows_of
+    from workers.artifact import default_artifact_dir
+
+    tok = raw(str(default_artifact_dir()))
+    text = long_text(3, tok)
+    windows = [ids for ids, _ in windows_of(tok, text)]
+    assert len(windows) >= 3
+    pooled = mean_pooled(windows).mean(axis=0)
+    srv = start_server("--workers", "1", "--spares", "0", "--long-text", "window", workers=1)
+    status, doc = post(srv, "/embed", {"inputs": [text, "ok"], "normalize": False})
+    assert status == 200, doc
+    np.testing.assert_allclose(doc[0], pooled, atol=TOL, rtol=0)
+    status, doc = post(srv, "/v1/embeddings", {"input": text})
+    assert status == 200, doc
+    unit = pooled / np.linalg.norm(pooled)
+    np.testing.assert_allclose(doc["data"][0]["embedding"], unit, atol=TOL, rtol=0)
+
+
+def test_an_artifact_without_a_task_classifies_only(
+    start_server: Any, default_model: str, tmp_path: Path
+) -> None:
+    """An artifact built before format 3 (no `task` in its manifest) serves as before, and an
+    embedding request is told what the model does."""
+    from tests.test_runtimes import old_artifact
+
+    old = old_artifact(default_model, tmp_path)
+    raw = json.loads((old / "manifest.json").read_text())
+    assert "task" in raw  # the helper copies today's manifest: take the new fields out
+    for key in ("task", "dimension", "normalize"):
+        del raw[key]
+    (old / "manifest.json").write_text(json.dumps(raw))
+    from workers.artifact import compute_fingerprint
+
+    raw["fingerprint"] = compute_fingerprint(old)
+    (old / "manifest.json").write_text(json.dumps(raw))
+    srv = start_server("--model", str(old), "--workers", "1", "--spares", "0", workers=1)
+    status, doc = post(srv, "/v1/embeddings", {"input": "ok"})
+    assert status == 400 and "does not embed; its tasks: classify" in doc["error"], doc
+    assert srv.classify("a fine film")["label"] in ("negative", "positive")
+    _, _, data = srv.request("GET", "/v1/model")
+    assert json.loads(data)["task"] == ["classify"] and json.loads(data)["dimension"] == 0
