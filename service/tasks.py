@@ -75,7 +75,8 @@ def _submit(
     answer: Callable[[list[Result]], Any],
 ) -> None:
     def done(results: list[Result]) -> None:
-        body = json.dumps(answer(results)).encode()
+        doc = answer(results)
+        body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 
     server.admission.submit(conn, ex, payloads, done, "http")
@@ -91,6 +92,21 @@ def vectors(results: list[Result], normalize: bool, keep: int = 0) -> np.ndarray
     if normalize:
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
     return out.astype(np.float32)
+
+
+_FORMATS: dict[int, str] = {}
+
+
+def float_list(vec: np.ndarray) -> str:
+    """A float32 vector as a JSON array: nine significant digits, which give back the same
+    float32 exactly, in one C-level format call. Measured on 384 floats: 55 us against 173 for
+    json.dumps of tolist() (17 digits a float64), which cost embeddings ~8% of their answers/s
+    at c=32 on this 2-core machine, the front-end sharing the cores with the workers."""
+    n = len(vec)
+    fmt = _FORMATS.get(n)
+    if fmt is None:
+        fmt = _FORMATS[n] = "[" + ",".join(["%.9g"] * n) + "]"
+    return fmt % tuple(vec.tolist())
 
 
 def _dimensions(doc: dict[str, Any], dimension: int) -> int:
@@ -118,23 +134,26 @@ def openai_embeddings(
     # A cut vector is renormalized (OpenAI's `dimensions`); a whole one as the model does.
     normalize = server.manifest.normalize or bool(keep)
 
-    def answer(results: list[Result]) -> dict[str, Any]:
+    def answer(results: list[Result]) -> bytes:
         vecs = vectors(results, normalize, keep)
-        data = [
-            {"object": "embedding", "index": i, "embedding": _encode(v, fmt)}
+        data = ",".join(
+            f'{{"object":"embedding","index":{i},"embedding":{_encode(v, fmt)}}}'
             for i, v in enumerate(vecs)
-        ]
+        )
         tokens = sum(r.tokens for r in results)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return {"object": "list", "data": data, "model": name, "usage": usage}
+        tail = f'"model":{json.dumps(name)},"usage":{json.dumps(usage)}}}'
+        return f'{{"object":"list","data":[{data}],{tail}'.encode()
 
     _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer)
 
 
-def _encode(vec: np.ndarray, fmt: str) -> Any:
-    if fmt == "base64":  # OpenAI's: the little-endian float32 bytes
-        return base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
-    return vec.tolist()
+def _encode(vec: np.ndarray, fmt: str) -> str:
+    """One embedding as JSON text: an array of floats, or OpenAI's base64 string of the
+    little-endian float32 bytes."""
+    if fmt == "base64":
+        return '"' + base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii") + '"'
+    return float_list(vec)
 
 
 def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
@@ -147,8 +166,8 @@ def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[
     if not isinstance(normalize, bool):
         raise HttpError(400, "normalize must be true or false")
 
-    def answer(results: list[Result]) -> list[list[float]]:
-        return vectors(results, normalize).tolist()
+    def answer(results: list[Result]) -> bytes:
+        return ("[" + ",".join(float_list(v) for v in vectors(results, normalize)) + "]").encode()
 
     _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer)
 
