@@ -73,8 +73,19 @@ def table_dtype(n_labels: int) -> np.dtype[Any]:
 class Results:
     """The results table (memory-mapped, by line number) and the in-order output it feeds."""
 
-    def __init__(self, output: Path, n: int, labels: list[str], meta: dict[str, Any], resume: bool):
+    def __init__(
+        self,
+        output: Path,
+        n: int,
+        labels: list[str],
+        meta: dict[str, Any],
+        resume: bool,
+        embed: tuple[int, bool] | None = None,
+    ):
+        """`embed`: (dimension, normalize) for --task embed: a row holds the vector."""
         self.output = output
+        self.embed = embed
+        self.width = embed[0] if embed else len(labels)
         self.state = Path(str(output) + ".state.npy")
         self.meta_path = Path(str(output) + ".state.json")
         self.labels = labels
@@ -92,12 +103,12 @@ class Results:
                     "or model; remove it or run without --resume"
                 )
             table = np.lib.format.open_memmap(self.state, mode="r+")
-            if table.shape != (n,) or table.dtype != table_dtype(len(self.labels)):
+            if table.shape != (n,) or table.dtype != table_dtype(self.width):
                 raise SystemExit(f"ringserve batch: --resume: {self.state} does not fit")
             return table
         self.meta_path.write_text(json.dumps(meta))
         return np.lib.format.open_memmap(
-            self.state, mode="w+", dtype=table_dtype(len(self.labels)), shape=(n,)
+            self.state, mode="w+", dtype=table_dtype(self.width), shape=(n,)
         )
 
     def _open_output(self, resume: bool) -> int:
@@ -137,8 +148,15 @@ class Results:
             return json.dumps({"error": message, **counts}).encode() + b"\n"
         if st != DONE_OK:
             return json.dumps({"error": MESSAGES.get(st, "internal error")}).encode() + b"\n"
-        label = int(row["label"])
-        doc = {"label": self.labels[label], "label_id": label, "scores": row["scores"].tolist()}
+        doc: dict[str, Any]
+        if self.embed:  # the vector, normalized as the model's own pipeline does
+            vec = row["scores"].astype(np.float64)
+            if self.embed[1]:
+                vec /= max(float(np.linalg.norm(vec)), 1e-12)
+            doc = {"embedding": vec.astype(np.float32).tolist()}
+        else:
+            label = int(row["label"])
+            doc = {"label": self.labels[label], "label_id": label, "scores": row["scores"].tolist()}
         if row["flags"]:
             doc.update(long_text_fields(self.row_result(row, L.STATUS_OK)))
         return json.dumps(doc).encode() + b"\n"
@@ -246,10 +264,15 @@ class BatchJob:
             "mtime_ns": st.st_mtime_ns,
             "lines": self.n,
             "fingerprint": self.manifest.fingerprint,
+            "task": args.task,
         }
-        self.results = Results(
-            Path(args.output), self.n, list(self.manifest.labels), meta, args.resume
-        )
+        m = self.manifest
+        if args.task not in m.task:
+            raise ValueError(f"the model does not {args.task}; its tasks: {', '.join(m.task)}")
+        embed = (m.dimension, m.normalize) if args.task == "embed" else None
+        # An embedding asks its worker for the vector (shm/layout.py OPT_EMBED).
+        self.prefix = L.OPTIONS_MARK + bytes([L.OPT_EMBED]) if embed else b""
+        self.results = Results(Path(args.output), self.n, list(m.labels), meta, args.resume, embed)
         # Eight batches a worker: a group's answers come from both workers, so with only two
         # the workers starved between refills (measured: 181 against 393 texts/s on ONNX).
         self.window = max(GROUP, settings.serving_workers() * settings.batch_rows(self.device) * 8)
@@ -286,7 +309,7 @@ class BatchJob:
                 self.done += 1
                 continue
             keep.append(i)
-            texts.append(text)
+            texts.append(self.prefix + text if self.prefix else text)
         if texts:
             done = self.on_done(keep)
             if not self.dispatcher.submit(texts, 0, done, "batch"):
@@ -404,6 +427,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     p.add_argument("--input", required=True, help=".txt, .tsv (first column), .jsonl or corpus")
     p.add_argument("--output", required=True, help="JSONL: one result per input line, in order")
     p.add_argument("--model", default=os.environ.get("RINGSERVE_MODEL"))
+    p.add_argument(
+        "--task", choices=("classify", "embed"), default="classify",
+        help="classify: labels and scores; embed: {\"embedding\": [...]} a line",
+    )  # fmt: skip
     p.add_argument("--workers", type=int, default=None, help="worker processes (one per core)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--device", default="auto")

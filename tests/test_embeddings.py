@@ -230,12 +230,10 @@ def test_windowed_embedding_is_the_mean_of_its_windows(start_server: Any) -> Non
     np.testing.assert_allclose(doc["data"][0]["embedding"], unit, atol=TOL, rtol=0)
 
 
-def test_an_artifact_without_a_task_classifies_only(
-    start_server: Any, default_model: str, tmp_path: Path
-) -> None:
-    """An artifact built before format 3 (no `task` in its manifest) serves as before, and an
-    embedding request is told what the model does."""
+def taskless_artifact(default_model: str, tmp_path: Path) -> Path:
+    """The default artifact with the manifest of format 2 (no task, dimension, normalize)."""
     from tests.test_runtimes import old_artifact
+    from workers.artifact import compute_fingerprint
 
     old = old_artifact(default_model, tmp_path)
     raw = json.loads((old / "manifest.json").read_text())
@@ -243,13 +241,53 @@ def test_an_artifact_without_a_task_classifies_only(
     for key in ("task", "dimension", "normalize"):
         del raw[key]
     (old / "manifest.json").write_text(json.dumps(raw))
-    from workers.artifact import compute_fingerprint
-
     raw["fingerprint"] = compute_fingerprint(old)
     (old / "manifest.json").write_text(json.dumps(raw))
+    return old
+
+
+def test_an_artifact_without_a_task_classifies_only(
+    start_server: Any, default_model: str, tmp_path: Path
+) -> None:
+    """An artifact built before format 3 (no `task` in its manifest) serves as before, and an
+    embedding request is told what the model does."""
+    old = taskless_artifact(default_model, tmp_path)
     srv = start_server("--model", str(old), "--workers", "1", "--spares", "0", workers=1)
     status, doc = post(srv, "/v1/embeddings", {"input": "ok"})
     assert status == 400 and "does not embed; its tasks: classify" in doc["error"], doc
     assert srv.classify("a fine film")["label"] in ("negative", "positive")
     _, _, data = srv.request("GET", "/v1/model")
     assert json.loads(data)["task"] == ["classify"] and json.loads(data)["dimension"] == 0
+
+
+def test_batch_task_embed_writes_the_vectors_in_order(
+    tmp_path: Path, server: ServerProc, default_model: str
+) -> None:
+    """`ringserve batch --task embed`: one {"embedding": [...]} a line in input order, the same
+    vectors as /v1/embeddings; a bad line is an error line; a model that does not embed is
+    refused before any work."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    texts = [*TEXTS, "", "a dull, lifeless mess"]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    cmd = [sys.executable, "-m", "service.cli", "batch", "--input", str(src), "--output",
+           str(out), "--workers", "1", "--task", "embed"]  # fmt: skip
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == len(texts) and "error" in lines[4]
+    good = [t for t in texts if t]
+    status, doc = post(server, "/v1/embeddings", {"input": good})
+    assert status == 200, doc
+    want = [d["embedding"] for d in doc["data"]]
+    got = [x["embedding"] for i, x in enumerate(lines) if i != 4]
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-6, rtol=0)
+    old = taskless_artifact(default_model, tmp_path)
+    run = subprocess.run([*cmd, "--model", str(old)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert run.returncode == 2 and "does not embed; its tasks: classify" in run.stderr, run.stderr
