@@ -86,6 +86,11 @@ class Results:
         self.output = output
         self.embed = embed
         self.width = embed[0] if embed else len(labels)
+        # A .npy output is the [N, D] float32 matrix, written whole when every line is done
+        # (a line that failed is a row of NaN); the table alone carries a stopped run.
+        self.npy = output.suffix == ".npy"
+        if self.npy and not embed:
+            raise ValueError("a .npy output holds embeddings: use --task embed")
         self.state = Path(str(output) + ".state.npy")
         self.meta_path = Path(str(output) + ".state.json")
         self.labels = labels
@@ -113,6 +118,9 @@ class Results:
 
     def _open_output(self, resume: bool) -> int:
         """Lines already in the output (cut after its last whole line); 0 when starting over."""
+        self.out: Any = None
+        if self.npy:
+            return 0  # write_ready() passes the finished prefix again from the table
         if not resume or not self.output.exists():
             self.out = open(self.output, "wb")  # noqa: SIM115 - closed in close()
             return 0
@@ -179,15 +187,35 @@ class Results:
             chunk = self.status[self.written : self.written + WRITE_CHUNK]
             pending = np.flatnonzero(chunk == PENDING)
             stop = self.written + (int(pending[0]) if len(pending) else len(chunk))
-            self.out.write(b"".join(self.line(i) for i in range(self.written, stop)))
+            if self.out is not None:
+                self.out.write(b"".join(self.line(i) for i in range(self.written, stop)))
             self.written = stop
             if len(pending):
                 break
-        self.out.flush()
+        if self.out is not None:
+            self.out.flush()
         return self.written - start
 
+    def errors(self) -> int:
+        """Finished lines that are errors (a .npy output has no error lines to count)."""
+        return int(np.count_nonzero(self.status[: self.written] != DONE_OK))
+
+    def save_matrix(self) -> None:
+        """The .npy output: every line's vector, normalized as the model does; NaN for errors."""
+        assert self.embed is not None
+        vecs = np.asarray(self.table["scores"], dtype=np.float64)
+        if self.embed[1]:
+            vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+        vecs[self.status != DONE_OK] = np.nan
+        tmp = self.output.with_name(self.output.name + ".tmp.npy")
+        np.save(tmp, vecs.astype(np.float32))
+        os.replace(tmp, self.output)
+
     def close(self, finished: bool) -> None:
-        self.out.close()
+        if self.out is not None:
+            self.out.close()
+        if self.npy and finished:
+            self.save_matrix()
         self.table.flush()
         del self.status, self.table
         if finished:  # nothing left to resume: leave nothing behind
@@ -374,11 +402,12 @@ class BatchJob:
 
     def report(self, progress: Progress, done: int, rate: float) -> int:
         finished = self.results.written == self.n
+        bad = self.results.errors() if self.results.npy else 0
         self.results.close(finished)
-        bad = 0  # counted from the output, which is the truth a user sees
-        with open(self.args.output, "rb") as f:
-            for line in f:
-                bad += line.startswith(b'{"error"')
+        if not self.results.npy:  # counted from the output, which is the truth a user sees
+            with open(self.args.output, "rb") as f:
+                for line in f:
+                    bad += line.startswith(b'{"error"')
         summary = {
             "lines": self.n,
             "scored": done,  # finished lines, in the output or kept for --resume
@@ -393,7 +422,8 @@ class BatchJob:
         if finished:
             return 0
         print(
-            f"ringserve batch: stopped; {self.results.written} of {self.n} lines are in "
+            f"ringserve batch: stopped; {self.results.written} of {self.n} lines are "
+            f"{'done (the .npy is written at the end)' if self.results.npy else 'in'} "
             f"{self.args.output}; run again with --resume to continue",
             file=sys.stderr,
         )

@@ -287,6 +287,14 @@ def test_batch_task_embed_writes_the_vectors_in_order(
     want = [d["embedding"] for d in doc["data"]]
     got = [x["embedding"] for i, x in enumerate(lines) if i != 4]
     np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-6, rtol=0)
+    matrix = tmp_path / "out.npy"  # the same vectors as one [N, D] matrix, NaN for a bad line
+    run = subprocess.run([*cmd[:-5], str(matrix), *cmd[-4:]], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    m = np.load(matrix)
+    assert m.shape == (len(texts), 384) and m.dtype == np.float32
+    assert np.isnan(m[4]).all() and json.loads(run.stderr.strip().splitlines()[-1])["errors"] == 1
+    np.testing.assert_allclose(np.delete(m, 4, axis=0), np.array(want), atol=1e-6, rtol=0)
     old = taskless_artifact(default_model, tmp_path)
     run = subprocess.run([*cmd, "--model", str(old)], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)  # fmt: skip
