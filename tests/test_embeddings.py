@@ -299,3 +299,15 @@ def test_batch_task_embed_writes_the_vectors_in_order(
     run = subprocess.run([*cmd, "--model", str(old)], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert run.returncode == 2 and "does not embed; its tasks: classify" in run.stderr, run.stderr
+
+
+def test_the_cuda_code_path_embeds(start_server: Any, want: Any) -> None:
+    """The CUDA runner (graphs, buckets, the CPU fallback) on the test-only fake GPU, which runs
+    the same code on the CPU: it is handed the joined module, so its one output carries both."""
+    srv = start_server("--device", "fake-gpu", "--workers", "1", "--spares", "0",
+                       env={"RINGSERVE_TEST_FAKE_GPU": "1"}, workers=1)  # fmt: skip
+    status, doc = post(srv, "/embed", {"inputs": TEXTS})
+    assert status == 200, doc
+    np.testing.assert_allclose(np.array(doc), want[1], atol=TOL, rtol=0)
+    answer = srv.classify(TEXTS)
+    assert len(answer["results"]) == len(TEXTS)
