@@ -454,4 +454,5 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
         else:
             conn.respond(ex, 200, head, extra=extra)
 
-    server.admission.submit(conn, ex, texts, done, "kserve", deadline)
+    task = "embed" if wanted[0][0] == EMBEDDING else "classify"
+    server.admission.submit(conn, ex, texts, done, "kserve", deadline, task)

@@ -73,13 +73,14 @@ def _submit(
     ex: Exchange,
     payloads: list[bytes],
     answer: Callable[[list[Result]], Any],
+    task: str,
 ) -> None:
     def done(results: list[Result]) -> None:
         doc = answer(results)
         body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 
-    server.admission.submit(conn, ex, payloads, done, "http")
+    server.admission.submit(conn, ex, payloads, done, "http", task=task)
 
 
 # -- embeddings ----------------------------------------------------------------------------------
@@ -145,7 +146,7 @@ def openai_embeddings(
         tail = f'"model":{json.dumps(name)},"usage":{json.dumps(usage)}}}'
         return f'{{"object":"list","data":[{data}],{tail}'.encode()
 
-    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer)
+    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer, "embed")
 
 
 def _encode(vec: np.ndarray, fmt: str) -> str:
@@ -169,7 +170,7 @@ def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[
     def answer(results: list[Result]) -> bytes:
         return ("[" + ",".join(float_list(v) for v in vectors(results, normalize)) + "]").encode()
 
-    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer)
+    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer, "embed")
 
 
 # -- rerank --------------------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
             out.append(item)
         return out
 
-    _submit(server, conn, ex, payloads, answer)
+    _submit(server, conn, ex, payloads, answer, "rerank")
 
 
 def cohere_rerank(
@@ -256,7 +257,7 @@ def cohere_rerank(
             out.append(item)
         return {"results": out}
 
-    _submit(server, conn, ex, payloads, answer)
+    _submit(server, conn, ex, payloads, answer, "rerank")
 
 
 def task_routes(router: Router) -> None:

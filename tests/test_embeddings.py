@@ -311,3 +311,15 @@ def test_the_cuda_code_path_embeds(start_server: Any, want: Any) -> None:
     np.testing.assert_allclose(np.array(doc), want[1], atol=TOL, rtol=0)
     answer = srv.classify(TEXTS)
     assert len(answer["results"]) == len(TEXTS)
+
+
+def test_stats_count_embeddings(server: ServerProc) -> None:
+    def embedded() -> int:
+        _, _, data = server.request("GET", "/v1/stats")
+        n: int = json.loads(data)["totals"]["tasks"]["embed"]
+        return n
+
+    before = embedded()
+    assert post(server, "/v1/embeddings", {"input": ["a", "b", "c"]})[0] == 200
+    assert post(server, "/embed", {"inputs": "d"})[0] == 200
+    assert embedded() - before == 4

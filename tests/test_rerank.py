@@ -189,3 +189,21 @@ def hold_a_busy_worker(srv: ServerProc) -> int | None:
                 return int(w["pid"])
             os.kill(w["pid"], signal.SIGCONT)
     return None
+
+
+def test_stats_and_metrics_count_reranked_documents(rserver: ServerProc) -> None:
+    def counts() -> dict[str, int]:
+        _, _, data = rserver.request("GET", "/v1/stats")
+        tasks: dict[str, int] = json.loads(data)["totals"]["tasks"]
+        return tasks
+
+    before = counts()
+    status, _ = post(rserver, "/rerank", {"query": QUERY, "texts": DOCS[:5]})
+    assert status == 200
+    status, _ = post(rserver, "/v1/classify", {"text": QUERY, "text_pair": DOCS[0]})
+    assert status == 200
+    after = counts()
+    assert after["rerank"] - before["rerank"] == 5 and after["classify"] - before["classify"] == 1
+    _, _, data = rserver.request("GET", "/metrics")
+    line = f'ringserve_task_texts_total{{task="rerank"}} {after["rerank"]}'
+    assert line in data.decode(), data.decode()[:2000]
