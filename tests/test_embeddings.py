@@ -323,3 +323,11 @@ def test_stats_count_embeddings(server: ServerProc) -> None:
     assert post(server, "/v1/embeddings", {"input": ["a", "b", "c"]})[0] == 200
     assert post(server, "/embed", {"inputs": "d"})[0] == 200
     assert embedded() - before == 4
+
+
+def test_a_worker_refuses_a_response_ring_too_small_for_its_embeddings() -> None:
+    from workers.worker import check_answer_room
+
+    check_answer_room(8192 * 64 - 32, 1024)  # the default ring holds 1,024 floats easily
+    with pytest.raises(RuntimeError, match="1024-float embeddings need 4120 bytes"):
+        check_answer_room(8000, 1024)

@@ -207,3 +207,16 @@ def test_stats_and_metrics_count_reranked_documents(rserver: ServerProc) -> None
     _, _, data = rserver.request("GET", "/metrics")
     line = f'ringserve_task_texts_total{{task="rerank"}} {after["rerank"]}'
     assert line in data.decode(), data.decode()[:2000]
+
+
+def test_a_rerank_of_the_most_documents(reranker: Any, rserver: ServerProc) -> None:
+    """1,024 documents (the limit, and all of --max-queue): admitted whole and answered whole."""
+    docs = [SST2[i % len(SST2)] + f" #{i}" for i in range(1024)]
+    status, doc = post(rserver, "/v1/rerank", {"query": QUERY, "documents": docs, "top_n": 10})
+    assert status == 200, doc
+    want = expected(reranker, docs)
+    got = [(r["index"], r["relevance_score"]) for r in doc["results"]]
+    assert len(got) == 10 and [s for _, s in got] == sorted((s for _, s in got), reverse=True)
+    np.testing.assert_allclose([s for _, s in got], want[[i for i, _ in got]], atol=TOL)
+    # the ten best, up to near-ties: nothing left out scores above the tenth
+    assert np.sort(want)[::-1][10] <= got[-1][1] + TOL
