@@ -77,7 +77,8 @@ def test_tei_rerank_scores_order_and_top_n(reranker: Any, rserver: ServerProc) -
     got = np.array([r["score"] for r in doc])
     np.testing.assert_allclose(got, want[[r["index"] for r in doc]], atol=TOL, rtol=0)
     assert list(got) == sorted(got, reverse=True)  # highest first
-    assert [r["index"] for r in doc] == sorted(range(len(DOCS)), key=lambda i: -want[i])
+    # the model's own order, up to near-ties (scores within the tolerance may swap)
+    assert np.all(np.diff(want[[r["index"] for r in doc]]) <= TOL)
     status, top = post(rserver, "/rerank", {"query": QUERY, "texts": DOCS, "top_n": 3,
                                             "return_text": True})  # fmt: skip
     assert status == 200 and top == [r | {"text": DOCS[r["index"]]} for r in doc[:3]]
@@ -94,8 +95,9 @@ def test_cohere_rerank(reranker: Any, rserver: ServerProc) -> None:
     status, doc = post(rserver, "/v1/rerank", body)
     assert status == 200, doc
     results = doc["results"]
-    order = sorted(range(len(DOCS)), key=lambda i: -want[i])[:4]
-    assert [r["index"] for r in results] == order
+    order = [r["index"] for r in results]
+    assert len(order) == 4 and np.all(np.diff(want[order]) <= TOL)
+    assert np.sort(want)[::-1][4] <= want[order[-1]] + TOL  # none better left out
     np.testing.assert_allclose([r["relevance_score"] for r in results], want[order], atol=TOL)
     assert [r["document"] for r in results] == [{"text": DOCS[i]} for i in order]
     status, doc = post(rserver, "/v1/rerank", {"query": QUERY, "documents": DOCS[:2]})
