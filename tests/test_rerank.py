@@ -130,7 +130,9 @@ def test_the_docs_bodies(reranker: Any, rserver: ServerProc) -> None:
     results = json.loads(data)["results"]
     docs = json.loads(cohere)["documents"]
     want = expected(reranker, docs, "What is the capital of the United States?")
-    assert [r["index"] for r in results] == sorted(range(5), key=lambda i: -want[i])[:3]
+    order = [r["index"] for r in results]
+    assert len(order) == 3 and np.all(np.diff(want[order]) <= TOL)
+    np.testing.assert_allclose([r["relevance_score"] for r in results], want[order], atol=TOL)
 
 
 BAD = [
