@@ -6,7 +6,10 @@ against 1,000 single pair requests, in one run.
 1. One server of the default model (classify and embed from one forward). For each mix (short:
    SST-2 sentences; long: AG News descriptions) and each concurrency (1, 32, 64), a closed loop
    of `/v1/classify` and one of `/v1/embeddings`, one text a request, one after the other:
-   answers per second of each, and their ratio.
+   answers per second of each, and their ratio; and both against the model's ceiling on the
+   same texts as benchmarks/serving.py defines it (the raw model in as many pinned 1-thread
+   processes as the server has workers, batches planned by length; measured before the server
+   starts, so nothing else runs).
 2. A cross-encoder of MiniLM's size: the all-MiniLM-L6-v2 encoder with a one-output head
    (random: only the cost matters here), built with `transformers` and exported with
    `ringserve export --from`. `/rerank` of one query and 1,000 SST-2 sentences, one request at a
@@ -42,9 +45,18 @@ def request(path: str, body: dict[str, Any]) -> bytes:
     return http_message("POST", path, data, {"Content-Type": "application/json"})
 
 
-def embed_vs_classify(port: int, seconds: float) -> list[dict[str, Any]]:
+MIXES = (("short", SST2), ("long", AG_NEWS))
+
+
+def ceilings(workers: int) -> dict[str, float]:
+    from benchmarks.serving import ceiling
+
+    return {mix: ceiling(load_texts(path, 2000), workers=workers) for mix, path in MIXES}
+
+
+def embed_vs_classify(port: int, seconds: float, ceil: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
-    for mix, path in (("short", SST2), ("long", AG_NEWS)):
+    for mix, path in MIXES:
         texts = load_texts(path, 2000)
         classify = [request("/v1/classify", {"text": t}) for t in texts]
         embed = [request("/v1/embeddings", {"input": t}) for t in texts]
@@ -55,7 +67,9 @@ def embed_vs_classify(port: int, seconds: float) -> list[dict[str, Any]]:
             row = {"mix": mix, "c": c, "classify_per_s": round(a.rps, 1),
                    "embed_per_s": round(b.rps, 1), "ratio": round(b.rps / a.rps, 3),
                    "classify_p50_ms": round(a.pct(50), 1),
-                   "embed_p50_ms": round(b.pct(50), 1)}  # fmt: skip
+                   "embed_p50_ms": round(b.pct(50), 1), "ceiling_per_s": round(ceil[mix], 1),
+                   "classify_of_ceiling": round(a.rps / ceil[mix], 3),
+                   "embed_of_ceiling": round(b.rps / ceil[mix], 3)}  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
@@ -102,12 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3, help="1,000-document reranks timed")
     args = p.parse_args(argv)
     base = ["--workers", str(args.workers), "--spares", "0"]
+    ceil = ceilings(args.workers)
+    print(json.dumps({"ceiling_per_s": ceil}), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
         work = Path(tmp)
         srv = Launched(work, base)
         try:
             srv.wait_ready(args.workers, 300)
-            rows = embed_vs_classify(srv.port, args.seconds)
+            rows = embed_vs_classify(srv.port, args.seconds, ceil)
         finally:
             srv.terminate(60)
         art = build_reranker(work)
