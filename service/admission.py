@@ -108,6 +108,7 @@ class Admission:
         on_ok: Callable[[list[Result]], None],
         protocol: str,
         deadline: int | None = None,
+        task: str = "classify",
     ) -> None:
         """Admit texts for inference, or answer 503 at once. `deadline` overrides the header's.
         `on_ok` gets the results when every text succeeded; any failure is answered here."""
@@ -121,6 +122,6 @@ class Admission:
             else:
                 respond_failure(conn, ex, failed)
 
-        if not self.dispatcher.submit(texts, deadline, done, protocol):
+        if not self.dispatcher.submit(texts, deadline, done, protocol, task):
             extra = [latency_header(ex), *RETRY_AFTER]
             conn.respond_error(ex, 503, self.refusal(), extra)

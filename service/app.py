@@ -31,6 +31,7 @@ from service.routes import Router, v1_routes
 from service.settings import Config
 from service.stats import Stats
 from service.supervisor import Supervisor
+from service.tasks import task_routes
 from shm import segment
 from workers import nvml
 from workers.artifact import ArtifactError, Manifest, default_artifact_dir, load_manifest
@@ -156,6 +157,7 @@ class Server:
         s = self.settings
         router = Router(self)
         v1_routes(router)
+        task_routes(router)
         self.add_routes(router)
         route = router if self.api_key is None else guard_http(self.api_key, router)
         self.http_state = HttpServerState(s, route, self.count)

@@ -73,8 +73,24 @@ def table_dtype(n_labels: int) -> np.dtype[Any]:
 class Results:
     """The results table (memory-mapped, by line number) and the in-order output it feeds."""
 
-    def __init__(self, output: Path, n: int, labels: list[str], meta: dict[str, Any], resume: bool):
+    def __init__(
+        self,
+        output: Path,
+        n: int,
+        labels: list[str],
+        meta: dict[str, Any],
+        resume: bool,
+        embed: tuple[int, bool] | None = None,
+    ):
+        """`embed`: (dimension, normalize) for --task embed: a row holds the vector."""
         self.output = output
+        self.embed = embed
+        self.width = embed[0] if embed else len(labels)
+        # A .npy output is the [N, D] float32 matrix, written whole when every line is done
+        # (a line that failed is a row of NaN); the table alone carries a stopped run.
+        self.npy = output.suffix == ".npy"
+        if self.npy and not embed:
+            raise ValueError("a .npy output holds embeddings: use --task embed")
         self.state = Path(str(output) + ".state.npy")
         self.meta_path = Path(str(output) + ".state.json")
         self.labels = labels
@@ -92,16 +108,19 @@ class Results:
                     "or model; remove it or run without --resume"
                 )
             table = np.lib.format.open_memmap(self.state, mode="r+")
-            if table.shape != (n,) or table.dtype != table_dtype(len(self.labels)):
+            if table.shape != (n,) or table.dtype != table_dtype(self.width):
                 raise SystemExit(f"ringserve batch: --resume: {self.state} does not fit")
             return table
         self.meta_path.write_text(json.dumps(meta))
         return np.lib.format.open_memmap(
-            self.state, mode="w+", dtype=table_dtype(len(self.labels)), shape=(n,)
+            self.state, mode="w+", dtype=table_dtype(self.width), shape=(n,)
         )
 
     def _open_output(self, resume: bool) -> int:
         """Lines already in the output (cut after its last whole line); 0 when starting over."""
+        self.out: Any = None
+        if self.npy:
+            return 0  # write_ready() passes the finished prefix again from the table
         if not resume or not self.output.exists():
             self.out = open(self.output, "wb")  # noqa: SIM115 - closed in close()
             return 0
@@ -137,8 +156,15 @@ class Results:
             return json.dumps({"error": message, **counts}).encode() + b"\n"
         if st != DONE_OK:
             return json.dumps({"error": MESSAGES.get(st, "internal error")}).encode() + b"\n"
-        label = int(row["label"])
-        doc = {"label": self.labels[label], "label_id": label, "scores": row["scores"].tolist()}
+        doc: dict[str, Any]
+        if self.embed:  # the vector, normalized as the model's own pipeline does
+            vec = row["scores"].astype(np.float64)
+            if self.embed[1]:
+                vec /= max(float(np.linalg.norm(vec)), 1e-12)
+            doc = {"embedding": vec.astype(np.float32).tolist()}
+        else:
+            label = int(row["label"])
+            doc = {"label": self.labels[label], "label_id": label, "scores": row["scores"].tolist()}
         if row["flags"]:
             doc.update(long_text_fields(self.row_result(row, L.STATUS_OK)))
         return json.dumps(doc).encode() + b"\n"
@@ -161,15 +187,35 @@ class Results:
             chunk = self.status[self.written : self.written + WRITE_CHUNK]
             pending = np.flatnonzero(chunk == PENDING)
             stop = self.written + (int(pending[0]) if len(pending) else len(chunk))
-            self.out.write(b"".join(self.line(i) for i in range(self.written, stop)))
+            if self.out is not None:
+                self.out.write(b"".join(self.line(i) for i in range(self.written, stop)))
             self.written = stop
             if len(pending):
                 break
-        self.out.flush()
+        if self.out is not None:
+            self.out.flush()
         return self.written - start
 
+    def errors(self) -> int:
+        """Finished lines that are errors (a .npy output has no error lines to count)."""
+        return int(np.count_nonzero(self.status[: self.written] != DONE_OK))
+
+    def save_matrix(self) -> None:
+        """The .npy output: every line's vector, normalized as the model does; NaN for errors."""
+        assert self.embed is not None
+        vecs = np.asarray(self.table["scores"], dtype=np.float64)
+        if self.embed[1]:
+            vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+        vecs[self.status != DONE_OK] = np.nan
+        tmp = self.output.with_name(self.output.name + ".tmp.npy")
+        np.save(tmp, vecs.astype(np.float32))
+        os.replace(tmp, self.output)
+
     def close(self, finished: bool) -> None:
-        self.out.close()
+        if self.out is not None:
+            self.out.close()
+        if self.npy and finished:
+            self.save_matrix()
         self.table.flush()
         del self.status, self.table
         if finished:  # nothing left to resume: leave nothing behind
@@ -246,10 +292,15 @@ class BatchJob:
             "mtime_ns": st.st_mtime_ns,
             "lines": self.n,
             "fingerprint": self.manifest.fingerprint,
+            "task": args.task,
         }
-        self.results = Results(
-            Path(args.output), self.n, list(self.manifest.labels), meta, args.resume
-        )
+        m = self.manifest
+        if args.task not in m.task:
+            raise ValueError(f"the model does not {args.task}; its tasks: {', '.join(m.task)}")
+        embed = (m.dimension, m.normalize) if args.task == "embed" else None
+        # An embedding asks its worker for the vector (shm/layout.py OPT_EMBED).
+        self.prefix = L.OPTIONS_MARK + bytes([L.OPT_EMBED]) if embed else b""
+        self.results = Results(Path(args.output), self.n, list(m.labels), meta, args.resume, embed)
         # Eight batches a worker: a group's answers come from both workers, so with only two
         # the workers starved between refills (measured: 181 against 393 texts/s on ONNX).
         self.window = max(GROUP, settings.serving_workers() * settings.batch_rows(self.device) * 8)
@@ -286,7 +337,7 @@ class BatchJob:
                 self.done += 1
                 continue
             keep.append(i)
-            texts.append(text)
+            texts.append(self.prefix + text if self.prefix else text)
         if texts:
             done = self.on_done(keep)
             if not self.dispatcher.submit(texts, 0, done, "batch"):
@@ -351,11 +402,12 @@ class BatchJob:
 
     def report(self, progress: Progress, done: int, rate: float) -> int:
         finished = self.results.written == self.n
+        bad = self.results.errors() if self.results.npy else 0
         self.results.close(finished)
-        bad = 0  # counted from the output, which is the truth a user sees
-        with open(self.args.output, "rb") as f:
-            for line in f:
-                bad += line.startswith(b'{"error"')
+        if not self.results.npy:  # counted from the output, which is the truth a user sees
+            with open(self.args.output, "rb") as f:
+                for line in f:
+                    bad += line.startswith(b'{"error"')
         summary = {
             "lines": self.n,
             "scored": done,  # finished lines, in the output or kept for --resume
@@ -370,7 +422,8 @@ class BatchJob:
         if finished:
             return 0
         print(
-            f"ringserve batch: stopped; {self.results.written} of {self.n} lines are in "
+            f"ringserve batch: stopped; {self.results.written} of {self.n} lines are "
+            f"{'done (the .npy is written at the end)' if self.results.npy else 'in'} "
             f"{self.args.output}; run again with --resume to continue",
             file=sys.stderr,
         )
@@ -404,6 +457,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     p.add_argument("--input", required=True, help=".txt, .tsv (first column), .jsonl or corpus")
     p.add_argument("--output", required=True, help="JSONL: one result per input line, in order")
     p.add_argument("--model", default=os.environ.get("RINGSERVE_MODEL"))
+    p.add_argument(
+        "--task", choices=("classify", "embed"), default="classify",
+        help="classify: labels and scores; embed: {\"embedding\": [...]} a line",
+    )  # fmt: skip
     p.add_argument("--workers", type=int, default=None, help="worker processes (one per core)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--device", default="auto")

@@ -60,16 +60,22 @@ class Result:
 
 
 class Group:
-    __slots__ = ("admitted_ns", "callback", "protocol", "remaining", "results")
+    __slots__ = ("admitted_ns", "callback", "protocol", "remaining", "results", "task")
 
     def __init__(
-        self, n: int, callback: Callable[[list[Result]], None], protocol: str, admitted_ns: int
+        self,
+        n: int,
+        callback: Callable[[list[Result]], None],
+        protocol: str,
+        admitted_ns: int,
+        task: str = "classify",
     ) -> None:
         self.results: list[Result | None] = [None] * n
         self.remaining = n
         self.callback = callback
         self.protocol = protocol
         self.admitted_ns = admitted_ns
+        self.task = task  # classify, embed or rerank: what /v1/stats and /metrics count
 
 
 class Request:
@@ -174,6 +180,8 @@ class Dispatcher:
         self.accepting = True
         self.on_result: Callable[[Group, Result, int], None] | None = None  # metrics hook
         self.rejected = 0
+        # Texts answered (any status) by task; a rerank counts its documents.
+        self.answered_by_task = dict.fromkeys(("classify", "embed", "rerank"), 0)
         self.expired = 0
         self.why = "queue is full"  # the reason of the last refusal
 
@@ -184,6 +192,7 @@ class Dispatcher:
         deadline_ns: int,
         callback: Callable[[list[Result]], None],
         protocol: str = "http",
+        task: str = "classify",
     ) -> bool:
         """Admit a group of texts whole, or refuse it at once (False): see room()."""
         n = len(texts)
@@ -191,7 +200,7 @@ class Dispatcher:
         if self.room(costs, whole=True) < n:
             self.rejected += n
             return False
-        self.admit(texts, costs, deadline_ns, callback, protocol)
+        self.admit(texts, costs, deadline_ns, callback, protocol, task)
         return True
 
     def admit(
@@ -201,9 +210,10 @@ class Dispatcher:
         deadline_ns: int,
         callback: Callable[[list[Result]], None],
         protocol: str,
+        task: str = "classify",
     ) -> None:
         """Admit texts that room() allowed."""
-        group = Group(len(texts), callback, protocol, self.clock())
+        group = Group(len(texts), callback, protocol, self.clock(), task)
         rid = self.next_id
         self.next_id += len(texts)
         reqs = [
@@ -389,6 +399,7 @@ class Dispatcher:
         if self.on_result is not None:
             self.on_result(group, result, latency_ns)
         if group.remaining == 0:
+            self.answered_by_task[group.task] += len(group.results)
             group.callback(group.results)  # type: ignore[arg-type]
 
     # -- failure ------------------------------------------------------------------------------

@@ -23,11 +23,13 @@ from service.admission import latency_header
 from service.dispatcher import Result
 from service.http import Exchange, HttpError, HttpProtocol
 from service.routes import ModelView, Router, encode_text, long_text_prefix
+from service.tasks import vectors
 from shm import layout as L
 
 VERSION = "1"
 PLATFORM = "pytorch_libtorch"  # Triton's name for TorchScript models
-OUTPUTS = ("scores", "label")
+OUTPUTS = ("scores", "label")  # answered when a request names none
+EMBEDDING = "embedding"  # an embed model's output, FP32 [N, D], asked for by name
 HEADER_LENGTH = b"inference-header-content-length"
 _U32 = struct.Struct("<I")
 
@@ -99,8 +101,9 @@ def model_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[
         "outputs": [
             {"name": "scores", "datatype": "FP32", "shape": [-1, len(server.labels)]},
             {"name": "label", "datatype": "BYTES", "shape": [-1]},
+            *embedding_output(server, "datatype", "FP32", "shape"),
         ],
-        "parameters": {"activation": server.manifest.activation},
+        "parameters": task_parameters(server) | {"activation": server.manifest.activation},
     }
     respond_json(conn, ex, doc)
 
@@ -119,13 +122,25 @@ def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[st
         "output": [
             {"name": "scores", "data_type": "TYPE_FP32", "dims": [-1, len(server.labels)]},
             {"name": "label", "data_type": "TYPE_STRING", "dims": [-1]},
+            *embedding_output(server, "data_type", "TYPE_FP32", "dims"),
         ],
-        "parameters": {
+        "parameters": {k: {"string_value": str(v)} for k, v in task_parameters(server).items()}
+        | {
             "labels": {"string_value": ",".join(server.labels)},
             "activation": {"string_value": server.manifest.activation},
         },
     }
     respond_json(conn, ex, doc)
+
+
+def embedding_output(server: ModelView, kind: str, fp32: str, dims: str) -> list[dict[str, Any]]:
+    m = server.manifest
+    return [{"name": EMBEDDING, kind: fp32, dims: [-1, m.dimension]}] if m.embeds else []
+
+
+def task_parameters(server: ModelView) -> dict[str, Any]:
+    """The model's tasks (comma list: KServe parameters are scalars) and its dimension."""
+    return {"task": ",".join(server.manifest.task), "dimension": server.manifest.dimension}
 
 
 def model_ready(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
@@ -303,8 +318,9 @@ def read_texts(server: ModelView, doc: dict[str, Any], blob: memoryview) -> list
     return [t + L.PAIR_SEPARATOR + p for t, p in zip(texts, pairs, strict=True)]
 
 
-def read_outputs(doc: dict[str, Any]) -> list[tuple[str, bool]]:
-    """(name, binary) for each output to answer, in the order asked for."""
+def read_outputs(doc: dict[str, Any], embeds: bool = False) -> list[tuple[str, bool]]:
+    """(name, binary) for each output to answer, in the order asked for. An embed model's
+    `embedding` is answered alone (the worker answers a text's vector or its scores)."""
     params = as_dict(doc.get("parameters"), "parameters")
     default = bool(params.get("binary_data_output", False))
     asked = doc.get("outputs")
@@ -313,16 +329,19 @@ def read_outputs(doc: dict[str, Any]) -> list[tuple[str, bool]]:
     if not isinstance(asked, list):
         raise HttpError(400, "outputs must be a list")
     wanted: list[tuple[str, bool]] = []
+    known = (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
     for spec in asked:
-        if not isinstance(spec, dict) or spec.get("name") not in OUTPUTS:
+        if not isinstance(spec, dict) or spec.get("name") not in known:
             name = spec.get("name") if isinstance(spec, dict) else spec
-            raise HttpError(400, f"unknown output {name!r}: the model gives scores and label")
+            raise HttpError(400, f"unknown output {name!r}: the model gives {', '.join(known)}")
         if any(spec["name"] == w for w, _ in wanted):
             raise HttpError(400, f"output {spec['name']!r} asked for twice")
         out_params = as_dict(spec.get("parameters"), "output parameters")
         if "shared_memory_region" in out_params or "classification" in out_params:
             raise HttpError(400, "shared-memory and classification outputs are not supported")
         wanted.append((spec["name"], bool(out_params.get("binary_data", default))))
+    if len(wanted) > 1 and any(w == EMBEDDING for w, _ in wanted):
+        raise HttpError(400, "ask for output embedding alone, or for scores and label")
     return wanted
 
 
@@ -340,8 +359,9 @@ def request_deadline(server: ModelView, ex: Exchange, doc: dict[str, Any]) -> in
 class OutputEncoder:
     """Turns one group's results into the outputs asked for; label encodings made once."""
 
-    def __init__(self, labels: list[str]) -> None:
+    def __init__(self, labels: list[str], normalize: bool = False) -> None:
         self.labels = labels
+        self.normalize = normalize  # embeddings: as the model's own pipeline does
         encoded = [label.encode() for label in labels]
         self.label_blobs = [_U32.pack(len(b)) + b for b in encoded]
 
@@ -351,11 +371,16 @@ class OutputEncoder:
         n, c = len(results), len(self.labels)
         tensors: list[dict[str, Any]] = []
         blobs: list[bytes] = []
+        tensor: dict[str, Any]
         for name, binary in wanted:
-            if name == "scores":
-                tensor: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": [n, c]}
+            if name == EMBEDDING:
+                vecs = vectors(results, self.normalize)
+                tensor = {"name": name, "datatype": "FP32", "shape": list(vecs.shape)}
+                data: Any = vecs.tobytes() if binary else vecs.ravel().tolist()
+            elif name == "scores":
+                tensor = {"name": name, "datatype": "FP32", "shape": [n, c]}
                 scores = np.stack([r.scores for r in results]).astype("<f4", copy=False)  # type: ignore[misc]
-                data: Any = scores.tobytes() if binary else scores.ravel().tolist()
+                data = scores.tobytes() if binary else scores.ravel().tolist()
             else:
                 tensor = {"name": name, "datatype": "BYTES", "shape": [n]}
                 if binary:
@@ -374,12 +399,12 @@ class OutputEncoder:
 _encoders: dict[tuple[str, ...], OutputEncoder] = {}
 
 
-def encoder_for(labels: list[str]) -> OutputEncoder:
-    key = tuple(labels)
+def encoder_for(labels: list[str], normalize: bool = False) -> OutputEncoder:
+    key = (*labels, str(normalize))
     encoder = _encoders.get(key)
     if encoder is None:
         _encoders.clear()  # one model at a time: keep only the current labels' encoder
-        encoder = _encoders[key] = OutputEncoder(labels)
+        encoder = _encoders[key] = OutputEncoder(labels, normalize)
     return encoder
 
 
@@ -403,11 +428,14 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
         raise HttpError(400, "id must be a string")
     texts = read_texts(server, doc, blob)
     prefix = long_text_prefix(as_dict(doc.get("parameters"), "parameters"), "parameters.")
+    m = server.manifest
+    wanted = read_outputs(doc, m.embeds)
+    if wanted[0][0] == EMBEDDING:  # the worker answers each text's vector (layout OPT_EMBED)
+        prefix = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
     if prefix:
         texts = [prefix + t for t in texts]
-    wanted = read_outputs(doc)
     deadline = request_deadline(server, ex, doc)
-    encoder = encoder_for(server.labels)
+    encoder = encoder_for(server.labels, m.normalize)
 
     def done(results: list[Result]) -> None:
         tensors, blobs = encoder.tensors(results, wanted)
@@ -426,4 +454,5 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
         else:
             conn.respond(ex, 200, head, extra=extra)
 
-    server.admission.submit(conn, ex, texts, done, "kserve", deadline)
+    task = "embed" if wanted[0][0] == EMBEDDING else "classify"
+    server.admission.submit(conn, ex, texts, done, "kserve", deadline, task)

@@ -237,6 +237,8 @@ class Metrics:
                 "padded_tokens": padded,
                 "padding_waste": round(1 - named["tokens"] / padded, 4) if padded else 0.0,
                 "cpu_fallbacks": named["fallbacks"],
+                # Texts answered by task (a rerank counts its documents).
+                "tasks": dict(server.dispatcher.answered_by_task),
             },
         }
         doc.update(self.stats.last_minute())
@@ -294,6 +296,12 @@ class Metrics:
                 "tokens/s (--max-queue-ms refuses past it).",
                 wait / 1000,
             )
+        out.labelled(
+            "ringserve_task_texts_total",
+            "counter",
+            "Texts answered (any status), by task: classify, embed, or rerank (its documents).",
+            (({"task": t}, n) for t, n in d.answered_by_task.items()),
+        )
         out.single(
             "ringserve_timed_out_requests_total",
             "counter",

@@ -164,6 +164,8 @@ def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
         "length_classes": list(server.buckets),
         "runtime": server.runtime,
         "precision": server.settings.precision,
+        "task": m.task,
+        "dimension": m.dimension,
     }
     if server.settings.precision == "int8" and server.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built

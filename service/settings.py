@@ -275,6 +275,7 @@ class Config:
     max_body: int = option(1048576, "largest HTTP body in bytes (413 above)", int)
     max_head: int = option(8192, "largest HTTP request head in bytes (431 above)", int)
     max_texts: int = option(256, "most texts in one batch request", int)
+    max_documents: int = option(1024, "most documents in one rerank request", int)
     max_frame: int = option(65536, "largest binary-protocol text in bytes", int)
     max_control_line: int = option(65536, "longest control-socket line in bytes", int)
     max_connections: int = option(1024, "open client connections before new ones are refused", int)

@@ -54,6 +54,7 @@ OPT_CUT = 1  # truncate: true
 OPT_REFUSE = 2  # truncate: false
 OPT_MODE = 3  # the bits above; neither set: the server's --long-text
 OPT_LEFT = 4  # truncation_direction: left (keep the end)
+OPT_EMBED = 8  # answer the text's embedding (D floats), not its scores (an embed model only)
 # Response payload (24 bytes, so a two-label answer still fits one 64-byte slot):
 #   status u8 | bucket u8 | label_id u16 | n u16 | flags u8 | reserved u8 |
 #   windows u16 | limit u16 | tokens u32 | queued_us u32 | model_us u32 | n x f32 scores
@@ -62,6 +63,9 @@ OPT_LEFT = 4  # truncation_direction: left (keep the end)
 # STATUS_TOO_LONG refusal has no scores: `limit` is the model's max_length (truncate: false) or
 # --max-windows (RSP_WINDOWED set; `windows` = the windows the text needs, 0 when a pair's first
 # text leaves no room for any).
+# An embedding answer has the same header with n = D, label_id 0, and the D floats of the vector
+# in place of the scores; a message spans as many slots as it needs (the worker checks at load
+# that the response ring holds one).
 RESPONSE = struct.Struct("<BBHHBBHHIII")
 RESPONSE_SIZE = RESPONSE.size  # 24
 RSP_TRUNCATED = 1

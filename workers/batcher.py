@@ -37,6 +37,7 @@ class Item:
     flags: int = 0  # shm.layout.RSP_TRUNCATED when the text was cut
     whole: Any = None  # a window's workers.longtext.Whole; None for a text scored as one row
     window: int = 0  # a window's index among its text's windows
+    embed: bool = False  # answer the embedding (shm.layout.OPT_EMBED), not the scores
 
 
 def bucket_index(buckets: tuple[int, ...], length: int) -> int:

@@ -52,6 +52,7 @@ class Whole:
     left: int = 0
     model_us: int = 0
     done: bool = False  # answered (combined, or expired): later windows are dropped
+    embed: bool = False  # answered with the mean of its windows' embeddings
 
 
 def split_options(payload: bytes) -> tuple[int, bytes]:

@@ -162,16 +162,53 @@ class Classifier(nn.Module):
         self.head = nn.Linear(config.hidden_size, num_labels)
 
     @torch.jit.export
-    def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """The sentence embedding [B, H] exactly as all-MiniLM-L6-v2 computes it."""
+    def mean_pool(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The mean of the real tokens' states [B, H] (sentence-transformers' mean pooling)."""
         states = self.encoder(input_ids, attention_mask)
         weights = attention_mask.to(states.dtype).unsqueeze(-1)
         summed = (states * weights).sum(dim=1)
         counts = weights.sum(dim=1).clamp(min=1e-9)
-        return F.normalize(summed / counts, p=2.0, dim=1)
+        return summed / counts
+
+    @torch.jit.export
+    def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The sentence embedding [B, H] exactly as all-MiniLM-L6-v2 computes it."""
+        return F.normalize(self.mean_pool(input_ids, attention_mask), p=2.0, dim=1)
+
+    @torch.jit.export
+    def classify_embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """One forward, both answers: the head's logits [B, C] (of the normalized embedding)
+        and the mean-pooled vector before normalization [B, H], side by side as [B, C + H]
+        (workers/runtime.py splits them; the front-end normalizes unless asked not to)."""
+        pooled = self.mean_pool(input_ids, attention_mask)
+        return torch.cat([self.head(F.normalize(pooled, p=2.0, dim=1)), pooled], dim=1)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return self.head(self.embed(input_ids, attention_mask))
+
+
+class Joined(nn.Module):
+    """A loaded embed artifact's module as the runners call it: forward is its
+    classify_embed, so every runner's one output carries logits and embedding."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.inner.classify_embed(input_ids, attention_mask)  # type: ignore[operator]
+
+
+class OnnxBoth(nn.Module):
+    """What model.onnx holds for an embed artifact: outputs `logits` and `embedding`."""
+
+    def __init__(self, inner: Classifier) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        pooled = self.inner.mean_pool(input_ids, attention_mask)
+        return self.inner.head(F.normalize(pooled, p=2.0, dim=1)), pooled
 
 
 def _checkpoint_names(config: BertConfig) -> dict[str, str]:

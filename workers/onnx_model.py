@@ -38,21 +38,25 @@ def _quiet() -> Iterator[None]:
             logging.disable(logging.NOTSET)
 
 
-def export_onnx(model: Any, path: Path) -> None:
-    """Write `model` (ids and mask in, logits out) as ONNX with a dynamic batch and length."""
+def export_onnx(model: Any, path: Path, embed: bool = False) -> None:
+    """Write `model` (ids and mask in, logits out) as ONNX with a dynamic batch and length;
+    with `embed`, a second output `embedding` from the same forward (workers/model.py OnnxBoth)."""
     import torch
+
+    from workers.model import OnnxBoth
 
     ids = torch.full((2, 8), 101, dtype=torch.int64)
     mask = torch.ones_like(ids)
-    axes = {name: {0: "batch", 1: "length"} for name in INPUTS} | {"logits": {0: "batch"}}
+    outputs = ["logits", "embedding"] if embed else ["logits"]
+    axes = {name: {0: "batch", 1: "length"} for name in INPUTS} | {o: {0: "batch"} for o in outputs}
     with _quiet(), torch.no_grad():
         torch.onnx.export(
-            model,
+            OnnxBoth(model) if embed else model,
             (ids, mask),
             str(path),
             dynamo=False,
             input_names=list(INPUTS),
-            output_names=["logits"],
+            output_names=outputs,
             dynamic_axes=axes,
             opset_version=OPSET,
         )

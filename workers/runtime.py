@@ -47,6 +47,20 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def joined(
+    activation: Callable[[np.ndarray], np.ndarray], n_labels: int
+) -> Callable[[np.ndarray], np.ndarray]:
+    """For an embed model's one output [n, C + D]: scores from the first C columns, the
+    embedding's D floats kept as they are, so one runner call answers both tasks."""
+
+    def apply(out: np.ndarray) -> np.ndarray:
+        rows = np.array(out, dtype=np.float32)  # a copy: runners reuse their output buffers
+        rows[:, :n_labels] = activation(rows[:, :n_labels])
+        return rows
+
+    return apply
+
+
 def fill_rows(ids: np.ndarray, mask: np.ndarray, batch: list[Item]) -> int:
     """Write a batch's token ids and mask into the first rows of preallocated buffers; returns
     the real token count. Rows are cleared first so padding is always id 0, mask 0."""
@@ -134,14 +148,19 @@ class OrtRunner(CpuRunner):
         max_batch: int,
         activation: Callable[[np.ndarray], np.ndarray] = softmax,
         precision: str = "fp32",
+        both: bool = False,
     ) -> None:
         super().__init__(None, max_len, max_batch, activation)
         self.session = session
         self.overhead_tokens = BATCH_OVERHEAD["onnx", precision]
+        # `both`: an embed artifact's second output, the embedding, joined to the logits (as
+        # workers/model.py Joined does for TorchScript); else the logits alone.
+        self.both = both
 
     def forward(self, length: int, n: int) -> np.ndarray:
         ids, mask = self.views(length, n)
-        logits = self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        outs = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+        logits = np.concatenate(outs[:2], axis=1) if self.both else outs[0]
         return self.activation(np.asarray(logits, dtype=np.float32))
 
 
@@ -152,4 +171,6 @@ def ort_runner(
     from workers.onnx_model import open_session
 
     session = open_session(Path(spec.model_dir) / manifest.onnx_for(spec.precision), spec.threads)
-    return OrtRunner(session, manifest.max_length, spec.max_batch, activation, spec.precision)
+    return OrtRunner(
+        session, manifest.max_length, spec.max_batch, activation, spec.precision, manifest.embeds
+    )

@@ -17,6 +17,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from shm import layout as L
 from shm.channel import Channel
 from workers.batcher import REPORT_GRID, Item, bucket_index, length_grid, pad_grid
@@ -86,7 +88,7 @@ class Worker:
         from workers.batcher import Batcher
         from workers.cuda import make_runner
         from workers.onnx_model import choose_runtime
-        from workers.runtime import ACTIVATIONS, ort_runner
+        from workers.runtime import ACTIVATIONS, joined, ort_runner
         from workers.spec import is_gpu_device
 
         spec = self.spec
@@ -107,6 +109,11 @@ class Worker:
         self.ctl.beat()
         runtime, _ = choose_runtime(spec.runtime, spec.precision, on_gpu, manifest)
         activation = ACTIVATIONS[manifest.activation]
+        self.n_labels = len(manifest.labels)
+        self.dimension = manifest.dimension
+        if manifest.embeds:  # one output holds both answers: logits, then the embedding
+            activation = joined(activation, self.n_labels)
+            check_answer_room(self.responses.max_payload(), self.dimension)
         self.token_types = manifest.token_types
         started = None  # on a GPU: reports the graphs and returns the NVML monitor
         if runtime == "onnx":  # the session is made here, after any fork: ORT keeps threads
@@ -115,6 +122,10 @@ class Worker:
         else:
             if model is None:
                 model = load_model(spec.model_dir, "cpu")
+            if manifest.embeds:
+                from workers.model import Joined
+
+                model = Joined(model)
             self.cpu_model_ok = True  # a failure from here on is the device's, not the model's
             self.runner, started = make_runner(
                 spec, grid or (max_len,), model, self.ctl, activation
@@ -128,7 +139,6 @@ class Worker:
         delay_ns = int(spec.max_delay_ms * 1e6)
         overhead = self.runner.overhead_tokens
         self.batcher = Batcher(spec.max_batch, spec.max_batch_tokens, delay_ns, grid, overhead)
-        self.n_labels = len(manifest.labels)
         self.ctl.set("boot_ms", int((time.monotonic() - t0) * 1000))
         self.ctl.set("state", L.W_READY)
         self.ctl.beat()
@@ -163,17 +173,18 @@ class Worker:
         now = time.monotonic_ns()
         texts: list[str | tuple[str, str]] = []
         options: list[int] = []
-        keep: list[tuple[int, int]] = []
+        keep: list[tuple[int, int, bool]] = []
         bad: list[Answer] = []
         for msg_id, deadline, payload in msgs:
             opts, payload = split_options(payload)
             text = decode_payload(payload)
-            if text is None:
+            embed = bool(opts & L.OPT_EMBED)
+            if text is None or (embed and not self.dimension):  # the front-end checks first
                 bad.append(self.pack(msg_id, L.STATUS_BAD_REQUEST))
                 continue
             texts.append(text)
             options.append(opts)
-            keep.append((msg_id, deadline))
+            keep.append((msg_id, deadline, embed))
         if texts:
             # A pair goes through the tokenizer's own post-processor (special tokens, type ids);
             # a text over max_length is cut, refused or windowed (workers/longtext.py).
@@ -185,11 +196,11 @@ class Worker:
             self.send(bad)
         return len(msgs)
 
-    def admit(self, keep: list[tuple[int, int]], plans: list[Plan], now: int) -> list[Answer]:
+    def admit(self, keep: list[tuple[int, int, bool]], plans: list[Plan], now: int) -> list[Answer]:
         """Each plan's rows into the batcher; returns the refusals of texts that are too long."""
         refused: list[Answer] = []
         add = self.batcher.add
-        for (msg_id, deadline), plan in zip(keep, plans, strict=True):
+        for (msg_id, deadline, embed), plan in zip(keep, plans, strict=True):
             if plan.refusal is not None:
                 windows, limit = plan.refusal
                 head = L.pack_response(
@@ -200,9 +211,9 @@ class Worker:
             elif len(plan.pieces) == 1:
                 p = plan.pieces[0]
                 add(Item(msg_id, deadline, now, p.ids, types=p.types, tokens=plan.tokens,
-                         flags=plan.flags))  # fmt: skip
+                         flags=plan.flags, embed=embed))  # fmt: skip
             else:  # windows: one Whole answers once, when its last window is scored
-                whole = Whole(msg_id, plan.tokens, now, left=len(plan.pieces))
+                whole = Whole(msg_id, plan.tokens, now, left=len(plan.pieces), embed=embed)
                 whole.scores = [None] * len(plan.pieces)
                 for i, p in enumerate(plan.pieces):
                     add(Item(msg_id, deadline, now, p.ids, types=p.types, whole=whole, window=i))
@@ -234,8 +245,8 @@ class Worker:
             queued_us = (t0 - it.arrived_ns) // 1000
             cls = bucket_index(grid, len(it.ids))  # latency is reported by the text's own length
             out.append(
-                self.pack(it.msg_id, L.STATUS_OK, cls, probs[row], queued_us, model_us,
-                          it.flags, it.tokens)
+                self.pack(it.msg_id, L.STATUS_OK, cls, self.part(probs[row], it.embed),
+                          queued_us, model_us, it.flags, it.tokens, embed=it.embed)
             )  # fmt: skip
         ctl = self.ctl  # counted before the answers go: whoever sees one sees its batch counted
         ctl.add("requests", len(out))
@@ -259,13 +270,19 @@ class Worker:
         if whole.left:
             return None
         whole.done = True
-        combined = combine(whole.scores, self.activation)
+        parts = [self.part(row, whole.embed) for row in whole.scores]
+        # Embeddings: the mean of the window vectors (the contract's --long-text window).
+        combined = combine(parts, "softmax" if whole.embed else self.activation)
         cls = bucket_index(self.report_grid, self.longtext.max_length)
         queued_us = (t0 - whole.arrived_ns) // 1000 - whole.model_us + model_us
         return self.pack(
             whole.msg_id, L.STATUS_OK, cls, combined, max(0, queued_us), whole.model_us,
-            L.RSP_WINDOWED, whole.tokens, len(whole.scores),
+            L.RSP_WINDOWED, whole.tokens, len(whole.scores), embed=whole.embed,
         )  # fmt: skip
+
+    def part(self, row: Any, embed: bool) -> Any:
+        """A runner row's embedding (after the C scores) or its scores."""
+        return row[self.n_labels :] if embed else row[: self.n_labels]
 
     def pack(
         self,
@@ -278,10 +295,12 @@ class Worker:
         flags: int = 0,
         tokens: int = 0,
         windows: int = 0,
+        embed: bool = False,
     ) -> Answer:
         if probs is None:
             return (msg_id, L.pack_response(status), 0)
-        label = int(probs.argmax())
+        probs = np.ascontiguousarray(probs, dtype=np.float32)
+        label = 0 if embed else int(probs.argmax())
         head = L.pack_response(
             status, bucket, label, len(probs), queued_us, model_us, flags, windows, tokens
         )
@@ -310,6 +329,16 @@ class Worker:
             self.grow.append(b"\x01" * step)
         if HOOKS.batch_delay_ms:  # test-only: a slow batch, to hold a text between batches
             time.sleep(HOOKS.batch_delay_ms / 1000)
+
+
+def check_answer_room(max_payload: int, dimension: int) -> None:
+    """An embed model's answer (D floats) must fit the response ring, with room to wrap."""
+    need = L.RESPONSE_SIZE + 4 * dimension
+    if 2 * need > max_payload:
+        raise RuntimeError(
+            f"the model's {dimension}-float embeddings need {need} bytes an answer; the response "
+            f"ring holds {max_payload} (raise --ring-slots)"
+        )
 
 
 def _settle(whole: Whole) -> bool:
