@@ -33,6 +33,9 @@ RATE_WEIGHT_NS = 1_000_000_000  # a sample of this much busy time moves the esti
 # ON_TIME_STEP, so under a steady overload about 1% are late (ln(1/0.97) = 0.0305 is 100 x
 # 0.0003): the P99 holds. LATE_AT leaves a tenth to what the front-end does before admission and
 # after the answer (parsing, refusing, writing): measured ~100 ms at 5x overload (README).
+# The correction lasts as long as the backlog: once nothing is in flight it starts again at 1
+# (a stalled worker's late answers would otherwise keep a quiet server tight for thousands of
+# answers).
 LATE_AT = 0.9
 LATE_STEP = 0.97
 ON_TIME_STEP = 1.0003
@@ -396,6 +399,8 @@ class Dispatcher:
                 self.tighten = max(TIGHTEST, self.tighten * LATE_STEP)
             elif self.tighten < 1.0:
                 self.tighten = min(1.0, self.tighten * ON_TIME_STEP)
+        if not self.inflight:  # the queue ran dry: the correction belonged to that backlog
+            self.tighten = 1.0
         if self.on_result is not None:
             self.on_result(group, result, latency_ns)
         if group.remaining == 0:

@@ -320,6 +320,25 @@ def test_the_time_bound_refuses_once_the_estimated_wait_passes_max_queue_ms() ->
     assert d.submit([b"x" * 40], 0, Calls())
 
 
+def test_late_answers_tighten_the_time_bound_until_the_queue_runs_dry() -> None:
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=1000)
+    d.max_queue_ms = 1000
+    measured(d, w, clock, 10, 0.25)
+    d.submit([b"x" * 40] * 3, 0, Calls())
+    d.submit([b"x" * 40], 0, Calls())
+    clock.now += 2 * S  # answered two seconds after admission: late
+    w.ring, last = w.ring[:3], w.ring[3:]
+    w.answer()
+    d.on_answers(w)
+    assert d.tighten == 0.97**3  # three late answers, one still in flight
+    assert d.cost_limit() == d.rate() * 0.97**3  # type: ignore[operator]
+    w.ring = last
+    w.answer()
+    d.on_answers(w)  # late too, and the queue is now empty: the correction is over
+    assert d.tighten == 1.0 and d.cost_limit() == d.rate()
+
+
 def test_a_batch_request_takes_at_most_half_of_what_is_free() -> None:
     d, _ = dispatcher(Worker(), max_queue=100)
     done = Calls()
