@@ -12,10 +12,14 @@ from collections import Counter
 class Load:
     """`clients` threads post /v1/classify in a loop until stop(); records every outcome."""
 
-    def __init__(self, port: int, texts: list[str], clients: int = 6, batch: int = 1) -> None:
+    def __init__(
+        self, port: int, texts: list[str], clients: int = 6, batch: int = 1, pause_s: float = 0.0
+    ) -> None:
         self.port = port
         self.texts = texts
         self.batch = batch
+        self.pause_s = pause_s  # after each answer: a paced load rather than flat out
+        self.started = time.monotonic()
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
         self.outcomes: Counter[str] = Counter()
@@ -25,6 +29,7 @@ class Load:
         ]
 
     def __enter__(self) -> Load:
+        self.started = time.monotonic()
         for t in self.threads:
             t.start()
         return self
@@ -64,6 +69,8 @@ class Load:
                 time.sleep(0.05)  # a refused connection must not spin
             with self.lock:
                 self.outcomes[key] += 1
+            if self.pause_s:
+                self.stop_event.wait(self.pause_s)
         if conn is not None:
             conn.close()
 
@@ -74,6 +81,16 @@ class Load:
     def failed(self) -> int:
         with self.lock:
             return sum(v for k, v in self.outcomes.items() if k != "200")
+
+    def answered(self) -> Counter[str]:
+        """The statuses of the requests that got an answer (not the connection errors)."""
+        with self.lock:
+            return Counter({k: v for k, v in self.outcomes.items() if not k.startswith("exc")})
+
+    def unanswered(self) -> Counter[str]:
+        """Requests that got no answer, by exception."""
+        with self.lock:
+            return Counter({k: v for k, v in self.outcomes.items() if k.startswith("exc")})
 
     def wait_ok(self, more: int, timeout: float = 60.0) -> None:
         """Wait until `more` further requests have succeeded (proof the load is flowing)."""

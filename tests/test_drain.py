@@ -10,15 +10,14 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
-from collections import Counter
 
 import psutil
 import pytest
 
 from service.wire import encode_frame, parse_answers
 from tests.conftest import wait_for
+from tests.load import Load
 
 
 def post(conn: http.client.HTTPConnection, text: str) -> tuple[int, str | None, bytes]:
@@ -155,50 +154,6 @@ def test_binary_answers_owed_then_closes(start_server) -> None:  # type: ignore[
     assert srv.stop() == 0
 
 
-class Load:
-    """Client threads, each sending one request after another on a keep-alive connection until
-    the server stops taking them; every answer's status is counted."""
-
-    def __init__(self, port: int, texts: list[str], threads: int, pause_s: float) -> None:
-        self.port, self.texts, self.pause_s = port, texts, pause_s
-        self.codes: Counter[int] = Counter()
-        self.raced = 0  # a request sent as its idle connection closed: the client's to retry
-        self.stop = threading.Event()
-        self.started = time.monotonic()
-        self.threads = [threading.Thread(target=self.run, args=(k,)) for k in range(threads)]
-        for t in self.threads:
-            t.start()
-
-    def run(self, k: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            self.loop(conn, k)
-        finally:
-            conn.close()
-
-    def loop(self, conn: http.client.HTTPConnection, k: int) -> None:
-        i = k
-        while not self.stop.is_set():
-            try:
-                status, connection, _ = post(conn, self.texts[i % len(self.texts)])
-            except ConnectionRefusedError:
-                return  # the listener is closed: the drain began
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                self.raced += 1
-                conn.close()
-                continue  # a new connection: refused once the listener is closed
-            self.codes[status] += 1
-            if connection == "close":
-                conn.close()
-            i += len(self.threads)
-            self.stop.wait(self.pause_s)
-
-    def join(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-
-
 def events(log: str) -> list[dict[str, object]]:
     out = []
     for line in log.splitlines():
@@ -216,20 +171,20 @@ def test_a_signal_to_the_process_group_drains(start_server, sst2_texts, sig) -> 
     srv.wait_spares(1)
     tracker = [p for p in srv.children() if "resource_tracker" in " ".join(p.cmdline())]
     assert tracker, "multiprocessing's resource tracker (started with the zygote)"
-    load = Load(srv.port, sst2_texts, threads=4, pause_s=0.005)
-    try:
-        wait_for(lambda: sum(load.codes.values()) >= 200, 60, "load under way")
+    with Load(srv.port, sst2_texts, clients=4, pause_s=0.005) as load:
+        load.wait_ok(200)
         t0 = time.monotonic()
         os.killpg(srv.pid, sig)
         code = srv.proc.wait(30)
         took = time.monotonic() - t0
-    finally:
-        load.join()
-    rate = sum(load.codes.values()) / (t0 + took - load.started)
-    print(f"group {sig.name}: exit {code} after {took:.2f} s; answers {dict(load.codes)} "
-          f"({rate:.0f}/s), raced {load.raced}")  # fmt: skip
+    answered = load.answered()
+    rate = sum(answered.values()) / (t0 + took - load.started)
+    # Once the listener is closed the clients' new connections are refused (no answer); a
+    # request sent as its idle connection closed is the client's to retry.
+    print(f"group {sig.name}: exit {code} after {took:.2f} s; answers {dict(answered)} "
+          f"({rate:.0f}/s), unanswered {dict(load.unanswered())}")  # fmt: skip
     assert code == 0 and took < 20, (code, took)
-    assert set(load.codes) == {200}, load.codes
+    assert set(answered) == {"200"}, answered
     seen = events(srv.logs())
     at = next(i for i, e in enumerate(seen) if e.get("event") == "stopping")
     started = [e for e in seen[at:] if e.get("event") in ("worker_started", "zygote_started")]
@@ -246,18 +201,15 @@ def test_sighup_to_the_process_group_reloads_without_a_loss(start_server, sst2_t
     srv = start_server("--workers", "2", workers=2, own_group=True)
     srv.wait_spares(1)
     before = set(srv.worker_pids().values())
-    load = Load(srv.port, sst2_texts, threads=4, pause_s=0.005)
-    try:
-        wait_for(lambda: sum(load.codes.values()) >= 100, 60, "load under way")
+    with Load(srv.port, sst2_texts, clients=4, pause_s=0.005) as load:
+        load.wait_ok(100)
         os.killpg(srv.pid, signal.SIGHUP)
         wait_for(
             lambda: not before & set(srv.worker_pids().values()) and srv.ready_workers() == 2,
             60,
             "every worker replaced by the reload",
         )
-    finally:
-        load.join()
-    assert set(load.codes) == {200} and load.raced == 0, (load.codes, load.raced)
+    assert set(load.outcomes) == {"200"}, load.outcomes  # every request answered, and 200
     seen = events(srv.logs())
     died = [e for e in seen if e.get("event") == "worker_died" and e.get("exit_code") != 0]
     assert not died, died  # retired workers exit 0; none was killed by the signal
