@@ -25,6 +25,7 @@ from typing import Any
 
 from service.auth import OPEN_PATH
 from service.http import Exchange, HttpProtocol
+from service.kserve import MAX_TIMEOUT_US, VERSION, server_version
 from service.routes import ModelView, Router
 
 Schema = dict[str, Any]
@@ -103,14 +104,27 @@ BOOL: Schema = {"type": "boolean"}
 NUMBER: Schema = {"type": "number"}
 INT: Schema = {"type": "integer"}
 COUNT: Schema = {"type": "integer", "minimum": 0}
-# routes.encode_text: a string with something besides whitespace in it.
-TEXT: Schema = {"type": "string", "pattern": r"\S", "description": "not empty or only whitespace"}
+
+
+def not_blank() -> str:
+    """A regex for "has a character that is not whitespace", whitespace as routes.encode_text's
+    str.strip() counts it: spelled out, since a pattern's \\s (ECMA 262) counts otherwise (it
+    has U+FEFF, and not U+001C to U+001F or U+0085)."""
+    spaces = "".join(f"\\u{c:04x}" for c in range(0x10000) if chr(c).isspace())
+    return f"[^{spaces}]"
+
+
+def nullable(schema: Schema) -> Schema:
+    """An optional field the server reads with dict.get: null is as if it were left out."""
+    return {"anyOf": [schema, {"type": "null"}], "description": "null: as if left out"}
+
+
+TEXT: Schema = {"type": "string", "pattern": not_blank(), "description": "not only whitespace"}
 LONG_TEXT: Schema = {  # routes.long_text_prefix
-    "truncate": {
-        "type": "boolean",
-        "description": "true: cut a long text; false: refuse it (413)",
-    },
-    "truncation_direction": {"enum": ["left", "right"], "description": "right keeps the start"},
+    "truncate": nullable({"type": "boolean", "description": "true: cut; false: refuse (413)"}),
+    "truncation_direction": nullable(
+        {"enum": ["left", "right"], "description": "right keeps the start"}
+    ),
 }
 ERROR = obj(["error"], error=STRING)
 TOO_LONG = obj(
@@ -200,7 +214,7 @@ def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
         input={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
         model=STRING,
         encoding_format={"enum": ["float", "base64"]},
-        dimensions={"type": "integer", "minimum": 1, "maximum": d},
+        dimensions=nullable({"type": "integer", "minimum": 1, "maximum": d}),
         **LONG_TEXT,
     )
     vector = {"oneOf": [array(NUMBER, 1, d), {"type": "string", "contentEncoding": "base64"}]}
@@ -228,7 +242,7 @@ def document_list(f: Facts) -> Schema:
 
 
 def rerank_common(f: Facts) -> dict[str, Schema]:
-    return {"query": TEXT, "top_n": {"type": "integer", "minimum": 1}, **LONG_TEXT}
+    return {"query": TEXT, "top_n": nullable({"type": "integer", "minimum": 1}), **LONG_TEXT}
 
 
 def tei_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
@@ -406,30 +420,29 @@ def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
         datatype={"const": "BYTES"},
         shape={**array(COUNT, 1, 2), "prefixItems": [COUNT, {"const": 1}]},  # [N] or [N, 1]
         data=texts,
-        parameters=input_params,
+        parameters=nullable(input_params),
     )
     outputs = ["scores", "label", *(["embedding"] if f.embeds else [])]
     out_params = obj([], closed=False, binary_data=BOOL, classification=False, **no_shm)
-    tensor_out = obj(["name"], closed=False, name={"enum": outputs}, parameters=out_params)
+    tensor_out = obj(
+        ["name"], closed=False, name={"enum": outputs}, parameters=nullable(out_params)
+    )
     params = obj(
         [],
         closed=False,
         binary_data_output=BOOL,
-        timeout={
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 86_400_000_000,
-            "description": "microseconds",
-        },
+        timeout=nullable(
+            {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_US, "description": "µs"}
+        ),
         **LONG_TEXT,
     )
     request = obj(
         ["inputs"],
         closed=False,
-        id=STRING,
-        parameters=params,
+        id=nullable(STRING),
+        parameters=nullable(params),
         inputs=array(tensor_in, 1, 2),
-        outputs=array(tensor_out),
+        outputs=nullable(array(tensor_out)),
     )
     data = {"oneOf": [array(NUMBER), array(STRING)]}
     answered = obj(
@@ -746,8 +759,6 @@ def beyond_schema(op: Schema) -> Callable[[str], bool]:
 
 
 def facts(server: ModelView, key: bool) -> Facts:
-    from service.kserve import VERSION, server_version
-
     m, s = server.manifest, server.settings
     return Facts(
         model=server.model_name,

@@ -167,6 +167,32 @@ def test_kserve_parameters_are_checked(srv: ServerProc) -> None:
     assert srv.request("POST", "/v1/embeddings", {"input": "a", "model": "any"})[0] == 200
 
 
+def test_blank_as_the_server_counts_it() -> None:
+    """A text's "not only whitespace" is spelled out in the pattern as str.strip() counts it:
+    U+001C and U+0085 are blank to the server (a pattern's \\s would let them through) and
+    U+FEFF is not (\\s would refuse it)."""
+    import re
+
+    pattern = re.compile(openapi.TEXT["pattern"])
+    for text in ["\x1c", "\x85", " \u3000\t", "\ufeff", "a", " b ", "\u2028x"]:
+        assert bool(pattern.search(text)) == bool(text.strip()), repr(text)
+
+
+def test_null_is_as_if_left_out(srv: ServerProc) -> None:
+    """The document's nullable fields: the server reads them with dict.get."""
+    bodies = {
+        "/v1/classify": {"text": "a", "truncate": None, "truncation_direction": None},
+        "/v1/embeddings": {"input": "a", "dimensions": None},
+        "/v2/models/sst2-minilm/infer": {
+            "id": None, "parameters": {"timeout": None}, "outputs": None,
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"],
+                        "parameters": None}],
+        },
+    }  # fmt: skip
+    for path, body in bodies.items():
+        assert srv.request("POST", path, body)[0] == 200, path
+
+
 # -- the fuzzer -----------------------------------------------------------------------------------
 def test_schemathesis_from_the_document(srv: ServerProc, tmp_path: Path) -> None:
     """`schemathesis run` from the served document: every built-in check but two, which
