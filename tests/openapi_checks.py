@@ -1,15 +1,43 @@
-"""Schemathesis checks of our own, loaded by `schemathesis run` through SCHEMATHESIS_HOOKS
-(tests/test_openapi.py): what the built-in not_a_server_error and positive_data_acceptance
-check, with the exceptions the document itself states."""
+"""Schemathesis checks of our own, loaded by `schemathesis run` through SCHEMATHESIS_HOOKS:
+what the built-in not_a_server_error and positive_data_acceptance check, with the exceptions
+the document itself states; and `fuzz`, the run tests/test_openapi.py and test_auth.py make."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import schemathesis
 
 from service import openapi
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fuzz(url: str, examples: int, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`schemathesis run` from the document at `url`: all phases, every built-in check but the
+    two replaced here, one worker, nothing remembered between runs (a fresh seed each run,
+    printed in its summary)."""
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.openapi_checks", "PYTHONPATH": str(ROOT)}
+    cmd = [
+        str(Path(sys.executable).parent / "schemathesis"), "--no-color", "run", url,
+        "--checks", "all",
+        "--exclude-checks", "not_a_server_error,positive_data_acceptance",
+        "--max-examples", str(examples),
+        "--workers", "1",
+        "--generation-database", "none",
+        "--request-timeout", "60",
+        *extra,
+    ]  # fmt: skip
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
+
+
+def summary(run: subprocess.CompletedProcess[str]) -> str:
+    return run.stdout[run.stdout.find("=== SUMMARY") :]
 
 
 def _body(response: Any) -> dict[str, Any]:

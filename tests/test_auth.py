@@ -407,3 +407,15 @@ def test_openapi_document_names_the_key_and_the_ports(operated: ServerProc) -> N
     validate(ops)
     assert set(ops["paths"]) == {"/metrics", "/v1/stats", "/dashboard", "/openapi.json"}
     assert "components" not in ops and "401" not in ops["paths"]["/metrics"]["get"]["responses"]
+
+
+def test_schemathesis_with_the_key(operated: ServerProc, tmp_path: Path) -> None:
+    """The fuzzer from the keyed document, with the key: its ignored_auth check also sends each
+    request without it (and with a wrong one) and wants the documented 401."""
+    from tests.openapi_checks import fuzz, summary
+
+    docs = f"http://127.0.0.1:{operated.port}/openapi.json"
+    run = fuzz(docs, 5, tmp_path, "-H", f"Authorization: Bearer {KEY}", "--phases",
+               "examples,coverage,fuzzing")  # fmt: skip
+    assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
+    assert " passed" in summary(run) and KEY not in operated.logs()

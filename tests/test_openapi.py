@@ -15,8 +15,6 @@ import asyncio
 import copy
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,8 @@ from openapi_spec_validator import validate
 
 from service import openapi
 from service.settings import Config
-from tests.conftest import ROOT, ServerProc, wait_for
+from tests.conftest import ServerProc, wait_for
+from tests.openapi_checks import fuzz, summary
 
 INPUTS = int(os.environ.get("RINGSERVE_FUZZ_EXAMPLES", "1200"))
 EXAMPLES = max(25, INPUTS // 100)
@@ -197,24 +196,10 @@ def test_null_is_as_if_left_out(srv: ServerProc) -> None:
 def test_schemathesis_from_the_document(srv: ServerProc, tmp_path: Path) -> None:
     """`schemathesis run` from the served document: every built-in check but two, which
     tests/openapi_checks.py replaces with the document's own exceptions."""
-    report = tmp_path / "report"
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.openapi_checks", "PYTHONPATH": str(ROOT)}
-    cmd = [
-        str(Path(sys.executable).parent / "schemathesis"), "--no-color", "run",
-        url(srv, "/openapi.json"),
-        "--checks", "all",
-        "--exclude-checks", "not_a_server_error,positive_data_acceptance",
-        "--max-examples", str(EXAMPLES),
-        "--workers", "1",
-        "--generation-database", "none",
-        "--request-timeout", "60",
-        "--report", "junit", "--report-dir", str(report),
-    ]  # fmt: skip
-    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600)
-    summary = run.stdout[run.stdout.find("=== SUMMARY") :]
-    print(f"\nschemathesis, {EXAMPLES} examples an operation:\n{summary[-1500:]}")
+    run = fuzz(url(srv, "/openapi.json"), EXAMPLES, tmp_path)
+    print(f"\nschemathesis, {EXAMPLES} examples an operation:\n{summary(run)[-1500:]}")
     assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
-    assert "generated" in summary and " passed" in summary
+    assert "generated" in summary(run) and " passed" in summary(run)
     pids = srv.worker_pids()
     wait_for(lambda: srv.request("GET", "/v2/health/ready")[0] == 200, 30, "ready after")
     assert srv.classify(REFERENCE)["label"] in ("positive", "negative")
