@@ -131,6 +131,28 @@ def test_planted_divergence_is_caught(srv: ServerProc, doc: dict[str, Any]) -> N
     assert not schemathesis.openapi.from_dict(lacking)["/v1/model"]["GET"].is_valid_response(model)
 
 
+def test_planted_divergence_fails_the_fuzzer(
+    srv: ServerProc, doc: dict[str, Any], tmp_path: Path
+) -> None:
+    """The same run as test_schemathesis_from_the_document, from a document that lacks one field
+    /v1/model answers: it fails, naming the schema check."""
+    lacking = copy.deepcopy(doc)
+    schema = lacking["paths"]["/v1/model"]["get"]["responses"]["200"]["content"]
+    body = schema["application/json"]["schema"]
+    del body["properties"]["runtime"]
+    body["required"].remove("runtime")
+    path = tmp_path / "lacking.json"
+    path.write_text(json.dumps(lacking))
+    base = url(srv, "")
+    run = fuzz(str(path), 3, tmp_path, "--url", base, "--include-path", "/v1/model")
+    assert run.returncode != 0 and "runtime" in run.stdout, run.stdout[-3000:]
+    assert "Response violates schema" in run.stdout, run.stdout[-3000:]
+    path.write_text(json.dumps(doc))  # and the true document passes the same run
+    assert (
+        fuzz(str(path), 3, tmp_path, "--url", base, "--include-path", "/v1/model").returncode == 0
+    )
+
+
 # -- what the fuzzer found ------------------------------------------------------------------------
 def test_refusals_of_inference_routes_carry_latency(srv: ServerProc) -> None:
     """The contract's x-latency-ms on every inference answer: /v1 and the task routes' 400s
