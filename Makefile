@@ -39,9 +39,9 @@ lint: install-test
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The long fuzz run (100,000+ inputs): see README.
+# The long fuzz run (100,000+ inputs; Schemathesis 1,000 examples an operation): see README.
 fuzz: install-test
-	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/test_fuzz.py -q -p no:randomly
+	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/test_fuzz.py tests/test_openapi.py -q -p no:randomly
 
 $(VENV)/.installed-bench: $(VENV)/.installed pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[bench]'

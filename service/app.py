@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from service import metrics
+from service import metrics, openapi
 from service.admission import Admission
 from service.auth import ApiKey, guard_http
 from service.binary import BinaryServerState
@@ -155,10 +155,7 @@ class Server:
 
     async def start_listeners(self) -> None:
         s = self.settings
-        router = Router(self)
-        v1_routes(router)
-        task_routes(router)
-        self.add_routes(router)
+        router = self.inference_router()
         route = router if self.api_key is None else guard_http(self.api_key, router)
         self.http_state = HttpServerState(s, route, self.count)
         state = self.http_state
@@ -188,6 +185,7 @@ class Server:
         s = self.settings
         router = Router(self)
         metrics.register(router, self)
+        openapi.register(router, key=False)
         state = HttpServerState(s, router, self.count)
         state.access_log = self.http_state.access_log if self.http_state else None
         host = s.operator_host or s.host
@@ -217,6 +215,15 @@ class Server:
                 return False
             await asyncio.sleep(0.02)
         return True
+
+    def inference_router(self) -> Router:
+        """Every route of the inference port, /openapi.json last: it documents the others."""
+        router = Router(self)
+        v1_routes(router)
+        task_routes(router)
+        self.add_routes(router)
+        openapi.register(router, key=self.api_key is not None)
+        return router
 
     def add_routes(self, router: Router) -> None:
         from service import kserve

@@ -22,7 +22,7 @@ import numpy as np
 from service.admission import latency_header
 from service.dispatcher import Result
 from service.http import Exchange, HttpError, HttpProtocol
-from service.routes import ModelView, Router, encode_text, long_text_prefix
+from service.routes import ModelView, Router, as_integer, encode_text, long_text_prefix
 from service.tasks import vectors
 from shm import layout as L
 
@@ -211,9 +211,10 @@ def as_dict(value: Any, where: str) -> dict[str, Any]:
 
 
 def as_size(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    size = as_integer(value)
+    if size is None or size < 0:
         raise HttpError(400, f"{where} must be a non-negative integer")
-    return value
+    return size
 
 
 def check_shape(shape: Any) -> int:
@@ -322,7 +323,9 @@ def read_outputs(doc: dict[str, Any], embeds: bool = False) -> list[tuple[str, b
     """(name, binary) for each output to answer, in the order asked for. An embed model's
     `embedding` is answered alone (the worker answers a text's vector or its scores)."""
     params = as_dict(doc.get("parameters"), "parameters")
-    default = bool(params.get("binary_data_output", False))
+    default = params.get("binary_data_output", False)
+    if not isinstance(default, bool):
+        raise HttpError(400, "parameters.binary_data_output must be true or false")
     asked = doc.get("outputs")
     if not asked:
         return [(name, default) for name in OUTPUTS]
@@ -339,19 +342,31 @@ def read_outputs(doc: dict[str, Any], embeds: bool = False) -> list[tuple[str, b
         out_params = as_dict(spec.get("parameters"), "output parameters")
         if "shared_memory_region" in out_params or "classification" in out_params:
             raise HttpError(400, "shared-memory and classification outputs are not supported")
-        wanted.append((spec["name"], bool(out_params.get("binary_data", default))))
+        binary = out_params.get("binary_data", default)
+        if not isinstance(binary, bool):
+            raise HttpError(400, "output parameters.binary_data must be true or false")
+        wanted.append((spec["name"], binary))
     if len(wanted) > 1 and any(w == EMBEDDING for w, _ in wanted):
         raise HttpError(400, "ask for output embedding alone, or for scores and label")
     return wanted
 
 
+MAX_TIMEOUT_US = 86_400_000_000  # a day, as X-Request-Timeout-Ms allows
+
+
 def request_deadline(server: ModelView, ex: Exchange, doc: dict[str, Any]) -> int | None:
-    """Triton's `timeout` parameter (microseconds), unless X-Request-Timeout-Ms says otherwise."""
-    timeout_us = as_dict(doc.get("parameters"), "parameters").get("timeout")
-    if timeout_us is None or b"x-request-timeout-ms" in ex.headers:
+    """Triton's `timeout` parameter (microseconds), unless X-Request-Timeout-Ms says otherwise;
+    checked either way, so a bad one is refused whatever the header says."""
+    raw = as_dict(doc.get("parameters"), "parameters").get("timeout")
+    if raw is None:
         return None  # Admission.submit takes the header's or the default deadline
-    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0:
-        raise HttpError(400, "parameters.timeout must be a positive integer (microseconds)")
+    timeout_us = as_integer(raw)
+    if timeout_us is None or not 0 < timeout_us <= MAX_TIMEOUT_US:
+        raise HttpError(
+            400, f"parameters.timeout must be an integer from 1 to {MAX_TIMEOUT_US} (microseconds)"
+        )
+    if b"x-request-timeout-ms" in ex.headers:
+        return None
     return ex.done_ns + timeout_us * 1000
 
 

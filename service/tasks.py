@@ -21,7 +21,9 @@ from service.http import Exchange, HttpError, HttpProtocol
 from service.routes import (
     ModelView,
     Router,
+    as_integer,
     encode_text,
+    inference,
     long_text_prefix,
     pair_payloads,
     parse_json,
@@ -33,6 +35,8 @@ def _object(ex: Exchange) -> dict[str, Any]:
     doc = parse_json(ex)
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
+    if not isinstance(doc.get("model", ""), str):  # OpenAI's and Cohere's name the model
+        raise HttpError(400, "model must be a string")
     return doc
 
 
@@ -114,9 +118,10 @@ def _dimensions(doc: dict[str, Any], dimension: int) -> int:
     keep = doc.get("dimensions")
     if keep is None:
         return 0
-    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= dimension:
+    n = as_integer(keep)
+    if n is None or not 1 <= n <= dimension:
         raise HttpError(400, f"dimensions must be an integer from 1 to the model's {dimension}")
-    return keep
+    return n
 
 
 def openai_embeddings(
@@ -178,9 +183,10 @@ def _top_n(doc: dict[str, Any], n: int) -> int:
     top = doc.get("top_n")
     if top is None:
         return n
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+    k = as_integer(top)
+    if k is None or k < 1:
         raise HttpError(400, "top_n must be a positive integer")
-    return min(top, n)
+    return min(k, n)
 
 
 def _flag(doc: dict[str, Any], key: str) -> bool:
@@ -262,7 +268,7 @@ def cohere_rerank(
 
 def task_routes(router: Router) -> None:
     s = router.server
-    router.add("POST", "/v1/embeddings", lambda c, e, p: openai_embeddings(s, c, e, p))
-    router.add("POST", "/embed", lambda c, e, p: tei_embed(s, c, e, p))
-    router.add("POST", "/rerank", lambda c, e, p: tei_rerank(s, c, e, p))
-    router.add("POST", "/v1/rerank", lambda c, e, p: cohere_rerank(s, c, e, p))
+    router.add("POST", "/v1/embeddings", inference(s, openai_embeddings))
+    router.add("POST", "/embed", inference(s, tei_embed))
+    router.add("POST", "/rerank", inference(s, tei_rerank))
+    router.add("POST", "/v1/rerank", inference(s, cohere_rerank))

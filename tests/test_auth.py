@@ -384,3 +384,38 @@ def test_dashboard_on_operator_port(operated: ServerProc, tmp_path: Path) -> Non
         assert not browser.errors, browser.errors
     finally:
         browser.close()
+
+
+def test_openapi_document_names_the_key_and_the_ports(operated: ServerProc) -> None:
+    """With a key, /openapi.json needs it and documents it (401 and the bearer scheme on every
+    route but the probes); with --operator-port each port documents only its own routes."""
+    from openapi_spec_validator import validate
+
+    assert operated.request("GET", "/openapi.json")[0] == 401
+    status, _, body = operated.request("GET", "/openapi.json", headers=bearer(KEY))
+    doc = json.loads(body)
+    validate(doc)
+    assert status == 200 and doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    classify = doc["paths"]["/v1/classify"]["post"]
+    assert "401" in classify["responses"] and classify["security"] == [{"bearer": []}]
+    for probe in ("/v2/health/live", "/v2/health/ready", "/v2/models/{model}/ready"):
+        op = doc["paths"][probe]["get"]
+        assert "401" not in op["responses"] and "security" not in op, probe
+    assert not {"/metrics", "/v1/stats", "/dashboard"} & set(doc["paths"])
+    status, body = operator_request(operated, "/openapi.json")
+    ops = json.loads(body)
+    validate(ops)
+    assert set(ops["paths"]) == {"/metrics", "/v1/stats", "/dashboard", "/openapi.json"}
+    assert "components" not in ops and "401" not in ops["paths"]["/metrics"]["get"]["responses"]
+
+
+def test_schemathesis_with_the_key(operated: ServerProc, tmp_path: Path) -> None:
+    """The fuzzer from the keyed document, with the key: its ignored_auth check also sends each
+    request without it (and with a wrong one) and wants the documented 401."""
+    from tests.openapi_checks import fuzz, summary
+
+    docs = f"http://127.0.0.1:{operated.port}/openapi.json"
+    run = fuzz(docs, 5, tmp_path, "-H", f"Authorization: Bearer {KEY}", "--phases",
+               "examples,coverage,fuzzing")  # fmt: skip
+    assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
+    assert " passed" in summary(run) and KEY not in operated.logs()
