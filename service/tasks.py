@@ -23,6 +23,7 @@ from service.routes import (
     Router,
     encode_text,
     long_text_prefix,
+    needs_task,
     pair_payloads,
     parse_json,
 )
@@ -34,15 +35,6 @@ def _object(ex: Exchange) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
     return doc
-
-
-def needs_task(server: ModelView, task: str) -> None:
-    """400 naming the model's tasks when it does not do `task`."""
-    tasks = server.manifest.task
-    if task not in tasks:
-        raise HttpError(
-            400, f"model {server.model_name} does not {task}; its tasks: {', '.join(tasks)}"
-        )
 
 
 def text_list(value: Any, where: str, limit: int, one_ok: bool = True) -> list[bytes]:
