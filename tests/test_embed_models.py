@@ -316,3 +316,21 @@ def test_served_kserve_and_tasks_it_does_not_do(built: Built, served: ServerProc
             "outputs": [{"name": "scores"}]}  # fmt: skip
     status, doc = post(served, f"/v2/models/{model}/infer", body)
     assert status == 400 and "the model gives embedding" in doc["error"], doc
+
+
+def test_the_default_encoders_own_directory(tmp_path: Path) -> None:
+    """The installed all-MiniLM-L6-v2 is a real sentence-transformers directory (the older
+    pooling_mode_* keys, max_seq_length in sentence_bert_config.json, no 2_Normalize folder):
+    exported as it is, it answers what its own `encode` does."""
+    from sentence_transformers import SentenceTransformer
+
+    art = exported(default_encoder_dir(), tmp_path / "minilm")
+    m = load_manifest(art)
+    assert (m.task, m.dimension, m.normalize, m.max_length) == (["embed"], 384, True, 256)
+    with torch.no_grad():
+        want = SentenceTransformer(str(default_encoder_dir()), device="cpu").encode(
+            TEXTS, batch_size=1, convert_to_numpy=True
+        )
+    for runtime in ("torch", "onnx"):
+        got = runner_vectors(art, runtime, TEXTS)
+        np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
