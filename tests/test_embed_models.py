@@ -281,11 +281,19 @@ def test_served_http_answers_match(built: Built, served: ServerProc) -> None:
     assert info["labels"] == [] and info["runtime"] == "onnx"
 
 
+def embedded(server: ServerProc) -> int:
+    _, _, data = server.request("GET", "/v1/stats")
+    n: int = json.loads(data)["totals"]["tasks"]["embed"]
+    return n
+
+
 def test_served_binary_protocol_answers_d_floats(built: Built, served: ServerProc) -> None:
     """The contract: an embed model answers n = D floats, normalized as its pipeline does."""
     pooling, _ = ST_DIRS[SERVED]
+    before = embedded(served)
     with BinaryClient("127.0.0.1", served.binary_port, timeout=120) as client:
         answers = client.classify_many(TEXTS)
+    assert embedded(served) - before == len(TEXTS)  # counted as embeddings
     assert all(a.status == OK and a.label_id == 0 for a in answers)
     got = np.array([a.scores for a in answers], dtype=np.float64)
     assert got.shape == (len(TEXTS), 1024)

@@ -319,16 +319,28 @@ def test_the_cuda_code_path_embeds(start_server: Any, want: Any) -> None:
     assert len(answer["results"]) == len(TEXTS)
 
 
-def test_stats_count_embeddings(server: ServerProc) -> None:
-    def embedded() -> int:
-        _, _, data = server.request("GET", "/v1/stats")
-        n: int = json.loads(data)["totals"]["tasks"]["embed"]
-        return n
+def test_stats_and_metrics_count_embeddings(server: ServerProc) -> None:
+    """Every route that embeds counts its texts under task embed, in /v1/stats and /metrics;
+    a classification on the same model counts under classify."""
 
-    before = embedded()
+    def counts() -> dict[str, int]:
+        _, _, data = server.request("GET", "/v1/stats")
+        tasks: dict[str, int] = json.loads(data)["totals"]["tasks"]
+        return tasks
+
+    before = counts()
     assert post(server, "/v1/embeddings", {"input": ["a", "b", "c"]})[0] == 200
     assert post(server, "/embed", {"inputs": "d"})[0] == 200
-    assert embedded() - before == 4
+    infer = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["e", "f"]}],
+             "outputs": [{"name": "embedding"}]}  # fmt: skip
+    assert post(server, "/v2/models/sst2-minilm/infer", infer)[0] == 200
+    server.classify(["g", "h", "i", "j"])
+    after = counts()
+    assert after["embed"] - before["embed"] == 6
+    assert after["classify"] - before["classify"] == 4
+    _, _, data = server.request("GET", "/metrics")
+    line = f'ringserve_task_texts_total{{task="embed"}} {after["embed"]}'
+    assert line in data.decode(), data.decode()[:2000]
 
 
 def test_a_worker_refuses_a_response_ring_too_small_for_its_embeddings() -> None:
