@@ -146,6 +146,13 @@ class Server:
         if s.precision == "int8" and not on_gpu:
             self.log.warning("int8_cost", **self.manifest.int8)
             cost = self.manifest.int8
+            if "min_cosine" in cost:  # an embed-only model: how far int8 turns its vectors
+                print(
+                    f"ringserve: --precision int8: cosine to fp32 at least {cost['min_cosine']} "
+                    f"(mean {cost.get('mean_cosine')}) on {cost.get('texts')} held-out texts",
+                    file=sys.stderr,
+                )
+                return
             print(
                 f"ringserve: --precision int8: accuracy cost {cost.get('accuracy_cost')} "
                 f"({cost.get('accuracy_fp32')} -> {cost.get('accuracy_int8')}), same decision "
@@ -330,8 +337,16 @@ class Server:
         except ArtifactError as exc:
             self.log.error("reload_refused", reason=str(exc), by=reason)
             return str(exc)
-        if manifest.labels != self.manifest.labels:
-            msg = "reload refused: the new artifact's labels differ (restart the server instead)"
+        old = self.manifest
+        if (manifest.labels, manifest.task, manifest.dimension) != (
+            old.labels,
+            old.task,
+            old.dimension,
+        ):
+            msg = (
+                "reload refused: the new artifact's labels, tasks or dimension differ "
+                "(restart the server instead)"
+            )
             self.log.error("reload_refused", reason=msg, by=reason)
             return msg
         if self.draining:  # began while the artifact was being read

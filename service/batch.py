@@ -32,6 +32,7 @@ from service.logs import EventLog
 from service.routes import long_text_fields
 from service.settings import BY_NAME, Config
 from service.supervisor import Supervisor
+from service.tasks import float_json
 from shm import layout as L
 from shm import segment
 
@@ -161,6 +162,8 @@ class Results:
             vec = row["scores"].astype(np.float64)
             if self.embed[1]:
                 vec /= max(float(np.linalg.norm(vec)), 1e-12)
+            if not row["flags"]:  # the common line, formatted in one C call (tasks.py)
+                return b'{"embedding":%s}\n' % float_json(vec)
             doc = {"embedding": vec.astype(np.float32).tolist()}
         else:
             label = int(row["label"])
@@ -401,6 +404,7 @@ class BatchJob:
         return self.report(progress, total_done + self.done, rate)
 
     def report(self, progress: Progress, done: int, rate: float) -> int:
+        """The summary line (stderr); `done` counts the lines a --resume found finished."""
         finished = self.results.written == self.n
         bad = self.results.errors() if self.results.npy else 0
         self.results.close(finished)
@@ -411,6 +415,7 @@ class BatchJob:
         summary = {
             "lines": self.n,
             "scored": done,  # finished lines, in the output or kept for --resume
+            "resumed": progress.start_done,  # of them, finished before this run began
             "written": self.results.written,
             "errors": bad,
             "texts_per_s": round(rate, 1),

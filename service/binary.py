@@ -17,6 +17,8 @@ import time
 from functools import partial
 from typing import Protocol
 
+import numpy as np
+
 from service.admission import STATUS_HTTP
 from service.auth import AUTH_OK, ApiKey, read_auth_frame
 from service.dispatcher import Dispatcher, Result, text_cost
@@ -24,6 +26,7 @@ from service.logs import EventLog
 from service.settings import Config
 from service.wire import LENGTH, TAG, encode_answer, status_answer
 from shm import layout as L
+from workers.artifact import Manifest
 
 
 class BinaryHost(Protocol):
@@ -33,6 +36,7 @@ class BinaryHost(Protocol):
     binary_state: BinaryServerState | None  # set here: the drain closes these connections
     dispatcher: Dispatcher
     draining: bool
+    manifest: Manifest
 
     @property
     def api_key(self) -> ApiKey | None: ...
@@ -46,6 +50,7 @@ class BinaryHost(Protocol):
 
 
 STATUSES = (L.STATUS_OK, L.STATUS_BAD_REQUEST, L.STATUS_OVERLOADED, L.STATUS_DEADLINE)
+EMBED = L.OPTIONS_MARK + bytes([L.OPT_EMBED])  # ask the worker for the text's vector
 
 
 class BinaryServerState:
@@ -236,7 +241,13 @@ class BinaryProtocol(asyncio.Protocol):
         k = d.room(costs, whole=False)
         if k:
             deadline = time.monotonic_ns() + self.timeout_ns  # from the frame's arrival
-            d.admit(texts[:k], costs[:k], deadline, partial(self.answer, tags[:k]), "binary")
+            m = self.server.manifest
+            if m.embed_only:  # the contract: an embed model answers n = D floats
+                texts = [EMBED + t for t in texts[:k]]
+                done = partial(self.answer, tags[:k], unit=m.normalize)
+                d.admit(texts, costs[:k], deadline, done, "binary", "embed")
+            else:  # a model that classifies answers its scores, as before
+                d.admit(texts[:k], costs[:k], deadline, partial(self.answer, tags[:k]), "binary")
             self.owed += k
         if k < len(tags):
             self.refuse(tags[k:])
@@ -247,12 +258,15 @@ class BinaryProtocol(asyncio.Protocol):
         self.send(answers, 503, len(tags))
 
     # -- answers --------------------------------------------------------------------------------
-    def answer(self, tags: list[int], results: list[Result]) -> None:
+    def answer(self, tags: list[int], results: list[Result], unit: bool = False) -> None:
+        """Write a group's answers; `unit`: embeddings, L2-normalized as the model's own
+        pipeline does (manifest `normalize`)."""
         out: list[bytes] = []
         failed: list[int] = []  # the codes of the answers that are not ok
         for tag, r in zip(tags, results, strict=True):
             if r.status == L.STATUS_OK and r.scores is not None:
-                out.append(encode_answer(tag, L.STATUS_OK, r.label_id, r.scores.tobytes(), r.flags))
+                scores = unit_vector(r.scores) if unit else r.scores
+                out.append(encode_answer(tag, L.STATUS_OK, r.label_id, scores.tobytes(), r.flags))
             else:
                 status = r.status if r.status in STATUSES else L.STATUS_INTERNAL
                 if r.status == L.STATUS_TOO_LONG:  # the contract's "bad request" (status 1)
@@ -314,6 +328,13 @@ class BinaryProtocol(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.close()
+
+
+def unit_vector(vec: np.ndarray) -> np.ndarray:
+    """`vec` L2-normalized, computed in float64 as the HTTP routes do (service/tasks.py)."""
+    v = np.asarray(vec, dtype=np.float64)
+    out: np.ndarray = (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
+    return out
 
 
 def valid_text(text: bytes) -> bool:

@@ -99,8 +99,7 @@ def model_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[
             {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True},
         ],
         "outputs": [
-            {"name": "scores", "datatype": "FP32", "shape": [-1, len(server.labels)]},
-            {"name": "label", "datatype": "BYTES", "shape": [-1]},
+            *class_outputs(server, "datatype", ("FP32", "BYTES"), "shape"),
             *embedding_output(server, "datatype", "FP32", "shape"),
         ],
         "parameters": task_parameters(server) | {"activation": server.manifest.activation},
@@ -120,8 +119,7 @@ def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[st
             {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
         ],
         "output": [
-            {"name": "scores", "data_type": "TYPE_FP32", "dims": [-1, len(server.labels)]},
-            {"name": "label", "data_type": "TYPE_STRING", "dims": [-1]},
+            *class_outputs(server, "data_type", ("TYPE_FP32", "TYPE_STRING"), "dims"),
             *embedding_output(server, "data_type", "TYPE_FP32", "dims"),
         ],
         "parameters": {k: {"string_value": str(v)} for k, v in task_parameters(server).items()}
@@ -131,6 +129,18 @@ def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[st
         },
     }
     respond_json(conn, ex, doc)
+
+
+def class_outputs(
+    server: ModelView, kind: str, types: tuple[str, str], dims: str
+) -> list[dict[str, Any]]:
+    """`scores` and `label`, for a model that classifies (an embed-only one gives neither)."""
+    if server.manifest.embed_only:
+        return []
+    return [
+        {"name": "scores", kind: types[0], dims: [-1, len(server.labels)]},
+        {"name": "label", kind: types[1], dims: [-1]},
+    ]
 
 
 def embedding_output(server: ModelView, kind: str, fp32: str, dims: str) -> list[dict[str, Any]]:
@@ -319,20 +329,23 @@ def read_texts(server: ModelView, doc: dict[str, Any], blob: memoryview) -> list
     return [t + L.PAIR_SEPARATOR + p for t, p in zip(texts, pairs, strict=True)]
 
 
-def read_outputs(doc: dict[str, Any], embeds: bool = False) -> list[tuple[str, bool]]:
+def read_outputs(
+    doc: dict[str, Any], embeds: bool = False, embed_only: bool = False
+) -> list[tuple[str, bool]]:
     """(name, binary) for each output to answer, in the order asked for. An embed model's
-    `embedding` is answered alone (the worker answers a text's vector or its scores)."""
+    `embedding` is answered alone (the worker answers a text's vector or its scores); an
+    embed-only model has no other output."""
     params = as_dict(doc.get("parameters"), "parameters")
     default = params.get("binary_data_output", False)
     if not isinstance(default, bool):
         raise HttpError(400, "parameters.binary_data_output must be true or false")
     asked = doc.get("outputs")
+    known = (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
     if not asked:
-        return [(name, default) for name in OUTPUTS]
+        return [(name, default) for name in (known if embed_only else OUTPUTS)]
     if not isinstance(asked, list):
         raise HttpError(400, "outputs must be a list")
     wanted: list[tuple[str, bool]] = []
-    known = (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
     for spec in asked:
         if not isinstance(spec, dict) or spec.get("name") not in known:
             name = spec.get("name") if isinstance(spec, dict) else spec
@@ -444,7 +457,7 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     texts = read_texts(server, doc, blob)
     prefix = long_text_prefix(as_dict(doc.get("parameters"), "parameters"), "parameters.")
     m = server.manifest
-    wanted = read_outputs(doc, m.embeds)
+    wanted = read_outputs(doc, m.embeds, m.embed_only)
     if wanted[0][0] == EMBEDDING:  # the worker answers each text's vector (layout OPT_EMBED)
         prefix = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
     if prefix:

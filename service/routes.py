@@ -121,10 +121,20 @@ def result_doc(labels: list[str], r: Result) -> dict[str, Any]:
     return doc
 
 
+def needs_task(server: ModelView, task: str) -> None:
+    """400 naming the model's tasks when it does not do `task`."""
+    tasks = server.manifest.task
+    if task not in tasks:
+        raise HttpError(
+            400, f"model {server.model_name} does not {task}; its tasks: {', '.join(tasks)}"
+        )
+
+
 def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = parse_json(ex)
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
+    needs_task(server, "classify")
     labels = server.labels
     if "text" in doc and "texts" not in doc:
         if "text_pairs" in doc:

@@ -11,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from tests.conftest import DATA, ROOT, ServerProc, wait_for
 
 BAD = {b"": "text is empty", b"  \t ": "text is empty", b"\xc3\x28 x": "text is not valid UTF-8"}
@@ -99,16 +102,11 @@ def test_batch_jsonl_and_tsv_inputs(tmp_path: Path, server: ServerProc) -> None:
     assert max(abs(a - b) for a, b in zip(want["scores"], mine["scores"], strict=True)) <= 1e-5
 
 
-def test_ctrl_c_leaves_valid_output_and_resume_finishes(tmp_path: Path, server: ServerProc) -> None:
-    texts = column(DATA / "sst2" / "sample.tsv", 700, skip=600)
-    src = tmp_path / "long.txt"
-    src.write_bytes(b"\n".join(texts) + b"\n")
-    out = tmp_path / "out.jsonl"
-    log = tmp_path / "batch.log"
+def interrupt(src: Path, out: Path, log: Path, *extra: str) -> None:
+    """Start a batch, SIGINT it once its first answers are in, and wait for its exit 130."""
     with open(log, "wb") as f:
-        proc = subprocess.Popen(
-            batch_cmd(src, out, "--progress-every-s", "0.1"), cwd=ROOT, stdout=f, stderr=f
-        )
+        cmd = batch_cmd(src, out, "--progress-every-s", "0.1", *extra)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=f)
 
     def started() -> bool:
         progress = [ln for ln in log.read_text().splitlines() if " texts/s" in ln]
@@ -121,6 +119,15 @@ def test_ctrl_c_leaves_valid_output_and_resume_finishes(tmp_path: Path, server: 
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_ctrl_c_leaves_valid_output_and_resume_finishes(tmp_path: Path, server: ServerProc) -> None:
+    texts = column(DATA / "sst2" / "sample.tsv", 700, skip=600)
+    src = tmp_path / "long.txt"
+    src.write_bytes(b"\n".join(texts) + b"\n")
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "batch.log"
+    interrupt(src, out, log)
     partial = out.read_text().splitlines()
     assert len(partial) < len(texts)
     for line in partial:  # a valid prefix: whole JSON lines only
@@ -135,3 +142,38 @@ def test_ctrl_c_leaves_valid_output_and_resume_finishes(tmp_path: Path, server: 
     assert not Path(str(out) + ".state.json").exists()
     sample = list(range(0, len(texts), 50))
     check_against_server(server, [texts[i] for i in sample], [got[i] for i in sample])
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".npy"])
+def test_embed_resume_finishes_what_ctrl_c_left(
+    tmp_path: Path, server: ServerProc, suffix: str
+) -> None:
+    """--task embed, stopped by Ctrl-C and resumed: the lines done before the stop are not
+    scored again, and the output holds every line's vector, as /v1/embeddings gives it."""
+    texts = column(DATA / "sst2" / "sample.tsv", 700, skip=600)
+    src = tmp_path / "long.txt"
+    src.write_bytes(b"\n".join(texts) + b"\n")
+    out = tmp_path / f"out{suffix}"
+    interrupt(src, out, tmp_path / "batch.log", "--task", "embed")
+    done = int(np.count_nonzero(np.load(str(out) + ".state.npy")["status"] == 1))
+    assert 0 < done < len(texts)
+    if suffix == ".jsonl":
+        assert all("embedding" in json.loads(line) for line in out.read_text().splitlines())
+    else:
+        assert not out.exists()  # the matrix is written whole at the end
+    run = run_batch(src, out, "--task", "embed", "--resume")
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stderr.strip().splitlines()[-1])
+    # Only what the stop left was scored again.
+    assert summary["resumed"] == done and summary["errors"] == 0
+    if suffix == ".jsonl":
+        got = np.array([json.loads(line)["embedding"] for line in out.read_text().splitlines()])
+    else:
+        got = np.load(out)
+    assert got.shape == (len(texts), 384) and not Path(str(out) + ".state.npy").exists()
+    sample = list(range(0, len(texts), 25))
+    body = {"input": [texts[i].decode() for i in sample]}
+    status, _, data = server.request("POST", "/v1/embeddings", body)
+    assert status == 200
+    want = np.array([d["embedding"] for d in json.loads(data)["data"]])
+    np.testing.assert_allclose(got[sample], want, atol=1e-6, rtol=0)

@@ -1,6 +1,6 @@
 """Embeddings on the default model: /v1/embeddings (OpenAI), /embed (TEI) and KServe's
-`embedding` output, against a reference computed with `transformers` from the installed
-encoder weights, through real servers and the official clients."""
+`embedding` output, against sentence-transformers' own `encode` of the installed encoder,
+through real servers and the official clients."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.conftest import DATA, ServerProc
 from workers.artifact import DEFAULT_HEAD, default_encoder_dir, open_tokenizer, read_head
 
 transformers = pytest.importorskip("transformers")
+pytest.importorskip("sentence_transformers")
 
 pytestmark = pytest.mark.timeout(300)
 TOL = 1e-4
@@ -28,14 +29,19 @@ TEXTS = ["ok", "Crème brûlée in Zürich — naïve café", "a gripping, beaut
 
 
 def reference(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(mean-pooled, L2-normalized) embeddings of each text alone, from `transformers`' BertModel
-    on the encoder directory that the default artifact is built from. Mean pooling over the real
-    tokens followed by L2 normalisation is exactly sentence-transformers' `encode` for
-    all-MiniLM-L6-v2 (its modules.json: Transformer, Pooling(mean), Normalize), so this is the
-    reference without installing sentence-transformers and its dependencies."""
-    tok = open_tokenizer(default_encoder_dir() / "tokenizer.json", MAX_LENGTH)
-    pooled = mean_pooled([tok.encode(text).ids for text in texts])
-    return pooled, pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+    """(pooled, L2-normalized) embeddings of each text alone: sentence-transformers' own `encode`
+    on the installed all-MiniLM-L6-v2 directory that the default artifact is built from (its
+    modules.json: Transformer, Pooling(mean), Normalize), and the same pipeline without its
+    Normalize for the raw vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    full = SentenceTransformer(str(default_encoder_dir()), device="cpu")
+    assert full.max_seq_length == MAX_LENGTH
+    raw = SentenceTransformer(modules=[full[0], full[1]], device="cpu")
+    with torch.no_grad():
+        unit = full.encode(texts, batch_size=1, convert_to_numpy=True)
+        pooled = raw.encode(texts, batch_size=1, convert_to_numpy=True)
+    return np.asarray(pooled, dtype=np.float64), np.asarray(unit, dtype=np.float64)
 
 
 def mean_pooled(rows: list[list[int]]) -> np.ndarray:
@@ -313,16 +319,28 @@ def test_the_cuda_code_path_embeds(start_server: Any, want: Any) -> None:
     assert len(answer["results"]) == len(TEXTS)
 
 
-def test_stats_count_embeddings(server: ServerProc) -> None:
-    def embedded() -> int:
-        _, _, data = server.request("GET", "/v1/stats")
-        n: int = json.loads(data)["totals"]["tasks"]["embed"]
-        return n
+def test_stats_and_metrics_count_embeddings(server: ServerProc) -> None:
+    """Every route that embeds counts its texts under task embed, in /v1/stats and /metrics;
+    a classification on the same model counts under classify."""
 
-    before = embedded()
+    def counts() -> dict[str, int]:
+        _, _, data = server.request("GET", "/v1/stats")
+        tasks: dict[str, int] = json.loads(data)["totals"]["tasks"]
+        return tasks
+
+    before = counts()
     assert post(server, "/v1/embeddings", {"input": ["a", "b", "c"]})[0] == 200
     assert post(server, "/embed", {"inputs": "d"})[0] == 200
-    assert embedded() - before == 4
+    infer = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["e", "f"]}],
+             "outputs": [{"name": "embedding"}]}  # fmt: skip
+    assert post(server, "/v2/models/sst2-minilm/infer", infer)[0] == 200
+    server.classify(["g", "h", "i", "j"])
+    after = counts()
+    assert after["embed"] - before["embed"] == 6
+    assert after["classify"] - before["classify"] == 4
+    _, _, data = server.request("GET", "/metrics")
+    line = f'ringserve_task_texts_total{{task="embed"}} {after["embed"]}'
+    assert line in data.decode(), data.decode()[:2000]
 
 
 def test_a_worker_refuses_a_response_ring_too_small_for_its_embeddings() -> None:

@@ -1,6 +1,6 @@
 """Reranking: TEI's /rerank and Cohere's /v1/rerank on a tiny random XLM-R cross-encoder built
 with `transformers` at test time, exported with `ringserve export --from`, served by a real
-server, and compared with the `transformers` model's own sigmoid scores."""
+server, and compared with sentence-transformers' `CrossEncoder.predict` of the same directory."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from tests.conftest import ServerProc, wait_for
-from tests.test_hf import MAX_LENGTH, NEWS, SST2, hf_scores, save_model
+from tests.test_hf import MAX_LENGTH, NEWS, SST2, save_model
 from workers import export
 from workers.artifact import load_manifest
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("sentence_transformers")
 
 pytestmark = pytest.mark.timeout(300)
 TOL = 1e-4
@@ -34,6 +35,15 @@ def reranker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the HF source directory, the exported artifact) of a one-output cross-encoder."""
     root = tmp_path_factory.mktemp("rerank")
     source = save_model(NAME, root / "src")
+    # The tokenizer as `transformers` saves it too, so that CrossEncoder can load the directory.
+    raw = (source / "tokenizer.json").read_bytes()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(source / "tokenizer.json"), bos_token="<s>", eos_token="</s>",
+        unk_token="<unk>", pad_token="<pad>", cls_token="<s>", sep_token="</s>",
+        model_max_length=MAX_LENGTH,
+    )  # fmt: skip
+    fast.save_pretrained(source)
+    (source / "tokenizer.json").write_bytes(raw)  # the one export reads, as it was
     artifact = root / "art"
     args = ["--from", str(source), "--out", str(artifact), "--max-length", str(MAX_LENGTH)]
     assert export.main(args) == 0
@@ -59,8 +69,20 @@ def post(server: ServerProc, path: str, body: Any) -> tuple[int, Any]:
     return status, json.loads(data)
 
 
+_CROSS: dict[Path, Any] = {}
+
+
 def expected(reranker: tuple[Path, Path], docs: list[str], query: str = QUERY) -> np.ndarray:
-    return hf_scores(NAME, reranker[0], [(query, d) for d in docs])[:, 0].astype(np.float64)
+    """The cross-encoder's own scores (its sigmoid), each pair run alone."""
+    from sentence_transformers import CrossEncoder
+
+    model = _CROSS.get(reranker[0])
+    if model is None:
+        model = _CROSS[reranker[0]] = CrossEncoder(
+            str(reranker[0]), device="cpu", max_length=MAX_LENGTH
+        )
+    scores = model.predict([(query, d) for d in docs], batch_size=1, convert_to_numpy=True)
+    return np.asarray(scores, dtype=np.float64)
 
 
 def test_the_artifact_is_a_rerank_model(reranker: tuple[Path, Path], rserver: ServerProc) -> None:

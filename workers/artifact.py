@@ -89,6 +89,11 @@ class Manifest:
     def embeds(self) -> bool:
         return "embed" in self.task
 
+    @property
+    def embed_only(self) -> bool:
+        """An embedding model without labels: every answer is its vector."""
+        return self.embeds and "classify" not in self.task
+
     def onnx_for(self, precision: str) -> str:
         """The ONNX file that runs `precision` ("" when the artifact has none)."""
         return self.int8_file if precision == "int8" else self.onnx_file
@@ -174,9 +179,12 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
             raise bad(f"{key!r} must be a plain file name inside the artifact")
     if not isinstance(raw.get("int8", {}), dict):
         raise bad("'int8' must be an object")
+    task, dimension = _check_task(raw, bad)
     labels = raw["labels"]
-    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
-        raise bad("'labels' must be a non-empty list of strings")
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise bad("'labels' must be a list of strings")
+    if ("classify" in task) != bool(labels):  # an embed-only model has no labels
+        raise bad("'labels' must be non-empty for task classify, and empty without it")
     if len(set(labels)) != len(labels):
         raise bad("'labels' has duplicates")
     max_length = raw["max_length"]
@@ -191,7 +199,6 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
     token_types = raw.get("token_types", False)
     if not isinstance(token_types, bool):
         raise bad("'token_types' must be true or false")
-    task, dimension = _check_task(raw, bad)
     return Manifest(
         name=raw["name"],
         labels=list(labels),
@@ -301,7 +308,8 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
 
     fp32, int8 = target / ox.ONNX_FILE, target / ox.INT8_FILE
     try:
-        ox.export_onnx(model, fp32, embed="embed" in manifest.get("task", ()))
+        task = manifest.get("task", ())
+        ox.export_onnx(model, fp32, embed="embed" in task, alone="classify" not in task)
         ox.quantize_int8(fp32, int8)
         tokenizer = open_tokenizer(target / manifest["tokenizer_file"], manifest["max_length"])
         cost = ox.int8_cost(fp32, int8, tokenizer, list(manifest["labels"]))
@@ -409,11 +417,22 @@ def build_hf_artifact(
     source_dir: str | os.PathLike[str],
     name: str,
     max_length: int | None = None,
+    pooling: str | None = None,
 ) -> Path:
-    """An artifact from a HF `save_pretrained` directory of a supported sequence classifier."""
+    """An artifact from a HF `save_pretrained` directory of a supported sequence classifier, a
+    sentence-transformers directory, or a base model with `pooling` (workers/embedder.py)."""
+    from workers.embedder import embed_source
+    from workers.model import WeightError
+
     source = Path(source_dir)
     if not (source / "config.json").is_file():
         raise ArtifactError(f"{source}: no config.json (not a Hugging Face model directory)")
+    try:
+        embed = embed_source(source, pooling)
+    except (WeightError, OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot build model from {source}: {exc}") from None
+    if embed is not None:
+        return _embed_artifact(Path(out_dir), source, embed, name, max_length)
     model, config, length = _hf_model(source, max_length)
     extra = {
         "source": str(source.absolute()),
@@ -426,6 +445,40 @@ def build_hf_artifact(
         manifest["task"] = ["classify", "rerank"]
     _check_fields(Path(out_dir), manifest | {"fingerprint": "-"})
     return _publish(out_dir, lambda tmp: _save(tmp, model, source / "tokenizer.json", manifest))
+
+
+def _embed_artifact(out: Path, root: Path, embed: Any, name: str, max_length: int | None) -> Path:
+    """An embed-only artifact: no labels, task `embed`, the hidden size as its dimension, the
+    pooling in the graph and 2_Normalize as the manifest's `normalize`."""
+    from workers.embedder import build_encoder
+    from workers.model import WeightError
+
+    tokenizer = embed.model_dir / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise ArtifactError(
+            f"{embed.model_dir}: no tokenizer.json (save the fast tokenizer with save_pretrained)"
+        )
+    try:
+        model, config = build_encoder(embed)
+    except (WeightError, OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot build model from {root}: {exc}") from None
+    if max_length is None:  # sentence-transformers' own max_seq_length, when it says one
+        max_length = min(embed.max_length or DEFAULT_MAX_LENGTH, config.max_length)
+    elif not 3 <= max_length <= config.max_length:
+        raise ArtifactError(
+            f"--max-length {max_length}: the model's positions allow 3 to {config.max_length}"
+        )
+    extra = {
+        "source": str(root.absolute()),
+        "architecture": config.architecture,
+        "format": embed.kind,
+        "pooling": embed.pooling,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    manifest = asdict(Manifest(name, [], max_length, "", extra=extra))
+    manifest |= {"task": ["embed"], "dimension": config.hidden_size, "normalize": embed.normalize}
+    _check_fields(out, manifest | {"fingerprint": "-"})
+    return _publish(out, lambda tmp: _save(tmp, model, tokenizer, manifest))
 
 
 def read_head(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

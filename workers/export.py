@@ -1,5 +1,6 @@
-"""`ringserve export` builds a model artifact: from a Hugging Face sequence-classification directory
-(`--from DIR`), or from a sentence-transformers encoder and a head trained by `ringserve train`."""
+"""`ringserve export` builds a model artifact: from a Hugging Face sequence-classification
+directory, a sentence-transformers directory or a base model with `--pooling` (`--from DIR`), or
+from a sentence-transformers encoder and a head trained by `ringserve train`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from workers.artifact import (
     load_manifest,
     read_head,
 )
+from workers.embedder import POOLINGS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a Hugging Face save_pretrained dir (config.json, model.safetensors, tokenizer.json)",
     )
     source.add_argument("--head", type=Path, help="head JSON (from ringserve train)")
+    parser.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        default=None,
+        help="with --from a base model (BertModel, ...): an embed model pooling this way",
+    )
     parser.add_argument("--out", type=Path, required=True, help="artifact directory to write")
     parser.add_argument("--name", default=None, help="model name (default: the --out dir name)")
     parser.add_argument(
@@ -70,10 +78,13 @@ def main(argv: list[str]) -> int:
     if args.source is not None and args.encoder is not None:
         print("ringserve export: --encoder goes with --head, not --from", file=sys.stderr)
         return 2
+    if args.pooling is not None and args.source is None:
+        print("ringserve export: --pooling goes with --from", file=sys.stderr)
+        return 2
     try:
         if args.source is not None:
             name = args.name or args.out.absolute().name
-            out = build_hf_artifact(args.out, args.source, name, args.max_length)
+            out = build_hf_artifact(args.out, args.source, name, args.max_length, args.pooling)
         else:
             out = _from_head(args)
         manifest = load_manifest(out)

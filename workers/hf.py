@@ -101,19 +101,21 @@ def _labels(raw: dict, path: Path) -> tuple[str, ...]:
     return tuple(by_id[i] for i in range(len(by_id)))
 
 
-def read_config(path: Path) -> HfConfig:
-    """The parts of a HF config.json the model needs; refuses what it cannot serve exactly."""
+def read_config(path: Path, architectures: dict[str, str] = ARCHITECTURES) -> HfConfig:
+    """The parts of a HF config.json the model needs; refuses what it cannot serve exactly.
+    `architectures`: the ones accepted, each with its family (workers/embedder.py passes the
+    base models')."""
     raw = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(raw, dict):
         raise WeightError(f"{path}: not a JSON object")
     archs = raw.get("architectures") or []
-    arch = next((a for a in archs if a in ARCHITECTURES), None)
+    arch = next((a for a in archs if a in architectures), None)
     if arch is None:
         raise WeightError(
             f"{path}: architecture {archs or raw.get('model_type')!r} is not supported; "
-            f"supported: {supported()}"
+            f"supported: {', '.join(architectures)}"
         )
-    family = ARCHITECTURES[arch]
+    family = architectures[arch]
     distil = family == "distilbert"
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise WeightError(f"{path}: only absolute position embeddings are supported")

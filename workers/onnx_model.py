@@ -38,9 +38,10 @@ def _quiet() -> Iterator[None]:
             logging.disable(logging.NOTSET)
 
 
-def export_onnx(model: Any, path: Path, embed: bool = False) -> None:
+def export_onnx(model: Any, path: Path, embed: bool = False, alone: bool = False) -> None:
     """Write `model` (ids and mask in, logits out) as ONNX with a dynamic batch and length;
-    with `embed`, a second output `embedding` from the same forward (workers/model.py OnnxBoth)."""
+    with `embed`, a second output `embedding` from the same forward (workers/model.py OnnxBoth);
+    with `alone` too, an embed-only model's one output `embedding` (workers/embedder.py)."""
     import torch
 
     from workers.model import OnnxBoth
@@ -48,10 +49,12 @@ def export_onnx(model: Any, path: Path, embed: bool = False) -> None:
     ids = torch.full((2, 8), 101, dtype=torch.int64)
     mask = torch.ones_like(ids)
     outputs = ["logits", "embedding"] if embed else ["logits"]
+    if embed and alone:
+        outputs = ["embedding"]
     axes = {name: {0: "batch", 1: "length"} for name in INPUTS} | {o: {0: "batch"} for o in outputs}
     with _quiet(), torch.no_grad():
         torch.onnx.export(
-            OnnxBoth(model) if embed else model,
+            OnnxBoth(model) if embed and not alone else model,
             (ids, mask),
             str(path),
             dynamo=False,
@@ -126,6 +129,15 @@ def int8_cost(fp32: Path, int8: Path, tokenizer: Any, labels: list[str]) -> dict
     cost: dict[str, Any] = {
         "texts": len(texts),
         "split": "workers/default_head/heldout.tsv (SST-2 rows the default head never saw)",
+    }
+    if not labels:  # an embed-only model: how far int8 turns each vector
+        norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+        cos = (a * b).sum(1) / np.maximum(norms, 1e-12)
+        return cost | {
+            "min_cosine": round(float(cos.min()), 4),
+            "mean_cosine": round(float(cos.mean()), 4),
+        }
+    cost |= {
         "argmax_agreement": round(float((a.argmax(1) == b.argmax(1)).mean()), 4),
         "max_score_diff": round(float(np.abs(_softmax(a) - _softmax(b)).max()), 4),
     }

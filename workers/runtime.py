@@ -55,7 +55,8 @@ def joined(
 
     def apply(out: np.ndarray) -> np.ndarray:
         rows = np.array(out, dtype=np.float32)  # a copy: runners reuse their output buffers
-        rows[:, :n_labels] = activation(rows[:, :n_labels])
+        if n_labels:  # an embed-only model (workers/embedder.py) has no scores at all
+            rows[:, :n_labels] = activation(rows[:, :n_labels])
         return rows
 
     return apply
@@ -172,5 +173,10 @@ def ort_runner(
 
     session = open_session(Path(spec.model_dir) / manifest.onnx_for(spec.precision), spec.threads)
     return OrtRunner(
-        session, manifest.max_length, spec.max_batch, activation, spec.precision, manifest.embeds
+        session,
+        manifest.max_length,
+        spec.max_batch,
+        activation,
+        spec.precision,
+        manifest.embeds and not manifest.embed_only,
     )

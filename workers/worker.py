@@ -179,7 +179,9 @@ class Worker:
             opts, payload = split_options(payload)
             text = decode_payload(payload)
             embed = bool(opts & L.OPT_EMBED)
-            if text is None or (embed and not self.dimension):  # the front-end checks first
+            # The front-end checks first: a vector from a model without one, scores from a
+            # model without labels.
+            if text is None or (embed and not self.dimension) or not (embed or self.n_labels):
                 bad.append(self.pack(msg_id, L.STATUS_BAD_REQUEST))
                 continue
             texts.append(text)
