@@ -64,7 +64,7 @@ def answer_at_once(conn: HttpProtocol, ex: Exchange) -> None:
 
 def connection(router=answer_at_once) -> tuple[HttpProtocol, Transport, Clock, list[int]]:  # type: ignore[no-untyped-def]
     clock, counted = Clock(), []
-    state = HttpServerState(SETTINGS, router, lambda _p, code: counted.append(code), clock)
+    state = HttpServerState(SETTINGS, router, lambda _p, code, *_: counted.append(code), clock)
     conn, transport = HttpProtocol(state), Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     return conn, transport, clock, counted

@@ -235,10 +235,11 @@ class Worker:
         t1 = time.monotonic_ns()
         model_us = (t1 - t0) // 1000
         grid = self.report_grid
+        aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces
         out = []
         for row, it in enumerate(batch):
             if it.whole is not None:
-                answer = self.window_done(it, probs[row], t0, model_us)
+                answer = self.window_done(it, probs[row], t0, model_us, aux)
                 if answer is not None:
                     out.append(answer)
                 continue
@@ -246,7 +247,7 @@ class Worker:
             cls = bucket_index(grid, len(it.ids))  # latency is reported by the text's own length
             out.append(
                 self.pack(it.msg_id, L.STATUS_OK, cls, self.part(probs[row], it.embed),
-                          queued_us, model_us, it.flags, it.tokens, embed=it.embed)
+                          queued_us, model_us, it.flags, it.tokens, embed=it.embed, aux=aux)
             )  # fmt: skip
         ctl = self.ctl  # counted before the answers go: whoever sees one sees its batch counted
         ctl.add("requests", len(out))
@@ -258,7 +259,9 @@ class Worker:
         ctl.count_batch(len(batch))
         self.send(out)
 
-    def window_done(self, it: Item, probs: Any, t0: int, model_us: int) -> Answer | None:
+    def window_done(
+        self, it: Item, probs: Any, t0: int, model_us: int, aux: int = 0
+    ) -> Answer | None:
         """Record one window's scores (a copy: the runner reuses its output buffer); the answer
         once the text's last window is in."""
         whole: Whole = it.whole
@@ -277,7 +280,7 @@ class Worker:
         queued_us = (t0 - whole.arrived_ns) // 1000 - whole.model_us + model_us
         return self.pack(
             whole.msg_id, L.STATUS_OK, cls, combined, max(0, queued_us), whole.model_us,
-            L.RSP_WINDOWED, whole.tokens, len(whole.scores), embed=whole.embed,
+            L.RSP_WINDOWED, whole.tokens, len(whole.scores), embed=whole.embed, aux=aux,
         )  # fmt: skip
 
     def part(self, row: Any, embed: bool) -> Any:
@@ -296,6 +299,7 @@ class Worker:
         tokens: int = 0,
         windows: int = 0,
         embed: bool = False,
+        aux: int = 0,
     ) -> Answer:
         if probs is None:
             return (msg_id, L.pack_response(status), 0)
@@ -304,7 +308,7 @@ class Worker:
         head = L.pack_response(
             status, bucket, label, len(probs), queued_us, model_us, flags, windows, tokens
         )
-        return (msg_id, head + probs.tobytes(), 0)
+        return (msg_id, head + probs.tobytes(), aux)
 
     def send(self, msgs: list[Answer]) -> None:
         """Publish answers, then ring the front-end's doorbell once."""
