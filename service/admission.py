@@ -187,7 +187,7 @@ class Admission:
             conn.respond_error(ex, 503, self.refusal(), extra)
             return
         if self.keys is not None and tenant is not None:
-            self.keys.counts(name).texts += len(texts)
+            self.keys.admitted(name, len(texts), level)
         if trace is not None:
             trace.admitted(admitted, len(texts), sum(len(t) for t in texts), {})
 

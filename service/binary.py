@@ -258,7 +258,7 @@ class BinaryProtocol(asyncio.Protocol):
             d.admit(texts[:k], costs[:k], deadline, answer, "binary", "classify", level, name)
             self.owed += k
             if tenant is not None and self.server.keys is not None:
-                self.server.keys.counts(tenant.name).texts += k
+                self.server.keys.admitted(tenant.name, k, level)
         if k < len(tags):
             self.refuse(tags[k:])
 

@@ -78,7 +78,8 @@ class TenantCounts:
     """What one tenant was answered, counted where answers are written."""
 
     codes: dict[str, dict[int, int]] = field(default_factory=dict)  # protocol -> code -> n
-    texts: int = 0
+    texts: int = 0  # admitted
+    bulk: int = 0  # of those, admitted as bulk (by the key's priority or the request's own)
     limited: int = 0  # requests over their key's rate (429, binary status 6)
 
     def total(self, code: int | None = None) -> int:
@@ -226,6 +227,12 @@ class KeyRing:
     def refused(self, protocol: str) -> None:
         self.failures[protocol] = self.failures.get(protocol, 0) + 1
 
+    def admitted(self, name: str, texts: int, priority: int) -> None:
+        c = self.counts(name)
+        c.texts += texts
+        if priority == BULK:
+            c.bulk += texts
+
     def counts(self, name: str) -> TenantCounts:
         c = self.tenants.get(name)
         if c is None:
@@ -252,6 +259,7 @@ class KeyRing:
                     "limited": c.limited,
                     "refused": c.total(503),
                     "texts": c.texts,
+                    "bulk_texts": c.bulk,
                     "by_protocol": {
                         p: {str(k): n for k, n in by.items()} for p, by in c.codes.items()
                     },
