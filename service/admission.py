@@ -189,7 +189,7 @@ class Admission:
         if self.keys is not None and tenant is not None:
             self.keys.admitted(name, len(texts), level)
         if trace is not None:
-            trace.admitted(admitted, len(texts), sum(len(t) for t in texts), {})
+            trace.admitted(admitted, len(texts), sum(len(t) for t in texts))
 
     def start_trace(
         self, ex: Exchange, protocol: str, task: str, tenant: Tenant | None, level: int

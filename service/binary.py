@@ -276,7 +276,7 @@ class BinaryProtocol(asyncio.Protocol):
         for text in texts:
             trace = tracing.start("binary frame", "binary", now, attributes=attrs)
             if trace is not None:
-                trace.admitted(admitted, 1, len(text), {})
+                trace.admitted(admitted, 1, len(text))
             traces.append(trace)
         return traces
 

@@ -1,6 +1,6 @@
-"""A real OTLP/HTTP trace receiver for the tests: a small HTTP server that decodes each
-ExportTraceServiceRequest with the official opentelemetry-proto definitions and keeps the
-spans (and the raw bodies, so a test can search every byte the server exported)."""
+"""A real OTLP/HTTP trace receiver for the tests and benchmarks: a small HTTP server that
+decodes each ExportTraceServiceRequest with the official opentelemetry-proto definitions and
+keeps the spans (and the raw bodies, so a test can search every byte the server exported)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ class Span:
     end_ns: int
     attributes: dict[str, Any] = field(default_factory=dict)
     resource: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+
+    def event(self, name: str) -> tuple[int, dict[str, Any]]:
+        """The time and attributes of the one event of that name."""
+        found = [(t, a) for n, t, a in self.events if n == name]
+        assert len(found) == 1, (name, self.events)
+        return found[0]
 
 
 def value_of(v: AnyValue) -> Any:
@@ -89,6 +96,14 @@ class Receiver:
                             s.end_time_unix_nano,
                             {a.key: value_of(a.value) for a in s.attributes},
                             resource,
+                            [
+                                (
+                                    e.name,
+                                    e.time_unix_nano,
+                                    {a.key: value_of(a.value) for a in e.attributes},
+                                )
+                                for e in s.events
+                            ],
                         )
                     )
         with self.lock:
