@@ -311,6 +311,8 @@ class Dispatcher:
     ) -> None:
         """Admit texts that room() allowed."""
         group = Group(len(texts), callback, protocol, self.clock(), task, priority, tenant)
+        if priority == BULK:  # the worker batches interactive texts first too
+            texts = [L.with_bulk(t) for t in texts]
         rid = self.next_id
         self.next_id += len(texts)
         reqs = [

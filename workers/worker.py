@@ -139,6 +139,7 @@ class Worker:
         delay_ns = int(spec.max_delay_ms * 1e6)
         overhead = self.runner.overhead_tokens
         self.batcher = Batcher(spec.max_batch, spec.max_batch_tokens, delay_ns, grid, overhead)
+        self.batcher.bulk_wait_ns = int(spec.bulk_max_wait_ms * 1e6)
         self.ctl.set("boot_ms", int((time.monotonic() - t0) * 1000))
         self.ctl.set("state", L.W_READY)
         self.ctl.beat()
@@ -173,7 +174,7 @@ class Worker:
         now = time.monotonic_ns()
         texts: list[str | tuple[str, str]] = []
         options: list[int] = []
-        keep: list[tuple[int, int, bool]] = []
+        keep: list[tuple[int, int, int]] = []  # msg id, deadline, options
         bad: list[Answer] = []
         for msg_id, deadline, payload in msgs:
             opts, payload = split_options(payload)
@@ -184,7 +185,7 @@ class Worker:
                 continue
             texts.append(text)
             options.append(opts)
-            keep.append((msg_id, deadline, embed))
+            keep.append((msg_id, deadline, opts))
         if texts:
             # A pair goes through the tokenizer's own post-processor (special tokens, type ids);
             # a text over max_length is cut, refused or windowed (workers/longtext.py).
@@ -196,11 +197,12 @@ class Worker:
             self.send(bad)
         return len(msgs)
 
-    def admit(self, keep: list[tuple[int, int, bool]], plans: list[Plan], now: int) -> list[Answer]:
+    def admit(self, keep: list[tuple[int, int, int]], plans: list[Plan], now: int) -> list[Answer]:
         """Each plan's rows into the batcher; returns the refusals of texts that are too long."""
         refused: list[Answer] = []
         add = self.batcher.add
-        for (msg_id, deadline, embed), plan in zip(keep, plans, strict=True):
+        for (msg_id, deadline, opts), plan in zip(keep, plans, strict=True):
+            embed, bulk = bool(opts & L.OPT_EMBED), bool(opts & L.OPT_BULK)
             if plan.refusal is not None:
                 windows, limit = plan.refusal
                 head = L.pack_response(
@@ -211,12 +213,13 @@ class Worker:
             elif len(plan.pieces) == 1:
                 p = plan.pieces[0]
                 add(Item(msg_id, deadline, now, p.ids, types=p.types, tokens=plan.tokens,
-                         flags=plan.flags, embed=embed))  # fmt: skip
+                         flags=plan.flags, embed=embed, bulk=bulk))  # fmt: skip
             else:  # windows: one Whole answers once, when its last window is scored
                 whole = Whole(msg_id, plan.tokens, now, left=len(plan.pieces), embed=embed)
                 whole.scores = [None] * len(plan.pieces)
                 for i, p in enumerate(plan.pieces):
-                    add(Item(msg_id, deadline, now, p.ids, types=p.types, whole=whole, window=i))
+                    add(Item(msg_id, deadline, now, p.ids, types=p.types, whole=whole, window=i,
+                             bulk=bulk))  # fmt: skip
         return refused
 
     def run_next(self) -> None:
