@@ -303,3 +303,14 @@ def test_a_reload_takes_new_keys_and_a_refused_one_keeps_the_old(
     assert tenanted.ctl({"cmd": "reload", "key": SINGLE})["ok"]
     assert call(tenanted, NEW)[0] == 401
     assert "delta" in stats(tenanted)  # what a tenant was answered stays counted
+
+
+def test_the_tenant_table_of_stats_and_the_dashboard(tenanted: ServerProc) -> None:
+    rows = stats(tenanted)
+    assert {"alpha", "beta", "gamma", ""} <= set(rows)  # "" is the unnamed --api-key
+    beta = rows["beta"]
+    assert beta["rate"] == [SLOW_RATE] and beta["keys"] == 1 and beta["priority"] == ["interactive"]
+    page = tenanted.request("GET", "/dashboard", headers=OPERATOR)[2].decode()
+    assert 'id="tenants"' in page
+    for field in ("tenant", "priority", "rate", "requests", "ok", "limited", "refused", "texts"):
+        assert f'"{field}"' in page and field in beta  # what the page reads is there
