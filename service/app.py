@@ -32,6 +32,7 @@ from service.settings import Config
 from service.stats import Stats
 from service.supervisor import Supervisor
 from service.tasks import task_routes
+from service.tenants import KeyFileError, KeyRing, Tenant
 from shm import segment
 from workers import nvml
 from workers.artifact import ArtifactError, Manifest, default_artifact_dir, load_manifest
@@ -87,7 +88,8 @@ class Server:
         self.dispatcher = Dispatcher(settings.max_queue)
         self.dispatcher.on_result = self.on_result
         self.admission = Admission(self.dispatcher, settings, self.refusal)
-        self.requests_total: dict[tuple[str, int], int] = {}
+        # (protocol, code, tenant): tenant is "" without --api-keys, and for answers to no key.
+        self.requests_total: dict[tuple[str, int, str], int] = {}
         self.manifest: Manifest
         self.model_dir = ""
         self.device = "cpu"
@@ -101,7 +103,10 @@ class Server:
         self.inherited: dict[str, socket.socket] = {}  # handed over by the server beside us
         self.http_state: HttpServerState | None = None
         self.operator_state: HttpServerState | None = None  # --operator-port
+        # The control socket's key (--api-key); the keys of inference, with their tenants.
         self.api_key = ApiKey(settings.api_key) if settings.api_key is not None else None
+        self.keys = load_keys(settings)
+        self.admission.keys = self.keys
         self.binary_state: BinaryServerState | None = None  # when the binary port is on
         self.stats: Stats | None = None  # unless --metrics 0
 
@@ -126,12 +131,30 @@ class Server:
         self.choose_runtime(on_gpu)
         self.dispatcher.max_queue_ms = self.settings.max_queue_ms
         self.dispatcher.hold_cost = self.settings.hold_cost(self.device)
+        self.dispatcher.waiting.max_wait_ns = int(self.settings.bulk_max_wait_ms * 1e6)
+        self.start_tracing()
         # A text's cost is cut where its tokens are: at max_length, or its windows' worth.
         windows = self.settings.max_windows if self.settings.long_text == "window" else 1
         self.dispatcher.max_tokens = max_len * windows
         self.supervisor = Supervisor(
             self.settings, self.dispatcher, self.model_dir, self.device, self.log
         )
+
+    def start_tracing(self) -> None:
+        """OpenTelemetry, only when asked for: the SDK is imported here, never otherwise."""
+        from service import tracing
+
+        if not tracing.wanted(self.settings.otlp_endpoint):
+            return
+        try:
+            self.admission.tracing = tracing.Tracing(self.settings.otlp_endpoint, self.runtime)
+        except ValueError as exc:
+            raise SystemExit(f"ringserve: {exc}") from None
+        except ImportError as exc:
+            raise SystemExit(
+                f"ringserve: tracing needs opentelemetry-sdk and its OTLP exporter ({exc.name} "
+                "is missing): pip install 'ringserve[tracing]'"
+            ) from None
 
     def choose_runtime(self, on_gpu: bool) -> None:
         """Resolve --runtime once here (workers resolve it the same way) and say what int8
@@ -163,7 +186,7 @@ class Server:
     async def start_listeners(self) -> None:
         s = self.settings
         router = self.inference_router()
-        route = router if self.api_key is None else guard_http(self.api_key, router)
+        route = router if self.keys is None else guard_http(self.keys, router)
         self.http_state = HttpServerState(s, route, self.count)
         state = self.http_state
         if s.access_log:
@@ -229,7 +252,7 @@ class Server:
         v1_routes(router)
         task_routes(router)
         self.add_routes(router)
-        openapi.register(router, key=self.api_key is not None)
+        openapi.register(router, key=self.keys is not None)
         return router
 
     def add_routes(self, router: Router) -> None:
@@ -261,6 +284,8 @@ class Server:
             port=self.settings.port,
             operator_port=self.settings.operator_port or None,
             api_key="set" if self.api_key else "none",  # never the key itself
+            api_keys=len(self.keys.entries) if self.keys is not None else 0,
+            tracing=self.admission.tracing is not None,
             control=self.control_path,
             reuse_port=self.settings.reuse_port,
             model=self.model_name,
@@ -332,6 +357,12 @@ class Server:
         return await asyncio.shield(self.reloading)
 
     async def _reload(self, reason: str) -> str | None:
+        if self.keys is not None:  # a bad key file refuses the whole reload: nothing changes
+            error = self.keys.reload()
+            if error is not None:
+                self.log.error("reload_refused", reason=error, by=reason)
+                return f"reload refused: {error}"
+            self.log.info("keys_reloaded", keys=len(self.keys.entries), by=reason)
         try:
             manifest = await asyncio.to_thread(load_manifest, self.model_dir)
         except ArtifactError as exc:
@@ -381,6 +412,9 @@ class Server:
         await asyncio.sleep(0)  # let the last answers reach their transports
         self.close_connections()
         await self.supervisor.stop(HURRY_GRACE_S if self.hurry else STOP_GRACE_S)
+        if self.admission.tracing is not None:  # the last spans, off the loop, bounded
+            with contextlib.suppress(Exception, asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.to_thread(self.admission.tracing.shutdown), 3.0)
         self.remove_control()
         stop_resource_tracker()
         left = segment.list_segments(os.getpid())
@@ -474,14 +508,30 @@ class Server:
             return "no worker can serve"
         return "server is draining" if self.draining else self.dispatcher.why
 
-    def count(self, protocol: str, code: int, n: int = 1) -> None:
+    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None:
         """One more answer written (n more): called only where answers are written."""
-        key = (protocol, code)
+        name = ""
+        if tenant is not None and self.keys is not None and self.keys.named:
+            name = tenant.name
+            by = self.keys.counts(name).codes.setdefault(protocol, {})
+            by[code] = by.get(code, 0) + n
+        key = (protocol, code, name)
         self.requests_total[key] = self.requests_total.get(key, 0) + n
 
     def on_result(self, group: Group, result: Result, latency_ns: int) -> None:
         if self.stats is not None:
             self.stats.observe(group, result, latency_ns)
+
+
+def load_keys(settings: Config) -> KeyRing | None:
+    """--api-key (one unnamed key) and --api-keys FILE together; None when neither is set. A
+    bad line stops the start with its line number (never the key)."""
+    if settings.api_key is None and settings.api_keys is None:
+        return None
+    try:
+        return KeyRing(settings.api_key, settings.api_keys)
+    except KeyFileError as exc:
+        raise SystemExit(f"ringserve: --api-keys: {exc}") from None
 
 
 def stop_resource_tracker() -> None:

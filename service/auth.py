@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from service.http import Exchange, HttpProtocol, protocol_of
+from service.tenants import KeyRing, Tenant
 from service.wire import AUTH_PREFIX, LENGTH, OK, TAG, status_answer
 
 ENV = "RINGSERVE_API_KEY"
@@ -77,26 +78,30 @@ class ApiKey:
 Route = Callable[["HttpProtocol", "Exchange"], None]
 
 
-def guard_http(key: ApiKey, route: Route) -> Route:
-    """Every path but the probes needs the key; without it, 401 before any routing (so an
-    unknown caller learns nothing, not even which paths exist)."""
+def guard_http(keys: KeyRing, route: Route) -> Route:
+    """Every path but the probes needs a key; without one, 401 before any routing (so an
+    unknown caller learns nothing, not even which paths exist). The key's tenant goes with the
+    exchange, for its rate, its priority and its counts."""
     from service.admission import latency_header
 
     def guarded(conn: HttpProtocol, ex: Exchange) -> None:
         path = ex.url.split(b"?", 1)[0]
-        if OPEN_PATH.match(path) or key.bearer_ok(ex.headers.get(b"authorization")):
+        tenant = keys.bearer(ex.headers.get(b"authorization"))
+        if tenant is not None or OPEN_PATH.match(path):
+            ex.tenant = tenant
             route(conn, ex)
             return
-        key.refused(protocol_of(path))
+        keys.refused(protocol_of(path))
         conn.respond_error(ex, 401, DENIED, [CHALLENGE, latency_header(ex)])
 
     return guarded
 
 
 # -- binary port ----------------------------------------------------------------------------------
-def read_auth_frame(buffer: bytearray, key: ApiKey) -> bool | None:
-    """The first frame of a binary connection: True (and the frame removed from `buffer`) when
-    it is `AUTH KEY` with tag 0, False when it cannot be, None while it is incomplete."""
+def read_auth_frame(buffer: bytearray, keys: KeyRing) -> Tenant | bool | None:
+    """The first frame of a binary connection: the key's Tenant (and the frame removed from
+    `buffer`) when it is `AUTH KEY` with tag 0, False when it cannot be, None while it is
+    incomplete."""
     if len(buffer) < LENGTH.size:
         return None
     (n,) = LENGTH.unpack_from(buffer)
@@ -107,10 +112,13 @@ def read_auth_frame(buffer: bytearray, key: ApiKey) -> bool | None:
         return None if buffer[4 : 4 + len(AUTH_PREFIX)] == AUTH_PREFIX[: len(buffer) - 4] else False
     text = bytes(buffer[4 : 4 + n])
     (tag,) = TAG.unpack_from(buffer, end - TAG.size)
-    ok = tag == 0 and text.startswith(AUTH_PREFIX) and key.matches(text[len(AUTH_PREFIX) :])
-    if ok:
-        del buffer[:end]
-    return ok
+    if tag != 0 or not text.startswith(AUTH_PREFIX):
+        return False
+    tenant = keys.identify(text[len(AUTH_PREFIX) :])
+    if tenant is None:
+        return False
+    del buffer[:end]
+    return tenant
 
 
 # -- control socket -------------------------------------------------------------------------------

@@ -15,15 +15,16 @@ import asyncio
 import socket
 import time
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from service.admission import STATUS_HTTP
-from service.auth import AUTH_OK, ApiKey, read_auth_frame
+from service.admission import STATUS_HTTP, Admission
+from service.auth import AUTH_OK, read_auth_frame
 from service.dispatcher import Dispatcher, Result, text_cost
 from service.logs import EventLog
 from service.settings import Config
+from service.tenants import INTERACTIVE, PRIORITY_NAMES, KeyRing, Tenant
 from service.wire import LENGTH, TAG, encode_answer, status_answer
 from shm import layout as L
 from workers.artifact import Manifest
@@ -39,14 +40,16 @@ class BinaryHost(Protocol):
     manifest: Manifest
 
     @property
-    def api_key(self) -> ApiKey | None: ...
+    def keys(self) -> KeyRing | None: ...
+    @property
+    def admission(self) -> Admission: ...
     @property
     def bound(self) -> dict[str, asyncio.AbstractServer]: ...
     @property
     def inherited(self) -> dict[str, socket.socket]: ...
     @property
     def log(self) -> EventLog: ...
-    def count(self, protocol: str, code: int, n: int = 1) -> None: ...
+    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
 
 
 STATUSES = (L.STATUS_OK, L.STATUS_BAD_REQUEST, L.STATUS_OVERLOADED, L.STATUS_DEADLINE)
@@ -95,7 +98,8 @@ class BinaryProtocol(asyncio.Protocol):
         self.closed = False
         self.last_active = time.monotonic()
         self.partial_since = 0.0  # when an incomplete frame began waiting for its rest
-        self.api_key = state.server.api_key  # None once the AUTH frame passed (or no key set)
+        self.keys = state.server.keys  # None once the AUTH frame passed (or no key set)
+        self.tenant: Tenant | None = None  # the key of the AUTH frame, for rate and priority
 
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -152,7 +156,7 @@ class BinaryProtocol(asyncio.Protocol):
             return
         self.last_active = now = time.monotonic()
         self.buffer += data
-        if self.api_key is not None and not self.authenticate():
+        if self.keys is not None and not self.authenticate():
             return
         self.parse()
         if not self.buffer:
@@ -164,18 +168,19 @@ class BinaryProtocol(asyncio.Protocol):
     def authenticate(self) -> bool:
         """The first frame must be `AUTH KEY` (service.auth); anything else closes the
         connection with nothing after it read. False while the connection may not go on."""
-        assert self.api_key is not None
-        ok = read_auth_frame(self.buffer, self.api_key)
+        assert self.keys is not None
+        ok = read_auth_frame(self.buffer, self.keys)
         if ok is None:
             self.partial_since = self.partial_since or self.last_active  # the read timeout
             return False
-        if not ok:
-            self.api_key.refused("binary")
+        if not isinstance(ok, Tenant):
+            self.keys.refused("binary")
             self.server.count("binary", 401)  # answered by closing the connection
             self.buffer.clear()
             self.close_now()
             return False
-        self.api_key = None
+        self.keys = None
+        self.tenant = ok
         self.send(AUTH_OK, 200)
         return True
 
@@ -234,23 +239,66 @@ class BinaryProtocol(asyncio.Protocol):
         self.close_when_done()
 
     def admit(self, texts: list[bytes], tags: list[int]) -> None:
-        """One dispatcher group for the frames that fit; the rest answer status 2. Each frame
-        is a request of its own, so the group is admitted in part rather than refused whole."""
+        """One dispatcher group for the frames that fit; the rest answer status 2 (or 6, over
+        the key's rate). Each frame is a request of its own, so the group is admitted in part
+        rather than refused whole."""
         d = self.dispatcher
+        now = time.monotonic_ns()
+        tenant = self.tenant
+        if tenant is not None:
+            within = tenant.take(now, len(tags))
+            if within < len(tags):
+                self.limit(tags[within:])
+                texts, tags = texts[:within], tags[:within]
+                if not tags:
+                    return
+        level = tenant.priority if tenant is not None else INTERACTIVE
         costs = [text_cost(t, d.max_tokens) for t in texts]
-        k = d.room(costs, whole=False)
+        k = d.room(costs, whole=False, priority=level)
         if k:
-            deadline = time.monotonic_ns() + self.timeout_ns  # from the frame's arrival
+            deadline = now + self.timeout_ns  # from the frame's arrival
             m = self.server.manifest
+            name = tenant.name if tenant is not None else ""
+            task = "embed" if m.embed_only else "classify"
+            traces = self.start_traces(texts[:k], now, level, task)  # before a worker can start
             if m.embed_only:  # the contract: an embed model answers n = D floats
-                texts = [EMBED + t for t in texts[:k]]
-                done = partial(self.answer, tags[:k], unit=m.normalize)
-                d.admit(texts, costs[:k], deadline, done, "binary", "embed")
+                sent = [EMBED + t for t in texts[:k]]
+                answer = partial(self.answer, tags[:k], traces, unit=m.normalize)
             else:  # a model that classifies answers its scores, as before
-                d.admit(texts[:k], costs[:k], deadline, partial(self.answer, tags[:k]), "binary")
+                sent = texts[:k]
+                answer = partial(self.answer, tags[:k], traces)
+            d.admit(sent, costs[:k], deadline, answer, "binary", task, level, name)
             self.owed += k
+            if tenant is not None and self.server.keys is not None:
+                self.server.keys.admitted(tenant.name, k, level)
         if k < len(tags):
             self.refuse(tags[k:])
+
+    def start_traces(self, texts: list[bytes], now: int, level: int, task: str) -> list[Any] | None:
+        """A span for each frame when tracing is on (a binary frame carries no traceparent)."""
+        tracing = self.server.admission.tracing
+        if tracing is None:
+            return None
+        attrs: dict[str, Any] = {"ringserve.task": task}
+        attrs["ringserve.priority"] = PRIORITY_NAMES[level]
+        if self.tenant is not None:
+            attrs["ringserve.tenant"] = self.tenant.name
+        admitted = time.monotonic_ns()
+        traces = []
+        for text in texts:
+            trace = tracing.start("binary frame", "binary", now, attributes=attrs)
+            if trace is not None:
+                trace.admitted(admitted, 1, len(text))
+            traces.append(trace)
+        return traces
+
+    def limit(self, tags: list[int]) -> None:
+        """Frames over the key's rate: status 6, counted as 429 for the key's tenant."""
+        assert self.tenant is not None
+        if self.server.keys is not None:
+            self.server.keys.counts(self.tenant.name).limited += len(tags)
+        answers = b"".join([status_answer(t, L.STATUS_RATE_LIMITED) for t in tags])
+        self.send(answers, 429, len(tags))
 
     def refuse(self, tags: list[int]) -> None:
         self.dispatcher.refuse(len(tags))
@@ -258,7 +306,9 @@ class BinaryProtocol(asyncio.Protocol):
         self.send(answers, 503, len(tags))
 
     # -- answers --------------------------------------------------------------------------------
-    def answer(self, tags: list[int], results: list[Result], unit: bool = False) -> None:
+    def answer(
+        self, tags: list[int], traces: list[Any] | None, results: list[Result], unit: bool = False
+    ) -> None:
         """Write a group's answers; `unit`: embeddings, L2-normalized as the model's own
         pipeline does (manifest `normalize`)."""
         out: list[bytes] = []
@@ -274,11 +324,23 @@ class BinaryProtocol(asyncio.Protocol):
                 out.append(status_answer(tag, status))
                 failed.append(STATUS_HTTP.get(status, 500))
         self.owed -= len(tags)
+        if traces is not None:
+            self.end_traces(traces, results)
         if self.send(b"".join(out), 200, len(tags) - len(failed)):
             for code in failed:
-                self.server.count("binary", code)
+                self.server.count("binary", code, 1, self.tenant)
         self.close_when_done()
         self.update_reading()
+
+    def end_traces(self, traces: list[Any], results: list[Result]) -> None:
+        now = time.monotonic_ns()
+        for trace, r in zip(traces, results, strict=True):
+            if trace is not None:
+                trace.answered([r], now)
+        written = time.monotonic_ns()  # the group's answers go out in one write, just after
+        for trace, r in zip(traces, results, strict=True):
+            if trace is not None:
+                trace.written(STATUS_HTTP.get(r.status, 500), written)
 
     def send(self, answers: bytes, code: int, n: int = 1) -> bool:
         """Write answers and count `n` of them under `code`: the one place binary answers
@@ -287,7 +349,7 @@ class BinaryProtocol(asyncio.Protocol):
             return False
         self.transport.write(answers)
         if n:
-            self.server.count("binary", code, n)
+            self.server.count("binary", code, n, self.tenant)
         return True
 
     def close_when_done(self) -> None:

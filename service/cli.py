@@ -41,7 +41,7 @@ def keep_key_out_of_sight(key: str | None) -> None:
     os.environ.pop(auth.ENV, None)  # unsetenv: from here on only the stale block holds it
     if not key:
         return
-    on_command_line = any(a.startswith("--api") for a in sys.argv)
+    on_command_line = any(a.startswith("--api-key") and a[9:10] in ("", "=") for a in sys.argv)
     if not auth.scrub_process(key, on_command_line):
         print(
             "ringserve: warning: could not hide --api-key from `ps`; use RINGSERVE_API_KEY",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +42,13 @@ ON_TIME_STEP = 1.0003
 TIGHTEST = 0.5
 BACKLOG_SAMPLE_NS = 500_000_000  # wall time of one sample of the pool's rate under a backlog
 BACKLOG_FRESH_NS = 2_000_000_000  # a backlog sample this recent is the pool's rate
+# Priority (service.tenants): bulk texts may fill the queue only up to this share of
+# --max-queue, so interactive texts always find room; and a worker takes bulk work only while it
+# holds less than one batch (`bulk_hold`), so an interactive text waits behind one bulk batch
+# at most. A bulk text waits behind interactive texts at most `bulk_wait_ns`.
+BULK_QUEUE_SHARE = 0.75
+INTERACTIVE = 0
+BULK = 1
 
 
 def text_cost(payload: bytes, max_tokens: int) -> int:
@@ -60,10 +67,21 @@ class Result:
     tokens: int = 0  # the text's token count before any cut (STATUS_TOO_LONG: too many)
     windows: int = 0  # windows scored (STATUS_TOO_LONG: windows it would need)
     limit: int = 0  # STATUS_TOO_LONG: max_length, or --max-windows when RSP_WINDOWED
+    batch: int = 0  # the batch it ran in, shm.layout.pack_batch (rows, padded length, start)
+    read_ns: int = 0  # when the front-end read the answer from its worker's ring
 
 
 class Group:
-    __slots__ = ("admitted_ns", "callback", "protocol", "remaining", "results", "task")
+    __slots__ = (
+        "admitted_ns",
+        "callback",
+        "priority",
+        "protocol",
+        "remaining",
+        "results",
+        "task",
+        "tenant",
+    )
 
     def __init__(
         self,
@@ -72,6 +90,8 @@ class Group:
         protocol: str,
         admitted_ns: int,
         task: str = "classify",
+        priority: int = INTERACTIVE,
+        tenant: str = "",
     ) -> None:
         self.results: list[Result | None] = [None] * n
         self.remaining = n
@@ -79,6 +99,8 @@ class Group:
         self.protocol = protocol
         self.admitted_ns = admitted_ns
         self.task = task  # classify, embed or rerank: what /v1/stats and /metrics count
+        self.priority = priority  # INTERACTIVE or BULK (service.tenants)
+        self.tenant = tenant  # the caller's tenant name ("" without --api-keys)
 
 
 class Request:
@@ -95,6 +117,73 @@ class Request:
         self.cost = cost
         self.worker: WorkerHandle | None = None
         self.rerouted = False  # its worker died: its wait says nothing of admission
+
+
+class Waiting:
+    """Admitted texts not yet in any ring, in two lines: interactive texts go first, bulk texts
+    behind them, unless the oldest bulk text has waited `max_wait_ns`: then it goes first. So a
+    bulk text waits behind interactive ones at most that long (tests/test_clock.py)."""
+
+    __slots__ = ("bulk", "bulk_cost", "interactive", "max_wait_ns")
+
+    def __init__(self, max_wait_ns: int) -> None:
+        self.interactive: deque[Request] = deque()
+        self.bulk: deque[Request] = deque()
+        self.bulk_cost = 0  # of the bulk texts here: interactive texts do not wait for them
+        self.max_wait_ns = max_wait_ns
+
+    def __len__(self) -> int:
+        return len(self.interactive) + len(self.bulk)
+
+    def __bool__(self) -> bool:
+        return bool(self.interactive) or bool(self.bulk)
+
+    def __iter__(self) -> Iterator[Request]:
+        yield from self.interactive
+        yield from self.bulk
+
+    def extend(self, reqs: Iterable[Request]) -> None:
+        for r in reqs:
+            if r.group.priority:
+                self.bulk.append(r)
+                self.bulk_cost += r.cost
+            else:
+                self.interactive.append(r)
+
+    def push_front(self, reqs: list[Request]) -> None:
+        """Put requests back at the front of their lines, in their order."""
+        for r in reversed(reqs):
+            if r.group.priority:
+                self.bulk.appendleft(r)
+                self.bulk_cost += r.cost
+            else:
+                self.interactive.appendleft(r)
+
+    def take(self, n: int, now_ns: int) -> list[Request]:
+        """Up to n requests in the order they should go to workers."""
+        out: list[Request] = []
+        inter, bulk = self.interactive, self.bulk
+        while len(out) < n and (inter or bulk):
+            if bulk and (not inter or now_ns - bulk[0].group.admitted_ns >= self.max_wait_ns):
+                r = bulk.popleft()
+                self.bulk_cost -= r.cost
+            else:
+                r = inter.popleft()
+            out.append(r)
+        return out
+
+    def remove(self, r: Request) -> None:
+        """Raises ValueError when it is not waiting."""
+        if r.group.priority:
+            self.bulk.remove(r)
+            self.bulk_cost -= r.cost
+        else:
+            self.interactive.remove(r)
+
+    def clear(self) -> None:
+        self.interactive.clear()
+        self.bulk.clear()
+        self.bulk_cost = 0
 
 
 class Flow:
@@ -166,6 +255,7 @@ class Dispatcher:
         max_queue_ms: float = 0.0,
         hold_cost: int = 0,
         max_tokens: int = 512,
+        bulk_wait_ms: float = 2000.0,
     ) -> None:
         self.max_queue = max_queue
         self.max_queue_ms = max_queue_ms  # 0: no bound by time
@@ -173,7 +263,7 @@ class Dispatcher:
         self.max_tokens = max_tokens  # a text's tokens are cut there: so is its cost
         self.clock = clock  # monotonic ns; tests drive a fake one (deadlines are on it too)
         self.inflight: dict[int, Request] = {}  # admitted, not yet answered
-        self.waiting: deque[Request] = deque()  # admitted, not in any ring yet
+        self.waiting = Waiting(int(bulk_wait_ms * 1e6))  # admitted, not in any ring yet
         self.serving: list[WorkerHandle] = []  # set by the supervisor
         self.flows: dict[WorkerHandle, Flow] = {}
         self.backlog = Backlog()
@@ -196,14 +286,16 @@ class Dispatcher:
         callback: Callable[[list[Result]], None],
         protocol: str = "http",
         task: str = "classify",
+        priority: int = INTERACTIVE,
+        tenant: str = "",
     ) -> bool:
         """Admit a group of texts whole, or refuse it at once (False): see room()."""
         n = len(texts)
         costs = [text_cost(t, self.max_tokens) for t in texts]
-        if self.room(costs, whole=True) < n:
+        if self.room(costs, whole=True, priority=priority) < n:
             self.rejected += n
             return False
-        self.admit(texts, costs, deadline_ns, callback, protocol, task)
+        self.admit(texts, costs, deadline_ns, callback, protocol, task, priority, tenant)
         return True
 
     def admit(
@@ -214,9 +306,13 @@ class Dispatcher:
         callback: Callable[[list[Result]], None],
         protocol: str,
         task: str = "classify",
+        priority: int = INTERACTIVE,
+        tenant: str = "",
     ) -> None:
         """Admit texts that room() allowed."""
-        group = Group(len(texts), callback, protocol, self.clock(), task)
+        group = Group(len(texts), callback, protocol, self.clock(), task, priority, tenant)
+        if priority == BULK:  # the worker batches interactive texts first too
+            texts = [L.with_bulk(t) for t in texts]
         rid = self.next_id
         self.next_id += len(texts)
         reqs = [
@@ -228,26 +324,35 @@ class Dispatcher:
         self.queued_cost += sum(costs)
         self.place(reqs)
 
-    def room(self, costs: list[int], whole: bool) -> int:
+    def room(self, costs: list[int], whole: bool, priority: int = INTERACTIVE) -> int:
         """How many of these texts, taken in order, may be admitted now.
 
         Independent texts (`whole` False: binary frames) are admitted while the queue has a
         slot and its estimated wait is within --max-queue-ms. A request of several texts
         (`whole`) is admitted entire or not at all, and may take at most half of what is free,
         by count and by time, so that one client's big batches cannot fill the queue for the
-        rest; into an empty queue it always fits, as long as it fits --max-queue."""
+        rest; into an empty queue it always fits, as long as it fits --max-queue.
+
+        Priority: an interactive text counts only the work it will wait for (not the bulk
+        texts waiting in the front-end, which it goes before); bulk texts may fill only
+        BULK_QUEUE_SHARE of --max-queue, so interactive ones always find room."""
         n = len(costs)
         if not self.accepting:
             self.why = "server is draining"
             return 0
         free = self.max_queue - len(self.inflight)
+        ahead = self.queued_cost
+        if priority == BULK:
+            free -= self.max_queue - int(self.max_queue * BULK_QUEUE_SHARE)
+        else:
+            ahead -= self.waiting.bulk_cost
         limit = self.cost_limit()
         if whole and n > 1:
             if not self.inflight:
                 return n if n <= self.max_queue else 0
             fits = n <= free // 2
             if fits and limit is not None:
-                fits = sum(costs) <= (limit - self.queued_cost) / 2
+                fits = sum(costs) <= (limit - ahead) / 2
             if not fits:
                 self.why = "queue is full: a batch may take at most half of what is free"
             return n if fits else 0
@@ -255,7 +360,7 @@ class Dispatcher:
         if k < n:
             self.why = "queue is full"
         if limit is not None:
-            queued, timed = self.queued_cost, 0
+            queued, timed = ahead, 0
             while timed < k and queued <= limit:
                 queued += costs[timed]
                 timed += 1
@@ -323,7 +428,8 @@ class Dispatcher:
         taken = 0
         for r in reqs:
             k = min(range(len(workers)), key=loads.__getitem__)
-            if hold and loads[k] and loads[k] + r.cost > hold:
+            limit = hold // 2 if r.group.priority else hold  # bulk: one batch of the two
+            if hold and loads[k] and loads[k] + r.cost > limit:
                 break  # the least-loaded worker is full: so is every other
             loads[k] += r.cost
             by_worker[k].append(r)
@@ -342,8 +448,9 @@ class Dispatcher:
                 w.assigned[r.id] = r
                 f.held += r.cost
             refused.extend(batch[n:])
-        if refused:  # a ring was full
-            rest = sorted(refused + rest, key=lambda r: r.id)
+        if refused:  # a ring was full: back in the order they were taken in
+            order = {id(r): i for i, r in enumerate(reqs)}
+            rest = sorted(refused + rest, key=lambda r: order[id(r)])
         return rest
 
     def flush_waiting(self) -> None:
@@ -351,11 +458,12 @@ class Dispatcher:
         waiting = self.waiting
         if not waiting or not self.serving:
             return
+        now = self.clock()
         while waiting:
-            chunk = [waiting.popleft() for _ in range(min(len(waiting), 256))]
+            chunk = waiting.take(256, now)
             rest = self._assign(chunk)
             if rest:
-                waiting.extendleft(reversed(rest))
+                waiting.push_front(rest)
                 return
 
     # -- answers --------------------------------------------------------------------------------
@@ -364,7 +472,8 @@ class Dispatcher:
         worker.eventfd.drain()
         assigned = worker.assigned
         answered = 0
-        for msg_id, _aux, payload in worker.responses.read():
+        read_ns = self.clock()
+        for msg_id, aux, payload in worker.responses.read():
             req = assigned.pop(msg_id, None)
             if req is None:  # a late answer for a request that was rerouted or timed out
                 continue
@@ -376,8 +485,9 @@ class Dispatcher:
             if status == L.STATUS_OK:
                 scores = np.frombuffer(payload, dtype="<f4", count=n, offset=L.RESPONSE_SIZE)
             result = Result(
-                status, label, scores, bucket, queued_us, model_us, flags, tokens, windows, limit
-            )
+                status, label, scores, bucket, queued_us, model_us, flags, tokens, windows, limit,
+                aux, read_ns,
+            )  # fmt: skip
             self.complete(req, result)
         if answered:
             now = self.clock()
@@ -417,7 +527,7 @@ class Dispatcher:
             r.worker = None
             r.rerouted = True
         if moved:
-            self.waiting.extendleft(reversed(moved))
+            self.waiting.push_front(moved)
             self.flush_waiting()
         return len(moved)
 

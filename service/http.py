@@ -15,7 +15,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import httptools
 
@@ -30,6 +30,7 @@ REASONS = {
     405: "Method Not Allowed",
     408: "Request Timeout",
     413: "Content Too Large",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
@@ -60,6 +61,8 @@ class Exchange:
         "request_id",
         "response",
         "status",
+        "tenant",
+        "trace",
         "url",
     )
 
@@ -73,6 +76,8 @@ class Exchange:
         self.done_ns = 0  # monotonic ns of the last byte received
         self.response: bytes | None = None
         self.status = 0  # of the response, once there is one
+        self.tenant: Any = None  # service.tenants.Tenant of the caller's key (None: no key)
+        self.trace: Any = None  # service.tracing.RequestTrace while a sampled request is traced
 
 
 class HttpServerState:
@@ -82,13 +87,15 @@ class HttpServerState:
         self,
         settings: Config,
         router: Callable[[HttpProtocol, Exchange], None],
-        count: Callable[[str, int], None],
+        count: Callable[..., None],
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.settings = settings
         self.router = router
         self.clock = clock  # every timeout reads this one clock (tests drive a fake one)
-        self.count = count  # every answer written, by protocol and status (requests_total)
+        # Every answer written, by protocol, status and tenant (requests_total): count(protocol,
+        # code, n=1, tenant=None).
+        self.count = count
         self.connections: set[HttpProtocol] = set()
         self.counter = 0
         self.closing = False  # draining: every answer closes its connection
@@ -364,7 +371,10 @@ class HttpProtocol(asyncio.Protocol):
         while q and q[0].response is not None and transport is not None:
             ex = q.popleft()
             transport.write(ex.response)  # type: ignore[arg-type]
-            self.state.count(protocol_of(ex.url), ex.status)  # counted once, where written
+            # Counted once, where written; with the tenant of its key, when it had one.
+            self.state.count(protocol_of(ex.url), ex.status, 1, ex.tenant)
+            if ex.trace is not None:
+                ex.trace.written(ex.status, self.clock())
             if not ex.keep_alive:
                 self.closing = True
                 transport.close()

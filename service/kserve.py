@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from service.admission import latency_header
+from service.admission import asked_priority, latency_header
 from service.dispatcher import Result
 from service.http import Exchange, HttpError, HttpProtocol
 from service.routes import ModelView, Router, as_integer, encode_text, long_text_prefix
@@ -483,4 +483,6 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
             conn.respond(ex, 200, head, extra=extra)
 
     task = "embed" if wanted[0][0] == EMBEDDING else "classify"
-    server.admission.submit(conn, ex, texts, done, "kserve", deadline, task)
+    asked = as_dict(doc.get("parameters"), "parameters").get("priority")
+    priority = asked_priority(asked, "parameters.priority")  # never above the key's
+    server.admission.submit(conn, ex, texts, done, "kserve", deadline, task, priority)

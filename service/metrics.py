@@ -32,6 +32,7 @@ from service.stats import (
     prom_buckets,
 )
 from service.supervisor import Supervisor
+from service.tenants import KeyRing
 from shm import layout as L
 from workers.artifact import Manifest
 from workers.spec import is_gpu_device
@@ -53,13 +54,15 @@ class MetricsView(Protocol):
     @property
     def api_key(self) -> ApiKey | None: ...
     @property
+    def keys(self) -> KeyRing | None: ...
+    @property
     def dispatcher(self) -> Dispatcher: ...
     @property
     def supervisor(self) -> Supervisor: ...
     @property
     def http_state(self) -> HttpServerState | None: ...
     @property
-    def requests_total(self) -> dict[tuple[str, int], int]: ...
+    def requests_total(self) -> dict[tuple[str, int, str], int]: ...
     @property
     def manifest(self) -> Manifest: ...
     @property
@@ -217,6 +220,10 @@ class Metrics:
             "max_queue": server.dispatcher.max_queue,
             "inflight": self.inflight(),
             "waiting": len(server.dispatcher.waiting),
+            "waiting_bulk": len(server.dispatcher.waiting.bulk),
+            "bulk_max_wait_ms": server.settings.bulk_max_wait_ms,
+            # One row per tenant of --api-keys: its keys' limits and what it was answered.
+            "tenants": server.keys.table() if server.keys is not None else [],
             # The wait a text admitted now is estimated to have (None until the pool has been
             # measured): the queued work over the pool's tokens/s; --max-queue-ms bounds it.
             "queue_wait_ms": server.dispatcher.wait_ms(),
@@ -264,15 +271,17 @@ class Metrics:
         out.labelled(
             "ringserve_requests_total",
             "counter",
-            "Client requests answered, by protocol and status code.",
+            "Client requests answered, by protocol and status code (and tenant, with "
+            "--api-keys: the tenant of the request's key).",
             (
-                ({"protocol": p, "code": str(c)}, n)
-                for (p, c), n in sorted(server.requests_total.items())
+                ({"protocol": p, "code": str(c), **({"tenant": t} if t else {})}, n)
+                for (p, c, t), n in sorted(server.requests_total.items())
             ),
         )
         refused = dict.fromkeys(AUTH_PROTOCOLS, 0)  # all present from the start, for rate()
-        if server.api_key is not None:
-            refused.update(server.api_key.failures)
+        for source in (server.api_key, server.keys):
+            for p, n in (source.failures if source is not None else {}).items():
+                refused[p] += n
         out.labelled(
             "ringserve_auth_failures_total",
             "counter",
@@ -280,6 +289,19 @@ class Metrics:
             "a refused control command), by protocol.",
             (({"protocol": p}, n) for p, n in sorted(refused.items())),
         )
+        if server.keys is not None and server.keys.named:
+            out.labelled(
+                "ringserve_rate_limited_total",
+                "counter",
+                "Requests over their key's rate (429, binary status 6), by tenant.",
+                (({"tenant": t}, c.limited) for t, c in sorted(server.keys.tenants.items())),
+            )
+            out.labelled(
+                "ringserve_tenant_texts_total",
+                "counter",
+                "Texts admitted, by tenant.",
+                (({"tenant": t}, c.texts) for t, c in sorted(server.keys.tenants.items())),
+            )
         d = server.dispatcher
         out.single(
             "ringserve_rejected_requests_total",

@@ -143,7 +143,14 @@ INFERENCE_HEADERS: list[Schema] = [
         "required": False,
         "description": "the request's deadline after its last byte (else --request-timeout-s)",
         "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 86_400_000},
-    }
+    },
+    {
+        "name": "X-Priority",
+        "in": "header",
+        "required": False,
+        "description": "lower the request's priority below its key's (never raise it)",
+        "schema": {"enum": ["interactive", "bulk"]},
+    },
 ]
 LATENCY = ("x-latency-ms",)
 
@@ -431,6 +438,8 @@ def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
         [],
         closed=False,
         binary_data_output=BOOL,
+        # lower the request's priority (never above its key's); Triton's levels: 1 the highest
+        priority=nullable({"anyOf": [{"enum": ["interactive", "bulk"]}, COUNT]}),
         timeout=nullable(
             {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_US, "description": "µs"}
         ),
@@ -667,6 +676,8 @@ def answers_of(route: Route, path: str, f: Facts) -> dict[int, Answer]:
         out[401] = error("missing or invalid API key", "www-authenticate")
     if route.inference:
         out.update(ADMITTED)
+        if f.key:  # --api-keys: a key over its rate
+            out[429] = error("over the key's rate (--api-keys)", "retry-after", "x-latency-ms?")
     if route.model_path:
         out[404] = error("unknown model or version", *(LATENCY if route.inference else ()))
     out.update(route.answers)

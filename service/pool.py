@@ -116,6 +116,7 @@ class WorkerHandle:
             long_text=settings.long_text,
             window_stride=settings.window_stride,
             max_windows=settings.max_windows,
+            bulk_max_wait_ms=settings.bulk_max_wait_ms,
         )
         self.process: Any = None
         self.pidfd = -1  # the sentinel of a spawned worker (a forked one's is its own pidfd)

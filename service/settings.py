@@ -186,6 +186,18 @@ class Config:
         "`ps` shows the command line)",
         secret=True,  # never printed (service.auth)
     )
+    api_keys: str | None = option(
+        None,
+        "a key file: one key a line, `KEY tenant=NAME [rate=R] [burst=B] "
+        "[priority=interactive|bulk]` (`#` comments); over its rate a key gets 429 (binary: "
+        "status 6); re-read on SIGHUP and `ctl reload` (a bad line is refused with its number)",
+    )
+    otlp_endpoint: str | None = option(
+        None,
+        "export OpenTelemetry traces over OTLP/HTTP to this collector (`http://host:4318`; "
+        "`/v1/traces` is added to a URL without a path); the standard OTEL_EXPORTER_OTLP_* and "
+        "OTEL_TRACES_SAMPLER variables apply, and set alone they turn tracing on too",
+    )
     operator_port: int = option(
         0,
         "serve /metrics, /v1/stats and /dashboard on this port, without the key, and not on "
@@ -264,6 +276,14 @@ class Config:
         1000.0,
         "refuse (503) when the queued work, in estimated tokens over the pool's measured "
         "tokens/s, would wait longer than this (0 = count only); on top of --max-queue",
+        float,
+    )
+    # 2 s: twice --max-queue-ms, so a bulk text admitted into a full queue of bulk work still
+    # leaves interactive texts first for as long as that queue takes to run (benchmarks/tenants.py).
+    bulk_max_wait_ms: float = option(
+        2000.0,
+        "longest a bulk text waits in the front-end's queue behind interactive texts; past it, "
+        "it goes before them (so bulk is never starved)",
         float,
     )
     worker_hold_batches: int = option(

@@ -20,6 +20,7 @@ from shm.layout import (
     STATUS_INTERNAL,
     STATUS_OK,
     STATUS_OVERLOADED,
+    STATUS_RATE_LIMITED,
 )
 
 LENGTH = struct.Struct("<I")
@@ -30,12 +31,13 @@ WINDOWED = 2  # flags bit 1: the text was scored in windows
 SCORE = struct.Struct("<f")
 
 # The statuses an answer may carry are the worker's own, so none needs translating.
-OK, BAD_REQUEST, OVERLOADED, DEADLINE, INTERNAL = (
+OK, BAD_REQUEST, OVERLOADED, DEADLINE, INTERNAL, RATE_LIMITED = (
     STATUS_OK,
     STATUS_BAD_REQUEST,
     STATUS_OVERLOADED,
     STATUS_DEADLINE,
     STATUS_INTERNAL,
+    STATUS_RATE_LIMITED,
 )
 STATUS_NAMES = {
     OK: "ok",
@@ -43,6 +45,7 @@ STATUS_NAMES = {
     OVERLOADED: "overloaded",
     DEADLINE: "deadline passed",
     INTERNAL: "internal error",
+    RATE_LIMITED: "over the key's rate",
 }
 
 

@@ -55,6 +55,7 @@ OPT_REFUSE = 2  # truncate: false
 OPT_MODE = 3  # the bits above; neither set: the server's --long-text
 OPT_LEFT = 4  # truncation_direction: left (keep the end)
 OPT_EMBED = 8  # answer the text's embedding (D floats), not its scores (an embed model only)
+OPT_BULK = 16  # a bulk text: the worker batches interactive texts first (service/tenants.py)
 # Response payload (24 bytes, so a two-label answer still fits one 64-byte slot):
 #   status u8 | bucket u8 | label_id u16 | n u16 | flags u8 | reserved u8 |
 #   windows u16 | limit u16 | tokens u32 | queued_us u32 | model_us u32 | n x f32 scores
@@ -66,6 +67,13 @@ OPT_EMBED = 8  # answer the text's embedding (D floats), not its scores (an embe
 # An embedding answer has the same header with n = D, label_id 0, and the D floats of the vector
 # in place of the scores; a message spans as many slots as it needs (the worker checks at load
 # that the response ring holds one).
+# The response record's aux word (unused before) describes the batch that answered the text, for
+# the front-end's traces: rows (12 bits) | padded length (12 bits) | the batch's start, the
+# forward pass's first moment, in CLOCK_MONOTONIC microseconds modulo 2**40 (12.7 days: the
+# front-end reads it back against its own clock, which every process on the host shares, and an
+# answer is never that old). Counts past 4095 are clamped. 0: no batch (a refusal).
+BATCH_START_BITS = 40
+BATCH_FIELD_MAX = 0xFFF
 RESPONSE = struct.Struct("<BBHHBBHHIII")
 RESPONSE_SIZE = RESPONSE.size  # 24
 RSP_TRUNCATED = 1
@@ -76,6 +84,7 @@ STATUS_BAD_REQUEST = 1
 STATUS_OVERLOADED = 2
 STATUS_DEADLINE = 3
 STATUS_INTERNAL = 4
+STATUS_RATE_LIMITED = 6  # front-end only: over the key's rate (HTTP 429)
 STATUS_TOO_LONG = 7  # worker-side only: HTTP 413; the binary protocol answers it as status 1
 
 
@@ -105,6 +114,34 @@ def pack_response(
         min(queued_us, 0xFFFFFFFF),
         min(model_us, 0xFFFFFFFF),
     )
+
+
+def with_bulk(payload: bytes) -> bytes:
+    """The payload marked bulk: OPT_BULK added to its options byte, or one put in front."""
+    if payload[:1] == OPTIONS_MARK and len(payload) >= 2:
+        return OPTIONS_MARK + bytes([payload[1] | OPT_BULK]) + payload[2:]
+    return OPTIONS_MARK + bytes([OPT_BULK]) + payload
+
+
+def pack_batch(rows: int, padded_length: int, start_ns: int) -> int:
+    """The aux word of an answer from a batch of `rows` padded to `padded_length`, whose
+    forward began at `start_ns` (monotonic); a signed int64, as the record stores it."""
+    start_us = (start_ns // 1000) & ((1 << BATCH_START_BITS) - 1)
+    word = (min(rows, BATCH_FIELD_MAX) << 52) | (min(padded_length, BATCH_FIELD_MAX) << 40)
+    word |= start_us
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
+def unpack_batch(aux: int, now_ns: int) -> tuple[int, int, int]:
+    """(rows, padded length, start in monotonic ns) of pack_batch's word, read at `now_ns`
+    (after the batch began); (0, 0, 0) for no batch."""
+    if not aux:
+        return 0, 0, 0
+    word = aux & ((1 << 64) - 1)
+    mask = (1 << BATCH_START_BITS) - 1
+    now_us = now_ns // 1000
+    start_us = now_us - ((now_us - (word & mask)) & mask)
+    return word >> 52, (word >> 40) & BATCH_FIELD_MAX, start_us * 1000
 
 
 def ring_bytes(slot_size: int, slot_count: int) -> int:

@@ -271,3 +271,46 @@ def test_drain_all() -> None:
     b.take()
     assert ids(b.drain_all()) == [1, 2]
     assert b.size == 0 and b.take() == ([], 0) and b.wait_ns(0) == -1
+
+
+# -- priority (shm.layout.OPT_BULK) -------------------------------------------------------------
+def bulk_item(msg_id: int, length: int, arrived_ns: int) -> Item:
+    return Item(msg_id, 0, arrived_ns, [7] * length, bulk=True)
+
+
+def test_an_interactive_text_runs_before_older_bulk_texts_in_a_short_batch() -> None:
+    b = Batcher(64, 512, 0)
+    for n in range(17):
+        b.add(bulk_item(n, 30, arrived_ns=n * MS))
+    batch, _ = b.take()  # bulk alone: a whole batch (512 // 30 = 17 rows)
+    assert len(batch) == 17 and all(it.bulk for it in batch)
+    for n in range(17, 40):
+        b.add(bulk_item(n, 30, arrived_ns=n * MS))
+    b.add(item(100, 30, arrived_ns=50 * MS))
+    batch, _ = b.take()
+    assert 100 in ids(batch)  # the interactive text goes next, ahead of 23 older bulk texts
+    assert len(batch) * 30 <= 512 // 4  # in a quarter batch, bulk texts filling the rest
+    assert len(batch) > 1 and sum(it.bulk for it in batch) == len(batch) - 1
+    batch, _ = b.take()
+    assert len(batch) * 30 <= 512 // 4  # still quarter batches while interactive is recent
+    while b.size:
+        b.take()
+    for n in range(200, 217):  # two seconds on: no interactive text for the last one
+        b.add(bulk_item(n, 30, arrived_ns=(2000 + n) * MS))
+    batch, _ = b.take()
+    assert len(batch) == 17  # whole bulk batches again
+
+
+def test_a_bulk_text_in_a_worker_waits_behind_interactive_ones_at_most_its_bound() -> None:
+    b = Batcher(1, 512, 0)  # one row a batch: every take runs one text
+    b.bulk_wait_ns = 100 * MS
+    b.add(bulk_item(0, 10, arrived_ns=0))
+    taken_at = None
+    for step in range(1, 40):  # two interactive texts every 10 ms, one taken
+        now = step * 10 * MS
+        b.add(item(2 * step, 10, arrived_ns=now))
+        b.add(item(2 * step + 1, 10, arrived_ns=now))
+        if b.take()[0][0].msg_id == 0:
+            taken_at = now
+            break
+    assert taken_at == 100 * MS  # not before its bound, and not after

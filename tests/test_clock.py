@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from service.dispatcher import Dispatcher, Result
+from service.dispatcher import BULK, Dispatcher, Result
 from service.http import MAX_PIPELINE, Exchange, HttpProtocol, HttpServerState
 from service.settings import Config
 from shm import layout as L
@@ -64,7 +64,7 @@ def answer_at_once(conn: HttpProtocol, ex: Exchange) -> None:
 
 def connection(router=answer_at_once) -> tuple[HttpProtocol, Transport, Clock, list[int]]:  # type: ignore[no-untyped-def]
     clock, counted = Clock(), []
-    state = HttpServerState(SETTINGS, router, lambda _p, code: counted.append(code), clock)
+    state = HttpServerState(SETTINGS, router, lambda _p, code, *_: counted.append(code), clock)
     conn, transport = HttpProtocol(state), Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     return conn, transport, clock, counted
@@ -426,3 +426,87 @@ def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
     assert asyncio.run(two_asks()) == [None, None]
     assert len(threads) == 1 and threads[0] is not threading.main_thread()
     assert server.supervisor.generation == 1  # one verification, one roll
+
+
+# -- priority: interactive first, bulk never starved ---------------------------------------------
+def test_interactive_texts_go_before_waiting_bulk_ones() -> None:
+    w = Worker(room=1)
+    d, clock = dispatcher(w)
+    assert d.submit([b"b1"], clock.now + S, Calls(), priority=BULK)
+    assert d.submit([b"b2"], clock.now + S, Calls(), priority=BULK)
+    assert d.submit([b"i1"], clock.now + S, Calls())
+    bulk = L.with_bulk  # a bulk payload carries OPT_BULK, for the worker's batcher
+    assert [m[1] for m in w.ring] == [bulk(b"b1")]
+    assert [r.payload for r in d.waiting] == [b"i1", bulk(b"b2")]
+    w.answer()
+    d.on_answers(w)
+    assert [m[1] for m in w.ring] == [b"i1"]  # the interactive text overtook the older bulk one
+
+
+def flood_until_bulk_runs(bound_ms: float, horizon_ms: int) -> int | None:
+    """A worker that takes one text at a time, a bulk text waiting, and a new interactive text
+    every 10 ms for `horizon_ms`, more than the worker answers (one each 10 ms): when did the
+    bulk text reach the worker (ms after its admission), if ever?"""
+    w = Worker(room=1)
+    clock = Clock()
+    d = Dispatcher(1024, clock, bulk_wait_ms=bound_ms)
+    d.serving = [w]  # type: ignore[list-item]
+    d.submit([b"i0"], clock.now + 60 * S, Calls())
+    d.submit([b"bulk"], clock.now + 60 * S, Calls(), priority=BULK)
+    start = clock.now
+    for step in range(horizon_ms // 10):
+        d.submit([b"i%d" % step, b"j%d" % step], clock.now + 60 * S, Calls())  # 2 per 10 ms
+        clock.now += 10_000_000
+        w.answer()
+        d.on_answers(w)
+        if any(m[1] == L.with_bulk(b"bulk") for m in w.ring):
+            return (clock.now - start) // 1_000_000
+    return None
+
+
+def test_a_bulk_text_waits_behind_interactive_ones_at_most_its_bound() -> None:
+    """With interactive texts arriving faster than the worker answers them, a bulk text goes to
+    the worker once it has waited --bulk-max-wait-ms (within one answer's time), and not
+    before; with no bound it would wait for ever (here: 5 s of the flood)."""
+    assert flood_until_bulk_runs(bound_ms=1e9, horizon_ms=5000) is None  # starved
+    for bound in (50, 200, 1000):
+        waited = flood_until_bulk_runs(bound_ms=bound, horizon_ms=5000)
+        assert waited is not None and bound <= waited <= bound + 10, (bound, waited)
+
+
+def test_bulk_fills_at_most_its_share_of_the_queue() -> None:
+    d, clock = dispatcher(Worker(room=0), max_queue=8)
+    for i in range(6):
+        assert d.submit([b"b%d" % i], clock.now + S, Calls(), priority=BULK)
+    assert not d.submit([b"b6"], clock.now + S, Calls(), priority=BULK)  # 6 = 0.75 x 8
+    assert d.submit([b"i0"], clock.now + S, Calls())  # interactive texts still find room
+    assert d.submit([b"i1"], clock.now + S, Calls())
+    assert not d.submit([b"i2"], clock.now + S, Calls())  # --max-queue holds for all
+
+
+def test_a_worker_takes_bulk_work_only_below_one_batch() -> None:
+    """hold_cost is two batches; bulk texts stop at one, so an interactive text waits behind
+    one bulk batch at most, while the worker still takes it at once."""
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=64)
+    d.hold_cost = 2 * 40
+    text = b"x" * 48  # cost 48 / 4 + 8 = 20
+    for _ in range(3):
+        assert d.submit([text], clock.now + S, Calls(), priority=BULK)
+    assert len(w.ring) == 2 and len(d.waiting.bulk) == 1  # 40 of bulk: one batch
+    assert d.submit([text], clock.now + S, Calls())
+    assert len(w.ring) == 3 and not d.waiting.interactive  # interactive: up to two batches
+
+
+def test_the_time_bound_of_an_interactive_text_leaves_out_the_bulk_waiting() -> None:
+    """Interactive texts go before the bulk texts waiting in the front-end, so their estimated
+    wait, which --max-queue-ms bounds, does not count them: bulk cannot crowd them out."""
+    w = Worker(room=0)
+    d, clock = dispatcher(w, max_queue=1000)
+    d.max_queue_ms = 1000
+    d.flows[w] = f = d.flow(w)  # type: ignore[index]
+    f.rate = 100.0  # cost units a second, as measured: the bound is 100 units
+    text = b"y" * 8  # cost 10
+    admitted = sum(d.submit([text], clock.now + S, Calls(), priority=BULK) for _ in range(20))
+    assert admitted == 11  # admitted while the queue held at most 100 (the 11th tips it over)
+    assert d.submit([text], clock.now + S, Calls())  # interactive: only itself ahead

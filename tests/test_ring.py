@@ -591,3 +591,38 @@ def test_remove_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert sorted(remove_stale(keep_pid=never)) == [names[0]]
     assert sorted(remove_stale()) == [names[1]]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+
+
+# -- the batch an answer came from, in the response record's aux word (tracing) -----------------
+@given(
+    rows=st.integers(0, 10_000),
+    length=st.integers(0, 10_000),
+    start_ns=st.integers(1_000, 1 << 62),
+    age_ns=st.integers(0, 3_600 * 10**9),
+)
+@example(rows=4095, length=4095, start_ns=((1 << 40) - 1) * 1000, age_ns=2000)  # the sign bit
+@example(rows=1, length=16, start_ns=(1 << 40) * 1000 - 500, age_ns=1000)  # the clock wraps
+def test_the_batch_word_round_trips(rows: int, length: int, start_ns: int, age_ns: int) -> None:
+    word = L.pack_batch(rows, length, start_ns)
+    assert -(1 << 63) <= word < 1 << 63  # the record's signed aux field holds it
+    got_rows, got_length, got_start = L.unpack_batch(word, start_ns + age_ns)
+    assert (got_rows, got_length) == (min(rows, 4095), min(length, 4095))
+    assert got_start == start_ns // 1000 * 1000  # microseconds, whatever the uptime
+
+
+def test_the_batch_word_crosses_a_real_ring_with_a_two_label_answer_in_one_slot() -> None:
+    """The batch rides in aux, which was unused for answers: a two-label answer still takes
+    one 64-byte slot, and the word comes back whole, even with its sign bit set."""
+    head = L.pack_response(L.STATUS_OK, 0, 1, 2, queued_us=5, model_us=7)
+    payload = head + bytes(8)
+    assert L.slots_for(len(payload), L.RESPONSE_SLOT_SIZE) == 1
+    start = ((1 << 40) - 3) * 1000
+    word = L.pack_batch(3000, 128, start)  # rows past 2047 set the sign bit
+    assert word < 0
+    with local_ring(L.RESPONSE_SLOT_SIZE, 8) as ring:
+        assert ring.write_many([(7, payload, word), (8, payload, 0)]) == 2
+        assert tail_of(ring) == 2
+        (_, aux, got), (_, no_batch, _) = ring.read()
+    assert got == payload and no_batch == 0
+    assert L.unpack_batch(aux, start + 10**6) == (3000, 128, start)
+    assert L.unpack_batch(0, start) == (0, 0, 0)

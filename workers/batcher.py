@@ -22,6 +22,12 @@ REPORT_GRID = CUDA_BUCKETS
 # 12.8 tokens; ONNX Runtime fp32 1.11 ms, 99 us, 11.2; ONNX Runtime int8 0.17 ms, 48 us, 3.6.
 BATCH_OVERHEAD = {("torch", "fp32"): 13, ("onnx", "fp32"): 11, ("onnx", "int8"): 4}
 BATCH_OVERHEAD_TOKENS = 32  # for a runner that has not measured its own (CUDA)
+# Priority: while bulk texts wait and an interactive text arrived in the last second, a batch
+# takes a quarter of the token budget, so an interactive text that comes while bulk work runs
+# waits behind a short batch and runs in one; with no interactive traffic bulk batches are
+# whole (benchmarks/tenants.py measured what this costs bulk throughput).
+BULK_SHARE_WHILE_INTERACTIVE = 4
+INTERACTIVE_RECENT_NS = 1_000_000_000
 
 
 @dataclass(slots=True)
@@ -38,6 +44,7 @@ class Item:
     whole: Any = None  # a window's workers.longtext.Whole; None for a text scored as one row
     window: int = 0  # a window's index among its text's windows
     embed: bool = False  # answer the embedding (shm.layout.OPT_EMBED), not the scores
+    bulk: bool = False  # a bulk text (shm.layout.OPT_BULK): interactive texts go first
 
 
 def bucket_index(buckets: tuple[int, ...], length: int) -> int:
@@ -119,10 +126,15 @@ class Batcher:
     ) -> None:
         self.max_batch = max(1, max_batch)
         self.max_tokens = max_tokens
+        self.planned_tokens = max_tokens  # the budget of the last plan (budget())
         self.max_delay_ns = max_delay_ns
         self.grid = grid  # empty: pad to the batch's own longest
         self.overhead = overhead_tokens
-        self.fifo: deque[Item] = deque()
+        self.fifo: deque[Item] = deque()  # interactive texts, oldest first
+        self.fifo_bulk: deque[Item] = deque()  # bulk texts, oldest first
+        self.bulk_wait_ns = 2_000_000_000  # --bulk-max-wait-ms: then a bulk text goes first
+        self.last_interactive_ns = 0  # arrival of the newest interactive text
+        self.newest_ns = 0  # arrival of the newest text
         self.by_length: list[tuple[int, int, Item]] = []  # (length, seq, item), sorted
         self.size = 0
         self.seq = 0
@@ -134,17 +146,37 @@ class Batcher:
     def add(self, item: Item) -> None:
         item.seq = self.seq
         self.seq += 1
-        self.fifo.append(item)
+        self.newest_ns = max(self.newest_ns, item.arrived_ns)
+        if item.bulk:
+            self.fifo_bulk.append(item)
+        else:
+            self.fifo.append(item)
+            self.last_interactive_ns = self.newest_ns
         bisect.insort(self.by_length, (len(item.ids), item.seq, item))
         self.size += 1
         if item.deadline_ns and (not self.next_expiry or item.deadline_ns < self.next_expiry):
             self.next_expiry = item.deadline_ns
 
     def oldest(self) -> Item | None:
-        fifo = self.fifo
+        """The text the next batch is built around: the oldest interactive one, unless the
+        oldest bulk one has waited --bulk-max-wait-ms (or no interactive text waits)."""
+        fifo, bulk = self.fifo, self.fifo_bulk
         while fifo and fifo[0].taken:
             fifo.popleft()
+        while bulk and bulk[0].taken:
+            bulk.popleft()
+        if bulk and (not fifo or self.newest_ns - bulk[0].arrived_ns >= self.bulk_wait_ns):
+            return bulk[0]
         return fifo[0] if fifo else None
+
+    def budget(self, first: Item) -> int:
+        """Padded tokens for the next batch (see BULK_SHARE_WHILE_INTERACTIVE): a quarter
+        while bulk texts wait and interactive ones came in the last second, whichever the batch
+        is built around (an interactive text's batch would fill up with bulk texts)."""
+        recent = self.newest_ns - self.last_interactive_ns < INTERACTIVE_RECENT_NS
+        if self.fifo_bulk and self.last_interactive_ns and recent:
+            return max(1, self.max_tokens // BULK_SHARE_WHILE_INTERACTIVE)
+        return self.max_tokens
 
     def plan(self) -> tuple[int, int, int] | None:
         """(first, last, padded length) of the next batch in `by_length`, or None when empty:
@@ -157,7 +189,8 @@ class Batcher:
         lo = max(0, p - self.max_batch)
         hi = min(len(order), p + self.max_batch)
         lengths = [self.padded(entry[0]) for entry in order[lo:hi]]
-        cut = cheapest_split(lengths, self.max_batch, self.max_tokens, self.overhead)
+        self.planned_tokens = self.budget(first)
+        cut = cheapest_split(lengths, self.max_batch, self.planned_tokens, self.overhead)
         j = len(lengths)
         while cut[j] > p - lo:
             j = cut[j]
@@ -165,7 +198,7 @@ class Batcher:
 
     def full(self, plan: tuple[int, int, int]) -> bool:
         first, last, length = plan
-        return last - first + 1 >= row_limit(length, self.max_batch, self.max_tokens)
+        return last - first + 1 >= row_limit(length, self.max_batch, self.planned_tokens)
 
     def wait_ns(self, now_ns: int) -> int:
         """0 when a batch should run now, -1 when nothing waits, else how long to wait for
@@ -218,6 +251,7 @@ class Batcher:
             item.taken = True
         self.by_length.clear()
         self.fifo.clear()
+        self.fifo_bulk.clear()
         self.size = 0
         self.next_expiry = 0
         return items

@@ -59,3 +59,4 @@ class WorkerSpec:
     long_text: str = "truncate"  # --long-text: truncate, refuse or window (workers/longtext.py)
     window_stride: int = 32  # --window-stride
     max_windows: int = 16  # --max-windows
+    bulk_max_wait_ms: float = 2000.0  # --bulk-max-wait-ms: a bulk text's wait behind others

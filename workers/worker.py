@@ -139,6 +139,7 @@ class Worker:
         delay_ns = int(spec.max_delay_ms * 1e6)
         overhead = self.runner.overhead_tokens
         self.batcher = Batcher(spec.max_batch, spec.max_batch_tokens, delay_ns, grid, overhead)
+        self.batcher.bulk_wait_ns = int(spec.bulk_max_wait_ms * 1e6)
         self.ctl.set("boot_ms", int((time.monotonic() - t0) * 1000))
         self.ctl.set("state", L.W_READY)
         self.ctl.beat()
@@ -173,7 +174,7 @@ class Worker:
         now = time.monotonic_ns()
         texts: list[str | tuple[str, str]] = []
         options: list[int] = []
-        keep: list[tuple[int, int, bool]] = []
+        keep: list[tuple[int, int, int]] = []  # msg id, deadline, options
         bad: list[Answer] = []
         for msg_id, deadline, payload in msgs:
             opts, payload = split_options(payload)
@@ -186,7 +187,7 @@ class Worker:
                 continue
             texts.append(text)
             options.append(opts)
-            keep.append((msg_id, deadline, embed))
+            keep.append((msg_id, deadline, opts))
         if texts:
             # A pair goes through the tokenizer's own post-processor (special tokens, type ids);
             # a text over max_length is cut, refused or windowed (workers/longtext.py).
@@ -198,11 +199,12 @@ class Worker:
             self.send(bad)
         return len(msgs)
 
-    def admit(self, keep: list[tuple[int, int, bool]], plans: list[Plan], now: int) -> list[Answer]:
+    def admit(self, keep: list[tuple[int, int, int]], plans: list[Plan], now: int) -> list[Answer]:
         """Each plan's rows into the batcher; returns the refusals of texts that are too long."""
         refused: list[Answer] = []
         add = self.batcher.add
-        for (msg_id, deadline, embed), plan in zip(keep, plans, strict=True):
+        for (msg_id, deadline, opts), plan in zip(keep, plans, strict=True):
+            embed, bulk = bool(opts & L.OPT_EMBED), bool(opts & L.OPT_BULK)
             if plan.refusal is not None:
                 windows, limit = plan.refusal
                 head = L.pack_response(
@@ -213,12 +215,13 @@ class Worker:
             elif len(plan.pieces) == 1:
                 p = plan.pieces[0]
                 add(Item(msg_id, deadline, now, p.ids, types=p.types, tokens=plan.tokens,
-                         flags=plan.flags, embed=embed))  # fmt: skip
+                         flags=plan.flags, embed=embed, bulk=bulk))  # fmt: skip
             else:  # windows: one Whole answers once, when its last window is scored
                 whole = Whole(msg_id, plan.tokens, now, left=len(plan.pieces), embed=embed)
                 whole.scores = [None] * len(plan.pieces)
                 for i, p in enumerate(plan.pieces):
-                    add(Item(msg_id, deadline, now, p.ids, types=p.types, whole=whole, window=i))
+                    add(Item(msg_id, deadline, now, p.ids, types=p.types, whole=whole, window=i,
+                             bulk=bulk))  # fmt: skip
         return refused
 
     def run_next(self) -> None:
@@ -237,10 +240,11 @@ class Worker:
         t1 = time.monotonic_ns()
         model_us = (t1 - t0) // 1000
         grid = self.report_grid
+        aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces
         out = []
         for row, it in enumerate(batch):
             if it.whole is not None:
-                answer = self.window_done(it, probs[row], t0, model_us)
+                answer = self.window_done(it, probs[row], t0, model_us, aux)
                 if answer is not None:
                     out.append(answer)
                 continue
@@ -248,7 +252,7 @@ class Worker:
             cls = bucket_index(grid, len(it.ids))  # latency is reported by the text's own length
             out.append(
                 self.pack(it.msg_id, L.STATUS_OK, cls, self.part(probs[row], it.embed),
-                          queued_us, model_us, it.flags, it.tokens, embed=it.embed)
+                          queued_us, model_us, it.flags, it.tokens, embed=it.embed, aux=aux)
             )  # fmt: skip
         ctl = self.ctl  # counted before the answers go: whoever sees one sees its batch counted
         ctl.add("requests", len(out))
@@ -260,7 +264,9 @@ class Worker:
         ctl.count_batch(len(batch))
         self.send(out)
 
-    def window_done(self, it: Item, probs: Any, t0: int, model_us: int) -> Answer | None:
+    def window_done(
+        self, it: Item, probs: Any, t0: int, model_us: int, aux: int = 0
+    ) -> Answer | None:
         """Record one window's scores (a copy: the runner reuses its output buffer); the answer
         once the text's last window is in."""
         whole: Whole = it.whole
@@ -279,7 +285,7 @@ class Worker:
         queued_us = (t0 - whole.arrived_ns) // 1000 - whole.model_us + model_us
         return self.pack(
             whole.msg_id, L.STATUS_OK, cls, combined, max(0, queued_us), whole.model_us,
-            L.RSP_WINDOWED, whole.tokens, len(whole.scores), embed=whole.embed,
+            L.RSP_WINDOWED, whole.tokens, len(whole.scores), embed=whole.embed, aux=aux,
         )  # fmt: skip
 
     def part(self, row: Any, embed: bool) -> Any:
@@ -298,6 +304,7 @@ class Worker:
         tokens: int = 0,
         windows: int = 0,
         embed: bool = False,
+        aux: int = 0,
     ) -> Answer:
         if probs is None:
             return (msg_id, L.pack_response(status), 0)
@@ -306,7 +313,7 @@ class Worker:
         head = L.pack_response(
             status, bucket, label, len(probs), queued_us, model_us, flags, windows, tokens
         )
-        return (msg_id, head + probs.tobytes(), 0)
+        return (msg_id, head + probs.tobytes(), aux)
 
     def send(self, msgs: list[Answer]) -> None:
         """Publish answers, then ring the front-end's doorbell once."""
