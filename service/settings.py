@@ -114,6 +114,13 @@ def parse_runtime(text: str) -> str:
     return value
 
 
+def parse_graph(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in ("auto", "plain", "fused"):
+        raise ValueError(f"graph must be auto, plain or fused, got {text!r}")
+    return value
+
+
 def parse_long_text(text: str) -> str:
     value = str(text).strip().lower()
     if value not in ("truncate", "refuse", "window"):
@@ -215,6 +222,13 @@ class Config:
         "torch (TorchScript) or onnx (ONNX Runtime, CPU); auto: onnx on the CPU when the "
         "artifact has model.onnx (measured 2-2.8x faster, README), torch on CUDA",
         parse_runtime,
+    )
+    graph: str = option(
+        "auto",
+        "ONNX Runtime at fp32: plain (the export) or fused (ONNX Runtime's fused transformer "
+        "graph, when the artifact has one); auto: both timed on this CPU at start, the faster "
+        "serves (kept per artifact and CPU; logged and in /v1/model)",
+        parse_graph,
     )
     spares: int = option(1, "warm spare workers beside the serving ones", int)
     start_method: str = option(

@@ -167,10 +167,12 @@ class OrtRunner(CpuRunner):
 def ort_runner(
     spec: Any, manifest: Any, activation: Callable[[np.ndarray], np.ndarray] = softmax
 ) -> OrtRunner:
-    """The ONNX Runtime runner of a worker: fp32 or int8, from the artifact's ONNX files."""
+    """The ONNX Runtime runner of a worker: fp32 (plain or fused graph) or int8, from the
+    artifact's ONNX files."""
     from workers.onnx_model import open_session
 
-    session = open_session(Path(spec.model_dir) / manifest.onnx_for(spec.precision), spec.threads)
+    path = Path(spec.model_dir) / manifest.onnx_for(spec.precision, spec.graph)
+    session = open_session(path, spec.threads)
     return OrtRunner(
         session, manifest.max_length, spec.max_batch, activation, spec.precision, manifest.embeds
     )
