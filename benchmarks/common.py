@@ -115,10 +115,12 @@ class Launched:
         port: int | None = None,
         beside: Launched | None = None,
         own_group: bool = False,
+        cwd: Path | None = None,
     ) -> None:
         """`beside`: share that server's ports and control path (a --reuse-port upgrade).
         `own_group`: start it in a session of its own, so a signal to its process group (as
-        systemd, supervisord and `kill -TERM -PGID` send) reaches it and its children only."""
+        systemd, supervisord and `kill -TERM -PGID` send) reaches it and its children only.
+        `cwd`: the checkout whose code serves (default: this one)."""
         tmp = Path(tmp)
         self.port: int = beside.port if beside else port or free_port()
         self.binary_port: int = beside.binary_port if beside else free_port() if binary else 0
@@ -137,7 +139,7 @@ class Launched:
         ]  # fmt: skip
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            self.args, cwd=ROOT, env={**inherited_env(), **(env or {})}, stdout=self.log,
+            self.args, cwd=cwd or ROOT, env={**inherited_env(), **(env or {})}, stdout=self.log,
             stderr=subprocess.STDOUT, start_new_session=own_group,
         )  # fmt: skip
         self.pid = self.proc.pid

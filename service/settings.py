@@ -211,10 +211,10 @@ class Config:
     workers_per_gpu: int = option(1, "serving workers per GPU when the device is CUDA", int)
     precision: str = option(
         "fp32",
-        "CPU: fp32 or int8 (dynamic quantization on ONNX Runtime; its accuracy cost, measured "
-        "when the artifact is built, is logged at start and in /v1/model); CUDA: fp32, fp16 or "
-        "bf16 (autocast; benchmarks/gpu_check.py measures their cost). Equal scores (1e-5) are "
-        "promised for fp32",
+        "CPU: fp32 or int8 (on ONNX Runtime, the recipe the artifact build chose by measuring "
+        "agreement and speed; its accuracy cost is logged at start and in /v1/model); CUDA: "
+        "fp32, fp16 or bf16 (autocast; benchmarks/gpu_check.py measures their cost). Equal "
+        "scores (1e-5) are promised for fp32",
         parse_precision,
     )
     runtime: str = option(
