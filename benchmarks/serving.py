@@ -366,7 +366,7 @@ def run_peer(
 def best_limit(pool: CeilingPool, encs: dict[str, list[list[int]]], seconds: float) -> None:
     """The batch limit the server's own split runs fastest under at the 256 window; the
     defaults come from it (printed beside them; the served runs use the defaults)."""
-    overhead = BATCH_OVERHEAD[RUNTIMES[0]]
+    overhead = BATCH_OVERHEAD[RUNTIMES[0][:2]]
     print("batch limit at the 256 window, the server's own split (default runtime), texts/s:")
     scores = {}
     for limit in LIMITS:
