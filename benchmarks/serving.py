@@ -50,6 +50,7 @@ from benchmarks.common import (
     classify_request,
     free_port,
     get_json,
+    http_request,
     inherited_env,
     load_texts,
     raw_runner,
@@ -311,11 +312,12 @@ class Peer:
         while time.monotonic() < stop:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the peer exited with {self.proc.returncode}")
-            try:
-                get_json(self.port, "/health", timeout=2.0)
-                return
-            except (OSError, ValueError):
-                time.sleep(0.2)
+            try:  # LitServe answers /health with a plain "ok", FastAPI with JSON
+                if http_request(self.port, "GET", "/health", timeout=2.0)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
         raise TimeoutError("the peer did not answer /health")
 
     def close(self) -> None:
