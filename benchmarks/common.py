@@ -76,7 +76,9 @@ def get_json(port: int, path: str, timeout: float = 10.0, host: str = HOST) -> d
     return doc
 
 
-def raw_runner(model_dir: str, runtime: str, precision: str, max_batch: int) -> Any:
+def raw_runner(
+    model_dir: str, runtime: str, precision: str, max_batch: int, graph: str = "plain"
+) -> Any:
     """The model alone on one thread, run as a CPU worker runs it (workers/worker.py): an
     OrtRunner on the artifact's ONNX file for `precision`, or TorchScript without the profiling
     executor. For the benchmarks' ceilings; imports torch, so call it in the measuring process."""
@@ -90,7 +92,7 @@ def raw_runner(model_dir: str, runtime: str, precision: str, max_batch: int) -> 
     torch.set_num_threads(1)
     m = load_manifest(model_dir)
     if runtime == "onnx":
-        session = open_session(f"{model_dir}/{m.onnx_for(precision)}")
+        session = open_session(f"{model_dir}/{m.onnx_for(precision, graph)}")
         return OrtRunner(session, m.max_length, max_batch, precision=precision)
     set_graph_optimize(True)
     return CpuRunner(load_model(model_dir), m.max_length, max_batch)

@@ -13,20 +13,29 @@ served:  the real `ringserve serve` with default options (plus the runtime and p
          (they come from it).
 Two mixes: short (SST-2 sentences) and long (AG News descriptions). Reports served/ceiling,
 P50/P99, padding waste (from /v1/stats), whole-server CPU ms per request, and at concurrency 1 the
-model's own batch-1 latency. Usage: python -m benchmarks.serving [--seconds 6] [--quick]
+model's own batch-1 latency. Configurations: the defaults (ONNX Runtime fp32 on the graph
+`--graph auto` picks at start), the other fp32 graph forced, TorchScript, and int8 (the recipe
+the artifact build chose; its frontier table, as the build measured it, is printed first). Each
+server's whole process tree's PSS at start and after its load. Then served figures divided by
+the fastest fp32 ceiling any graph reached, int8's served speed over fp32's, and two peers on the
+same texts: plain FastAPI (one text a forward pass) and LitServe with its own batching.
+Usage: python -m benchmarks.serving [--seconds 6] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -41,16 +50,26 @@ from benchmarks.common import (
     classify_request,
     free_port,
     get_json,
+    http_request,
     inherited_env,
     load_texts,
     raw_runner,
     run_load,
 )
+from benchmarks.int8_frontier import table
+from benchmarks.memory import tree_pss
 from service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
 from workers.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
 
 MIXES = {"short": SST2, "long": AG_NEWS}
-RUNTIMES = [("onnx", "fp32"), ("torch", "fp32"), ("onnx", "int8")]  # the default first
+# (runtime, precision, graph): the default first ("auto": the server's choice, "other": the
+# fp32 graph it did not choose, forced).
+RUNTIMES = [
+    ("onnx", "fp32", "auto"),
+    ("onnx", "fp32", "other"),
+    ("torch", "fp32", ""),
+    ("onnx", "int8", ""),
+]
 LEVELS = [1, 32, 64]
 # Batch limits the ceiling tries: (rows, padded tokens).
 LIMITS = [(8, 256), (16, 256), (32, 512), (64, 512), (64, 1024)]
@@ -66,8 +85,8 @@ def _ceiling_loop(conn: Any, cpu: int) -> None:
     while True:
         msg = conn.recv()
         if msg[0] == "load":
-            _, model_dir, runtime, precision = msg
-            runner = raw_runner(model_dir, runtime, precision, 256)
+            _, model_dir, runtime, precision, graph = msg
+            runner = raw_runner(model_dir, runtime, precision, 256, graph or "plain")
             runner.warm()
             conn.send("ok")
         elif msg[0] == "run":
@@ -108,9 +127,9 @@ class CeilingPool:
             self.conns.append(parent)
             self.procs.append(proc)
 
-    def load(self, model_dir: str, runtime: str, precision: str) -> None:
+    def load(self, model_dir: str, runtime: str, precision: str, graph: str = "plain") -> None:
         for c in self.conns:
-            c.send(("load", model_dir, runtime, precision))
+            c.send(("load", model_dir, runtime, precision, graph))
         for c in self.conns:
             c.recv()
 
@@ -264,20 +283,27 @@ def serve_level(
     return Served(result, waste, (cpu1 - cpu0) * 1000 / max(1, result.ok))
 
 
-# -- the peer --------------------------------------------------------------------------------------
+# -- the peers -------------------------------------------------------------------------------------
 class Peer:
-    """benchmarks/peer.py under uvicorn: `workers` processes, one thread each, one text a
-    forward pass, on the same runtime and precision."""
+    """A peer server in a session of its own (stopped with its process group): benchmarks/peer.py
+    under uvicorn (`fastapi`: `workers` processes, one thread each, one text a forward pass) or
+    benchmarks/litserve_peer.py (`litserve`: 2 inference workers of 1 thread, its own batching,
+    model.onnx), both on the same artifact."""
 
-    def __init__(self, workers: int, runtime: str, precision: str) -> None:
+    def __init__(self, kind: str, workers: int, runtime: str, precision: str) -> None:
         self.port = free_port()
         env = {**inherited_env(), "OMP_NUM_THREADS": "1"}
         env |= {"RINGSERVE_PEER_RUNTIME": runtime, "RINGSERVE_PEER_PRECISION": precision}
+        if kind == "fastapi":
+            cmd = ["-m", "uvicorn", "benchmarks.peer:app", "--host", HOST, "--port",
+                   str(self.port), "--workers", str(workers), "--log-level", "warning",
+                   "--no-access-log"]  # fmt: skip
+        else:
+            cmd = ["-m", "benchmarks.litserve_peer", "--port", str(self.port), "--workers",
+                   str(workers)]  # fmt: skip
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "benchmarks.peer:app", "--host", HOST,
-             "--port", str(self.port), "--workers", str(workers), "--log-level", "warning",
-             "--no-access-log"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            [sys.executable, *cmd], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         self.pid = self.proc.pid
 
@@ -286,52 +312,63 @@ class Peer:
         while time.monotonic() < stop:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the peer exited with {self.proc.returncode}")
-            try:
-                get_json(self.port, "/health", timeout=2.0)
-                return
+            try:  # LitServe answers /health with a plain "ok", FastAPI with JSON
+                if http_request(self.port, "GET", "/health", timeout=2.0)[0] == 200:
+                    return
             except OSError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         raise TimeoutError("the peer did not answer /health")
 
     def close(self) -> None:
-        self.proc.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGTERM)
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.pid, signal.SIGKILL)
             self.proc.wait()
 
 
+PEERS = {
+    "fastapi": "FastAPI under uvicorn, {w} workers x 1 thread, one text a forward pass",
+    "litserve": "LitServe with its own batching (up to 32 texts, 5 ms), {w} workers x 1 thread",
+}
+
+
 def run_peer(
-    args: argparse.Namespace, texts: dict[str, list[str]], ours: dict[tuple[str, int], Served]
+    args: argparse.Namespace, texts: dict[str, list[str]], ours: dict[tuple[str, int], Level]
 ) -> None:
-    runtime, precision = RUNTIMES[0]
-    print(f"\nthe peer: FastAPI under uvicorn, {args.workers} workers x 1 thread, one text a "
-          f"forward pass, {runtime} {precision} (the same model and runtime as ringserve's "
-          "defaults):")  # fmt: skip
-    print("| mix | c | ringserve/s | peer/s | ringserve/peer | P50 ms ringserve / peer | "
-          "P99 ms ringserve / peer | CPU ms/req ringserve / peer |")  # fmt: skip
-    print("| --- " * 8 + "|")
-    peer = Peer(args.workers, runtime, precision)
-    try:
-        peer.wait_ready()
-        for mix in MIXES:
-            for c in LEVELS:
-                p = serve_level(peer.port, peer.pid, texts[mix], c, args.seconds, stats=False)
-                r = ours[mix, c]
-                print(f"| {mix} | {c} | {r.load.rps:.1f} | {p.load.rps:.1f} | "
-                      f"{r.load.rps / p.load.rps:.2f} | {r.load.pct(50):.1f} / "
-                      f"{p.load.pct(50):.1f} | {r.load.pct(99):.1f} / {p.load.pct(99):.1f} | "
-                      f"{r.cpu_ms:.1f} / {p.cpu_ms:.1f} |", flush=True)  # fmt: skip
-    finally:
-        peer.close()
+    runtime, precision, _ = RUNTIMES[0]
+    for kind, what in PEERS.items():
+        print(f"\nthe peer: {what.format(w=args.workers)}, {runtime} {precision} model.onnx "
+              "(the same model and runtime as ringserve's defaults):")  # fmt: skip
+        print("| mix | c | ringserve/s | peer/s | ringserve/peer | P50 ms ringserve / peer | "
+              "P99 ms ringserve / peer | CPU ms/req ringserve / peer |")  # fmt: skip
+        print("| --- " * 8 + "|")
+        peer = Peer(kind, args.workers, runtime, precision)
+        try:
+            peer.wait_ready()
+            for mix in MIXES:
+                for c in LEVELS:
+                    p = serve_level(peer.port, peer.pid, texts[mix], c, args.seconds, stats=False)
+                    r = ours[mix, c].served
+                    print(f"| {mix} | {c} | {r.load.rps:.1f} | {p.load.rps:.1f} | "
+                          f"{r.load.rps / p.load.rps:.2f} | {r.load.pct(50):.1f} / "
+                          f"{p.load.pct(50):.1f} | {r.load.pct(99):.1f} / "
+                          f"{p.load.pct(99):.1f} | {r.cpu_ms:.1f} / {p.cpu_ms:.1f} |",
+                          flush=True)  # fmt: skip
+            print(f"{kind}'s process tree PSS after its load: "
+                  f"{tree_pss(peer.pid)['tree']:.0f} MiB")  # fmt: skip
+        finally:
+            peer.close()
 
 
 # -- the run ---------------------------------------------------------------------------------------
 def best_limit(pool: CeilingPool, encs: dict[str, list[list[int]]], seconds: float) -> None:
     """The batch limit the server's own split runs fastest under at the 256 window; the
     defaults come from it (printed beside them; the served runs use the defaults)."""
-    overhead = BATCH_OVERHEAD[RUNTIMES[0]]
+    overhead = BATCH_OVERHEAD[RUNTIMES[0][:2]]
     print("batch limit at the 256 window, the server's own split (default runtime), texts/s:")
     scores = {}
     for limit in LIMITS:
@@ -346,46 +383,106 @@ def best_limit(pool: CeilingPool, encs: dict[str, list[list[int]]], seconds: flo
           f"{default[0]} rows and {default[1]} tokens, reach {at:.3f} of it")  # fmt: skip
 
 
+@dataclass
+class Level:
+    served: Served
+    ceiling: float  # texts/s of the model alone at this level's window
+
+
 def run_config(
     args: argparse.Namespace,
     pool: CeilingPool,
     model_dir: str,
     texts: dict[str, list[str]],
     encs: dict[str, list[list[int]]],
-    runtime: str,
-    precision: str,
-) -> dict[tuple[str, int], Served]:
-    pool.load(model_dir, runtime, precision)
+    config: tuple[str, str, str],
+) -> tuple[str, dict[tuple[str, int], Level]]:
+    """One configuration served and measured against its own ceiling at every level; returns
+    the fp32 graph it served ("" for TorchScript and int8) and its levels."""
+    runtime, precision, graph = config
     overhead = BATCH_OVERHEAD[runtime, precision]
-    served = {}
+    levels = {}
     extra = ["--workers", str(args.workers), "--runtime", runtime, "--precision", precision]
+    if graph:
+        extra += ["--graph", graph]
     with tempfile.TemporaryDirectory(prefix="ringserve-serving-") as tmp:
         srv = Launched(tmp, [*extra, *args.server_args.split()], binary=False)
         try:
             srv.wait_ready(args.workers)
+            served_graph = get_json(srv.port, "/v1/model").get("graph", {}).get("graph", "")
+            pool.load(model_dir, runtime, precision, served_graph)
+            start_pss = settled_pss(srv)
+            name = f"{runtime} {precision}{f' {served_graph}' if served_graph else ''}"
             for mix in MIXES:
-                _, top = best_plan(pool, encs[mix], 256, overhead, args.search_seconds)
-                ref, _ = pool.run(top, args.ceiling_seconds)
                 for c in LEVELS:
-                    # The machine is shared: the ceiling is taken before and after the served
-                    # run and the higher one kept (the conservative ratio).
-                    name, batches = best_plan(pool, encs[mix], c, overhead, args.search_seconds)
-                    ceil, batch_s = pool.run(batches, args.ceiling_seconds)
-                    s = served[mix, c] = serve_level(srv.port, srv.pid, texts[mix], c, args.seconds)
-                    again, batch_again = pool.run(batches, args.ceiling_seconds)
-                    ceil, batch_s = max(ceil, again), min(batch_s, batch_again)
-                    if c == 1:
-                        batch_s = pool.latency(batches, args.ceiling_seconds)
-                    b1 = f"{batch_s * 1000:.1f}" if c == 1 else "-"
-                    print(
-                        f"| {mix} | {runtime} {precision} | {c} | {s.load.rps:.1f} | {ceil:.1f} | "
-                        f"{name} | {s.load.rps / ceil:.2f} | {ref:.1f} | {s.load.pct(50):.1f} | "
-                        f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} |",
-                        flush=True,
-                    )
+                    levels[mix, c] = serve_and_ceiling(args, pool, srv, mix, c, texts, encs,
+                                                       overhead, name)  # fmt: skip
+            after = tree_pss(srv.pid)["tree"]
+            print(f"| {name}: the process tree's PSS {start_pss:.0f} MiB at start, "
+                  f"{after:.0f} MiB after the load |" + " |" * 12, flush=True)  # fmt: skip
         finally:
             srv.terminate()
-    return served
+    return served_graph, levels
+
+
+def settled_pss(srv: Launched, timeout: float = 60.0) -> float:
+    """The tree's PSS (MiB) once every worker and spare is up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [w["state"] for w in srv.ctl({"cmd": "status"})["workers"]]
+        if states and all(s in ("ready", "spare") for s in states):
+            break
+        time.sleep(0.1)
+    return tree_pss(srv.pid)["tree"]
+
+
+def serve_and_ceiling(
+    args: argparse.Namespace,
+    pool: CeilingPool,
+    srv: Launched,
+    mix: str,
+    c: int,
+    texts: dict[str, list[str]],
+    encs: dict[str, list[list[int]]],
+    overhead: int,
+    name: str,
+) -> Level:
+    _, top = best_plan(pool, encs[mix], 256, overhead, args.search_seconds)
+    ref, _ = pool.run(top, args.ceiling_seconds)
+    # The machine is shared: the ceiling is taken before and after the served run and the
+    # higher one kept (the conservative ratio).
+    plan_name, batches = best_plan(pool, encs[mix], c, overhead, args.search_seconds)
+    ceil, batch_s = pool.run(batches, args.ceiling_seconds)
+    s = serve_level(srv.port, srv.pid, texts[mix], c, args.seconds)
+    again, batch_again = pool.run(batches, args.ceiling_seconds)
+    ceil, batch_s = max(ceil, again), min(batch_s, batch_again)
+    if c == 1:
+        batch_s = pool.latency(batches, args.ceiling_seconds)
+    b1 = f"{batch_s * 1000:.1f}" if c == 1 else "-"
+    print(
+        f"| {mix} | {name} | {c} | {s.load.rps:.1f} | {ceil:.1f} | "
+        f"{plan_name} | {s.load.rps / ceil:.2f} | {ref:.1f} | {s.load.pct(50):.1f} | "
+        f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} |",
+        flush=True,
+    )
+    return Level(s, ceil)
+
+
+def summary(results: dict[tuple[str, str, str], dict[tuple[str, int], Level]]) -> None:
+    """The defaults' served figures over the fastest fp32 ceiling found (any graph or runtime),
+    and int8's served speed over the defaults' (fp32), all from this run."""
+    default = results[RUNTIMES[0]]
+    fp32 = [levels for config, levels in results.items() if config[1] == "fp32"]
+    int8 = results.get(("onnx", "int8", ""))
+    print("\n| mix | c | served/s (defaults) | fastest fp32 ceiling/s | served/fastest | "
+          "int8 served/s | int8/fp32 served |")  # fmt: skip
+    print("| --- " * 7 + "|")
+    for mix, c in default:
+        best = max(levels[mix, c].ceiling for levels in fp32)
+        rps = default[mix, c].served.load.rps
+        i8 = int8[mix, c].served.load.rps if int8 else float("nan")
+        print(f"| {mix} | {c} | {rps:.1f} | {best:.1f} | {rps / best:.2f} | {i8:.1f} | "
+              f"{i8 / rps:.2f} |")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,38 +494,62 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--texts", type=int, default=1000, help="texts per mix")
     p.add_argument("--quick", action="store_true", help="default runtime only")
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
-    p.add_argument("--no-peer", action="store_true", help="skip the FastAPI peer")
+    p.add_argument("--no-peer", action="store_true", help="skip the peers")
     args = p.parse_args(argv)
     from workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
 
     model_dir = str(default_artifact_dir())
+    manifest = load_manifest(model_dir)
     texts = {m: load_texts(path, args.texts) for m, path in MIXES.items()}
-    tok = load_tokenizer(model_dir, load_manifest(model_dir).max_length)
+    tok = load_tokenizer(model_dir, manifest.max_length)
     encs = {m: [e.ids for e in tok.encode_batch(t)] for m, t in texts.items()}
     for m, e in encs.items():
         print(f"{m}: {len(e)} texts, {statistics.mean(map(len, e)):.1f} tokens on average")
-    print(f"machine: {os.cpu_count()} cpus, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
-          f"load average {os.getloadavg()[0]:.1f}; {args.workers} workers x 1 thread")  # fmt: skip
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cpus, flags {simd_flags()}, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average "
+          f"{os.getloadavg()[0]:.1f}; {args.workers} workers x 1 thread")  # fmt: skip
+    table(f"int8 frontier of {manifest.name}, measured at its build", manifest.int8)
+    print(f"  fused fp32 graph: {manifest.graphs.get('fused')}\n")
     t0 = time.monotonic()
     pool = CeilingPool(args.workers)
+    results = {}
     try:
-        pool.load(model_dir, *RUNTIMES[0])
+        pool.load(model_dir, *RUNTIMES[0][:2])
         best_limit(pool, encs, args.ceiling_seconds)
         print("| mix | runtime | c | served/s | ceiling/s (window c) | ceiling's plan | "
               "served/ceiling | ceiling/s (window 256) | P50 ms | P99 ms | model batch-1 ms | "
               "padding waste | server CPU ms/req |")  # fmt: skip
         print("| --- " * 13 + "|")
-        served = {}
-        for runtime, precision in RUNTIMES[:1] if args.quick else RUNTIMES:
-            served[runtime, precision] = run_config(
-                args, pool, model_dir, texts, encs, runtime, precision
-            )
+        chosen = "plain"
+        for config in RUNTIMES[:1] if args.quick else RUNTIMES:
+            if config[2] == "other":
+                config = (config[0], config[1], "fused" if chosen == "plain" else "plain")
+            graph, results[config] = run_config(args, pool, model_dir, texts, encs, config)
+            chosen = graph if config == RUNTIMES[0] else chosen
     finally:
         pool.close()
+    summary(results)
     if not args.no_peer:
-        run_peer(args, texts, served[RUNTIMES[0]])
+        run_peer(args, texts, results[RUNTIMES[0]])
     print(f"took {time.monotonic() - t0:.0f} s")
     return 0
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def simd_flags() -> str:
+    """The instruction sets that decide which graph and which int8 kernels are fastest."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            have = set(line.split(":", 1)[1].split())
+            wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+            return " ".join(f for f in wanted if f in have) or "none of AVX2/AVX-512/VNNI"
+    return "unknown"
 
 
 if __name__ == "__main__":

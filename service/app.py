@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from service import metrics, openapi
@@ -35,7 +36,13 @@ from service.tasks import task_routes
 from service.tenants import KeyFileError, KeyRing, Tenant
 from shm import segment
 from workers import nvml
-from workers.artifact import ArtifactError, Manifest, default_artifact_dir, load_manifest
+from workers.artifact import (
+    ArtifactError,
+    Manifest,
+    default_artifact_dir,
+    default_cache_dir,
+    load_manifest,
+)
 from workers.batcher import REPORT_GRID, length_grid, pad_grid
 from workers.onnx_model import choose_runtime
 from workers.spec import FAKE_GPU
@@ -97,6 +104,7 @@ class Server:
         self.buckets: tuple[int, ...] = ()
         self.pad_grid: tuple[int, ...] = ()  # empty: each CPU batch padded to its own longest
         self.runtime = "torch"  # resolved in prepare(): torch or onnx
+        self.graph: dict[str, Any] = {}  # resolved in prepare(): the fp32 graph and why
         self.listeners: list[asyncio.AbstractServer] = []
         self.control_path = settings.control  # PATH, or PATH.<pid> beside a live server
         self.bound: dict[str, asyncio.AbstractServer] = {}  # listeners by name, to hand over
@@ -166,6 +174,8 @@ class Server:
             raise SystemExit(f"ringserve: {exc}") from None
         if note:
             self.log.warning("runtime_fallback", runtime=self.runtime, reason=note)
+        if self.runtime == "onnx" and s.precision == "fp32":
+            self.choose_graph()
         if s.precision == "int8" and not on_gpu:
             self.log.warning("int8_cost", **self.manifest.int8)
             cost = self.manifest.int8
@@ -176,12 +186,31 @@ class Server:
                     file=sys.stderr,
                 )
                 return
+            speed = f", {cost['speedup']}x fp32's speed here" if "speedup" in cost else ""
             print(
                 f"ringserve: --precision int8: accuracy cost {cost.get('accuracy_cost')} "
                 f"({cost.get('accuracy_fp32')} -> {cost.get('accuracy_int8')}), same decision "
-                f"as fp32 on {cost.get('argmax_agreement')} of {cost.get('texts')} held-out texts",
+                f"as fp32 on {cost.get('argmax_agreement')} of {cost.get('texts')} held-out texts "
+                f"(recipe: {cost.get('recipe', 'dynamic')}{speed})",
                 file=sys.stderr,
             )
+
+    def choose_graph(self) -> None:
+        """Resolve --graph auto by timing both fp32 graphs on this CPU (workers/graphpick.py);
+        the workers are given the resolved choice through the settings they are built from."""
+        from workers.graphpick import choose
+
+        s = self.settings
+        cache = Path(s.cache_dir) if s.cache_dir else default_cache_dir()
+        self.graph = choose(self.model_dir, self.manifest, s.graph, cache)
+        s.graph = self.graph["graph"]
+        self.log.info("graph_chosen", **self.graph)
+        ms = self.graph.get("ms")
+        timing = f": {', '.join(f'{g} {t} ms' for g, t in ms.items())}" if ms else ""
+        print(
+            f"ringserve: serving the {s.graph} fp32 graph ({self.graph['chosen_by']}{timing})",
+            file=sys.stderr,
+        )
 
     async def start_listeners(self) -> None:
         s = self.settings

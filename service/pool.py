@@ -113,6 +113,7 @@ class WorkerHandle:
             precision=settings.precision,
             max_batch_tokens=settings.batch_tokens(device),
             runtime=settings.runtime,
+            graph=settings.graph if settings.graph != "auto" else "plain",
             long_text=settings.long_text,
             window_stride=settings.window_stride,
             max_windows=settings.max_windows,

@@ -32,6 +32,8 @@ class ModelView(Protocol):
     @property
     def runtime(self) -> str: ...
     @property
+    def graph(self) -> dict[str, Any]: ...
+    @property
     def buckets(self) -> tuple[int, ...]: ...
     @property
     def pad_grid(self) -> tuple[int, ...]: ...
@@ -189,6 +191,8 @@ def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
         "task": m.task,
         "dimension": m.dimension,
     }
+    if server.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
+        body["graph"] = server.graph
     if server.settings.precision == "int8" and server.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built
     conn.respond(ex, 200, json.dumps(body).encode())

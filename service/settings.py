@@ -114,6 +114,13 @@ def parse_runtime(text: str) -> str:
     return value
 
 
+def parse_graph(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in ("auto", "plain", "fused"):
+        raise ValueError(f"graph must be auto, plain or fused, got {text!r}")
+    return value
+
+
 def parse_long_text(text: str) -> str:
     value = str(text).strip().lower()
     if value not in ("truncate", "refuse", "window"):
@@ -216,10 +223,10 @@ class Config:
     workers_per_gpu: int = option(1, "serving workers per GPU when the device is CUDA", int)
     precision: str = option(
         "fp32",
-        "CPU: fp32 or int8 (dynamic quantization on ONNX Runtime; its accuracy cost, measured "
-        "when the artifact is built, is logged at start and in /v1/model); CUDA: fp32, fp16 or "
-        "bf16 (autocast; benchmarks/gpu_check.py measures their cost). Equal scores (1e-5) are "
-        "promised for fp32",
+        "CPU: fp32 or int8 (on ONNX Runtime, the recipe the artifact build chose by measuring "
+        "agreement and speed; its accuracy cost is logged at start and in /v1/model); CUDA: "
+        "fp32, fp16 or bf16 (autocast; benchmarks/gpu_check.py measures their cost). Equal "
+        "scores (1e-5) are promised for fp32",
         parse_precision,
     )
     runtime: str = option(
@@ -227,6 +234,13 @@ class Config:
         "torch (TorchScript) or onnx (ONNX Runtime, CPU); auto: onnx on the CPU when the "
         "artifact has model.onnx (measured 2-2.8x faster, README), torch on CUDA",
         parse_runtime,
+    )
+    graph: str = option(
+        "auto",
+        "ONNX Runtime at fp32: plain (the export) or fused (ONNX Runtime's fused transformer "
+        "graph, when the artifact has one); auto: both timed on this CPU at start, the faster "
+        "serves (kept per artifact and CPU; logged and in /v1/model)",
+        parse_graph,
     )
     spares: int = option(1, "warm spare workers beside the serving ones", int)
     start_method: str = option(

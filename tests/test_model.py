@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from workers import export
+from workers import export, int8
 from workers.artifact import (
     ArtifactError,
     Manifest,
@@ -39,17 +41,31 @@ PINNED = {
 OTHERS = ["ok", "a dull, lifeless mess", "the plot twists are clever but the acting " * 12]
 
 
-@pytest.fixture(scope="session")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", autouse=True)
+def cheap_int8_search() -> Iterator[None]:
+    """This module builds the default artifact four times to test the build itself (its lock,
+    its replacement, export); the int8 recipe search is tested in test_runtimes.py, on the
+    artifact every other module serves, so here the build makes dynamic int8 alone."""
+    old = os.environ.get(int8.SEARCH_ENV)
+    os.environ[int8.SEARCH_ENV] = "dynamic"
+    yield
+    if old is None:
+        del os.environ[int8.SEARCH_ENV]
+    else:
+        os.environ[int8.SEARCH_ENV] = old
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory, cheap_int8_search: None) -> Path:
     return default_artifact_dir(tmp_path_factory.mktemp("cache"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def manifest(artifact: Path) -> Manifest:
     return load_manifest(artifact)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def model(artifact: Path) -> torch.jit.ScriptModule:
     return load_model(artifact)
 

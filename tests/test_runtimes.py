@@ -1,5 +1,6 @@
-"""The CPU runtimes: ONNX files in the artifact, TorchScript and ONNX Runtime giving the same
-scores (per runtime and across), an artifact from before ONNX still serving, and int8's cost."""
+"""The CPU runtimes: ONNX files in the artifact, TorchScript and ONNX Runtime (plain and fused
+graphs) giving the same scores (per runtime and across), the graph chosen at start, an artifact
+from before ONNX still serving, and int8's recipe and cost."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ServerProc
+from workers import graphpick, int8
 from workers.artifact import (
     ArtifactError,
     Manifest,
@@ -24,7 +26,7 @@ from workers.artifact import (
     reference_logits,
 )
 from workers.batcher import Item
-from workers.onnx_model import choose_runtime, open_session
+from workers.onnx_model import choose_runtime, open_session, read_heldout
 from workers.runtime import CpuRunner, OrtRunner, softmax
 
 pytest.importorskip("onnxruntime")  # a dependency (pyproject); absent only in a stale venv
@@ -67,11 +69,12 @@ def test_choose_runtime() -> None:
 
 def test_the_onnx_files_are_fingerprinted(default_model: str, tmp_path: Path) -> None:
     manifest = load_manifest(default_model)
-    assert manifest.files() == ["model.pt", "model.onnx", "model.int8.onnx"]
+    graphs = ["model.onnx", "model.int8.onnx", "model.fused.onnx"]
+    assert manifest.files() == ["model.pt", *graphs, *(g + ".data" for g in graphs)]
     cost = manifest.int8
     assert cost["texts"] == 1000 and 0.5 < cost["argmax_agreement"] <= 1
     assert cost["accuracy_cost"] == pytest.approx(cost["accuracy_fp32"] - cost["accuracy_int8"])
-    for name in ("model.onnx", "model.int8.onnx"):
+    for name in manifest.files()[1:]:
         copy = tmp_path / name
         shutil.copytree(default_model, copy)
         data = bytearray((copy / name).read_bytes())
@@ -93,6 +96,9 @@ def test_runtimes_give_the_same_scores_alone_and_in_mixed_batches(
         "onnx": OrtRunner(
             open_session(Path(default_model) / manifest.onnx_file), manifest.max_length, 32
         ),
+        "fused": OrtRunner(
+            open_session(Path(default_model) / manifest.fused_file), manifest.max_length, 32
+        ),
     }
     expected = softmax(reference_logits(default_model, texts))  # TorchScript, each text alone
     for runner in runners.values():
@@ -111,7 +117,7 @@ def old_artifact(default_model: str, tmp_path: Path) -> Path:
     for name in ("model.pt", "tokenizer.json"):
         shutil.copyfile(Path(default_model) / name, old / name)
     raw = json.loads((Path(default_model) / "manifest.json").read_text())
-    for key in ("onnx_file", "int8_file", "int8"):
+    for key in ("onnx_file", "int8_file", "int8", "fused_file", "data_files", "graphs"):
         del raw[key]
     (old / "manifest.json").write_text(json.dumps(raw))
     raw["fingerprint"] = compute_fingerprint(old)
@@ -166,3 +172,64 @@ def test_int8_cost_is_printed_at_start_and_shown_in_v1_model(
     fp32 = softmax(reference_logits(default_model, texts))
     assert np.abs(got - fp32).max() <= cost["max_score_diff"] + 0.05  # int8 publishes its drift
     assert (got.argmax(1) == fp32.argmax(1)).mean() >= 0.85
+
+
+def test_each_graph_serves_the_same_scores_and_auto_says_what_it_timed(
+    start_server: Any,
+    default_model: str,
+    tmp_path: Path,
+    sst2_texts: list[str],
+    agnews_texts: list[str],
+) -> None:
+    manifest = load_manifest(default_model)
+    assert manifest.fused_file and manifest.graphs["fused"]["max_logit_drift"] <= 1e-5
+    cache = tmp_path / "cache"  # a fresh one: auto must time, not find an earlier answer
+    common = ["--model", default_model, "--cache-dir", str(cache), "--workers", "1"]
+    servers = {
+        g: start_server(*common, "--spares", "0", "--graph", g, wait=False)
+        for g in ("plain", "fused", "auto")
+    }
+    texts = texts_of_every_length(sst2_texts, agnews_texts)
+    expected = softmax(reference_logits(default_model, texts))
+    docs = {}
+    for graph, srv in servers.items():
+        srv.wait_ready(1)
+        docs[graph] = json.loads(srv.request("GET", "/v1/model")[2])
+        assert docs[graph]["runtime"] == "onnx"
+        check_served_scores(srv, texts, expected)
+    assert docs["plain"]["graph"] == {"graph": "plain", "chosen_by": "--graph"}
+    assert docs["fused"]["graph"] == {"graph": "fused", "chosen_by": "--graph"}
+    auto = docs["auto"]["graph"]
+    assert auto["chosen_by"] == "timing at start" and set(auto["ms"]) == {"plain", "fused"}
+    assert auto["graph"] == min(auto["ms"], key=auto["ms"].__getitem__)
+    line = f"ringserve: serving the {auto['graph']} fp32 graph (timing at start: plain "
+    assert sum(x.startswith(line) for x in servers["auto"].logs().splitlines()) == 1
+    # The answer is kept for this artifact on this CPU: the next start does not time again.
+    again = graphpick.choose(default_model, manifest, "auto", cache)
+    assert again["ms"] == auto["ms"] and "kept for this artifact" in again["chosen_by"]
+
+
+def test_the_int8_recipe_is_the_most_faithful_fast_enough_one(default_model: str) -> None:
+    cost = load_manifest(default_model).int8
+    rows = {r["recipe"]: r for r in cost["frontier"]}
+    assert {"dynamic", "static QDQ (plain graph)", "static QDQ (fused graph)"} <= set(rows)
+    assert any(r.startswith("dynamic, fp32 ") for r in rows)  # the sensitive groups kept
+    chosen = rows[cost["recipe"]]
+    for key in ("argmax_agreement", "max_score_diff", "speedup", "accuracy_int8"):
+        assert cost[key] == chosen[key]
+    fast = [r for r in rows.values() if r["speedup"] >= cost["min_speedup"]]
+    if fast:  # else the rule's fallbacks (workers/int8.py best)
+        assert chosen["argmax_agreement"] == max(r["argmax_agreement"] for r in fast)
+    # Calibrated on training rows, measured on held-out ones: the two never meet.
+    calibration = set(int8._rows(int8.CALIBRATION))
+    held_out = set(read_heldout()[0])
+    assert len(calibration) == 300 and not calibration & held_out
+
+
+def test_sigmoid_models_agree_label_by_label() -> None:
+    base = np.array([[2.0, -1.0, 0.5], [-3.0, 0.2, 1.0]])
+    moved = np.array([[1.0, -2.0, -0.1], [-3.0, 0.3, 2.0]])  # one of six decisions flips
+    row = int8._row("r", moved, base, 1.0, "sigmoid")
+    assert row["argmax_agreement"] == pytest.approx(5 / 6, abs=1e-4)
+    one = int8._row("r", np.array([[0.5], [-0.2]]), np.array([[0.4], [0.1]]), 1.0, "sigmoid")
+    assert one["argmax_agreement"] == 0.5  # a reranker's one output still has a decision

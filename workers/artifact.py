@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import torch
 
 MANIFEST_FILE = "manifest.json"
+OTHER_FILES = ("onnx_file", "int8_file", "fused_file")  # graphs beside model.pt, when present
 DEFAULT_NAME = "sst2-minilm"
 DEFAULT_LABELS = ("negative", "positive")
 DEFAULT_MAX_LENGTH = 256
@@ -40,7 +41,9 @@ DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-mini
 # Bump when the artifact layout or the model code changes in a way that needs a rebuild.
 # 2: model.onnx and model.int8.onnx beside model.pt.
 # 3: `task` and `dimension`; an embed artifact's model.onnx has a second output, `embedding`.
-ARTIFACT_FORMAT = 3
+# 4: each graph's weights beside it (model.onnx.data, mapped and shared by the workers), the
+#    fused fp32 graph (model.fused.onnx) and the int8 recipe chosen by measurement (int8.py).
+ARTIFACT_FORMAT = 4
 ACTIVATIONS = ("softmax", "sigmoid")
 TASKS = ("classify", "embed", "rerank")
 _MIB = 1 << 20
@@ -76,7 +79,10 @@ class Manifest:
     token_types: bool = False
     onnx_file: str = ""  # "" = none (an artifact built before format 2)
     int8_file: str = ""
-    int8: dict[str, Any] = field(default_factory=dict)  # int8's measured cost (onnx_model.py)
+    int8: dict[str, Any] = field(default_factory=dict)  # int8's recipe and cost (int8.py)
+    fused_file: str = ""  # ONNX Runtime's fused fp32 graph; "" = none (nothing fused, or old)
+    data_files: list[str] = field(default_factory=list)  # the graphs' weights (.data files)
+    graphs: dict[str, Any] = field(default_factory=dict)  # the fused graph's ops and drift
     # What the model does: "classify" always; "embed" (the graph also gives the pooled vector
     # of `dimension` floats, from the same forward), "rerank" (a one-output pair scorer).
     task: list[str] = field(default_factory=lambda: ["classify"])
@@ -94,13 +100,17 @@ class Manifest:
         """An embedding model without labels: every answer is its vector."""
         return self.embeds and "classify" not in self.task
 
-    def onnx_for(self, precision: str) -> str:
-        """The ONNX file that runs `precision` ("" when the artifact has none)."""
-        return self.int8_file if precision == "int8" else self.onnx_file
+    def onnx_for(self, precision: str, graph: str = "plain") -> str:
+        """The ONNX file that runs `precision` on `graph` ("" when the artifact has none); a
+        fused graph asked of an artifact without one is the plain graph."""
+        if precision == "int8":
+            return self.int8_file
+        return self.fused_file if graph == "fused" and self.fused_file else self.onnx_file
 
     def files(self) -> list[str]:
         """The fingerprinted model files beside the tokenizer, in a fixed order."""
-        return [self.model_file, *(f for f in (self.onnx_file, self.int8_file) if f)]
+        graphs = (self.onnx_file, self.int8_file, self.fused_file)
+        return [self.model_file, *(f for f in graphs if f), *self.data_files]
 
 
 def _canonical(manifest: dict[str, Any]) -> bytes:
@@ -156,7 +166,8 @@ def compute_fingerprint(artifact_dir: str | os.PathLike[str]) -> str:
     tokenizer = _artifact_file(
         directory, str(raw.get("tokenizer_file", "tokenizer.json")), "tokenizer"
     )
-    names = [str(raw[k]) for k in ("onnx_file", "int8_file") if raw.get(k)]
+    names = [str(raw[k]) for k in OTHER_FILES if raw.get(k)]
+    names += [str(n) for n in raw.get("data_files", [])]
     others = tuple(_artifact_file(directory, n, "model") for n in names)
     return _fingerprint(model, tokenizer, raw, others)
 
@@ -171,14 +182,20 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
     for key in ("name", "fingerprint", "model_file", "tokenizer_file"):
         if key in raw and (not isinstance(raw[key], str) or not raw[key]):
             raise bad(f"{key!r} must be a non-empty string")
-    for key in ("onnx_file", "int8_file"):
+    for key in OTHER_FILES:
         if key in raw and not isinstance(raw[key], str):
             raise bad(f"{key!r} must be a string")
-    for key in ("model_file", "tokenizer_file", "onnx_file", "int8_file"):
+    data_files = raw.get("data_files", [])
+    if not isinstance(data_files, list) or not all(isinstance(n, str) and n for n in data_files):
+        raise bad("'data_files' must be a list of file names")
+    for key in ("model_file", "tokenizer_file", *OTHER_FILES):
         if raw.get(key) and (os.sep in raw[key] or raw[key] in (".", "..")):
             raise bad(f"{key!r} must be a plain file name inside the artifact")
-    if not isinstance(raw.get("int8", {}), dict):
-        raise bad("'int8' must be an object")
+    if any(os.sep in n or n in (".", "..") for n in data_files):
+        raise bad("'data_files' must be plain file names inside the artifact")
+    for key in ("int8", "graphs"):
+        if not isinstance(raw.get(key, {}), dict):
+            raise bad(f"{key!r} must be an object")
     task, dimension = _check_task(raw, bad)
     labels = raw["labels"]
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
@@ -212,6 +229,9 @@ def _check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
         onnx_file=raw.get("onnx_file", ""),
         int8_file=raw.get("int8_file", ""),
         int8=raw.get("int8", {}),
+        fused_file=raw.get("fused_file", ""),
+        data_files=list(data_files),
+        graphs=raw.get("graphs", {}),
         task=task,
         dimension=dimension,
         normalize=raw.get("normalize", False) is True,
@@ -294,7 +314,8 @@ def _save(target: Path, model: torch.nn.Module, tokenizer: Path, manifest: dict[
         torch.jit.save(torch.jit.script(model), str(target / manifest["model_file"]))
     shutil.copyfile(tokenizer, target / manifest["tokenizer_file"])
     _write_onnx(target, model, manifest)
-    others = tuple(target / manifest[k] for k in ("onnx_file", "int8_file") if manifest.get(k))
+    others = tuple(target / manifest[k] for k in OTHER_FILES if manifest.get(k))
+    others += tuple(target / n for n in manifest.get("data_files", []))
     manifest["fingerprint"] = _fingerprint(
         target / manifest["model_file"], target / manifest["tokenizer_file"], manifest, others
     )
@@ -302,23 +323,68 @@ def _save(target: Path, model: torch.nn.Module, tokenizer: Path, manifest: dict[
 
 
 def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
-    """Add model.onnx, model.int8.onnx and int8's measured cost. Without the ONNX packages, or
-    for a model the exporter cannot take, the artifact stays TorchScript-only, said once."""
+    """Add the ONNX graphs (plain, fused when it matches, int8 by the recipe search) with their
+    weights beside them, and what int8 costs. Without the ONNX packages, or for a model the
+    exporter cannot take, the artifact stays TorchScript-only, said once."""
+    from workers import int8
     from workers import onnx_model as ox
 
-    fp32, int8 = target / ox.ONNX_FILE, target / ox.INT8_FILE
+    work = target / ".onnx-build"
+    work.mkdir()
     try:
+        plain = work / ox.ONNX_FILE
         task = manifest.get("task", ())
-        ox.export_onnx(model, fp32, embed="embed" in task, alone="classify" not in task)
-        ox.quantize_int8(fp32, int8)
+        ox.export_onnx(model, plain, embed="embed" in task, alone="classify" not in task)
         tokenizer = open_tokenizer(target / manifest["tokenizer_file"], manifest["max_length"])
-        cost = ox.int8_cost(fp32, int8, tokenizer, list(manifest["labels"]))
+        fused, graphs = _fused(plain, work / ox.FUSED_FILE, tokenizer)
+        labels = list(manifest["labels"])
+        if labels:
+            chosen, cost = int8.choose(
+                plain, fused, work, tokenizer, labels, manifest["activation"]
+            )
+        else:  # an embed-only model: no decisions to agree on; dynamic int8, its cosine measured
+            chosen = work / ox.INT8_FILE
+            ox.quantize_int8(plain, chosen)
+            cost = ox.int8_cost(plain, chosen, tokenizer, labels) | {"recipe": "dynamic"}
+        files = {"onnx_file": (plain, ox.ONNX_FILE), "int8_file": (chosen, ox.INT8_FILE)}
+        if fused is not None:
+            files["fused_file"] = (fused, ox.FUSED_FILE)
+        data: list[str] = []
+        for key, (src, name) in files.items():
+            data += ox.store(src, target / name)[1:]
+            manifest[key] = name
     except Exception as exc:  # noqa: BLE001 - any exporter failure leaves a TorchScript artifact
         print(f"ringserve: no ONNX files in this artifact ({exc})", file=sys.stderr)
-        fp32.unlink(missing_ok=True)
-        int8.unlink(missing_ok=True)
+        for name in os.listdir(target):
+            if name.endswith((".onnx", ox.DATA_SUFFIX)):
+                (target / name).unlink()
+        for key in OTHER_FILES:
+            manifest.pop(key, None)
         return
-    manifest.update(onnx_file=fp32.name, int8_file=int8.name, int8=cost)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    manifest.update(int8=cost, data_files=data, graphs=graphs)
+
+
+def _fused(plain: Path, dst: Path, tokenizer: Any) -> tuple[Path | None, dict[str, Any]]:
+    """ONNX Runtime's fused graph of `plain`, kept when its logits on the held-out rows stay
+    within FUSED_DRIFT of the plain graph's; else None, with the reason."""
+    from workers import onnx_model as ox
+
+    try:
+        ops = ox.fuse(plain, dst)
+    except Exception as exc:  # noqa: BLE001 - the optimizer's pattern matching is best effort
+        return None, {"fused": {"kept": False, "why": f"the optimizer failed: {exc}"}}
+    if not ops:
+        return None, {"fused": {"kept": False, "why": "nothing to fuse"}}
+    texts, _ = ox.read_heldout()
+    encodings = tokenizer.encode_batch(texts[:256])
+    a = ox.session_logits(ox.open_session(plain), encodings)
+    b = ox.session_logits(ox.open_session(dst), encodings)
+    drift = float(np.abs(a - b).max())
+    kept = drift <= ox.FUSED_DRIFT
+    info = {"kept": kept, "ops": ops, "max_logit_drift": float(f"{drift:.3g}")}
+    return (dst if kept else None), {"fused": info}
 
 
 def _write_artifact(
@@ -547,12 +613,15 @@ def _is_built(directory: Path) -> bool:
     return True
 
 
+def default_cache_dir() -> Path:
+    """Where built artifacts (and the graph timings, workers/graphpick.py) are kept."""
+    return Path(os.environ.get("RINGSERVE_CACHE_DIR") or Path.home() / ".cache" / "ringserve")
+
+
 def default_artifact_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The built-in default model's artifact, built into the cache on first use."""
     encoder = _encoder_dir()
-    if cache_dir is None:
-        cache_dir = os.environ.get("RINGSERVE_CACHE_DIR") or Path.home() / ".cache" / "ringserve"
-    cache = Path(cache_dir)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache / f"{DEFAULT_NAME}-{_cache_key(encoder, DEFAULT_HEAD)}"
     if _is_built(target):
         return target

@@ -1,4 +1,7 @@
-"""Runs CPU batches, through TorchScript or ONNX Runtime, from input buffers allocated once."""
+"""Runs CPU batches, through TorchScript or ONNX Runtime, from input buffers allocated once.
+
+torch is imported only by the TorchScript runner: a worker on ONNX Runtime never loads it (nor
+does its zygote), which keeps about 100 MiB of torch's pages out of the process tree."""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 from workers.batcher import BATCH_OVERHEAD, Item
 
@@ -104,8 +106,11 @@ class CpuRunner:
         size = max_len * max_batch
         self.ids = np.zeros(size, dtype=np.int64)
         self.mask = np.zeros(size, dtype=np.int64)
-        self.ids_t = torch.from_numpy(self.ids)
-        self.mask_t = torch.from_numpy(self.mask)
+        if model is not None:  # TorchScript: torch views of the same buffers
+            import torch
+
+            self.ids_t = torch.from_numpy(self.ids)
+            self.mask_t = torch.from_numpy(self.mask)
 
     def views(self, length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         if n * length > self.ids.size or length > self.max_len:
@@ -119,6 +124,8 @@ class CpuRunner:
         return fill_rows(ids, mask, batch)
 
     def forward(self, length: int, n: int) -> np.ndarray:
+        import torch
+
         k = n * length
         with torch.inference_mode():
             logits = self.model(self.ids_t[:k].view(n, length), self.mask_t[:k].view(n, length))
@@ -168,10 +175,12 @@ class OrtRunner(CpuRunner):
 def ort_runner(
     spec: Any, manifest: Any, activation: Callable[[np.ndarray], np.ndarray] = softmax
 ) -> OrtRunner:
-    """The ONNX Runtime runner of a worker: fp32 or int8, from the artifact's ONNX files."""
+    """The ONNX Runtime runner of a worker: fp32 (plain or fused graph) or int8, from the
+    artifact's ONNX files."""
     from workers.onnx_model import open_session
 
-    session = open_session(Path(spec.model_dir) / manifest.onnx_for(spec.precision), spec.threads)
+    path = Path(spec.model_dir) / manifest.onnx_for(spec.precision, spec.graph)
+    session = open_session(path, spec.threads)
     return OrtRunner(
         session,
         manifest.max_length,

@@ -56,6 +56,7 @@ class WorkerSpec:
     precision: str = "fp32"  # CUDA: fp32, fp16 or bf16 (autocast); CPU: fp32 or int8
     max_batch_tokens: int = 512  # CPU batches: most padded tokens (rows x padded length)
     runtime: str = "auto"  # CPU: torch, onnx or auto (workers.onnx_model.choose_runtime)
+    graph: str = "plain"  # ONNX Runtime fp32: plain or fused (the front-end resolves auto)
     long_text: str = "truncate"  # --long-text: truncate, refuse or window (workers/longtext.py)
     window_stride: int = 32  # --window-stride
     max_windows: int = 16  # --max-windows

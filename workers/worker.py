@@ -1,9 +1,9 @@
 """The worker process: attach rings, load the model, then tokenize, batch and answer.
 
-Started with spawn, or forked from the zygote (workers/zygote.py), which hands over torch
-already imported and the CPU weights already loaded. Everything that creates threads or device
-state (thread count, CUDA, the runtime's warm-up) happens here, in the child, either way. The
-heartbeat is stamped by the serving loop itself, so a stuck batch shows.
+Started with spawn, or forked from the zygote (workers/zygote.py), which hands over the imports
+(torch and the CPU weights too, for TorchScript workers) already loaded. Everything that
+creates threads or device state (thread count, CUDA, the runtime's warm-up) happens here, in
+the child, either way. The heartbeat is stamped by the serving loop itself, so a stuck batch shows.
 """
 
 from __future__ import annotations
@@ -82,19 +82,14 @@ class Worker:
     def boot(self, model: Any = None, verified: bool = False) -> None:
         """Load (or take the zygote's already loaded CPU model), then warm this worker's shapes."""
         t0 = time.monotonic()
-        import torch
-
         from workers.artifact import load_manifest, load_model, load_tokenizer
         from workers.batcher import Batcher
-        from workers.cuda import make_runner
         from workers.onnx_model import choose_runtime
         from workers.runtime import ACTIVATIONS, joined, ort_runner
         from workers.spec import is_gpu_device
 
         spec = self.spec
-        torch.set_num_threads(spec.threads)
         on_gpu = is_gpu_device(spec.device)
-        set_graph_optimize(not on_gpu)  # before the model's first call
         # The zygote verified the fingerprint before it loaded the weights it hands over.
         manifest = load_manifest(spec.model_dir, verify=not verified)
         max_len = manifest.max_length
@@ -120,6 +115,12 @@ class Worker:
             self.runner: Runner = ort_runner(spec, manifest, activation)
             self.cpu_model_ok = True
         else:
+            import torch
+
+            from workers.cuda import make_runner
+
+            torch.set_num_threads(spec.threads)
+            set_graph_optimize(not on_gpu)  # before the model's first call
             if model is None:
                 model = load_model(spec.model_dir, "cpu")
             if manifest.embeds:

@@ -1,0 +1,69 @@
+"""int8's accuracy-speed frontier, as the artifact build measured it: the default model's (from
+its manifest) and, with --families, that of a tiny random model of every exported family (BERT,
+DistilBERT, RoBERTa, XLM-R, ELECTRA, built as tests/test_hf.py builds them), with each build's
+time. Agreement is with fp32 on the 1,000 held-out rows; speed is texts/s on one thread.
+
+    python -m benchmarks.int8_frontier [--families]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from workers.artifact import build_hf_artifact, default_artifact_dir, load_manifest
+
+
+def table(name: str, cost: dict[str, Any]) -> None:
+    fp32 = cost.get("fp32_texts_per_s", {})
+    least = cost.get("min_speedup")
+    print(f"\n{name}: fp32 texts/s {fp32}; chosen: {cost.get('recipe')} (at least {least}x)")
+    head = ("recipe", "agreement", "accuracy", "max dscore", "texts/s", "x fp32")
+    print("  {:34s} {:>9s} {:>8s} {:>10s} {:>8s} {:>6s}".format(*head))
+    for row in cost.get("frontier", []):
+        mark = "*" if row["recipe"] == cost.get("recipe") else " "
+        print(
+            f" {mark}{row['recipe']:34s} {row['argmax_agreement']:9.4f} "
+            f"{row.get('accuracy_int8', float('nan')):8.4f} {row['max_score_diff']:10.4f} "
+            f"{row['texts_per_s']:8.1f} {row['speedup']:6.2f}"
+        )
+
+
+def families() -> None:
+    import torch
+
+    from tests.test_hf import MAX_LENGTH, MODELS, save_model
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name in MODELS:
+            source = save_model(name, root / "src")
+            t0 = time.perf_counter()
+            out = build_hf_artifact(root / "art" / name, source, name, MAX_LENGTH)
+            took = time.perf_counter() - t0
+            manifest = load_manifest(out)
+            search = os.environ.get("RINGSERVE_INT8_SEARCH", "full")
+            table(f"{name} (tiny, random; build {took:.1f} s, search {search})", manifest.int8)
+            for row in manifest.int8.get("failed", []):
+                print(f"  failed: {row['recipe']}: {row['error']}")
+            print(f"  fused graph: {manifest.graphs.get('fused')}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--families", action="store_true", help="also every exported family")
+    args = parser.parse_args()
+    manifest = load_manifest(default_artifact_dir())
+    table(f"default model {manifest.name}", manifest.int8)
+    print(f"  fused graph: {manifest.graphs.get('fused')}")
+    if args.families:
+        families()
+
+
+if __name__ == "__main__":
+    main()
