@@ -349,6 +349,8 @@ def stats_schema() -> Schema:
         max_queue=COUNT,
         inflight=COUNT,
         waiting=COUNT,
+        waiting_bulk=COUNT,
+        bulk_max_wait_ms=NUMBER,
         queue_wait_ms=maybe,
         max_queue_ms=NUMBER,
         pool_tokens_per_s=maybe,
@@ -363,6 +365,7 @@ def stats_schema() -> Schema:
                               counts=array(COUNT)),
         time_ms=obj(["queued", "model"], queued=maybe, model=maybe),
         failed=COUNT,
+        tenants=array(nested),  # --api-keys: tenants.KeyRing.table
     )  # fmt: skip
 
 

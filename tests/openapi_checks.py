@@ -24,7 +24,8 @@ def fuzz(url: str, examples: int, cwd: Path, *extra: str) -> subprocess.Complete
     printed in its summary)."""
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.openapi_checks", "PYTHONPATH": str(ROOT)}
     cmd = [
-        str(Path(sys.executable).parent / "schemathesis"), "--no-color", "run", url,
+        str(Path(sys.executable).parent / "schemathesis"), "--no-color",
+        "--config-file", str(ROOT / "tests" / "schemathesis.toml"), "run", url,
         "--checks", "all",
         "--exclude-checks", "not_a_server_error,positive_data_acceptance",
         "--max-examples", str(examples),
