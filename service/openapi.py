@@ -328,6 +328,11 @@ def model_info_schema(f: Facts) -> Schema:
         task={"const": f.tasks},
         dimension={"const": f.dimension},
         int8={"type": "object", "description": "the int8 cost measured at export"},
+        graph={
+            "type": "object",
+            "description": "ONNX Runtime at fp32: the graph serving (`graph`: plain or fused), "
+            "what chose it and the start-up timings (--graph)",
+        },
     )
 
 

@@ -169,7 +169,9 @@ def runner_vectors(artifact: Path, runtime: str, texts: list[str]) -> np.ndarray
     length = max(len(it.ids) for it in items)
     activation = joined(softmax, len(manifest.labels))
     if runtime == "onnx":
-        spec = SimpleNamespace(model_dir=artifact, precision="fp32", threads=1, max_batch=32)
+        spec = SimpleNamespace(
+            model_dir=artifact, precision="fp32", threads=1, max_batch=32, graph="plain"
+        )
         runner: Any = ort_runner(spec, manifest, activation)
     else:
         runner = CpuRunner(Joined(load_model(artifact)), manifest.max_length, 32, activation)
