@@ -176,9 +176,12 @@ class Config:
         "the name the model is served under (KServe paths, /v1/model; default: the artifact's); "
         "KServe's runtime passes its InferenceService's name",
     )
-    host: str = option("127.0.0.1", "bind address for the HTTP and binary ports")
+    host: str = option("127.0.0.1", "bind address for the HTTP, binary and gRPC ports")
     port: int = option(8000, "HTTP port", int)
     binary_port: int = option(8001, "framed binary TCP port (0 = off)", int)
+    grpc_port: int = option(
+        8002, "KServe v2 gRPC port (GRPCInferenceService, health, reflection; 0 = off)", int
+    )
     api_key: str | None = option(
         None,
         "when set, every request but the health probes needs `Authorization: Bearer KEY`, and a "

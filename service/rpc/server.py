@@ -1,0 +1,304 @@
+"""The gRPC port: KServe v2 `inference.GRPCInferenceService`, `grpc.health.v1.Health` and server
+reflection, on grpcio's asyncio server in the front-end's own (uvloop) event loop.
+
+Every call goes through the one admission, deadline and API key the other protocols use: a
+ModelInfer is one dispatcher group, as a KServe HTTP infer is. Errors are the HTTP statuses of
+service/kserve.py's checks, mapped to gRPC codes once here. A drain stops the server with a
+grace: gRPC closes the listener and sends GOAWAY, the calls in flight finish, and whatever
+stream is left (a health Watch) is cancelled once nothing is owed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from service import kserve
+from service.admission import failure, first_failure
+from service.auth import DENIED, ApiKey
+from service.dispatcher import Result
+from service.http import HttpError
+from service.logs import EventLog
+from service.routes import ModelView
+from service.rpc import infer
+from service.rpc import kserve_pb2 as pb
+
+SERVICE = "inference.GRPCInferenceService"
+HEALTH = "grpc.health.v1.Health"
+CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,  # the contract's mapping: gRPC has no "too large"
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# With 503: the client may retry after a second (`retry-after`, as HTTP says it, and the
+# standard gRPC retry pushback, which grpc's own retry policy honours).
+RETRY_TRAILERS = (("retry-after", "1"), ("grpc-retry-pushback-ms", "1000"))
+CANCELLED = 499  # counted for a call its client cancelled (nginx's code for it)
+# Probes and metadata a kubelet or a load balancer reads without the key, as on HTTP.
+OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class GrpcHost(ModelView, Protocol):
+    """What the gRPC port needs of the server, beside the routes' model view."""
+
+    @property
+    def api_key(self) -> ApiKey | None: ...
+    @property
+    def log(self) -> EventLog: ...
+    def count(self, protocol: str, code: int, n: int = 1) -> None: ...
+
+
+class Undecodable:
+    """What the deserializer gives for bytes it cannot take: answered 400 or 413 by the call."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status, self.message = status, message
+
+
+def decoder(message: Any, limit: int) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        if len(data) > limit:
+            return Undecodable(413, f"request message over {limit} bytes (--max-body)")
+        try:
+            return message.FromString(data)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError and its kin: any bad bytes
+            return Undecodable(400, "request is not a valid protobuf message")
+
+    return decode
+
+
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+class GrpcPort:
+    """One server's gRPC listener and the calls it has in flight."""
+
+    def __init__(self, host: GrpcHost) -> None:
+        self.host = host
+        self.settings = host.settings
+        self.inflight = 0  # unary calls not yet answered: the drain waits for them
+        self.health = health.aio.HealthServicer()
+        self.serving: int | None = None  # the status the health service was last given
+        self.server: grpc.aio.Server | None = None
+        self.stopping: asyncio.Task[None] | None = None
+
+    # -- start and stop -------------------------------------------------------------------------
+    async def start(self, address: str, port: int) -> None:
+        s = self.settings
+        options = [
+            # SO_REUSEPORT only when asked (grpc turns it on by default): a second server
+            # without --reuse-port must fail to bind, as on the other ports.
+            ("grpc.so_reuseport", 1 if s.reuse_port else 0),
+            # Room above --max-body so that we answer a large request ourselves (413 mapped to
+            # INVALID_ARGUMENT); past twice the limit gRPC refuses it with RESOURCE_EXHAUSTED.
+            ("grpc.max_receive_message_length", 2 * s.max_body + 1024),
+            ("grpc.max_concurrent_streams", s.max_queue),
+        ]
+        server = grpc.aio.server(options=options, maximum_concurrent_rpcs=None)
+        server.add_generic_rpc_handlers([self.handlers()])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection([SERVICE, HEALTH, reflection.SERVICE_NAME], server)
+        target = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        try:
+            bound = server.add_insecure_port(target)
+        except RuntimeError as exc:
+            raise SystemExit(f"ringserve: cannot listen for gRPC on {target}: {exc}") from None
+        if bound == 0:
+            raise SystemExit(f"ringserve: cannot listen for gRPC on {target} (in use?)")
+        await server.start()
+        self.server = server
+        await self.update_health()
+        self.host.log.info("grpc_listening", port=bound)
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Stop taking calls: gRPC closes the listener and sends GOAWAY; the calls in flight
+        have `grace_s` to finish. Health says NOT_SERVING from now on."""
+        if self.server is None or self.stopping is not None:
+            return
+        self.stopping = asyncio.ensure_future(self._stop(self.server, grace_s))
+
+    async def _stop(self, server: grpc.aio.Server, grace_s: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await server.stop(grace_s)
+
+    async def close(self) -> None:
+        """Nothing is owed any more: cancel what is left (health watches) and wait for the end."""
+        if self.server is None:
+            return
+        until = time.monotonic() + 1.0  # after a drain timeout: the 500s on their way out
+        while self.inflight and time.monotonic() < until:
+            await asyncio.sleep(0.01)
+        if self.stopping is not None:  # the graceful stop ends at once unless a stream is open
+            await asyncio.wait([self.stopping], timeout=0.25)
+        await self.server.stop(0)  # only streams are left (health watches): cancel them
+        if self.stopping is not None:
+            await asyncio.wait([self.stopping], timeout=5)
+
+    async def update_health(self) -> None:
+        """Called on the sweep's tick and when a stop begins: SERVING while ready."""
+        status = SERVING if self.host.ready() else NOT_SERVING
+        if status != self.serving:
+            self.serving = status
+            for name in ("", SERVICE):
+                await self.health.set(name, status)
+
+    # -- calls ----------------------------------------------------------------------------------
+    def handlers(self) -> grpc.GenericRpcHandler:
+        methods: dict[str, tuple[Handler, Any, Any]] = {
+            "ServerLive": (self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": (self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+            "ModelReady": (self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerMetadata": (
+                self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse
+            ),
+            "ModelMetadata": (
+                self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse
+            ),
+            "ModelInfer": (self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+            "RepositoryIndex": (
+                self.repository, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
+            ),
+            "RepositoryModelLoad": (
+                self.repository, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
+            ),
+            "RepositoryModelUnload": (
+                self.repository, pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse
+            ),
+        }  # fmt: skip
+        limit = self.settings.max_body
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                name: grpc.unary_unary_rpc_method_handler(
+                    self.wrap(name, fn),
+                    request_deserializer=decoder(req, limit),
+                    response_serializer=rsp.SerializeToString,
+                )
+                for name, (fn, req, rsp) in methods.items()
+            },
+        )
+
+    def wrap(self, name: str, fn: Handler) -> Handler:
+        """Key check, error mapping and counting, once for every method."""
+        needs_key = name not in OPEN_METHODS
+
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            # Owed until the answer is sent, not merely made: the drain must not cut it off.
+            self.inflight += 1
+            context.add_done_callback(self.answered)
+            code = 200
+            try:
+                if isinstance(request, Undecodable):
+                    raise HttpError(request.status, request.message)
+                if needs_key and not self.authorized(context):
+                    raise HttpError(401, DENIED)
+                return await fn(request, context)
+            except HttpError as exc:
+                code = exc.status
+                if exc.status == 503:
+                    context.set_trailing_metadata(RETRY_TRAILERS)
+                await context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+            except asyncio.CancelledError:
+                code = CANCELLED
+                raise
+            finally:
+                self.host.count("grpc", code)
+
+        return call
+
+    def answered(self, context: Any) -> None:
+        self.inflight -= 1
+
+    def authorized(self, context: grpc.aio.ServicerContext) -> bool:
+        key = self.host.api_key
+        if key is None:
+            return True
+        for name, value in context.invocation_metadata() or ():
+            if name == "authorization":
+                raw = value.encode("latin-1", "replace") if isinstance(value, str) else value
+                if key.bearer_ok(raw):
+                    return True
+        key.refused("grpc")
+        return False
+
+    async def server_live(self, req: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, req: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.host.ready())
+
+    async def model_ready(self, req: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        infer.check_model(self.host, req.name, req.version)
+        return pb.ModelReadyResponse(ready=self.host.ready())
+
+    async def server_metadata(self, req: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name="ringserve", version=kserve.server_version(), extensions=["binary_tensor_data"]
+        )
+
+    async def model_metadata(
+        self, req: pb.ModelMetadataRequest, context: Any
+    ) -> pb.ModelMetadataResponse:
+        infer.check_model(self.host, req.name, req.version)
+        doc = kserve.metadata_doc(self.host, self.host.model_name)
+        rsp = pb.ModelMetadataResponse(
+            name=doc["name"], versions=doc["versions"], platform=doc["platform"]
+        )
+        for spec in doc["inputs"]:
+            rsp.inputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
+        for spec in doc["outputs"]:
+            rsp.outputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
+        return rsp
+
+    async def repository(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        # The repository extension comes with many models in one server (CONTRACT.md); until
+        # then there is nothing to index, load or unload.
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "the model repository extension is not served yet: this server holds one model",
+        )
+
+    async def model_infer(
+        self, req: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        job = infer.read_request(self.host, req)
+        deadline = self.deadline_ns(context, job.timeout_us)
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[list[Result]] = loop.create_future()
+
+        def done(results: list[Result]) -> None:
+            if not answered.done():  # a cancelled call leaves its future cancelled
+                answered.set_result(results)
+
+        admission = self.host.admission
+        if not admission.dispatcher.submit(job.texts, deadline, done, "grpc", job.task):
+            raise HttpError(503, admission.refusal())
+        results = await answered
+        failed = first_failure(results)
+        if failed is not None:
+            raise HttpError(*failure(failed))
+        return infer.answer(self.host, job, results)
+
+    def deadline_ns(self, context: grpc.aio.ServicerContext, timeout_us: int | None) -> int:
+        """The client's gRPC deadline, else Triton's `timeout` parameter, else the default."""
+        now = time.monotonic_ns()
+        left = context.time_remaining()
+        if left is not None:
+            if left <= 0:
+                raise HttpError(504, "request deadline passed")
+            return now + int(left * 1e9)
+        if timeout_us is not None:
+            return now + timeout_us * 1000
+        return now + int(self.settings.request_timeout_s * 1e9)
