@@ -2,9 +2,11 @@
 shares (service/kserve.py does the checks, so HTTP and gRPC refuse the same things alike).
 
 A tensor travels as typed contents (`bytes_contents`, `fp32_contents`) or as raw bytes
-(`raw_input_contents`, `raw_output_contents`, the binary tensor extension's layout). The answer
-uses the request's own form: raw when the inputs came raw (as tritonclient.grpc sends them),
-typed otherwise; the request parameter `binary_data_output` chooses either way.
+(`raw_input_contents`, `raw_output_contents`, the binary tensor extension's layout); inputs are
+taken either way. Answers are raw, as Triton gives them: tritonclient.grpc reads FP32 outputs
+only from raw contents (and its typed BYTES path fails under numpy 2). A request parameter
+`binary_data_output: false`, or an output's `binary_data: false`, as on HTTP, asks for typed
+contents instead (for all outputs: raw is all or none, as KServe has it).
 """
 
 from __future__ import annotations
@@ -78,10 +80,10 @@ def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
     texts = kserve.join_pairs(server, found)
     params = params_dict(req.parameters)
     outputs = [{"name": o.name, "parameters": params_dict(o.parameters)} for o in req.outputs]
-    asked = kserve.read_outputs({"outputs": outputs}, server.manifest.embeds)
-    chosen = params.get("binary_data_output")
-    raw_out = bool(raws) if chosen is None else bool(chosen)
-    wanted = [(name, raw_out) for name, _ in asked]  # raw is all outputs or none (KServe)
+    default = {"binary_data_output": bool(params.get("binary_data_output", True))}
+    asked = kserve.read_outputs({"parameters": default, "outputs": outputs}, server.manifest.embeds)
+    raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
+    wanted = [(name, raw_out) for name, _ in asked]
     texts, task = kserve.with_options(texts, params, wanted)
     timeout = params.get("timeout")
     if timeout is not None and (isinstance(timeout, bool | str | float) or timeout <= 0):

@@ -82,6 +82,23 @@ def decoder(message: Any, limit: int) -> Callable[[bytes], Any]:
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
+class Health(health.aio.HealthServicer):
+    """grpcio's health service, told the readiness as a call comes (HTTP's readiness is read
+    live too); open Watch streams hear of a change at the sweep's next tick."""
+
+    def __init__(self, ready: Callable[[], Awaitable[None]]) -> None:
+        super().__init__()
+        self.refresh = ready
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        await self.refresh()
+        return await super().Check(request, context)
+
+    async def Watch(self, request: Any, context: Any) -> None:
+        await self.refresh()  # the first answer is as live as Check's
+        await super().Watch(request, context)
+
+
 class GrpcPort:
     """One server's gRPC listener and the calls it has in flight."""
 
@@ -89,7 +106,7 @@ class GrpcPort:
         self.host = host
         self.settings = host.settings
         self.inflight = 0  # unary calls not yet answered: the drain waits for them
-        self.health = health.aio.HealthServicer()
+        self.health = Health(self.update_health)
         self.serving: int | None = None  # the status the health service was last given
         self.server: grpc.aio.Server | None = None
         self.stopping: asyncio.Task[None] | None = None
