@@ -41,7 +41,8 @@ test: lint
 
 # The long fuzz run (100,000+ inputs): see README.
 fuzz: install-test
-	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/test_fuzz.py -q -p no:randomly
+	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/test_fuzz.py tests/test_fuzz_grpc.py \
+		-q -p no:randomly
 
 $(VENV)/.installed-bench: $(VENV)/.installed pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[bench]'
