@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -249,20 +250,50 @@ async def measure(
         await asyncio.sleep(IDLE_S)
         idle_rate = ((process_cpu(pid) or before) - before) / IDLE_S
         idle_whole = ((tree_cpu(pid) or whole) - whole) / IDLE_S
+    protocols = args.protocols.split(",")
+    requests = {p: encode_requests(p, texts, model) for p in protocols}
     cells = []
-    for protocol in args.protocols.split(","):
-        requests = encode_requests(protocol, texts, model)
-        target = {"binary": binary_port, "grpc": grpc_port}.get(protocol, port)
+    # Rounds, and the protocols side by side at each concurrency: a neighbour's load on a shared
+    # machine then weighs on every protocol alike.
+    for _ in range(args.rounds):
         for conc in (int(c) for c in args.concurrency.split(",")):
-            cell = Cell(protocol, conc)
-            await run_cell(cell, host, target, requests, args.duration, args.max_requests, pid)
-            if cell.frontend_cpu_s is not None:  # less what the idle front-end spends anyway
-                cell.frontend_cpu_s = max(0.0, cell.frontend_cpu_s - idle_rate * cell.seconds)
-            if cell.server_cpu_s is not None:
-                cell.server_cpu_s = max(0.0, cell.server_cpu_s - idle_whole * cell.seconds)
-            print(cell.row(), flush=True)
-            cells.append(cell)
+            for protocol in protocols:
+                target = {"binary": binary_port, "grpc": grpc_port}.get(protocol, port)
+                cell = Cell(protocol, conc)
+                await run_cell(
+                    cell, host, target, requests[protocol], args.duration, args.max_requests, pid
+                )
+                if cell.frontend_cpu_s is not None:  # less what the idle front-end spends anyway
+                    cell.frontend_cpu_s = max(0.0, cell.frontend_cpu_s - idle_rate * cell.seconds)
+                if cell.server_cpu_s is not None:
+                    cell.server_cpu_s = max(0.0, cell.server_cpu_s - idle_whole * cell.seconds)
+                print(cell.row(), flush=True)
+                cells.append(cell)
+    if args.rounds > 1:
+        summary(cells)
     return cells
+
+
+def summary(cells: list[Cell]) -> None:
+    """Each cell's median over the rounds, and each round's req/s over KServe JSON's."""
+    print("\nmedian of the rounds; per round, req/s over kserve-json's at the same concurrency")
+    print("| protocol | conc | req/s | p50 ms | p99 ms | front-end CPU us/req | server CPU ms/req "
+          "| req/s / kserve-json, each round |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    keys = list(dict.fromkeys((c.protocol, c.concurrency) for c in cells))
+    for protocol, conc in sorted(keys, key=lambda k: (k[1], keys.index(k))):
+        mine = [c for c in cells if (c.protocol, c.concurrency) == (protocol, conc)]
+        base = [c for c in cells if (c.protocol, c.concurrency) == ("kserve-json", conc)]
+        rates = [len(c.latencies_ms) / c.seconds for c in mine]
+        ratios = [r / (len(b.latencies_ms) / b.seconds) for r, b in zip(rates, base, strict=False)]
+        front = [c.frontend_cpu_s / len(c.latencies_ms) * 1e6 for c in mine if c.frontend_cpu_s]
+        whole = [c.server_cpu_s / len(c.latencies_ms) * 1e3 for c in mine if c.server_cpu_s]
+        p50, p99 = median([c.pct(50) for c in mine]), median([c.pct(99) for c in mine])
+        print(
+            f"| {protocol} | {conc} | {median(rates):.1f} | {p50:.1f} | {p99:.1f} "
+            f"| {median(front):.0f} | {median(whole):.2f} "
+            f"| {', '.join(f'{r:.2f}' for r in ratios)} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--concurrency", default="1,32,64")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per cell at most")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the table, then medians")
     parser.add_argument("--max-requests", type=int, default=4000, help="per cell at most")
     parser.add_argument("--data", default=str(SST2), help="TSV with the texts in column one")
     parser.add_argument("--texts", type=int, default=1000, help="distinct texts, cycled")
