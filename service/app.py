@@ -291,7 +291,7 @@ class Server:
         delay = self.settings.shutdown_delay_s
         self.log.info("stopping", reason=reason, shutdown_delay_s=delay)
         if self.grpc is not None:  # health says NOT_SERVING now, as readiness answers 503
-            self.keep(asyncio.create_task(self.grpc.update_health()))
+            self.grpc.update_health()
         asyncio.get_running_loop().call_later(max(0.0, delay), self.stop_event.set)
 
     def on_stop_signal(self, name: str) -> None:
@@ -418,7 +418,7 @@ class Server:
                 for bconn in list(self.binary_state.connections):
                     bconn.sweep(now)
             if self.grpc is not None:
-                await self.grpc.update_health()
+                self.grpc.update_health()
 
     def http_states(self) -> list[HttpServerState]:
         return [s for s in (self.http_state, self.operator_state) if s is not None]

@@ -180,6 +180,8 @@ def test_probes_and_metadata(client: grpcclient.InferenceServerClient, model: st
 
 
 def test_health_and_reflection(srv: ServerProc) -> None:
+    serving = health_pb2.HealthCheckResponse.SERVING  # told at the next sweep tick after ready
+    wait_for(lambda: health_status(srv.grpc_port) == serving, 5, "health SERVING")
     with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "inference.GRPCInferenceService"):
@@ -388,10 +390,11 @@ def test_drain_finishes_calls_and_idle_channels_do_not_hold_the_exit(start_serve
     idle = [grpcclient.InferenceServerClient(address) for _ in range(3)]
     for c in idle:
         assert c.infer(name, [text_input(["warm"])]).as_numpy("label") is not None
+    serving = health_pb2.HealthCheckResponse.SERVING
+    wait_for(lambda: health_status(srv.grpc_port) == serving, 5, "health SERVING")
     watch_channel = grpc.insecure_channel(address)
     watch = health_pb2_grpc.HealthStub(watch_channel).Watch(health_pb2.HealthCheckRequest())
     assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
-    assert health_status(srv.grpc_port) == health_pb2.HealthCheckResponse.SERVING
     (pid,) = srv.worker_pids().values()
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
     os.kill(pid, signal.SIGSTOP)  # so the call is still in flight when the drain begins

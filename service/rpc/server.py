@@ -1,5 +1,10 @@
 """The gRPC port: KServe v2 `inference.GRPCInferenceService`, `grpc.health.v1.Health` and server
-reflection, on grpcio's asyncio server in the front-end's own (uvloop) event loop.
+reflection, on grpcio's threaded server; each call is handed to the front-end's event loop,
+where the dispatcher lives, and its thread waits for the answer.
+
+Not grpc.aio on the loop, though it measured faster (docs/design.md, "gRPC"): one request whose
+`:path` is not UTF-8 ends grpc.aio's server loop (grpcio 1.85: the listener closes, every later
+connection is refused), and tests/test_fuzz_grpc.py found it. The threaded server answers it.
 
 Every call goes through the one admission, deadline and API key the other protocols use: a
 ModelInfer is one dispatcher group, as a KServe HTTP infer is. Errors are the HTTP statuses of
@@ -11,8 +16,10 @@ stream is left (a health Watch) is cancelled once nothing is owed.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import grpc
@@ -38,12 +45,12 @@ CODES = {
     413: grpc.StatusCode.INVALID_ARGUMENT,  # the contract's mapping: gRPC has no "too large"
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
+    501: grpc.StatusCode.UNIMPLEMENTED,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 # With 503: the client may retry after a second (`retry-after`, as HTTP says it, and the
 # standard gRPC retry pushback, which grpc's own retry policy honours).
 RETRY_TRAILERS = (("retry-after", "1"), ("grpc-retry-pushback-ms", "1000"))
-CANCELLED = 499  # counted for a call its client cancelled (nginx's code for it)
 # Probes and metadata a kubelet or a load balancer reads without the key, as on HTTP.
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -79,24 +86,7 @@ def decoder(message: Any, limit: int) -> Callable[[bytes], Any]:
     return decode
 
 
-Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
-
-
-class Health(health.aio.HealthServicer):
-    """grpcio's health service, told the readiness as a call comes (HTTP's readiness is read
-    live too); open Watch streams hear of a change at the sweep's next tick."""
-
-    def __init__(self, ready: Callable[[], Awaitable[None]]) -> None:
-        super().__init__()
-        self.refresh = ready
-
-    async def Check(self, request: Any, context: Any) -> Any:
-        await self.refresh()
-        return await super().Check(request, context)
-
-    async def Watch(self, request: Any, context: Any) -> None:
-        await self.refresh()  # the first answer is as live as Check's
-        await super().Watch(request, context)
+Handler = Callable[[Any, grpc.ServicerContext], Coroutine[Any, Any, Any]]
 
 
 class GrpcPort:
@@ -105,15 +95,18 @@ class GrpcPort:
     def __init__(self, host: GrpcHost) -> None:
         self.host = host
         self.settings = host.settings
-        self.inflight = 0  # unary calls not yet answered: the drain waits for them
-        self.health = Health(self.update_health)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the front-end's, set at start
+        self.lock = threading.Lock()
+        self.inflight = 0  # calls not yet answered (written by gRPC's threads, under the lock)
+        self.health = health.HealthServicer()  # thread-safe; told the status from the loop
         self.serving: int | None = None  # the status the health service was last given
-        self.server: grpc.aio.Server | None = None
-        self.stopping: asyncio.Task[None] | None = None
+        self.server: grpc.Server | None = None
+        self.stopped: threading.Event | None = None  # set when the graceful stop is over
 
     # -- start and stop -------------------------------------------------------------------------
     async def start(self, address: str, port: int) -> None:
         s = self.settings
+        self.loop = asyncio.get_running_loop()
         options = [
             # SO_REUSEPORT only when asked (grpc turns it on by default): a second server
             # without --reuse-port must fail to bind, as on the other ports.
@@ -123,7 +116,8 @@ class GrpcPort:
             ("grpc.max_receive_message_length", 2 * s.max_body + 1024),
             ("grpc.max_concurrent_streams", s.max_queue),
         ]
-        server = grpc.aio.server(options=options, maximum_concurrent_rpcs=None)
+        pool = ThreadPoolExecutor(s.grpc_threads, thread_name_prefix="grpc")
+        server = grpc.server(pool, options=options, maximum_concurrent_rpcs=s.max_queue)
         server.add_generic_rpc_handlers([self.handlers()])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection([SERVICE, HEALTH, reflection.SERVICE_NAME], server)
@@ -134,42 +128,39 @@ class GrpcPort:
             raise SystemExit(f"ringserve: cannot listen for gRPC on {target}: {exc}") from None
         if bound == 0:
             raise SystemExit(f"ringserve: cannot listen for gRPC on {target} (in use?)")
-        await server.start()
+        server.start()
         self.server = server
-        await self.update_health()
+        self.update_health()
         self.host.log.info("grpc_listening", port=bound)
 
     def begin_drain(self, grace_s: float) -> None:
         """Stop taking calls: gRPC closes the listener and sends GOAWAY; the calls in flight
         have `grace_s` to finish. Health says NOT_SERVING from now on."""
-        if self.server is None or self.stopping is not None:
+        if self.server is None or self.stopped is not None:
             return
-        self.stopping = asyncio.ensure_future(self._stop(self.server, grace_s))
-
-    async def _stop(self, server: grpc.aio.Server, grace_s: float) -> None:
-        await self.health.enter_graceful_shutdown()
-        await server.stop(grace_s)
+        self.health.enter_graceful_shutdown()
+        self.stopped = self.server.stop(grace_s)
 
     async def close(self) -> None:
         """Nothing is owed any more: cancel what is left (health watches) and wait for the end."""
         if self.server is None:
             return
+        loop = asyncio.get_running_loop()
         until = time.monotonic() + 1.0  # after a drain timeout: the 500s on their way out
         while self.inflight and time.monotonic() < until:
             await asyncio.sleep(0.01)
-        if self.stopping is not None:  # the graceful stop ends at once unless a stream is open
-            await asyncio.wait([self.stopping], timeout=0.25)
-        await self.server.stop(0)  # only streams are left (health watches): cancel them
-        if self.stopping is not None:
-            await asyncio.wait([self.stopping], timeout=5)
+        if self.stopped is not None:  # the graceful stop ends at once unless a stream is open
+            await loop.run_in_executor(None, self.stopped.wait, 0.25)
+        done = self.server.stop(0)  # only streams are left (health watches): cancel them
+        await loop.run_in_executor(None, done.wait, 5.0)
 
-    async def update_health(self) -> None:
-        """Called on the sweep's tick and when a stop begins: SERVING while ready."""
+    def update_health(self) -> None:
+        """Called from the loop at start, on the sweep's tick and when a stop begins."""
         status = SERVING if self.host.ready() else NOT_SERVING
         if status != self.serving:
             self.serving = status
             for name in ("", SERVICE):
-                await self.health.set(name, status)
+                self.health.set(name, status)
 
     # -- calls ----------------------------------------------------------------------------------
     def handlers(self) -> grpc.GenericRpcHandler:
@@ -207,47 +198,53 @@ class GrpcPort:
             },
         )
 
-    def wrap(self, name: str, fn: Handler) -> Handler:
-        """Key check, error mapping and counting, once for every method."""
+    def wrap(self, name: str, fn: Handler) -> Callable[[Any, grpc.ServicerContext], Any]:
+        """Key check, error mapping and counting, once for every method; the method itself runs
+        on the loop, and this gRPC thread waits for it."""
         needs_key = name not in OPEN_METHODS
 
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            # Owed until the answer is sent, not merely made: the drain must not cut it off.
-            self.inflight += 1
-            context.add_done_callback(self.answered)
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            # Owed until gRPC has sent the answer, not merely made it: the drain must not cut it.
+            with self.lock:
+                self.inflight += 1
+            if not context.add_callback(self.answered):
+                self.answered()
             code = 200
             try:
                 if isinstance(request, Undecodable):
                     raise HttpError(request.status, request.message)
                 if needs_key and not self.authorized(context):
                     raise HttpError(401, DENIED)
-                return await fn(request, context)
+                assert self.loop is not None
+                return asyncio.run_coroutine_threadsafe(fn(request, context), self.loop).result()
             except HttpError as exc:
                 code = exc.status
                 if exc.status == 503:
                     context.set_trailing_metadata(RETRY_TRAILERS)
-                await context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
-            except asyncio.CancelledError:
-                code = CANCELLED
-                raise
+                context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
             finally:
-                self.host.count("grpc", code)
+                self.on_loop(self.host.count, "grpc", code)
 
         return call
 
-    def answered(self, context: Any) -> None:
-        self.inflight -= 1
+    def answered(self) -> None:
+        with self.lock:
+            self.inflight -= 1
 
-    def authorized(self, context: grpc.aio.ServicerContext) -> bool:
+    def on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def authorized(self, context: grpc.ServicerContext) -> bool:
         key = self.host.api_key
         if key is None:
             return True
         for name, value in context.invocation_metadata() or ():
             if name == "authorization":
                 raw = value.encode("latin-1", "replace") if isinstance(value, str) else value
-                if key.bearer_ok(raw):
+                if key.bearer_ok(raw):  # a digest and a compare: safe from any thread
                     return True
-        key.refused("grpc")
+        self.on_loop(key.refused, "grpc")
         return False
 
     async def server_live(self, req: Any, context: Any) -> pb.ServerLiveResponse:
@@ -279,16 +276,14 @@ class GrpcPort:
             rsp.outputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
         return rsp
 
-    async def repository(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def repository(self, req: Any, context: Any) -> Any:
         # The repository extension comes with many models in one server (CONTRACT.md); until
         # then there is nothing to index, load or unload.
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "the model repository extension is not served yet: this server holds one model",
-        )
+        msg = "the model repository extension is not served yet: this server holds one model"
+        raise HttpError(501, msg)
 
     async def model_infer(
-        self, req: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+        self, req: pb.ModelInferRequest, context: grpc.ServicerContext
     ) -> pb.ModelInferResponse:
         job = infer.read_request(self.host, req)
         deadline = self.deadline_ns(context, job.timeout_us)
@@ -308,7 +303,7 @@ class GrpcPort:
             raise HttpError(*failure(failed))
         return infer.answer(self.host, job, results)
 
-    def deadline_ns(self, context: grpc.aio.ServicerContext, timeout_us: int | None) -> int:
+    def deadline_ns(self, context: grpc.ServicerContext, timeout_us: int | None) -> int:
         """The client's gRPC deadline, else Triton's `timeout` parameter, else the default."""
         now = time.monotonic_ns()
         left = context.time_remaining()
