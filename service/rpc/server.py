@@ -307,6 +307,8 @@ class GrpcPort:
         """The client's gRPC deadline, else Triton's `timeout` parameter, else the default."""
         now = time.monotonic_ns()
         left = context.time_remaining()
+        if left is not None and left > 86_400:  # grpcio's threaded server: "no deadline" is huge
+            left = None
         if left is not None:
             if left <= 0:
                 raise HttpError(504, "request deadline passed")
