@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install install-test serve test lint fuzz bench clean
+.PHONY: install install-test serve test lint fuzz bench proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,8 @@ test: lint
 
 # The long fuzz run (100,000+ inputs; Schemathesis 1,000 examples an operation): see README.
 fuzz: install-test
-	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/test_fuzz.py tests/test_openapi.py -q -p no:randomly
+	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/test_fuzz.py tests/test_fuzz_grpc.py \
+		tests/test_openapi.py -q -p no:randomly
 
 $(VENV)/.installed-bench: $(VENV)/.installed pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[bench]'
@@ -49,6 +50,12 @@ $(VENV)/.installed-bench: $(VENV)/.installed pyproject.toml
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m benchmarks.serving
+
+# service/rpc/kserve_pb2.py(i) are committed (a clean clone needs no protoc); regenerate them
+# after editing kserve.proto. tests/test_grpc.py fails while they differ.
+proto: install-test
+	$(BIN)/python -m grpc_tools.protoc -I service/rpc --python_out=service/rpc \
+		--pyi_out=service/rpc service/rpc/kserve.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-output

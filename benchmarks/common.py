@@ -118,14 +118,18 @@ class Launched:
         beside: Launched | None = None,
         own_group: bool = False,
         tree: Path | None = None,
+        grpc: bool = False,
     ) -> None:
-        """`beside`: share that server's ports and control path (a --reuse-port upgrade).
+        """`grpc`: serve the gRPC port too, on a free port (off unless asked: most servers
+        here never use it, and none may take the default 8002 another test server holds).
+        `beside`: share that server's ports and control path (a --reuse-port upgrade).
         `own_group`: start it in a session of its own, so a signal to its process group (as
         systemd, supervisord and `kill -TERM -PGID` send) reaches it and its children only.
         `tree`: run the server of another checkout (a baseline commit), not this one."""
         tmp = Path(tmp)
         self.port: int = beside.port if beside else port or free_port()
         self.binary_port: int = beside.binary_port if beside else free_port() if binary else 0
+        self.grpc_port: int = beside.grpc_port if beside else free_port() if grpc else 0
         self.base_control: str = (
             beside.base_control if beside else str(tmp / f"ctl-{self.port}.sock")
         )
@@ -136,6 +140,8 @@ class Launched:
             sys.executable, "-m", "service.cli", "serve",
             "--host", HOST, "--port", str(self.port),
             "--binary-port", str(self.binary_port),
+            # another checkout (`tree`, a baseline) may predate the option: there, off unless asked
+            *(["--grpc-port", str(self.grpc_port)] if tree is None or grpc else []),
             "--control", self.control,
             *args,
         ]  # fmt: skip

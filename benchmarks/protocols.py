@@ -1,8 +1,9 @@
 """Requests per second and P50/P99 latency for the same texts over every protocol ringserve speaks.
 
-One run measures /v1/classify, KServe v2 with JSON tensors, KServe v2 with binary tensors, and the
-framed binary protocol, each at concurrency 1 and 32, one SST-2 sentence per request, against a
-server it starts itself (or --url/--binary-port of a running one), and prints a table.
+One run measures /v1/classify, KServe v2 with JSON tensors, KServe v2 with binary tensors, the
+framed binary protocol and KServe v2 over gRPC, each at concurrency 1, 32 and 64, one SST-2
+sentence per request, against a server it starts itself (or --url/--binary-port/--grpc-port of
+a running one), and prints a table.
 
 The client is one asyncio (uvloop) process, closed loop: each of `concurrency` tasks sends its
 next request when the last answer is in. Requests are encoded before the clock starts and
@@ -10,9 +11,13 @@ answers are framed (Content-Length, or the binary answer's length) but not decod
 costs little CPU on a machine it shares with the server; its CPU share is printed with each cell,
 and so is the server front-end's CPU time per request (what the protocol itself costs there).
 HTTP tasks each own a keep-alive connection; binary-protocol tasks share one connection, as that
-protocol is meant to be used (pipelined, answers matched by tag).
+protocol is meant to be used (pipelined, answers matched by tag); gRPC tasks share one channel
+(grpc.aio, one HTTP/2 connection, calls multiplexed), as tritonclient.grpc users do, with each
+ModelInferRequest built by tritonclient's own messages (raw contents, as tritonclient sends).
+The server's CPU per request is counted twice: the front-end alone (where the protocols differ)
+and the whole server (front-end, zygote and workers).
 
-    python -m benchmarks.protocols [--duration 10] [--max-requests 4000] [--concurrency 1,32]
+    python -m benchmarks.protocols [--duration 10] [--max-requests 4000] [--concurrency 1,32,64]
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
@@ -44,7 +51,8 @@ from benchmarks.common import (
 from service.client import AsyncBinaryClient
 from service.wire import LENGTH
 
-PROTOCOLS = ("http", "kserve-json", "kserve-binary", "binary")
+PROTOCOLS = ("http", "kserve-json", "kserve-binary", "binary", "grpc")
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 IDLE_S = 3.0  # how long the idle front-end's own CPU use is measured before the cells
 
 
@@ -67,9 +75,22 @@ def encode_requests(protocol: str, texts: list[str], model: str) -> list[bytes]:
             head = json.dumps(doc).encode()
             extra = {"Inference-Header-Content-Length": str(len(head))}
             out.append(http_message("POST", infer, head + blob, extra))
+        elif protocol == "grpc":
+            out.append(grpc_request(model, data))
         else:
             out.append(data)  # the client frames it with its own tag
     return out
+
+
+def grpc_request(model: str, data: bytes) -> bytes:
+    """A serialized ModelInferRequest as tritonclient.grpc builds it (its own compiled
+    messages, not ours): one BYTES input in raw_input_contents."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model)
+    request.inputs.add(name="text", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(LENGTH.pack(len(data)) + data)
+    return request.SerializeToString()
 
 
 # -- clients --------------------------------------------------------------------------------------
@@ -96,6 +117,22 @@ def binary_sender(client: AsyncBinaryClient) -> Sender:
     return send
 
 
+def grpc_sender(channel: Any) -> Sender:
+    """Calls share the one channel; the answer's bytes are not decoded. 200 for OK, else 500."""
+    import grpc
+
+    call = channel.unary_unary(GRPC_INFER)
+
+    async def send(request: bytes) -> int:
+        try:
+            await call(request, timeout=60)
+        except grpc.RpcError:
+            return 500
+        return 200
+
+    return send
+
+
 # -- one cell of the table ------------------------------------------------------------------------
 @dataclass
 class Cell:
@@ -106,6 +143,7 @@ class Cell:
     errors: int = 0
     client_cpu_s: float = 0.0
     frontend_cpu_s: float | None = None  # the server's front-end process, when we know its pid
+    server_cpu_s: float | None = None  # the front-end and every process under it
 
     def pct(self, p: float) -> float:
         return percentile(self.latencies_ms, p)
@@ -114,12 +152,14 @@ class Cell:
         n = len(self.latencies_ms)
         rps = n / self.seconds if self.seconds else 0.0
         cpu = 100 * self.client_cpu_s / self.seconds if self.seconds else 0.0
-        front = "-"
+        front = whole = "-"
         if self.frontend_cpu_s is not None and n:
             front = f"{self.frontend_cpu_s / n * 1e6:.0f}"
+        if self.server_cpu_s is not None and n:
+            whole = f"{self.server_cpu_s / n * 1e3:.2f}"
         return (
             f"| {self.protocol} | {self.concurrency} | {n} | {rps:.1f} | {self.pct(50):.1f} "
-            f"| {self.pct(99):.1f} | {self.errors} | {cpu:.1f}% | {front} |"
+            f"| {self.pct(99):.1f} | {self.errors} | {cpu:.1f}% | {front} | {whole} |"
         )
 
 
@@ -133,9 +173,15 @@ async def run_cell(
     pid: int | None,
 ) -> None:
     shared: AsyncBinaryClient | None = None
+    channel: Any = None
     if cell.protocol == "binary":
         shared = await AsyncBinaryClient.connect(host, port)
         senders = [binary_sender(shared)] * cell.concurrency
+    elif cell.protocol == "grpc":
+        import grpc
+
+        channel = grpc.aio.insecure_channel(f"{host}:{port}")
+        senders = [grpc_sender(channel)] * cell.concurrency
     else:
         senders = [await http_sender(host, port) for _ in range(cell.concurrency)]
     texts = itertools.cycle(requests)
@@ -144,7 +190,7 @@ async def run_cell(
     stop_at = time.perf_counter() + duration
     started = time.perf_counter()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    front0 = process_cpu(pid)
+    front0, whole0 = process_cpu(pid), tree_cpu(pid)
 
     async def worker(send: Sender) -> None:
         while time.perf_counter() < stop_at and len(cell.latencies_ms) + cell.errors < limit:
@@ -158,12 +204,16 @@ async def run_cell(
     await asyncio.gather(*(worker(s) for s in senders))
     cell.seconds = time.perf_counter() - started
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    front1 = process_cpu(pid)
+    front1, whole1 = process_cpu(pid), tree_cpu(pid)
     if front0 is not None and front1 is not None:
         cell.frontend_cpu_s = front1 - front0
+    if whole0 is not None and whole1 is not None:
+        cell.server_cpu_s = whole1 - whole0
     cell.client_cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     if shared is not None:
         await shared.close()
+    if channel is not None:
+        await channel.close()
 
 
 def process_cpu(pid: int | None) -> float | None:
@@ -173,41 +223,90 @@ def process_cpu(pid: int | None) -> float | None:
     return float(times.user + times.system)
 
 
+def tree_cpu(pid: int | None) -> float | None:
+    """CPU seconds of the process and of every live process under it (workers, zygote)."""
+    if pid is None:
+        return None
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 async def measure(
-    args: argparse.Namespace, url: str, binary_port: int, pid: int | None
+    args: argparse.Namespace, url: str, binary_port: int, grpc_port: int, pid: int | None
 ) -> list[Cell]:
     host, port = urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 80
     model = str(get_json(port, "/v1/model", host=host)["name"])
     texts = load_texts(args.data, args.texts)
-    idle_rate = 0.0
-    before = process_cpu(pid)
-    if before is not None:  # supervisor ticks, heartbeats, sweeps: not the protocols' cost
+    idle_rate = idle_whole = 0.0
+    before, whole = process_cpu(pid), tree_cpu(pid)
+    if before is not None and whole is not None:  # ticks, heartbeats: not the protocols' cost
         await asyncio.sleep(IDLE_S)
-        idle_rate = (process_cpu(pid) or before) - before
-        idle_rate /= IDLE_S
+        idle_rate = ((process_cpu(pid) or before) - before) / IDLE_S
+        idle_whole = ((tree_cpu(pid) or whole) - whole) / IDLE_S
+    protocols = args.protocols.split(",")
+    requests = {p: encode_requests(p, texts, model) for p in protocols}
     cells = []
-    for protocol in args.protocols.split(","):
-        requests = encode_requests(protocol, texts, model)
-        target = binary_port if protocol == "binary" else port
+    # Rounds, and the protocols side by side at each concurrency: a neighbour's load on a shared
+    # machine then weighs on every protocol alike.
+    for _ in range(args.rounds):
         for conc in (int(c) for c in args.concurrency.split(",")):
-            cell = Cell(protocol, conc)
-            await run_cell(cell, host, target, requests, args.duration, args.max_requests, pid)
-            if cell.frontend_cpu_s is not None:  # less what the idle front-end spends anyway
-                cell.frontend_cpu_s = max(0.0, cell.frontend_cpu_s - idle_rate * cell.seconds)
-            print(cell.row(), flush=True)
-            cells.append(cell)
+            for protocol in protocols:
+                target = {"binary": binary_port, "grpc": grpc_port}.get(protocol, port)
+                cell = Cell(protocol, conc)
+                await run_cell(
+                    cell, host, target, requests[protocol], args.duration, args.max_requests, pid
+                )
+                if cell.frontend_cpu_s is not None:  # less what the idle front-end spends anyway
+                    cell.frontend_cpu_s = max(0.0, cell.frontend_cpu_s - idle_rate * cell.seconds)
+                if cell.server_cpu_s is not None:
+                    cell.server_cpu_s = max(0.0, cell.server_cpu_s - idle_whole * cell.seconds)
+                print(cell.row(), flush=True)
+                cells.append(cell)
+    if args.rounds > 1:
+        summary(cells)
     return cells
+
+
+def summary(cells: list[Cell]) -> None:
+    """Each cell's median over the rounds, and each round's req/s over KServe JSON's."""
+    print("\nmedian of the rounds; per round, req/s over kserve-json's at the same concurrency")
+    print("| protocol | conc | req/s | p50 ms | p99 ms | front-end CPU us/req | server CPU ms/req "
+          "| req/s / kserve-json, each round |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    keys = list(dict.fromkeys((c.protocol, c.concurrency) for c in cells))
+    for protocol, conc in sorted(keys, key=lambda k: (k[1], keys.index(k))):
+        mine = [c for c in cells if (c.protocol, c.concurrency) == (protocol, conc)]
+        base = [c for c in cells if (c.protocol, c.concurrency) == ("kserve-json", conc)]
+        rates = [len(c.latencies_ms) / c.seconds for c in mine]
+        ratios = [r / (len(b.latencies_ms) / b.seconds) for r, b in zip(rates, base, strict=False)]
+        front = [c.frontend_cpu_s / len(c.latencies_ms) * 1e6 for c in mine if c.frontend_cpu_s]
+        whole = [c.server_cpu_s / len(c.latencies_ms) * 1e3 for c in mine if c.server_cpu_s]
+        p50, p99 = median([c.pct(50) for c in mine]), median([c.pct(99) for c in mine])
+        print(
+            f"| {protocol} | {conc} | {median(rates):.1f} | {p50:.1f} | {p99:.1f} "
+            f"| {median(front):.0f} | {median(whole):.2f} "
+            f"| {', '.join(f'{r:.2f}' for r in ratios)} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running server's HTTP base URL (default: start one)")
     parser.add_argument("--binary-port", type=int, default=8001, help="with --url")
+    parser.add_argument("--grpc-port", type=int, default=8002, help="with --url")
     parser.add_argument("--server-pid", type=int, help="with --url: front-end pid, for its CPU")
     parser.add_argument("--server-args", default="--workers 2 --spares 0", help="when started")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
-    parser.add_argument("--concurrency", default="1,32")
+    parser.add_argument("--concurrency", default="1,32,64")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per cell at most")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the table, then medians")
     parser.add_argument("--max-requests", type=int, default=4000, help="per cell at most")
     parser.add_argument("--data", default=str(SST2), help="TSV with the texts in column one")
     parser.add_argument("--texts", type=int, default=1000, help="distinct texts, cycled")
@@ -216,20 +315,21 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     with tempfile.TemporaryDirectory(prefix="rs-bench-") as tmp:
-        srv = None if args.url else Launched(tmp, args.server_args.split())
+        srv = None if args.url else Launched(tmp, args.server_args.split(), grpc=True)
         try:
             if srv is None:  # a running server: assumed ready
-                url, binary_port, pid = args.url.rstrip("/"), args.binary_port, args.server_pid
+                url, pid = args.url.rstrip("/"), args.server_pid
+                binary_port, grpc_port = args.binary_port, args.grpc_port
             else:
                 srv.wait_ready()
-                url, binary_port, pid = srv.url, srv.binary_port, srv.pid
+                url, binary_port, grpc_port, pid = srv.url, srv.binary_port, srv.grpc_port, srv.pid
             print(f"server: {url} ({args.server_args if srv else 'external'}), one text a request")
             print(
                 "| protocol | conc | requests | req/s | p50 ms | p99 ms | errors | client CPU "
-                "| front-end CPU us/req |"  # the idle front-end's share subtracted
+                "| front-end CPU us/req | server CPU ms/req |"  # the idle share subtracted
             )
-            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-            uvloop.run(measure(args, url, binary_port, pid))
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            uvloop.run(measure(args, url, binary_port, grpc_port, pid))
         finally:
             if srv is not None:
                 srv.terminate()

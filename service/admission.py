@@ -69,6 +69,13 @@ def too_long(failed: Result) -> tuple[str, dict[str, int]]:
     return msg + " (truncate: false)", {"tokens": failed.tokens, "max_length": failed.limit}
 
 
+def failure(failed: Result) -> tuple[int, str]:
+    """The HTTP status and message of a failed text, for every protocol that maps them."""
+    if failed.status == L.STATUS_TOO_LONG:
+        return 413, too_long(failed)[0]
+    return STATUS_HTTP.get(failed.status, 500), STATUS_MESSAGE.get(failed.status, "internal error")
+
+
 def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
     status = STATUS_HTTP.get(failed.status, 500)
     extra = [latency_header(ex)]

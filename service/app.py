@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service import metrics, openapi
 from service.admission import Admission
@@ -47,6 +47,9 @@ from workers.batcher import REPORT_GRID, length_grid, pad_grid
 from workers.onnx_model import choose_runtime
 from workers.spec import FAKE_GPU
 from workers.testhooks import HOOKS
+
+if TYPE_CHECKING:
+    from service.rpc.server import GrpcPort
 
 SWEEP_S = 0.25
 STOP_GRACE_S = 5.0  # workers' time to exit on SIGTERM before SIGKILL
@@ -117,6 +120,7 @@ class Server:
         self.admission.keys = self.keys
         self.binary_state: BinaryServerState | None = None  # when the binary port is on
         self.stats: Stats | None = None  # unless --metrics 0
+        self.grpc: GrpcPort | None = None  # when the gRPC port is on
 
     # -- set-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -234,6 +238,11 @@ class Server:
             from service.binary import start_binary
 
             self.listeners.append(await start_binary(self, s.host, s.binary_port))
+        if s.grpc_port:  # grpcio is imported only when the port is on
+            from service.rpc.server import GrpcPort
+
+            self.grpc = GrpcPort(self)
+            await self.grpc.start(s.host, s.grpc_port)
         for sock in self.inherited.values():  # a port we no longer serve on
             sock.close()
         self.inherited = {}
@@ -349,6 +358,8 @@ class Server:
         sd_notify("STOPPING=1")
         delay = self.settings.shutdown_delay_s
         self.log.info("stopping", reason=reason, shutdown_delay_s=delay)
+        if self.grpc is not None:  # health says NOT_SERVING now, as readiness answers 503
+            self.grpc.update_health()
         asyncio.get_running_loop().call_later(max(0.0, delay), self.stop_event.set)
 
     def on_stop_signal(self, name: str) -> None:
@@ -371,7 +382,9 @@ class Server:
                 handle.signal(signal.SIGKILL)
 
     def on_reload_signal(self) -> None:
-        task = asyncio.ensure_future(self.reload("SIGHUP"))
+        self.keep(asyncio.create_task(self.reload("SIGHUP")))
+
+    def keep(self, task: asyncio.Task[Any]) -> None:
         self.tasks.add(task)  # the loop keeps only a weak reference to a task
         task.add_done_callback(self.tasks.discard)
 
@@ -429,6 +442,8 @@ class Server:
         if self.binary_state is not None:
             for bconn in list(self.binary_state.connections):
                 bconn.begin_drain()
+        if self.grpc is not None:  # GOAWAY; the calls in flight finish
+            self.grpc.begin_drain(self.settings.drain_timeout_s)
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while self.draining_work() and time.monotonic() < deadline and not self.supervisor.fatal:
             if self.hurry:
@@ -440,6 +455,8 @@ class Server:
             self.dispatcher.fail_all()
         await asyncio.sleep(0)  # let the last answers reach their transports
         self.close_connections()
+        if self.grpc is not None:
+            await self.grpc.close()
         await self.supervisor.stop(HURRY_GRACE_S if self.hurry else STOP_GRACE_S)
         if self.admission.tracing is not None:  # the last spans, off the loop, bounded
             with contextlib.suppress(Exception, asyncio.TimeoutError):
@@ -456,6 +473,8 @@ class Server:
         if self.dispatcher.depth:
             return True
         if any(state.owed() for state in self.http_states()):
+            return True
+        if self.grpc is not None and self.grpc.inflight:
             return True
         bstate = self.binary_state
         return bstate is not None and any(c.owes() for c in bstate.connections)
@@ -483,6 +502,8 @@ class Server:
             if self.binary_state is not None:
                 for bconn in list(self.binary_state.connections):
                     bconn.sweep(now)
+            if self.grpc is not None:
+                self.grpc.update_health()
 
     def http_states(self) -> list[HttpServerState]:
         return [s for s in (self.http_state, self.operator_state) if s is not None]

@@ -89,8 +89,12 @@ def server_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict
 
 
 def model_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
-    name = check_model(server, p)
-    doc = {
+    respond_json(conn, ex, metadata_doc(server, check_model(server, p)))
+
+
+def metadata_doc(server: ModelView, name: str) -> dict[str, Any]:
+    """The model's KServe metadata, as HTTP and gRPC (service/rpc) answer it."""
+    return {
         "name": name,
         "versions": [VERSION],
         "platform": PLATFORM,
@@ -104,7 +108,6 @@ def model_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[
         ],
         "parameters": task_parameters(server) | {"activation": server.manifest.activation},
     }
-    respond_json(conn, ex, doc)
 
 
 def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
@@ -304,20 +307,31 @@ def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[b
 def read_texts(server: ModelView, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
     """The request's texts; with the optional input `text_pair`, each text joined to its pair."""
     inputs = doc.get("inputs")
-    if not isinstance(inputs, list) or not 1 <= len(inputs) <= 2:
+    if not isinstance(inputs, list):
         raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
-    names = [spec.get("name") if isinstance(spec, dict) else None for spec in inputs]
-    for name in names:
-        if name not in INPUTS:
-            raise HttpError(400, f'unknown input {name!r}: the model takes "text", "text_pair"')
-    if "text" not in names or len(set(names)) != len(names):
-        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+    check_input_names([spec.get("name") if isinstance(spec, dict) else None for spec in inputs])
     found: dict[str, list[bytes]] = {}
     pos = 0
     for spec in inputs:
         found[spec["name"]], pos = read_input(spec, blob, pos)
     if pos != len(blob):
         raise HttpError(400, "binary data given, but no input names it (binary_data_size)")
+    return join_pairs(server, found)
+
+
+def check_input_names(names: list[Any]) -> None:
+    """`text`, and maybe `text_pair`, each once (HTTP and gRPC alike)."""
+    if not 1 <= len(names) <= 2:
+        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+    for name in names:
+        if name not in INPUTS:
+            raise HttpError(400, f'unknown input {name!r}: the model takes "text", "text_pair"')
+    if "text" not in names or len(set(names)) != len(names):
+        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+
+
+def join_pairs(server: ModelView, found: dict[str, list[bytes]]) -> list[bytes]:
+    """The payloads of checked inputs: each text, joined to its pair when `text_pair` is given."""
     texts = found["text"]
     if not 1 <= len(texts) <= server.settings.max_texts:
         raise HttpError(400, f"input text must hold 1 to {server.settings.max_texts} texts")
@@ -327,6 +341,20 @@ def read_texts(server: ModelView, doc: dict[str, Any], blob: memoryview) -> list
     if len(pairs) != len(texts):
         raise HttpError(400, f"input text_pair has {len(pairs)} texts, text has {len(texts)}")
     return [t + L.PAIR_SEPARATOR + p for t, p in zip(texts, pairs, strict=True)]
+
+
+def with_options(
+    texts: list[bytes], params: dict[str, Any], wanted: list[tuple[str, bool]]
+) -> tuple[list[bytes], str]:
+    """The payloads with the request's long-text options and, for output `embedding`, the ask
+    for a vector (layout OPT_EMBED); and the task they count under."""
+    prefix = long_text_prefix(params, "parameters.")
+    embed = wanted[0][0] == EMBEDDING
+    if embed:  # the worker answers each text's vector
+        prefix = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
+    if prefix:
+        texts = [prefix + t for t in texts]
+    return texts, "embed" if embed else "classify"
 
 
 def read_outputs(
@@ -455,13 +483,9 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     if request_id is not None and not isinstance(request_id, str):
         raise HttpError(400, "id must be a string")
     texts = read_texts(server, doc, blob)
-    prefix = long_text_prefix(as_dict(doc.get("parameters"), "parameters"), "parameters.")
     m = server.manifest
     wanted = read_outputs(doc, m.embeds, m.embed_only)
-    if wanted[0][0] == EMBEDDING:  # the worker answers each text's vector (layout OPT_EMBED)
-        prefix = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
-    if prefix:
-        texts = [prefix + t for t in texts]
+    texts, task = with_options(texts, as_dict(doc.get("parameters"), "parameters"), wanted)
     deadline = request_deadline(server, ex, doc)
     encoder = encoder_for(server.labels, m.normalize)
 
@@ -482,7 +506,6 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
         else:
             conn.respond(ex, 200, head, extra=extra)
 
-    task = "embed" if wanted[0][0] == EMBEDDING else "classify"
     asked = as_dict(doc.get("parameters"), "parameters").get("priority")
     priority = asked_priority(asked, "parameters.priority")  # never above the key's
     server.admission.submit(conn, ex, texts, done, "kserve", deadline, task, priority)

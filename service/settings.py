@@ -183,9 +183,16 @@ class Config:
         "the name the model is served under (KServe paths, /v1/model; default: the artifact's); "
         "KServe's runtime passes its InferenceService's name",
     )
-    host: str = option("127.0.0.1", "bind address for the HTTP and binary ports")
+    host: str = option("127.0.0.1", "bind address for the HTTP, binary and gRPC ports")
     port: int = option(8000, "HTTP port", int)
     binary_port: int = option(8001, "framed binary TCP port (0 = off)", int)
+    grpc_port: int = option(
+        8002, "KServe v2 gRPC port (GRPCInferenceService, health, reflection; 0 = off)", int
+    )
+    # Each gRPC call holds a thread of grpcio's pool while the model works (service/rpc), so
+    # the pool bounds the calls served at once: 128 is twice the largest batch, room for
+    # batching to fill at any concurrency the benchmarks reach.
+    grpc_threads: int = option(128, "threads of the gRPC port's pool: calls served at once", int)
     api_key: str | None = option(
         None,
         "when set, every request but the health probes needs `Authorization: Bearer KEY`, and a "

@@ -149,8 +149,9 @@ def start_server(tmp_path: Path, default_model: str) -> Iterator[Callable[..., S
         workers: int | None = None,
         beside: ServerProc | None = None,
         own_group: bool = False,
+        grpc: bool = False,
     ) -> ServerProc:
-        srv = ServerProc(tmp_path, list(args), env, beside=beside, own_group=own_group)
+        srv = ServerProc(tmp_path, list(args), env, beside=beside, own_group=own_group, grpc=grpc)
         started.append(srv)
         if wait:
             srv.wait_ready(workers)

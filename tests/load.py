@@ -105,3 +105,48 @@ class Load:
         self.stop_event.set()
         for t in self.threads:
             t.join(90)
+
+
+class GrpcLoad(Load):
+    """The same load over gRPC: each client thread has its own tritonclient.grpc channel and
+    calls ModelInfer in a loop. `fresh`: a new channel (a new connection) for every call, which
+    sees every refused or reset connection that a long-lived channel would hide."""
+
+    def __init__(
+        self, port: int, model: str, texts: list[str], clients: int = 4, fresh: bool = False
+    ) -> None:
+        super().__init__(port, texts, clients)
+        self.model = model
+        self.fresh = fresh
+
+    def _run(self, index: int) -> None:
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        address = f"127.0.0.1:{self.port}"
+        client = None
+        i = index
+        while not self.stop_event.is_set():
+            i += len(self.threads)
+            text = np.array([self.texts[i % len(self.texts)].encode()], dtype=object)
+            inp = grpcclient.InferInput("text", [1], "BYTES")
+            inp.set_data_from_numpy(text)
+            try:
+                if client is None:
+                    client = grpcclient.InferenceServerClient(address)
+                result = client.infer(self.model, [inp], client_timeout=60)
+                labels = result.as_numpy("label")
+                key = "200" if labels is not None and len(labels) == 1 else "bad-body"
+            except InferenceServerException as exc:
+                key = f"grpc:{exc.status()}"
+                with self.lock:
+                    self.errors.append(f"{exc.status()} {exc.message()}")
+                self.stop_event.wait(0.05)  # a refused call must not spin
+            if self.fresh and client is not None:
+                client.close()
+                client = None
+            with self.lock:
+                self.outcomes[key] += 1
+        if client is not None:
+            client.close()

@@ -137,7 +137,9 @@ def tenanted(
     tmp_path_factory: pytest.TempPathFactory, default_model: str, keyfile: Path
 ) -> Iterator[ServerProc]:
     args = ["--workers", "1", "--spares", "0", "--api-keys", str(keyfile)]
-    srv = ServerProc(tmp_path_factory.mktemp("tenants"), args, env={"RINGSERVE_API_KEY": SINGLE})
+    srv = ServerProc(
+        tmp_path_factory.mktemp("tenants"), args, env={"RINGSERVE_API_KEY": SINGLE}, grpc=True
+    )
     try:
         srv.wait_ready()
     except BaseException:
@@ -254,6 +256,45 @@ def test_binary_frames_over_the_rate_get_status_6(tenanted: ServerProc) -> None:
     assert all(a.scores == [] for a in answers if a.status == RATE_LIMITED)
     with BinaryClient(HOST, tenanted.binary_port, api_key=FAST) as client:
         assert all(a.ok for a in client.classify_many(["frame"] * 30))
+
+
+def grpc_infer(srv: ServerProc, key: str | None, text: str = "fine") -> tuple[str, dict[str, str]]:
+    """One ModelInfer with tritonclient's own messages: its status code name and trailers."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    _, _, body = srv.request("GET", "/v1/model", headers=OPERATOR)
+    req = service_pb2.ModelInferRequest(model_name=json.loads(body)["name"])
+    req.inputs.add(name="text", datatype="BYTES", shape=[1])
+    req.raw_input_contents.append(len(text).to_bytes(4, "little") + text.encode())
+    meta = [("authorization", f"Bearer {key}")] if key is not None else []
+    with grpc.insecure_channel(f"{HOST}:{srv.grpc_port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            _, call = stub.ModelInfer.with_call(req, metadata=meta, timeout=30)
+        except grpc.RpcError as exc:
+            return exc.code().name, dict(exc.trailing_metadata() or ())
+        return call.code().name, dict(call.trailing_metadata() or ())
+
+
+def test_grpc_calls_name_their_tenant_and_keep_its_rate(tenanted: ServerProc) -> None:
+    """gRPC goes through the same keys: a wrong key is UNAUTHENTICATED, a call over the key's
+    rate RESOURCE_EXHAUSTED with the wait in its trailers, and both count for the tenant."""
+    assert grpc_infer(tenanted, "not-a-key")[0] == "UNAUTHENTICATED"
+    assert grpc_infer(tenanted, None)[0] == "UNAUTHENTICATED"
+    before = metric(tenanted, "ringserve_requests_total", protocol="grpc", tenant="beta")
+
+    def limited() -> dict[str, str] | None:
+        code, trailers = grpc_infer(tenanted, SLOW)
+        assert code in ("OK", "RESOURCE_EXHAUSTED"), code
+        return trailers if code == "RESOURCE_EXHAUSTED" else None
+
+    trailers = wait_for(limited, 30, "a RESOURCE_EXHAUSTED", interval=0.001)
+    assert 1 <= int(trailers["retry-after"]) <= 1 / SLOW_RATE + 1
+    assert grpc_infer(tenanted, FAST)[0] == "OK"  # the other key: untouched
+    assert metric(tenanted, "ringserve_requests_total", protocol="grpc", tenant="beta") > before
+    assert metric(tenanted, "ringserve_requests_total", protocol="grpc", code="429") >= 1
+    assert metric(tenanted, "ringserve_requests_total", protocol="grpc", tenant="alpha") >= 1
 
 
 def test_a_request_may_lower_its_priority_but_never_raise_it(tenanted: ServerProc) -> None:

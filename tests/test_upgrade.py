@@ -110,7 +110,7 @@ def test_second_server_never_takes_a_live_control_socket(start_server, tmp_path)
     first = start_server("--workers", "1", "--spares", "0", workers=1)
     second = subprocess.run(
         [sys.executable, "-m", "service.cli", "serve", "--port", "0", "--binary-port", "0",
-         "--control", first.control, "--workers", "1", "--spares", "0"],
+         "--grpc-port", "0", "--control", first.control, "--workers", "1", "--spares", "0"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     print(f"second server without --reuse-port: exit {second.returncode}")

@@ -1,0 +1,1 @@
+"""KServe v2 over gRPC: the proto, its generated messages, and the service (service.rpc.server)."""
