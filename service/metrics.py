@@ -76,7 +76,7 @@ class MetricsView(Protocol):
 TICK_S = 0.25  # window rotation, worker counter sampling and overload detection
 PROM_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
-AUTH_PROTOCOLS = ("http", "kserve", "binary", "control")  # ringserve_auth_failures_total
+AUTH_PROTOCOLS = ("http", "kserve", "binary", "grpc", "control")  # ringserve_auth_failures_total
 STATES = (STARTING, READY, DEGRADED, DRAINING, SPARE, DEAD)
 # Exported only while some worker runs on CUDA; tests and deploy/grafana check against this list.
 GPU_METRICS = (

@@ -219,15 +219,16 @@ class GrpcPort:
             if not context.add_callback(self.answered):
                 self.answered()
             code = 200
-            tenant: Tenant | bool | None = None
+            tenant: Tenant | None = None
             try:
                 if isinstance(request, Undecodable):
                     raise HttpError(request.status, request.message)
-                tenant = self.tenant_of(context) if needs_key else None
-                if tenant is False:
+                found = self.tenant_of(context) if needs_key else True
+                if found is False:
                     raise HttpError(401, DENIED)
+                tenant = found if isinstance(found, Tenant) else None
                 assert self.loop is not None
-                coro = fn(request, context, tenant or None)
+                coro = fn(request, context, tenant)
                 return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
             except RateLimited as exc:
                 code = 429
@@ -242,7 +243,7 @@ class GrpcPort:
                     context.set_trailing_metadata(RETRY_TRAILERS)
                 context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
             finally:
-                self.on_loop(self.host.count, "grpc", code, 1, tenant or None)
+                self.on_loop(self.host.count, "grpc", code, 1, tenant)
 
         return call
 
