@@ -165,10 +165,10 @@ def start_server(tmp_path: Path, default_model: str) -> Iterator[Callable[..., S
             srv.log.close()
 
 
-def _module_server(
-    factory: pytest.TempPathFactory, name: str, args: list[str], workers: int
-) -> Iterator[ServerProc]:
-    srv = ServerProc(factory.mktemp(name), args)
+@contextlib.contextmanager
+def serving(srv: ServerProc, workers: int | None = None) -> Iterator[ServerProc]:
+    """The body of every module-server fixture: wait until `srv` is ready (stopping it if it
+    never is), hand it out, and check that it exits 0 when the module is done with it."""
     try:
         srv.wait_ready(workers)
     except BaseException:
@@ -176,6 +176,13 @@ def _module_server(
         raise
     yield srv
     assert srv.stop() == 0
+
+
+def _module_server(
+    factory: pytest.TempPathFactory, name: str, args: list[str], workers: int
+) -> Iterator[ServerProc]:
+    with serving(ServerProc(factory.mktemp(name), args), workers) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.wire import ANSWER, LENGTH, encode_frame, iter_frames, parse_answers
-from tests.conftest import ServerProc, wait_for
+from tests.conftest import ServerProc, serving, wait_for
 
 INPUTS = int(os.environ.get("RINGSERVE_FUZZ_EXAMPLES", "1200"))
 BATCH = 8  # fewest inputs per hypothesis example (at most BATCH + 4)
@@ -45,17 +45,23 @@ pytestmark = pytest.mark.timeout(max(300, INPUTS // 50))  # the long campaign ru
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    server = ServerProc(
-        tmp_path_factory.mktemp("fuzz"),
-        ["--workers", "1", "--spares", "0", "--max-frame", str(MAX_FRAME), "--max-body", "65536"],
-    )
-    try:
-        server.wait_ready(1)
-    except BaseException:
-        server.stop()
-        raise
-    yield server
-    assert server.stop() == 0
+    with serving(
+        ServerProc(
+            tmp_path_factory.mktemp("fuzz"),
+            [
+                "--workers",
+                "1",
+                "--spares",
+                "0",
+                "--max-frame",
+                str(MAX_FRAME),
+                "--max-body",
+                "65536",
+            ],
+        ),
+        1,
+    ) as server:
+        yield server
 
 
 def client_connections(srv: ServerProc) -> int:

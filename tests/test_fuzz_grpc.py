@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-from tests.conftest import ServerProc, wait_for
+from tests.conftest import ServerProc, serving, wait_for
 from tests.test_fuzz import BATCH, FUZZ, INPUTS, REFERENCE_TEXT, mutate_binary
 
 pytestmark = pytest.mark.timeout(max(300, INPUTS // 25))
@@ -47,18 +47,15 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    server = ServerProc(
-        tmp_path_factory.mktemp("fuzz-grpc"),
-        ["--workers", "1", "--spares", "0", "--max-body", "65536"],
-        grpc=True,
-    )
-    try:
-        server.wait_ready(1)
-    except BaseException:
-        server.stop()
-        raise
-    yield server
-    assert server.stop() == 0
+    with serving(
+        ServerProc(
+            tmp_path_factory.mktemp("fuzz-grpc"),
+            ["--workers", "1", "--spares", "0", "--max-body", "65536"],
+            grpc=True,
+        ),
+        1,
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from grpc_tools import protoc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, ServerProc, wait_for
+from tests.conftest import ROOT, ServerProc, serving, wait_for
 from tests.load import GrpcLoad
 from tests.test_drain import refused
 from tests.test_upgrade import listening
@@ -47,19 +47,15 @@ PAIRS = ["the film is good", "I hated it", "a fine way to spend an evening", "ba
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    server = ServerProc(
-        tmp_path_factory.mktemp("grpc"),
-        ["--workers", "1", "--spares", "0"],
-        env={"RINGSERVE_API_KEY": KEY},
-        grpc=True,
-    )
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    yield server
-    assert server.stop() == 0
+    with serving(
+        ServerProc(
+            tmp_path_factory.mktemp("grpc"),
+            ["--workers", "1", "--spares", "0"],
+            env={"RINGSERVE_API_KEY": KEY},
+            grpc=True,
+        )
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

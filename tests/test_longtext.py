@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from service.client import BinaryClient
 from service.wire import TRUNCATED, WINDOWED
 from shm import layout as L
-from tests.conftest import ROOT, ServerProc, wait_for
+from tests.conftest import ROOT, ServerProc, serving, wait_for
 from workers.artifact import load_manifest, load_tokenizer
 from workers.batcher import Item
 from workers.longtext import LongText, combine
@@ -104,14 +104,10 @@ def tok(default_model: str) -> Tokenizer:
 
 
 def serve(factory: pytest.TempPathFactory, name: str, *args: str) -> Iterator[ServerProc]:
-    srv = ServerProc(factory.mktemp(name), ["--workers", "1", "--spares", "0", *args])
-    try:
-        srv.wait_ready(1)
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
+    with serving(
+        ServerProc(factory.mktemp(name), ["--workers", "1", "--spares", "0", *args]), 1
+    ) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from openapi_spec_validator import validate
 
 from service import openapi
 from service.settings import Config
-from tests.conftest import ServerProc, wait_for
+from tests.conftest import ServerProc, serving, wait_for
 from tests.openapi_checks import fuzz, summary
 
 INPUTS = int(os.environ.get("RINGSERVE_FUZZ_EXAMPLES", "1200"))
@@ -37,17 +37,14 @@ REFERENCE = "an honest, moving and beautifully acted film"
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    server = ServerProc(
-        tmp_path_factory.mktemp("openapi"),
-        ["--workers", "1", "--spares", "0", "--max-body", "65536"],
-    )
-    try:
-        server.wait_ready(1)
-    except BaseException:
-        server.stop()
-        raise
-    yield server
-    assert server.stop() == 0
+    with serving(
+        ServerProc(
+            tmp_path_factory.mktemp("openapi"),
+            ["--workers", "1", "--spares", "0", "--max-body", "65536"],
+        ),
+        1,
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

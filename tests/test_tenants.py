@@ -27,7 +27,7 @@ from benchmarks.common import HOST, free_port
 from service.client import BinaryClient
 from service.tenants import BULK, INTERACTIVE, KeyFileError, KeyRing, Tenant, parse_keys
 from service.wire import RATE_LIMITED
-from tests.conftest import ROOT, ServerProc, wait_for
+from tests.conftest import ROOT, ServerProc, serving, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -137,16 +137,12 @@ def tenanted(
     tmp_path_factory: pytest.TempPathFactory, default_model: str, keyfile: Path
 ) -> Iterator[ServerProc]:
     args = ["--workers", "1", "--spares", "0", "--api-keys", str(keyfile)]
-    srv = ServerProc(
-        tmp_path_factory.mktemp("tenants"), args, env={"RINGSERVE_API_KEY": SINGLE}, grpc=True
-    )
-    try:
-        srv.wait_ready()
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
+    with serving(
+        ServerProc(
+            tmp_path_factory.mktemp("tenants"), args, env={"RINGSERVE_API_KEY": SINGLE}, grpc=True
+        )
+    ) as srv:
+        yield srv
     log = srv.logs()
     assert all(k not in log for k in (FAST, SLOW, BULKY, NEW, SINGLE))
 

@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 
 from benchmarks.otlp import Receiver, Span
 from service.client import BinaryClient
-from tests.conftest import ServerProc, wait_for
+from tests.conftest import ServerProc, serving, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -43,14 +43,8 @@ def traced(
     args = ["--workers", "1", "--spares", "0", "--api-keys", str(keys)]
     args += ["--otlp-endpoint", receiver.url]
     env = {"OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "ringserve-test"}
-    srv = ServerProc(tmp, args, env=env)
-    try:
-        srv.wait_ready()
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
+    with serving(ServerProc(tmp, args, env=env)) as srv:
+        yield srv
     assert receiver.paths and set(receiver.paths) == {"/v1/traces"}
     assert KEY not in srv.logs()
 

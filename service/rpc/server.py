@@ -98,6 +98,20 @@ def decoder(message: Any, limit: int) -> Callable[[bytes], Any]:
 Handler = Callable[[Any, grpc.ServicerContext, Any], Coroutine[Any, Any, Any]]  # (req, ctx, tenant)
 
 
+class Health(health.HealthServicer):
+    """grpc.health.v1 with one addition for the drain: end every open Watch stream (after it
+    has heard NOT_SERVING), as the standard servicer never does, so that a kubelet's or a mesh's
+    Watch does not keep gRPC's graceful stop from ending."""
+
+    def end_watches(self) -> None:
+        # The servicer keeps each Watch's response callback by service; None ends that stream
+        # (grpc_health.v1.health's own convention for its blocking watchers).
+        with self._lock:
+            callbacks = [cb for cbs in self._send_response_callbacks.values() for cb in cbs]
+        for send in callbacks:
+            send(None)
+
+
 class GrpcPort:
     """One server's gRPC listener and the calls it has in flight."""
 
@@ -107,10 +121,11 @@ class GrpcPort:
         self.loop: asyncio.AbstractEventLoop | None = None  # the front-end's, set at start
         self.lock = threading.Lock()
         self.inflight = 0  # calls not yet answered (written by gRPC's threads, under the lock)
-        self.health = health.HealthServicer()  # thread-safe; told the status from the loop
+        self.health = Health()  # thread-safe; told the status from the loop
         self.serving: int | None = None  # the status the health service was last given
         self.server: grpc.Server | None = None
         self.stopped: threading.Event | None = None  # set when the graceful stop is over
+        self.grace_s = 0.0  # the drain's timeout, from the stop's start
 
     # -- start and stop -------------------------------------------------------------------------
     async def start(self, address: str, port: int) -> None:
@@ -147,7 +162,9 @@ class GrpcPort:
         have `grace_s` to finish. Health says NOT_SERVING from now on."""
         if self.server is None or self.stopped is not None:
             return
-        self.health.enter_graceful_shutdown()
+        self.health.enter_graceful_shutdown()  # every Watch hears NOT_SERVING first
+        self.health.end_watches()  # so that only unary calls can hold the graceful stop
+        self.grace_s = grace_s
         self.stopped = self.server.stop(grace_s)
 
     async def close(self) -> None:
@@ -158,9 +175,14 @@ class GrpcPort:
         until = time.monotonic() + 1.0  # after a drain timeout: the 500s on their way out
         while self.inflight and time.monotonic() < until:
             await asyncio.sleep(0.01)
-        if self.stopped is not None:  # the graceful stop ends at once unless a stream is open
-            await loop.run_in_executor(None, self.stopped.wait, 0.25)
-        done = self.server.stop(0)  # only streams are left (health watches): cancel them
+        if self.stopped is not None:
+            # The graceful stop ends when gRPC has no call left, counting those it took before
+            # the GOAWAY but has not yet handed to a thread (`inflight` cannot see them: cutting
+            # at `inflight == 0` cancelled such a call under an upgrade). Watches were ended at
+            # the stop's start, so an idle channel or a probe's Watch does not hold it; gRPC
+            # aborts whatever is left when the grace is over.
+            await loop.run_in_executor(None, self.stopped.wait, self.grace_s + 1.0)
+        done = self.server.stop(0)
         await loop.run_in_executor(None, done.wait, 5.0)
 
     def update_health(self) -> None:
