@@ -24,6 +24,7 @@ class Load:
         self.lock = threading.Lock()
         self.outcomes: Counter[str] = Counter()
         self.errors: list[str] = []
+        self.resent = 0  # requests written again after the keep-alive race (never read)
         self.threads = [
             threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)
         ]
@@ -48,9 +49,23 @@ class Load:
                 chunk = [self.texts[(i + k) % len(self.texts)] for k in range(self.batch)]
                 body = json.dumps({"texts": chunk})
             try:
+                reused = conn is not None
                 if conn is None:
                     conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-                conn.request("POST", "/v1/classify", body)
+                try:
+                    conn.request("POST", "/v1/classify", body)
+                except (BrokenPipeError, ConnectionResetError):
+                    if not reused:
+                        raise
+                    # The keep-alive race (docs/api.md, "Signals"): the server had closed this
+                    # idle connection before the request could even be written, so it was never
+                    # read; the client's to send again, on a new connection, once. A failure
+                    # after the request went out still counts as failed.
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+                    with self.lock:
+                        self.resent += 1
+                    conn.request("POST", "/v1/classify", body)
                 resp = conn.getresponse()
                 data = resp.read()
                 key = str(resp.status)
