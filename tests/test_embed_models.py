@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from service.client import BinaryClient
 from service.wire import OK
-from tests.conftest import ServerProc
+from tests.conftest import ServerProc, serving
 from tests.test_hf import NEWS, SST2, bpe_tokenizer
 from workers import export
 from workers.artifact import default_encoder_dir, load_manifest, load_model, load_tokenizer
@@ -250,15 +250,14 @@ def test_export_refuses_what_it_cannot_serve(built: Built, tmp_path: Path, capsy
 # -- one model served end to end ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def served(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    srv = ServerProc(
-        tmp_path_factory.mktemp("embed-served"),
-        ["--model", str(built.st[SERVED]), "--workers", "1", "--spares", "0"],
-    )
-    try:
-        srv.wait_ready(1)
+    with serving(
+        ServerProc(
+            tmp_path_factory.mktemp("embed-served"),
+            ["--model", str(built.st[SERVED]), "--workers", "1", "--spares", "0"],
+        ),
+        1,
+    ) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0
 
 
 def post(server: ServerProc, path: str, body: Any) -> tuple[int, Any]:

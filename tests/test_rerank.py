@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import ServerProc, wait_for
+from tests.conftest import ServerProc, serving, wait_for
 from tests.test_hf import MAX_LENGTH, NEWS, SST2, save_model
 from workers import export
 from workers.artifact import load_manifest
@@ -54,14 +54,13 @@ def reranker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def rserver(
     tmp_path_factory: pytest.TempPathFactory, reranker: tuple[Path, Path]
 ) -> Iterator[ServerProc]:
-    srv = ServerProc(
-        tmp_path_factory.mktemp("rsrv"), ["--model", str(reranker[1]), "--workers", "1"]
-    )
-    try:
-        srv.wait_ready(1)
+    with serving(
+        ServerProc(
+            tmp_path_factory.mktemp("rsrv"), ["--model", str(reranker[1]), "--workers", "1"]
+        ),
+        1,
+    ) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0
 
 
 def post(server: ServerProc, path: str, body: Any) -> tuple[int, Any]:
