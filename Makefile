@@ -51,11 +51,11 @@ $(VENV)/.installed-bench: $(VENV)/.installed pyproject.toml
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m benchmarks.serving
 
-# service/rpc/kserve_pb2.py(i) are committed (a clean clone needs no protoc); regenerate them
+# service/protocols/rpc/kserve_pb2.py(i) are committed (a clean clone needs no protoc); regenerate them
 # after editing kserve.proto. tests/test_grpc.py fails while they differ.
 proto: install-test
-	$(BIN)/python -m grpc_tools.protoc -I service/rpc --python_out=service/rpc \
-		--pyi_out=service/rpc service/rpc/kserve.proto
+	$(BIN)/python -m grpc_tools.protoc -I service/protocols/rpc --python_out=service/protocols/rpc \
+		--pyi_out=service/protocols/rpc service/protocols/rpc/kserve.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-output

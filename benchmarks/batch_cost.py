@@ -20,9 +20,9 @@ import time
 from typing import Any
 
 import numpy as np
+from ringserve.service.settings import CPU_MAX_BATCH_TOKENS
 
 from benchmarks.common import raw_runner
-from service.settings import CPU_MAX_BATCH_TOKENS
 
 LENGTHS = (8, 12, 16, 24, 32, 48, 64)
 ROWS = (1, 2, 4, 8, 16, 32)
@@ -30,7 +30,7 @@ ROWS = (1, 2, 4, 8, 16, 32)
 
 def time_shape(runner: Any, rows: int, length: int, seconds: float) -> float:
     """Median seconds of one forward pass over `rows` texts of `length` tokens."""
-    from workers.batcher import Item
+    from ringserve.workers.batcher import Item
 
     ids = [101, *(2000 + k % 50 for k in range(length - 2)), 102]
     runner.fill(length, [Item(0, 0, 0, ids) for _ in range(rows)])
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=0.3, help="per shape")
     args = p.parse_args(argv)
     os.sched_setaffinity(0, [args.cpu])
-    from workers.artifact import default_artifact_dir
+    from ringserve.workers.artifact import default_artifact_dir
 
     model_dir = str(default_artifact_dir())
     print(f"one thread pinned to cpu {args.cpu}; shapes with rows x length <= "

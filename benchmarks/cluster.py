@@ -37,8 +37,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ringserve.wire import frames as wire
+
 from benchmarks.common import DATA, ROOT, percentile
-from service import wire
 
 SUBNET = "10.231.7"
 HUB_IP = f"{SUBNET}.1"
@@ -95,7 +96,7 @@ class Node:
     def start(self) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"n{self.i}-{len(self.procs)}.log", "wb")  # noqa: SIM115 - kept by the child
         args = [
-            "ip", "netns", "exec", self.ns, sys.executable, "-m", "service.cli", "serve",
+            "ip", "netns", "exec", self.ns, sys.executable, "-m", "ringserve.service.cli", "serve",
             "--host", node_ip(self.i), "--port", str(HTTP_PORT),
             "--binary-port", str(BINARY_PORT), "--control", self.control,
             "--workers", "1", "--spares", "0", "--reuse-port",

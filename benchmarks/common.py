@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
-from service.cli import ctl_request
-from service.handover import socket_is_live
+from ringserve.service.cli import ctl_request
+from ringserve.service.protocols.handover import socket_is_live
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"  # small samples with provenance (data/README.md)
@@ -83,11 +82,10 @@ def raw_runner(
     OrtRunner on the artifact's ONNX file for `precision`, or TorchScript without the profiling
     executor. For the benchmarks' ceilings; imports torch, so call it in the measuring process."""
     import torch
-
-    from workers.artifact import load_manifest, load_model
-    from workers.onnx_model import open_session
-    from workers.runtime import CpuRunner, OrtRunner
-    from workers.worker import set_graph_optimize
+    from ringserve.workers.artifact import load_manifest, load_model
+    from ringserve.workers.onnx_model import open_session
+    from ringserve.workers.runtime import CpuRunner, OrtRunner
+    from ringserve.workers.worker import set_graph_optimize
 
     torch.set_num_threads(1)
     m = load_manifest(model_dir)
@@ -137,7 +135,7 @@ class Launched:
         taken = beside is not None and socket_is_live(self.base_control)
         self.log_path = tmp / f"server-{self.port}{f'-{time.monotonic_ns()}' if beside else ''}.log"
         self.args = [
-            sys.executable, "-m", "service.cli", "serve",
+            sys.executable, "-m", "ringserve.service.cli", "serve",
             "--host", HOST, "--port", str(self.port),
             "--binary-port", str(self.binary_port),
             # another checkout (`tree`, a baseline) may predate the option: there, off unless asked

@@ -78,9 +78,8 @@ def embed_vs_classify(port: int, seconds: float, ceil: dict[str, float]) -> list
 def build_reranker(work: Path) -> Path:
     """MiniLM with a one-output head, exported as a rerank artifact."""
     import transformers
-
-    from workers import export
-    from workers.artifact import default_encoder_dir
+    from ringserve.factory import export
+    from ringserve.workers.artifact import default_encoder_dir
 
     src, art = work / "src", work / "art"
     encoder = default_encoder_dir()

@@ -28,8 +28,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from ringserve.service.pool.supervisor import STABLE_S
+
 from benchmarks.common import Launched, LoadResult, classify_request, load_texts, run_load
-from service.supervisor import STABLE_S
 
 POLL_S = 0.005
 

@@ -59,6 +59,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+from ringserve.service.settings import GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS  # noqa: E402
+from ringserve.workers.batcher import CUDA_BUCKETS as GRID  # noqa: E402 - the CUDA default grid
+
 from benchmarks.common import (  # noqa: E402 - after the path set-up above
     AG_NEWS,
     SST2,
@@ -71,8 +74,6 @@ from benchmarks.common import (  # noqa: E402 - after the path set-up above
     median,
     run_load,
 )
-from service.settings import GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS  # noqa: E402
-from workers.batcher import CUDA_BUCKETS as GRID  # noqa: E402 - the CUDA default grid
 
 CPU_SHAPES = (8, 512)  # rows and tokens a batch for the fake GPU: a CPU runs GPU shapes for minutes
 SECTIONS = ("graphs", "precision", "server", "oom", "realoom")
@@ -223,9 +224,8 @@ def pack(dest: str) -> None:
     """Write the encoder (weights as fp16: the fp32 file is over the carry limit) into `dest`."""
     import shutil
 
+    from ringserve.workers.artifact import default_encoder_dir
     from safetensors.torch import load_file, save_file
-
-    from workers.artifact import default_encoder_dir
 
     src, out = default_encoder_dir(), Path(dest) / "encoder"
     out.mkdir(parents=True, exist_ok=True)
@@ -252,10 +252,10 @@ def artifact_dir(args: argparse.Namespace) -> str:
         return str(args.model)
     encoder = Path(args.encoder)
     if not (encoder / "model.safetensors").is_file():
-        from workers.artifact import default_artifact_dir
+        from ringserve.workers.artifact import default_artifact_dir
 
         return str(default_artifact_dir())
-    from workers.artifact import DEFAULT_HEAD, build_artifact, read_head
+    from ringserve.workers.artifact import DEFAULT_HEAD, build_artifact, read_head
 
     head, info = read_head(DEFAULT_HEAD)
     out = Path(tempfile.mkdtemp(prefix="gpucheck-")) / "model"
@@ -290,15 +290,15 @@ def check_env(table: Table, device: str) -> bool:
 
 # -- in-process runner checks ----------------------------------------------------------------------
 def tokenize(model_dir: str, texts: list[str]) -> list[Any]:
-    from workers.artifact import load_tokenizer
-    from workers.batcher import Item
+    from ringserve.workers.artifact import load_tokenizer
+    from ringserve.workers.batcher import Item
 
     tok = load_tokenizer(model_dir, max(GRID))
     return [Item(i, 0, 0, e.ids) for i, e in enumerate(tok.encode_batch(texts))]
 
 
 def synthetic(length: int, n: int) -> list[Any]:
-    from workers.batcher import Item
+    from ringserve.workers.batcher import Item
 
     body = [[2000 + (i * 31 + k * 7) % 20000 for k in range(length - 2)] for i in range(n)]
     return [Item(i, 0, 0, [101, *ids, 102]) for i, ids in enumerate(body)]
@@ -318,8 +318,7 @@ def time_ms(fn: Callable[[], Any], reps: int) -> float:
 def score_all(runner: Any, items: list[Any]) -> Any:
     """Probabilities for every item, batched on the grid as a worker would."""
     import numpy as np
-
-    from workers.batcher import bucket_index
+    from ringserve.workers.batcher import bucket_index
 
     out = np.zeros((len(items), 2), dtype=np.float32)
     groups: dict[int, list[Any]] = {}
@@ -334,7 +333,7 @@ def score_all(runner: Any, items: list[Any]) -> Any:
 
 
 def new_runner(args: argparse.Namespace, model: Any, grid: tuple[int, ...], precision: str) -> Any:
-    from workers.cuda import CudaRunner
+    from ringserve.workers.cuda import CudaRunner
 
     return CudaRunner(
         model, grid, args.max_batch, args.device, precision, max_tokens=args.max_tokens
@@ -424,9 +423,8 @@ def check_precision(args: argparse.Namespace, table: Table, fp32: Any, items: li
 def check_real_oom(args: argparse.Namespace, table: Table, model: Any) -> None:
     """Fill the GPU from this process, then run an eager batch: the real error falls back."""
     import torch
-
-    from workers.cuda import CudaRunner, FallbackRunner
-    from workers.runtime import CpuRunner
+    from ringserve.workers.cuda import CudaRunner, FallbackRunner
+    from ringserve.workers.runtime import CpuRunner
 
     eager = CudaRunner(model, (256,), 64, args.device, graphs=False, max_tokens=args.max_tokens)
     cpu = CpuRunner(model, 256, 64)
@@ -504,9 +502,8 @@ def check_workers(args: argparse.Namespace, table: Table, srv: Launched) -> None
 
 def check_served(table: Table, srv: Launched, model_dir: str, texts: list[str]) -> None:
     import numpy as np
-
-    from workers.artifact import reference_logits
-    from workers.runtime import softmax
+    from ringserve.workers.artifact import reference_logits
+    from ringserve.workers.runtime import softmax
 
     want = softmax(reference_logits(model_dir, texts))
     got = []
@@ -523,7 +520,7 @@ def check_served(table: Table, srv: Launched, model_dir: str, texts: list[str]) 
 
 
 def gpu_memory(args: argparse.Namespace) -> int | None:
-    from workers import nvml
+    from ringserve.workers import nvml
 
     reader = nvml.Nvml()
     index = int(args.device.split(":")[1]) if ":" in args.device else 0
@@ -574,7 +571,7 @@ def run(args: argparse.Namespace, table: Table) -> None:
             table.mark(section, "not run", reason)
         table.save()
         return
-    from workers.artifact import load_model
+    from ringserve.workers.artifact import load_model
 
     model_dir = artifact_dir(args)
     texts = make_texts(load_texts(SST2, 600), 48 if args.quick else 192)

@@ -1,7 +1,7 @@
 """Where the gRPC server should run, measured: three arrangements of grpcio around a uvloop event
 loop that owns the work (as the front-end's loop owns the dispatcher), side by side in one run.
 
-- `aio-on-loop`: grpc.aio's server on the uvloop loop itself (what service/rpc does);
+- `aio-on-loop`: grpc.aio's server on the uvloop loop itself (what service/protocols/rpc does);
 - `aio-thread`: grpc.aio on a thread with its own asyncio loop, each call handed to the uvloop
   loop and its answer handed back (call_soon_threadsafe both ways);
 - `sync-pool`: grpcio's threaded server (a pool of 8), each call handed to the loop and waited

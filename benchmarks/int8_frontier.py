@@ -1,6 +1,6 @@
 """int8's accuracy-speed frontier, as the artifact build measured it: the default model's (from
 its manifest) and, with --families, that of a tiny random model of every exported family (BERT,
-DistilBERT, RoBERTa, XLM-R, ELECTRA, built as tests/test_hf.py builds them), with each build's
+DistilBERT, RoBERTa, XLM-R, ELECTRA, built as tests/model/test_hf.py builds them), with each build's
 time. Agreement is with fp32 on the 1,000 held-out rows; speed is texts/s on one thread.
 
     python -m benchmarks.int8_frontier [--families]
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.artifact import build_hf_artifact, default_artifact_dir, load_manifest
+from ringserve.workers.artifact import build_hf_artifact, default_artifact_dir, load_manifest
 
 
 def table(name: str, cost: dict[str, Any]) -> None:
@@ -36,7 +36,7 @@ def table(name: str, cost: dict[str, Any]) -> None:
 def families() -> None:
     import torch
 
-    from tests.test_hf import MAX_LENGTH, MODELS, save_model
+    from tests.model.test_hf import MAX_LENGTH, MODELS, save_model
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,9 +17,8 @@ from typing import Any
 import litserve as ls
 import numpy as np
 from pydantic import BaseModel
-
-from workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
-from workers.runtime import ACTIVATIONS
+from ringserve.workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
+from ringserve.workers.runtime import ACTIVATIONS
 
 
 class Text(BaseModel):
@@ -28,7 +27,7 @@ class Text(BaseModel):
 
 class Classifier(ls.LitAPI):  # type: ignore[misc]
     def setup(self, device: str) -> None:
-        from workers.onnx_model import open_session
+        from ringserve.workers.onnx_model import open_session
 
         model_dir = default_artifact_dir()
         m = load_manifest(model_dir)

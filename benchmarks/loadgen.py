@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ringserve.service.offline.corpus import Corpus
+from ringserve.wire import frames as wire
 
 from benchmarks.common import HttpConn, Launched, get_json, http_message, percentile, run_load
-from service import wire
-from service.corpus import Corpus
 
 TOKEN_BUCKETS = (16, 32, 64, 128, 256)  # a request's bucket: the first bound >= its tokens
 PROTOCOLS = ("http", "kserve", "binary")
@@ -48,7 +48,7 @@ class Texts:
     """Valid records of a corpus, their token-length buckets, read through the mmap when sent."""
 
     def __init__(self, path: str, model_dir: str, limit: int) -> None:
-        from workers.artifact import load_manifest, load_tokenizer
+        from ringserve.workers.artifact import load_manifest, load_tokenizer
 
         self.corpus = Corpus(path)
         manifest = load_manifest(model_dir)
@@ -273,7 +273,7 @@ class MemorySampler(threading.Thread):
 
     @staticmethod
     def _gpus() -> list[Any]:
-        from workers import nvml
+        from ringserve.workers import nvml
 
         lib = nvml.default()
         return [lib.handle(i) for i in range(lib.device_count())]
@@ -289,7 +289,7 @@ class MemorySampler(threading.Thread):
             "processes": float(len(pids)),
         }
         if self.gpus:
-            from workers import nvml
+            from ringserve.workers import nvml
 
             used = [nvml.default().sample(h) for h in self.gpus]
             row["gpu_mem"] = float(sum(s.mem_used for s in used if s is not None))
@@ -473,8 +473,7 @@ def make_senders(args: argparse.Namespace, port: int, binary_port: int) -> list[
 
 def run(args: argparse.Namespace, port: int, binary_port: int, pid: int) -> dict[str, Any]:
     import uvloop
-
-    from workers.artifact import default_artifact_dir
+    from ringserve.workers.artifact import default_artifact_dir
 
     model_dir = args.model or str(default_artifact_dir())
     need = args.closed * 1000 if args.closed else int(args.rate * args.duration * 1.3) + 100
@@ -511,8 +510,8 @@ def run(args: argparse.Namespace, port: int, binary_port: int, pid: int) -> dict
 @contextlib.contextmanager
 def served_texts(texts_tsv: Path, args: list[str], prefix: str) -> Iterator[tuple[Launched, Texts]]:
     """A server started with `args`, its pool whole, and the TSV's texts packed as a corpus."""
-    from service.corpus import pack
-    from workers.artifact import default_artifact_dir
+    from ringserve.service.offline.corpus import pack
+    from ringserve.workers.artifact import default_artifact_dir
 
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         corpus = Path(tmp) / "texts.corpus"

@@ -4,7 +4,7 @@ accuracy truncated against windowed, on AG News texts of one class joined to 2-8
   python -m benchmarks.longtext [--seconds 20] [--concurrency 16] [--workers 2]
 
 A head for AG News's four topics is trained on the sample's training rows (`ringserve train`,
-the held-out rule of workers/train.py) and exported with --max-length 64 (`ringserve export`),
+the held-out rule of factory/train.py) and exported with --max-length 64 (`ringserve export`),
 once, into --work. The joined texts are made only from the held-out rows, which the head never
 saw. One server with --long-text window --window-stride 16 serves both loads and both modes:
 - ordinary: the joined texts cut (by words) to at most 64 tokens, one text a request;
@@ -41,7 +41,7 @@ def build_artifact(work: Path) -> Path:
         return art
     work.mkdir(parents=True, exist_ok=True)
     head = work / "ag-news-head.json"
-    cli = [sys.executable, "-m", "service.cli"]
+    cli = [sys.executable, "-m", "ringserve.service.cli"]
     labels = "World,Sports,Business,Sci/Tech"  # data/README.md
     train = [*cli, "train", "--data", str(AG_NEWS), "--out", str(head), "--labels", labels]
     subprocess.run(train, cwd=ROOT, check=True)
@@ -56,7 +56,7 @@ def build_artifact(work: Path) -> Path:
 def joined_texts(model_dir: Path, per_class: int, seed: int = 0) -> list[tuple[str, int, int]]:
     """(text, label, tokens): held-out AG News texts of one class joined until the text has
     between 2x and 8x max_length tokens (the target drawn uniformly)."""
-    from workers.train import read_tsv, split
+    from ringserve.factory.train import read_tsv, split
 
     tok = tokenizer(model_dir)
     _, held = split(read_tsv(AG_NEWS), 10)

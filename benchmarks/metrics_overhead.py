@@ -79,8 +79,8 @@ def observe_cost_us(samples: int = 200_000) -> float:
     """In-process cost of the per-text hook (Stats.observe), net of the loop around it."""
     import random
 
-    from service.dispatcher import Result
-    from service.stats import Stats
+    from ringserve.service.engine.dispatcher import Result
+    from ringserve.service.ops.stats import Stats
 
     stats = Stats((64, 128, 256))
     rng = random.Random(1)

@@ -60,7 +60,7 @@ def whole_file_ceiling(texts: list[str], args: argparse.Namespace) -> float:
 
 # -- ringserve batch ------------------------------------------------------------------------------
 def batch_cmd(src: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "service.cli", "batch", "--input", str(src),
+    return [sys.executable, "-m", "ringserve.service.cli", "batch", "--input", str(src),
             "--output", str(out), *extra]  # fmt: skip
 
 
@@ -170,7 +170,7 @@ def memory(args: argparse.Namespace, tmp: Path) -> int:
 
 # -- walking a corpus -----------------------------------------------------------------------------
 def walk(args: argparse.Namespace, tmp: Path) -> int:
-    from service import corpus as C
+    from ringserve.service.offline import corpus as C
 
     src = tmp / "records.txt"
     src.write_bytes(b"\n".join(mixed_input(args.records)) + b"\n")

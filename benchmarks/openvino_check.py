@@ -14,10 +14,9 @@ import time
 from typing import Any
 
 import numpy as np
-
-from workers import int8
-from workers import onnx_model as ox
-from workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
+from ringserve.factory import int8
+from ringserve.workers import onnx_model as ox
+from ringserve.workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
 
 
 class OvSession:

@@ -16,9 +16,13 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI
 from pydantic import BaseModel
-
-from workers.artifact import default_artifact_dir, load_manifest, load_model, load_tokenizer
-from workers.runtime import ACTIVATIONS
+from ringserve.workers.artifact import (
+    default_artifact_dir,
+    load_manifest,
+    load_model,
+    load_tokenizer,
+)
+from ringserve.workers.runtime import ACTIVATIONS
 
 app = FastAPI()
 
@@ -40,7 +44,7 @@ class Model:
         self.session: Any = None
         self.module: Any = None
         if runtime == "onnx":
-            from workers.onnx_model import open_session
+            from ringserve.workers.onnx_model import open_session
 
             self.session = open_session(f"{model_dir}/{m.onnx_for(precision)}", 1)
         else:

@@ -37,6 +37,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
+from ringserve.wire.client import AsyncBinaryClient
+from ringserve.wire.frames import LENGTH
 
 from benchmarks.common import (
     SST2,
@@ -48,8 +50,6 @@ from benchmarks.common import (
     load_texts,
     percentile,
 )
-from service.client import AsyncBinaryClient
-from service.wire import LENGTH
 
 PROTOCOLS = ("http", "kserve-json", "kserve-binary", "binary", "grpc")
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from ringserve.service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
+from ringserve.workers.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
 
 from benchmarks.common import (
     AG_NEWS,
@@ -58,8 +60,6 @@ from benchmarks.common import (
 )
 from benchmarks.int8_frontier import table
 from benchmarks.memory import tree_pss
-from service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
-from workers.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
 
 MIXES = {"short": SST2, "long": AG_NEWS}
 # (runtime, precision, graph): the default first ("auto": the server's choice, "other": the
@@ -79,7 +79,7 @@ Batch = list[list[int]]  # token ids of each text
 # -- the ceiling: pinned processes running planned batches -----------------------------------------
 def _ceiling_loop(conn: Any, cpu: int) -> None:
     os.sched_setaffinity(0, [cpu])
-    from workers.batcher import Item
+    from ringserve.workers.batcher import Item
 
     runner: Any = None
     while True:
@@ -222,7 +222,7 @@ def ceiling(
     1-thread processes can reach): sorted within windows of `window` texts, batches of at most
     limit = (rows, padded tokens), cut greedily or at the least cost, whichever runs faster.
     Importable: `ringserve batch`'s benchmark uses it too."""
-    from workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
+    from ringserve.workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
 
     model_dir = model_dir or str(default_artifact_dir())
     tok = load_tokenizer(model_dir, load_manifest(model_dir).max_length)
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
     p.add_argument("--no-peer", action="store_true", help="skip the peers")
     args = p.parse_args(argv)
-    from workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
+    from ringserve.workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
 
     model_dir = str(default_artifact_dir())
     manifest = load_manifest(model_dir)

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ringserve.service.settings import CPU_MAX_BATCH_TOKENS
+from ringserve.wire import frames as wire
 
 from benchmarks import loadgen
 from benchmarks.common import SST2, HttpConn, Launched, get_json, percentile
-from service import wire
-from service.settings import CPU_MAX_BATCH_TOKENS
 
 DEADLINE_S = 30.0  # the server's default request deadline (--request-timeout-s)
 

@@ -18,38 +18,39 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service import metrics, openapi
-from service.admission import Admission
-from service.auth import ApiKey, guard_http
-from service.binary import BinaryServerState
-from service.control import ControlProtocol, choose_control_path, start_control
-from service.dispatcher import Dispatcher, Group, Result
-from service.handover import fetch_listeners, listen, listening_fds, live_peer
-from service.http import HttpProtocol, HttpServerState
-from service.logs import EventLog
-from service.notify import sd_notify
-from service.routes import Router, v1_routes
-from service.settings import Config
-from service.stats import Stats
-from service.supervisor import Supervisor
-from service.tasks import task_routes
-from service.tenants import KeyFileError, KeyRing, Tenant
-from shm import segment
-from workers import nvml
-from workers.artifact import (
+from ringserve.service.engine.admission import Admission
+from ringserve.service.engine.dispatcher import Dispatcher, Group, Result
+from ringserve.service.engine.tenants import KeyFileError, KeyRing, Tenant
+from ringserve.service.logs import EventLog
+from ringserve.service.notify import sd_notify
+from ringserve.service.ops import metrics
+from ringserve.service.ops.stats import Stats
+from ringserve.service.pool.supervisor import Supervisor
+from ringserve.service.protocols import openapi
+from ringserve.service.protocols.auth import ApiKey, guard_http
+from ringserve.service.protocols.binary import BinaryServerState
+from ringserve.service.protocols.control import ControlProtocol, choose_control_path, start_control
+from ringserve.service.protocols.handover import fetch_listeners, listen, listening_fds, live_peer
+from ringserve.service.protocols.http import HttpProtocol, HttpServerState
+from ringserve.service.protocols.routes import Router, v1_routes
+from ringserve.service.protocols.tasks import task_routes
+from ringserve.service.settings import Config
+from ringserve.shm import segment
+from ringserve.workers import nvml
+from ringserve.workers.artifact import (
     ArtifactError,
     Manifest,
     default_artifact_dir,
     default_cache_dir,
     load_manifest,
 )
-from workers.batcher import REPORT_GRID, length_grid, pad_grid
-from workers.onnx_model import choose_runtime
-from workers.spec import FAKE_GPU
-from workers.testhooks import HOOKS
+from ringserve.workers.batcher import REPORT_GRID, length_grid, pad_grid
+from ringserve.workers.onnx_model import choose_runtime
+from ringserve.workers.spec import FAKE_GPU
+from ringserve.workers.testhooks import HOOKS
 
 if TYPE_CHECKING:
-    from service.rpc.server import GrpcPort
+    from ringserve.service.protocols.rpc.server import GrpcPort
 
 SWEEP_S = 0.25
 STOP_GRACE_S = 5.0  # workers' time to exit on SIGTERM before SIGKILL
@@ -154,7 +155,7 @@ class Server:
 
     def start_tracing(self) -> None:
         """OpenTelemetry, only when asked for: the SDK is imported here, never otherwise."""
-        from service import tracing
+        from ringserve.service.ops import tracing
 
         if not tracing.wanted(self.settings.otlp_endpoint):
             return
@@ -202,7 +203,7 @@ class Server:
     def choose_graph(self) -> None:
         """Resolve --graph auto by timing both fp32 graphs on this CPU (workers/graphpick.py);
         the workers are given the resolved choice through the settings they are built from."""
-        from workers.graphpick import choose
+        from ringserve.workers.graphpick import choose
 
         s = self.settings
         cache = Path(s.cache_dir) if s.cache_dir else default_cache_dir()
@@ -223,7 +224,7 @@ class Server:
         self.http_state = HttpServerState(s, route, self.count)
         state = self.http_state
         if s.access_log:
-            from service.metrics import access_logger
+            from ringserve.service.ops.metrics import access_logger
 
             state.access_log = access_logger(self)
         peer = live_peer(s.control, self.control_path) if s.reuse_port else None
@@ -235,11 +236,11 @@ class Server:
             operator, self.operator_state = await self.start_operator()
             self.listeners.append(operator)
         if s.binary_port:
-            from service.binary import start_binary
+            from ringserve.service.protocols.binary import start_binary
 
             self.listeners.append(await start_binary(self, s.host, s.binary_port))
         if s.grpc_port:  # grpcio is imported only when the port is on
-            from service.rpc.server import GrpcPort
+            from ringserve.service.protocols.rpc.server import GrpcPort
 
             self.grpc = GrpcPort(self)
             await self.grpc.start(s.host, s.grpc_port)
@@ -294,7 +295,7 @@ class Server:
         return router
 
     def add_routes(self, router: Router) -> None:
-        from service import kserve
+        from ringserve.service.protocols import kserve
 
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener

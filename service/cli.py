@@ -9,8 +9,8 @@ import socket
 import sys
 from typing import Any
 
-from service import auth
-from service import settings as S
+from ringserve.service import settings as S
+from ringserve.service.protocols import auth
 
 USAGE = """ringserve <command> [options]
 
@@ -30,7 +30,7 @@ def serve_main(argv: list[str]) -> int:
     S.add_arguments(parser)
     cfg = S.from_namespace(parser.parse_args(argv))
     keep_key_out_of_sight(cfg.api_key)
-    from service.app import serve
+    from ringserve.service.app import serve
 
     return serve(cfg)
 
@@ -102,23 +102,23 @@ def main(argv: list[str] | None = None) -> int:
     if command == "ctl":
         return ctl_main(rest)
     if command == "export":
-        from workers import export
+        from ringserve.factory import export
 
         return export.main(rest)
     if command == "train":
-        from workers import train
+        from ringserve.factory import train
 
         return train.main(rest)
     if command == "batch":
-        from service import batch
+        from ringserve.service.offline import batch
 
         return batch.main(rest)
     if command == "corpus":
-        from service import corpus
+        from ringserve.service.offline import corpus
 
         return corpus.corpus_main(rest)
     if command == "evaluate":
-        from workers import train
+        from ringserve.factory import train
 
         return train.evaluate_main(rest)
     print(f"ringserve: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)

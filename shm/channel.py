@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shm import layout as L
-from shm.control import ControlBlock
-from shm.doorbell import EventFd, Semaphore
-from shm.ring import Ring
-from shm.segment import Segment, segment_name
+from ringserve.shm import layout as L
+from ringserve.shm.control import ControlBlock
+from ringserve.shm.doorbell import EventFd, Semaphore
+from ringserve.shm.ring import Ring
+from ringserve.shm.segment import Segment, segment_name
 
 
 def request_ring_slots(max_body: int, max_frame: int, ring_slots: int) -> int:

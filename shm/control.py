@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from shm import layout as L
-from shm.segment import Segment
+from ringserve.shm import layout as L
+from ringserve.shm.segment import Segment
 
 
 class ControlBlock:

@@ -55,7 +55,7 @@ OPT_REFUSE = 2  # truncate: false
 OPT_MODE = 3  # the bits above; neither set: the server's --long-text
 OPT_LEFT = 4  # truncation_direction: left (keep the end)
 OPT_EMBED = 8  # answer the text's embedding (D floats), not its scores (an embed model only)
-OPT_BULK = 16  # a bulk text: the worker batches interactive texts first (service/tenants.py)
+OPT_BULK = 16  # a bulk text: the worker batches interactive texts first (service/engine/tenants.py)
 # Response payload (24 bytes, so a two-label answer still fits one 64-byte slot):
 #   status u8 | bucket u8 | label_id u16 | n u16 | flags u8 | reserved u8 |
 #   windows u16 | limit u16 | tokens u32 | queued_us u32 | model_us u32 | n x f32 scores

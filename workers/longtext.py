@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from ringserve.shm import layout as L
 from tokenizers import Encoding, Tokenizer
-
-from shm import layout as L
 
 Text = str | tuple[str, str]
 MODES = ("truncate", "refuse", "window")

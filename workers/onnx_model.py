@@ -1,6 +1,6 @@
 """The ONNX side of an artifact: export the classifier, fuse it, store each graph with its weights
 beside it (mapped, so workers share them), measure what int8 costs, and open ONNX Runtime
-sessions for the CPU runner. The int8 recipe search is workers/int8.py."""
+sessions for the CPU runner. The int8 recipe search is factory/int8.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ OPSET = 17
 INPUTS = ("input_ids", "attention_mask")
 # 1,000 SST-2 rows the default head never saw (PROVENANCE.md), shipped with the package so that
 # an installed server can measure int8's accuracy cost when it builds an artifact.
-HELDOUT = Path(__file__).parent / "default_head" / "heldout.tsv"
+HELDOUT = Path(__file__).parent.parent / "factory" / "default_head" / "heldout.tsv"
 COST_BATCH = 32  # rows per batch while measuring (sorted by length: the cost is in the model)
 
 
@@ -44,11 +44,10 @@ def _quiet() -> Iterator[None]:
 
 def export_onnx(model: Any, path: Path, embed: bool = False, alone: bool = False) -> None:
     """Write `model` (ids and mask in, logits out) as ONNX with a dynamic batch and length;
-    with `embed`, a second output `embedding` from the same forward (workers/model.py OnnxBoth);
-    with `alone` too, an embed-only model's one output `embedding` (workers/embedder.py)."""
+    with `embed`, a second output `embedding` from the same forward (factory/model.py OnnxBoth);
+    with `alone` too, an embed-only model's one output `embedding` (factory/embedder.py)."""
     import torch
-
-    from workers.model import OnnxBoth
+    from ringserve.factory.model import OnnxBoth
 
     ids = torch.full((2, 8), 101, dtype=torch.int64)
     mask = torch.ones_like(ids)
@@ -172,7 +171,7 @@ def int8_cost(fp32: Path, int8: Path, tokenizer: Any, labels: list[str]) -> dict
     b = session_logits(open_session(int8), encodings)
     cost: dict[str, Any] = {
         "texts": len(texts),
-        "split": "workers/default_head/heldout.tsv (SST-2 rows the default head never saw)",
+        "split": "factory/default_head/heldout.tsv (SST-2 rows the default head never saw)",
     }
     if not labels:  # an embed-only model: how far int8 turns each vector
         norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)

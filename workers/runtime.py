@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-
-from workers.batcher import BATCH_OVERHEAD, Item
+from ringserve.workers.batcher import BATCH_OVERHEAD, Item
 
 
 class Runner(Protocol):
@@ -57,7 +56,7 @@ def joined(
 
     def apply(out: np.ndarray) -> np.ndarray:
         rows = np.array(out, dtype=np.float32)  # a copy: runners reuse their output buffers
-        if n_labels:  # an embed-only model (workers/embedder.py) has no scores at all
+        if n_labels:  # an embed-only model (factory/embedder.py) has no scores at all
             rows[:, :n_labels] = activation(rows[:, :n_labels])
         return rows
 
@@ -162,7 +161,7 @@ class OrtRunner(CpuRunner):
         self.session = session
         self.overhead_tokens = BATCH_OVERHEAD["onnx", precision]
         # `both`: an embed artifact's second output, the embedding, joined to the logits (as
-        # workers/model.py Joined does for TorchScript); else the logits alone.
+        # factory/model.py Joined does for TorchScript); else the logits alone.
         self.both = both
 
     def forward(self, length: int, n: int) -> np.ndarray:
@@ -177,7 +176,7 @@ def ort_runner(
 ) -> OrtRunner:
     """The ONNX Runtime runner of a worker: fp32 (plain or fused graph) or int8, from the
     artifact's ONNX files."""
-    from workers.onnx_model import open_session
+    from ringserve.workers.onnx_model import open_session
 
     path = Path(spec.model_dir) / manifest.onnx_for(spec.precision, spec.graph)
     session = open_session(path, spec.threads)

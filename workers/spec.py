@@ -6,7 +6,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from shm.channel import ChannelNames
+from ringserve.shm.channel import ChannelNames
 
 # Exit codes with a meaning for the supervisor (STYLE.md lesson 3).
 EXIT_OK = 0

@@ -18,12 +18,11 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from shm import layout as L
-from shm.channel import Channel
-from workers.batcher import REPORT_GRID, Item, bucket_index, length_grid, pad_grid
-from workers.longtext import LongText, Plan, Whole, combine, split_options
-from workers.spec import (
+from ringserve.shm import layout as L
+from ringserve.shm.channel import Channel
+from ringserve.workers.batcher import REPORT_GRID, Item, bucket_index, length_grid, pad_grid
+from ringserve.workers.longtext import LongText, Plan, Whole, combine, split_options
+from ringserve.workers.spec import (
     EXIT_BOOT_ERROR,
     EXIT_DEVICE_ERROR,
     EXIT_OK,
@@ -32,10 +31,10 @@ from workers.spec import (
     WorkerSpec,
     ignore_group_signals,
 )
-from workers.testhooks import HOOKS
+from ringserve.workers.testhooks import HOOKS
 
 if TYPE_CHECKING:  # torch is imported in boot(), after the fork
-    from workers.runtime import Runner
+    from ringserve.workers.runtime import Runner
 
 IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and exit latency
 READ_LIMIT = 1024  # messages taken from the ring per pass
@@ -82,11 +81,11 @@ class Worker:
     def boot(self, model: Any = None, verified: bool = False) -> None:
         """Load (or take the zygote's already loaded CPU model), then warm this worker's shapes."""
         t0 = time.monotonic()
-        from workers.artifact import load_manifest, load_model, load_tokenizer
-        from workers.batcher import Batcher
-        from workers.onnx_model import choose_runtime
-        from workers.runtime import ACTIVATIONS, joined, ort_runner
-        from workers.spec import is_gpu_device
+        from ringserve.workers.artifact import load_manifest, load_model, load_tokenizer
+        from ringserve.workers.batcher import Batcher
+        from ringserve.workers.onnx_model import choose_runtime
+        from ringserve.workers.runtime import ACTIVATIONS, joined, ort_runner
+        from ringserve.workers.spec import is_gpu_device
 
         spec = self.spec
         on_gpu = is_gpu_device(spec.device)
@@ -116,15 +115,14 @@ class Worker:
             self.cpu_model_ok = True
         else:
             import torch
-
-            from workers.cuda import make_runner
+            from ringserve.workers.cuda import make_runner
 
             torch.set_num_threads(spec.threads)
             set_graph_optimize(not on_gpu)  # before the model's first call
             if model is None:
                 model = load_model(spec.model_dir, "cpu")
             if manifest.embeds:
-                from workers.model import Joined
+                from ringserve.factory.model import Joined
 
                 model = Joined(model)
             self.cpu_model_ok = True  # a failure from here on is the device's, not the model's

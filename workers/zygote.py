@@ -41,8 +41,8 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from shm.doorbell import EventFd, Semaphore
-from workers.spec import EXIT_PARENT_GONE, WorkerSpec, ignore_group_signals
+from ringserve.shm.doorbell import EventFd, Semaphore
+from ringserve.workers.spec import EXIT_PARENT_GONE, WorkerSpec, ignore_group_signals
 
 SPAWN = multiprocessing.get_context("spawn")
 _PR_SET_PDEATHSIG = 1
@@ -118,11 +118,10 @@ def preload(model_dir: str, torch_model: bool) -> Any:
     created in the child and maps the artifact's weights (importing onnxruntime starts a
     thread, so not even the import happens here)."""
     if torch_model:
+        import ringserve.workers.cuda
         import torch  # noqa: F401 - the point is to have it imported before the fork
-
-        import workers.cuda
-    import workers.worker  # noqa: F401
-    from workers.artifact import load_manifest, load_model
+    import ringserve.workers.worker  # noqa: F401
+    from ringserve.workers.artifact import load_manifest, load_model
 
     load_manifest(model_dir)  # the fingerprint, checked once here rather than in every child
     model = load_model(model_dir, "cpu") if torch_model else None
@@ -161,7 +160,7 @@ def _run_child(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> 
             if time.monotonic() > deadline:
                 os._exit(EXIT_PARENT_GONE)
             time.sleep(0.0005)
-        from workers.worker import main
+        from ringserve.workers.worker import main
 
         main(spec, model, verified=True)
     except SystemExit as exc:

@@ -1,0 +1,303 @@
+"""The int8 recipe of an artifact, chosen where it is built: each recipe's agreement with fp32 on
+the held-out rows and its speed on this CPU, and the most faithful among those fast enough.
+
+Recipes (ONNX Runtime's quantizer, weights int8 per output channel):
+- `dynamic`: every weight MatMul, activations quantized per batch at run time;
+- `dynamic, fp32 <groups>`: the same with the most sensitive MatMul groups (a group is one
+  MatMul of every layer, e.g. all FFN outputs) kept in fp32, ranked by measurement on the
+  calibration rows: each group kept alone, the drift of the logits that remains;
+- `static QDQ` of the plain and of the fused graph, activation ranges calibrated on
+  `calibration.tsv` (300 SST-2 training rows: never the held-out rows the cost is measured on).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ringserve.workers import onnx_model as ox
+
+CALIBRATION = Path(__file__).parent / "default_head" / "calibration.tsv"
+MIN_SPEEDUP = 1.3  # a recipe must run this many times fp32's texts/s to be worth its cost
+KEEP_GROUPS = 2  # candidates keep the 1 .. KEEP_GROUPS most sensitive groups in fp32
+# "full" measures every recipe; "dynamic" builds today's recipe alone and times nothing (the
+# tests' tiny artifacts, where the choice is not what is tested: tests/test_int8.py runs "full").
+SEARCH_ENV = "RINGSERVE_INT8_SEARCH"
+SEARCHES = ("full", "dynamic")
+_LAYER = re.compile(r"\.\d+(?=/)")  # '/encoder/layers.3/ffn_out/MatMul' -> group 'layers.*'
+
+
+@dataclass
+class Candidate:
+    recipe: str
+    path: Path
+    row: dict[str, Any] = field(default_factory=dict)  # what was measured of it
+
+
+def search_mode() -> str:
+    mode = os.environ.get(SEARCH_ENV, "full") or "full"
+    if mode not in SEARCHES:
+        raise ValueError(f"{SEARCH_ENV} must be one of {', '.join(SEARCHES)}, got {mode!r}")
+    return mode
+
+
+def _rows(path: Path) -> list[str]:
+    with path.open(encoding="utf-8", newline="") as f:
+        return [r[0] for r in list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]]
+
+
+def _feeds(encodings: list[Any]) -> Iterator[dict[str, np.ndarray]]:
+    """Length-sorted batches as the session takes them (the calibration reader's input)."""
+    order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+    for start in range(0, len(order), ox.COST_BATCH):
+        rows = [encodings[i] for i in order[start : start + ox.COST_BATCH]]
+        length = max(len(e.ids) for e in rows)
+        ids = np.zeros((len(rows), length), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for r, e in enumerate(rows):
+            ids[r, : len(e.ids)] = e.ids
+            mask[r, : len(e.ids)] = 1
+        yield {"input_ids": ids, "attention_mask": mask}
+
+
+def weight_groups(path: Path) -> dict[str, list[str]]:
+    """The MatMuls with a constant weight, by group (the node name with its layer number cut)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    weights = {t.name for t in model.graph.initializer}
+    groups: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] in weights:
+            groups.setdefault(_LAYER.sub(".*", node.name), []).append(node.name)
+    return groups
+
+
+def dynamic(src: Path, dst: Path, keep: Sequence[str] = ()) -> None:
+    """Dynamic int8 of every weight MatMul but those named in `keep` (left fp32)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with ox._quiet():
+        quantize_dynamic(
+            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
+            nodes_to_exclude=list(keep), extra_options={"DefaultTensorType": 1},
+        )  # fmt: skip
+
+
+def static_qdq(src: Path, dst: Path, calibration: list[Any]) -> None:
+    """Static QDQ: int8 weights per channel and int8 activations with ranges fixed by the
+    calibration rows (min-max)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = _feeds(calibration)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    with ox._quiet():
+        quantize_static(
+            str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+            weight_type=QuantType.QInt8, activation_type=QuantType.QInt8,
+            extra_options={"WeightSymmetric": True, "DefaultTensorType": 1},
+        )  # fmt: skip
+
+
+def timed_logits(path: Path, encodings: list[Any]) -> tuple[np.ndarray, float]:
+    """Logits of every text and the texts/s of that pass (one thread, after one warm batch)."""
+    session = ox.open_session(path)
+    ox.session_logits(session, encodings[: ox.COST_BATCH])
+    t0 = time.perf_counter()
+    logits = ox.session_logits(session, encodings)
+    return logits, len(encodings) / (time.perf_counter() - t0)
+
+
+def _drift(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).mean())
+
+
+def rank_groups(
+    plain: Path, work: Path, calibration: list[Any], base: np.ndarray
+) -> tuple[list[str], dict[str, Path]]:
+    """Groups from the most sensitive: int8 everywhere but one group, for each group, and how
+    close that comes to fp32 on the calibration rows. Returns the order and each group's file."""
+    groups = weight_groups(plain)
+    drift: dict[str, float] = {}
+    files: dict[str, Path] = {}
+    for i, (group, nodes) in enumerate(sorted(groups.items())):
+        files[group] = work / f"keep{i}.onnx"
+        dynamic(plain, files[group], nodes)
+        drift[group] = _drift(ox.session_logits(ox.open_session(files[group]), calibration), base)
+    return sorted(drift, key=drift.__getitem__), files
+
+
+def candidates(
+    plain: Path, fused: Path | None, work: Path, calibration: list[Any], failed: list[Any]
+) -> list[Candidate]:
+    """Every recipe's file, built in `work`; a recipe the quantizer cannot apply to this graph
+    is listed in `failed` with the reason (dynamic int8 must build: it is the fallback)."""
+    out = [Candidate("dynamic", work / "dynamic.onnx")]
+    dynamic(plain, out[0].path)
+    try:
+        out += _keep_fp32(plain, work, calibration)
+    except Exception as exc:  # noqa: BLE001 - the quantizer's errors have no common type
+        failed.append({"recipe": "dynamic, fp32 <most sensitive>", "error": str(exc)[:200]})
+    for graph, src in (("plain", plain), ("fused", fused)):
+        if src is None:
+            continue
+        c = Candidate(f"static QDQ ({graph} graph)", work / f"qdq_{graph}.onnx")
+        try:
+            static_qdq(src, c.path, calibration)
+            out.append(c)
+        except Exception as exc:  # noqa: BLE001 - as above
+            failed.append({"recipe": c.recipe, "error": str(exc)[:200]})
+    return out
+
+
+def _keep_fp32(plain: Path, work: Path, calibration: list[Any]) -> list[Candidate]:
+    """Dynamic int8 with the 1 .. KEEP_GROUPS most sensitive MatMul groups kept fp32."""
+    base = ox.session_logits(ox.open_session(plain), calibration)
+    order, files = rank_groups(plain, work, calibration, base)
+    groups = weight_groups(plain)
+    out = []
+    for k in range(1, min(KEEP_GROUPS, len(order)) + 1):
+        kept = order[:k]
+        path = files[kept[0]] if k == 1 else work / f"keep_top{k}.onnx"
+        if k > 1:
+            dynamic(plain, path, [n for g in kept for n in groups[g]])
+        out.append(Candidate(f"dynamic, fp32 {' + '.join(_short(g) for g in kept)}", path))
+    return out
+
+
+def _short(group: str) -> str:
+    """'/encoder/layers.*/ffn_out/MatMul' -> 'ffn_out'."""
+    parts = [p for p in group.split("/") if p and p != "MatMul" and "*" not in p]
+    return parts[-1] if parts else group
+
+
+def decisions(logits: np.ndarray, activation: str) -> np.ndarray:
+    """What a client decides from the scores: the top label (softmax), or each label's
+    yes or no (sigmoid: multi-label models and one-output rerankers)."""
+    return logits.argmax(1)[:, None] if activation == "softmax" else logits > 0
+
+
+def scores(logits: np.ndarray, activation: str) -> np.ndarray:
+    return ox._softmax(logits) if activation == "softmax" else 0.5 * (np.tanh(0.5 * logits) + 1)
+
+
+def measure(
+    fp32: dict[str, Path],
+    found: list[Candidate],
+    tokenizer: Any,
+    labels: list[str],
+    activation: str,
+) -> dict[str, Any]:
+    """Each candidate against fp32 on the held-out rows; the frontier and the chosen recipe."""
+    texts, gold = ox.read_heldout()
+    encodings = tokenizer.encode_batch(texts)
+    gold_ids = np.array(gold)
+    speeds = {}
+    base = np.zeros(0)
+    for graph, path in fp32.items():
+        logits, speeds[graph] = timed_logits(path, encodings)
+        if graph == "plain":
+            base = logits
+    fp32_speed = max(speeds.values())  # the fp32 graph a server would pick here
+    scored = labels == ["negative", "positive"]  # the held-out rows' own labels apply
+    for c in found:
+        logits, speed = timed_logits(c.path, encodings)
+        c.row = _row(c.recipe, logits, base, speed / fp32_speed, activation)
+        c.row["texts_per_s"] = round(speed, 1)
+        if scored:
+            c.row["accuracy_int8"] = round(float((logits.argmax(1) == gold_ids).mean()), 4)
+    pick = best(found)
+    cost = _cost(pick, texts, base, gold_ids if scored else None)
+    cost["fp32_texts_per_s"] = {g: round(s, 1) for g, s in speeds.items()}
+    cost["frontier"] = [c.row for c in found]
+    cost["path"] = str(pick.path)
+    return cost
+
+
+def best(found: list[Candidate]) -> Candidate:
+    """The most faithful recipe at least MIN_SPEEDUP as fast as fp32; when none is, the most
+    faithful that is faster at all; when none is (a tiny model), plain dynamic int8."""
+    for least in (MIN_SPEEDUP, 1.0):
+        fast = [c for c in found if c.row["speedup"] >= least]
+        if fast:
+            return max(fast, key=lambda c: (c.row["argmax_agreement"], c.row["speedup"]))
+    return found[0]
+
+
+def _row(
+    recipe: str, logits: np.ndarray, base: np.ndarray, speedup: float, activation: str
+) -> dict[str, Any]:
+    diff = np.abs(scores(logits, activation) - scores(base, activation)).max()
+    same = decisions(logits, activation) == decisions(base, activation)
+    return {
+        "recipe": recipe,
+        "argmax_agreement": round(float(same.mean()), 4),
+        "max_score_diff": round(float(diff), 4),
+        "speedup": round(speedup, 3),
+    }
+
+
+def _cost(
+    pick: Candidate, texts: list[str], base: np.ndarray, gold: np.ndarray | None
+) -> dict[str, Any]:
+    cost: dict[str, Any] = {
+        "texts": len(texts),
+        "split": "factory/default_head/heldout.tsv (SST-2 rows the default head never saw)",
+        "recipe": pick.recipe,
+        "min_speedup": MIN_SPEEDUP,
+        **{k: pick.row[k] for k in ("argmax_agreement", "max_score_diff", "speedup")},
+    }
+    if gold is not None:
+        acc32 = float((base.argmax(1) == gold).mean())
+        cost |= {
+            "accuracy_fp32": round(acc32, 4),
+            "accuracy_int8": pick.row["accuracy_int8"],
+            "accuracy_cost": round(acc32 - pick.row["accuracy_int8"], 4),
+        }
+    return cost
+
+
+def choose(
+    plain: Path,
+    fused: Path | None,
+    work: Path,
+    tokenizer: Any,
+    labels: list[str],
+    activation: str = "softmax",
+) -> tuple[Path, dict[str, Any]]:
+    """The int8 graph to ship (a file in `work`) and its measured cost, frontier included."""
+    mode = search_mode()
+    failed: list[Any] = []
+    if mode == "dynamic":
+        found = [Candidate("dynamic", work / "dynamic.onnx")]
+        dynamic(plain, found[0].path)
+    else:
+        calibration = tokenizer.encode_batch(_rows(CALIBRATION))
+        found = candidates(plain, fused, work, calibration, failed)
+    fp32 = {"plain": plain}
+    if fused is not None and mode == "full":  # fp32's speed: the faster graph of the two
+        fp32["fused"] = fused
+    cost = measure(fp32, found, tokenizer, labels, activation)
+    return Path(cost.pop("path")), cost | {"search": mode, "failed": failed}
+
+
+def cleanup(work: Path) -> None:
+    shutil.rmtree(work, ignore_errors=True)

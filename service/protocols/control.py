@@ -1,0 +1,226 @@
+"""The Unix control socket: one JSON object a line in, one a line out, always with `ok`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from ringserve.service.protocols.auth import DENIED, ApiKey, control_ok
+from ringserve.service.protocols.handover import send_listeners, socket_is_live
+
+Reply = dict[str, Any]
+
+
+class Admin(Protocol):
+    """What the control socket may do to the server: each method answers the error, if any."""
+
+    def status(self) -> dict[str, Any]: ...
+    def restart(self, slot: int) -> str | None: ...
+    def scale(self, workers: int) -> str | None: ...
+    def stop(self, reason: str) -> None: ...  # drain, as SIGTERM
+    async def reload(self, reason: str) -> str | None: ...
+    def generation(self) -> int: ...
+    def handover_sockets(self) -> tuple[list[str], list[int]] | str: ...
+
+
+class ControlProtocol(asyncio.Protocol):
+    def __init__(
+        self,
+        admin: Admin,
+        key: ApiKey | None,
+        count: Callable[[str, int], None],
+        limit: int,
+    ) -> None:
+        self.admin = admin
+        self.key = key
+        self.count = count  # requests_total, as every protocol counts its answers
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.limit = limit
+        self.waiting: asyncio.Future[Reply] | None = None  # a command still working (reload)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self.serve_lines()
+
+    def serve_lines(self) -> None:
+        """Answer each whole line, in order. A command that works off the loop holds the lines
+        after it (reading pauses meanwhile), so answers keep the order of their requests."""
+        while self.waiting is None:
+            end = self.buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(self.buffer[:end])
+            del self.buffer[: end + 1]
+            reply = self.handle(line)
+            if isinstance(reply, dict):
+                self.answer(reply)
+            else:
+                self.waiting = asyncio.ensure_future(reply)
+                self.waiting.add_done_callback(self.answer_later)
+                if self.transport is not None:
+                    self.transport.pause_reading()
+        if self.waiting is None and len(self.buffer) > self.limit:
+            self.answer({"ok": False, "error": f"line longer than {self.limit} bytes"})
+            assert self.transport is not None
+            self.transport.close()
+
+    def answer_later(self, done: asyncio.Future[Reply]) -> None:
+        self.waiting = None
+        if done.cancelled():
+            self.answer({"ok": False, "error": "cancelled: the server is stopping"})
+            return
+        self.answer(done.result())
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+            self.serve_lines()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def answer(self, reply: dict[str, Any]) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        fds = reply.pop(FDS, None)
+        line = json.dumps(reply).encode() + b"\n"
+        if fds:
+            send_listeners(self.transport, line, fds)
+        else:
+            self.transport.write(line)
+        self.count("control", answer_code(reply))
+
+    def handle(self, line: bytes) -> Reply | Awaitable[Reply]:
+        if not line.strip():
+            return {"ok": False, "error": "empty line"}
+        try:
+            doc = json.loads(line)
+        except (ValueError, RecursionError):  # bad JSON or UTF-8, an integer over 4300 digits
+            return {"ok": False, "error": "not a JSON object"}
+        if not isinstance(doc, dict):
+            return {"ok": False, "error": "not a JSON object"}
+        if not control_ok(self.key, doc):
+            return {"ok": False, "error": DENIED}
+        cmd = doc.get("cmd")
+        handler = COMMANDS.get(cmd) if isinstance(cmd, str) else None
+        if handler is None:
+            return {
+                "ok": False,
+                "error": f"unknown command: {str(cmd)[:100]!r}",
+                "commands": sorted(COMMANDS),
+            }
+        try:
+            reply = handler(self.admin, doc)
+        except Exception as exc:  # noqa: BLE001 - the contract keeps the connection usable
+            return failure(exc)
+        return reply if isinstance(reply, dict) else guarded(reply)
+
+
+def failure(exc: Exception) -> Reply:
+    if isinstance(exc, TypeError | ValueError):
+        return {"ok": False, "error": str(exc)}
+    return {"ok": False, "error": f"internal error: {type(exc).__name__}"}
+
+
+async def guarded(work: Awaitable[Reply]) -> Reply:
+    try:
+        return await work
+    except Exception as exc:  # noqa: BLE001 - as handle(): every failure is an answer
+        return failure(exc)
+
+
+def answer_code(reply: dict[str, Any]) -> int:
+    """The HTTP-like code a control answer is counted under in requests_total."""
+    if reply.get("ok"):
+        return 200
+    return 401 if reply.get("error") == DENIED else 400
+
+
+def _int_arg(doc: dict[str, Any], name: str) -> int:
+    value = doc.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f'"{name}" must be an integer')
+    return value
+
+
+def cmd_status(admin: Admin, doc: Reply) -> Reply:
+    return {"ok": True, **admin.status()}
+
+
+def cmd_restart(admin: Admin, doc: Reply) -> Reply:
+    slot = _int_arg(doc, "worker")
+    error = admin.restart(slot)
+    return {"ok": False, "error": error} if error else {"ok": True, "worker": slot}
+
+
+def cmd_scale(admin: Admin, doc: Reply) -> Reply:
+    n = _int_arg(doc, "workers")
+    if not 1 <= n <= 256:
+        return {"ok": False, "error": "workers must be between 1 and 256"}
+    error = admin.scale(n)
+    return {"ok": False, "error": error} if error else {"ok": True, "workers": n}
+
+
+def cmd_drain(admin: Admin, doc: Reply) -> Reply:
+    admin.stop("control")
+    return {"ok": True, "draining": True}
+
+
+async def cmd_reload(admin: Admin, doc: Reply) -> Reply:
+    error = await admin.reload("control")
+    if error:
+        return {"ok": False, "error": error}
+    return {"ok": True, "generation": admin.generation()}
+
+
+def cmd_listeners(admin: Admin, doc: Reply) -> Reply:
+    """Hand the listening sockets to a server upgrading beside this one (service.handover)."""
+    found = admin.handover_sockets()
+    if isinstance(found, str):
+        return {"ok": False, "error": found}
+    names, fds = found
+    return {"ok": True, "listeners": names, FDS: fds}
+
+
+Command = Callable[[Admin, Reply], Reply | Awaitable[Reply]]
+COMMANDS: dict[str, Command] = {
+    "status": cmd_status,
+    "restart": cmd_restart,
+    "scale": cmd_scale,
+    "drain": cmd_drain,
+    "reload": cmd_reload,
+    "listeners": cmd_listeners,
+}
+FDS = "_fds"  # a reply's descriptors, sent beside its line (never part of the JSON)
+
+
+def choose_control_path(path: str, reuse_port: bool) -> str:
+    """Never take over a live server's socket: with --reuse-port (an upgrade beside it) use
+    PATH.<pid>, else refuse to start. A dead server's socket is taken over."""
+    if not socket_is_live(path):
+        return path
+    if reuse_port:
+        return f"{path}.{os.getpid()}"
+    raise SystemExit(
+        f"ringserve: control socket {path} belongs to a running server; stop it first, "
+        "choose another --control, or start beside it with --reuse-port"
+    )
+
+
+async def start_control(path: str, make: Callable[[], ControlProtocol]) -> asyncio.AbstractServer:
+    try:
+        os.unlink(path)  # a socket left by a killed server (a live one was refused above)
+    except FileNotFoundError:
+        pass
+    old = os.umask(0o177)
+    try:
+        srv = await asyncio.get_running_loop().create_unix_server(make, path)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    return srv

@@ -1,0 +1,436 @@
+"""HTTP/1.1 on an asyncio Protocol with the httptools parser: keep-alive, pipelining, limits.
+
+State is grouped by lifetime: the server (HttpServerState, shared), the connection (this
+protocol object), the request (Exchange). Answers go out in request order, as pipelining needs.
+Routing lives in service.routes; this module only frames requests and answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, cast
+
+import httptools
+from ringserve.service.settings import Config
+
+REASONS = {
+    100: "Continue",
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+MAX_PIPELINE = 64  # answers owed on one connection before its reading pauses
+_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
+_ID_PREFIX = os.urandom(4).hex()
+log = logging.getLogger("ringserve.http")
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Exchange:
+    """One request and, once ready, its answer."""
+
+    __slots__ = (
+        "body",
+        "done_ns",
+        "headers",
+        "keep_alive",
+        "method",
+        "request_id",
+        "response",
+        "status",
+        "tenant",
+        "trace",
+        "url",
+    )
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.body: list[bytes] = []
+        self.request_id = b""
+        self.keep_alive = True
+        self.done_ns = 0  # monotonic ns of the last byte received
+        self.response: bytes | None = None
+        self.status = 0  # of the response, once there is one
+        self.tenant: Any = None  # service.tenants.Tenant of the caller's key (None: no key)
+        self.trace: Any = None  # service.tracing.RequestTrace while a sampled request is traced
+
+
+class HttpServerState:
+    """What every connection of one server shares."""
+
+    def __init__(
+        self,
+        settings: Config,
+        router: Callable[[HttpProtocol, Exchange], None],
+        count: Callable[..., None],
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.settings = settings
+        self.router = router
+        self.clock = clock  # every timeout reads this one clock (tests drive a fake one)
+        # Every answer written, by protocol, status and tenant (requests_total): count(protocol,
+        # code, n=1, tenant=None).
+        self.count = count
+        self.connections: set[HttpProtocol] = set()
+        self.counter = 0
+        self.closing = False  # draining: every answer closes its connection
+        self.refused = 0
+        self.access_log: Callable[[Exchange, int], None] | None = None  # --access-log 1
+
+    def begin_drain(self) -> None:
+        """Idle connections close now, as uvicorn and Go's Shutdown close theirs; one with
+        answers owed closes after the last, and one in the middle of a request serves it, then
+        closes. A request that races the close of an idle connection is the client's to retry
+        (the keep-alive race every HTTP client handles; --shutdown-delay-s keeps it rare)."""
+        self.closing = True
+        for conn in list(self.connections):
+            if conn.queue:
+                conn.end_after_owed()
+            elif not conn.started_ns and conn.transport is not None:
+                conn.closing = True
+                conn.transport.close()
+
+    def owed(self) -> bool:
+        """Some connection has an answer to write, or is reading a request."""
+        return any(c.queue or c.started_ns for c in self.connections if not c.closing)
+
+    def new_request_id(self) -> bytes:
+        self.counter += 1
+        return f"{_ID_PREFIX}-{self.counter:x}".encode()
+
+
+def build_response(
+    status: int,
+    body: bytes,
+    request_id: bytes,
+    content_type: bytes = b"application/json",
+    extra: list[tuple[bytes, bytes]] | None = None,
+    keep_alive: bool = True,
+) -> bytes:
+    lines = [
+        b"HTTP/1.1 %d %s" % (status, REASONS.get(status, "Unknown").encode()),
+        b"content-type: " + content_type,
+        b"content-length: %d" % len(body),
+        b"x-request-id: " + request_id,
+    ]
+    if extra:
+        lines.extend(name + b": " + value for name, value in extra)
+    if not keep_alive:
+        lines.append(b"connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def protocol_of(url: bytes) -> str:
+    """The label an answer is counted under: KServe v2 owns every /v2 path."""
+    return "kserve" if url.startswith(b"/v2") else "http"
+
+
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+class HttpProtocol(asyncio.Protocol):
+    def __init__(self, state: HttpServerState) -> None:
+        self.state = state
+        self.settings = state.settings
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.current: Exchange | None = None
+        self.queue: deque[Exchange] = deque()  # answers owed, in request order
+        self.head_bytes = 0  # of the request head being parsed
+        self.raw_head_bytes = 0  # bytes received while a head is incomplete
+        self.body_bytes = 0
+        self.in_head = False
+        self.started_ns = 0  # when the request being read began (0 = between requests)
+        self.clock = state.clock
+        self.last_active_ns = self.clock()
+        self.closing = False  # transport closed or closing: nothing more is written
+        self.reading_done = False  # a request could not be framed: read nothing more
+        self.paused_reading = False
+        self.paused_writing = False
+        self.write_blocked_ns = 0  # when the transport last asked us to pause
+
+    # -- connection -----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = t = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        if len(self.state.connections) >= self.settings.max_connections:
+            # A connection accepted while draining is served (its answer closes it); only the
+            # connection limit refuses one.
+            self.state.refused += 1
+            body = error_body("too many connections")
+            t.write(
+                build_response(
+                    503,
+                    body,
+                    self.state.new_request_id(),
+                    extra=[(b"retry-after", b"1")],
+                    keep_alive=False,
+                )
+            )
+            t.close()
+            self.closing = True
+            self.state.count("http", 503)
+            return
+        self.state.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state.connections.discard(self)
+        self.closing = True
+        self.queue.clear()
+
+    def pause_writing(self) -> None:
+        self.paused_writing = True
+        self.write_blocked_ns = self.clock()
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self.paused_writing = False
+        self._maybe_resume()
+
+    def _pause(self) -> None:
+        if not self.paused_reading and self.transport is not None:
+            self.paused_reading = True
+            self.transport.pause_reading()
+
+    def _maybe_resume(self) -> None:
+        if (
+            self.paused_reading
+            and not self.paused_writing
+            and len(self.queue) < MAX_PIPELINE
+            and self.transport is not None
+            and not self.closing
+            and not self.reading_done
+        ):
+            self.paused_reading = False
+            if self.started_ns:  # the wait was ours, not the client's: restart its read clock
+                self.started_ns = self.clock()
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing or self.reading_done:
+            return
+        self.last_active_ns = now = self.clock()
+        if not self.started_ns:
+            self.started_ns = now
+        if not self.current or self.in_head:
+            self.raw_head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except HttpError as exc:
+            self.fail(exc.status, exc.message)
+            return
+        except httptools.HttpParserUpgrade:
+            if self.current is None:  # CONNECT or Upgrade: the request itself is answered
+                self.end_after_owed()
+            else:
+                self.fail(400, "protocol upgrade is not supported")
+            return
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, HttpError):
+                self.fail(cause.status, cause.message)
+            else:
+                self.fail(400, "malformed HTTP request")
+            return
+        except httptools.HttpParserError as exc:
+            self.fail(400, f"malformed HTTP request: {exc}")
+            return
+        if self.raw_head_bytes > self.settings.max_head * 2 + 65536:
+            self.fail(431, "request head too large")
+
+    # -- parser callbacks -----------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.current = Exchange()
+        self.in_head = True
+        self.head_bytes = 0
+        self.body_bytes = 0
+        if not self.started_ns:
+            self.started_ns = self.clock()
+
+    def on_url(self, url: bytes) -> None:
+        assert self.current is not None
+        self.current.url += url
+        self.head_bytes += len(url)
+        if self.head_bytes + 16 > self.settings.max_head:
+            raise HttpError(431, "request head too large")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.current is not None
+        self.head_bytes += len(name) + len(value) + 4
+        if self.head_bytes + 16 > self.settings.max_head:
+            raise HttpError(431, "request head too large")
+        self.current.headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        ex = self.current
+        assert ex is not None
+        self.in_head = False
+        self.raw_head_bytes = 0
+        ex.method = self.parser.get_method()
+        ex.keep_alive = bool(self.parser.should_keep_alive())
+        rid = ex.headers.get(b"x-request-id")
+        ex.request_id = rid if rid and _REQUEST_ID.match(rid) else self.state.new_request_id()
+        length = ex.headers.get(b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                raise HttpError(400, "invalid Content-Length") from None
+            if declared > self.settings.max_body:
+                raise HttpError(413, f"body over {self.settings.max_body} bytes")
+        if ex.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        assert self.current is not None
+        self.body_bytes += len(body)
+        if self.body_bytes > self.settings.max_body:
+            raise HttpError(413, f"body over {self.settings.max_body} bytes")
+        self.current.body.append(body)
+
+    def on_message_complete(self) -> None:
+        ex = self.current
+        assert ex is not None
+        self.current = None
+        self.started_ns = 0
+        ex.done_ns = self.clock()
+        if self.state.closing:  # draining: serve this one, then close; read nothing more
+            ex.keep_alive = False
+            self.reading_done = True
+            self._pause()
+        self.queue.append(ex)
+        if len(self.queue) >= MAX_PIPELINE:
+            self._pause()
+        try:
+            self.state.router(self, ex)
+        except HttpError as exc:
+            self.respond_error(ex, exc.status, exc.message)
+        except Exception:  # a handler bug must answer 500, not hang the pipeline behind it
+            log.exception("handler failed: %r %r", ex.method, ex.url[:200])
+            if ex.response is None:
+                self.respond_error(ex, 500, "internal error")
+
+    # -- answers --------------------------------------------------------------------------------
+    def respond(
+        self,
+        ex: Exchange,
+        status: int,
+        body: bytes,
+        content_type: bytes = b"application/json",
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        if self.closing:
+            return
+        ex.response = build_response(
+            status, body, ex.request_id, content_type, extra, ex.keep_alive
+        )
+        if ex.method == b"HEAD" and body:  # the head announces the length; no body follows
+            ex.response = ex.response[: -len(body)]
+        if self.state.access_log is not None:
+            self.state.access_log(ex, status)
+        ex.status = status
+        self.flush()
+
+    def respond_error(
+        self,
+        ex: Exchange,
+        status: int,
+        message: str,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        self.respond(ex, status, error_body(message), extra=extra)
+
+    def flush(self) -> None:
+        q = self.queue
+        transport = self.transport
+        while q and q[0].response is not None and transport is not None:
+            ex = q.popleft()
+            transport.write(ex.response)  # type: ignore[arg-type]
+            # Counted once, where written; with the tenant of its key, when it had one.
+            self.state.count(protocol_of(ex.url), ex.status, 1, ex.tenant)
+            if ex.trace is not None:
+                ex.trace.written(ex.status, self.clock())
+            if not ex.keep_alive:
+                self.closing = True
+                transport.close()
+                q.clear()
+                return
+        self._maybe_resume()
+
+    def end_after_owed(self) -> None:
+        """Read nothing more (what follows is another protocol); close after the answers owed."""
+        self.reading_done = True
+        self._pause()
+        if self.queue:
+            self.queue[-1].keep_alive = False  # flush closes the connection after this answer
+        elif self.transport is not None:
+            self.closing = True
+            self.transport.close()
+
+    def fail(self, status: int, message: str) -> None:
+        """A request that cannot be framed: answer it after those owed, then close."""
+        if self.closing or self.transport is None:
+            return
+        ex = self.current or Exchange()
+        if not ex.request_id:
+            ex.request_id = self.state.new_request_id()
+        ex.keep_alive = False
+        ex.response = build_response(status, error_body(message), ex.request_id, keep_alive=False)
+        if self.state.access_log is not None:
+            self.state.access_log(ex, status)
+        ex.status = status
+        self.current = None
+        self.reading_done = True
+        self._pause()
+        self.queue.append(ex)
+        self.flush()  # goes out after the answers still owed, then the connection closes
+
+    def sweep(self, now_ns: int) -> None:
+        """Close the connection on a read timeout (slow head or body), a long idle, or a peer
+        that leaves its answers unread past the write timeout."""
+        if self.transport is None:
+            return
+        s = self.settings
+        if self.paused_writing and (now_ns - self.write_blocked_ns) / 1e9 > s.write_timeout_s:
+            self.closing = True
+            self.transport.abort()  # close() would wait for the peer to read, maybe forever
+            return
+        if self.closing:
+            return
+        if (
+            self.started_ns
+            and not self.paused_reading  # paused by us (answers owed): not the client's delay
+            and (now_ns - self.started_ns) / 1e9 > s.read_timeout_s
+        ):
+            self.fail(408, "request not received within the read timeout")
+        elif (
+            not self.queue
+            and not self.started_ns
+            and (now_ns - self.last_active_ns) / 1e9 > s.keepalive_timeout_s
+        ):
+            self.closing = True
+            self.transport.close()

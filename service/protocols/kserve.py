@@ -1,0 +1,516 @@
+"""KServe v2 / Open Inference Protocol over HTTP, as Triton serves it, so tritonclient just works.
+
+One model (the manifest's), version "1": input `text` (BYTES, shape [N] or [N, 1]) and the
+optional `text_pair` (as many texts, for models that classify a pair), outputs
+`scores` (FP32 [N, C]) and `label` (BYTES [N]). Tensors travel as JSON or through the binary
+tensor data extension, in both directions. An infer call's N texts are one dispatcher group: one
+admission, one callback, one answer.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+from ringserve.service.engine.admission import asked_priority, latency_header
+from ringserve.service.engine.dispatcher import Result
+from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.routes import (
+    ModelView,
+    Router,
+    as_integer,
+    encode_text,
+    long_text_prefix,
+)
+from ringserve.service.protocols.tasks import vectors
+from ringserve.shm import layout as L
+
+VERSION = "1"
+PLATFORM = "pytorch_libtorch"  # Triton's name for TorchScript models
+OUTPUTS = ("scores", "label")  # answered when a request names none
+EMBEDDING = "embedding"  # an embed model's output, FP32 [N, D], asked for by name
+HEADER_LENGTH = b"inference-header-content-length"
+_U32 = struct.Struct("<I")
+
+KHandler = Callable[[ModelView, HttpProtocol, Exchange, dict[str, str]], None]
+
+
+def server_version() -> str:
+    try:
+        return metadata.version("ringserve")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+def register(router: Router) -> None:
+    server = router.server
+    router.add("GET", "/v2", guard(server, server_metadata))
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        router.add("GET", base, guard(server, model_metadata))
+        router.add("GET", base + "/ready", guard(server, model_ready))
+        router.add("GET", base + "/config", guard(server, model_config))
+        router.add("POST", base + "/infer", guard(server, infer, inference=True))
+
+
+def guard(
+    server: ModelView, handler: KHandler, inference: bool = False
+) -> Callable[[HttpProtocol, Exchange, dict[str, str]], None]:
+    """Answer a handler's HttpError here, with the latency header every inference answer has."""
+
+    def run(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        try:
+            handler(server, conn, ex, params)
+        except HttpError as exc:
+            extra = [latency_header(ex)] if inference else None  # every inference answer has it
+            conn.respond_error(ex, exc.status, exc.message, extra)
+
+    return run
+
+
+def check_model(server: ModelView, params: dict[str, str]) -> str:
+    name = unquote(params["model"])
+    if name != server.model_name:
+        raise HttpError(404, f"unknown model {name!r}")
+    version = params.get("version")
+    if version is not None and unquote(version) != VERSION:
+        raise HttpError(404, f"unknown version {unquote(version)!r} of model {name!r}")
+    return name
+
+
+def respond_json(conn: HttpProtocol, ex: Exchange, doc: Any, status: int = 200) -> None:
+    conn.respond(ex, status, json.dumps(doc).encode())
+
+
+# -- metadata and health --------------------------------------------------------------------------
+def server_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    doc = {"name": "ringserve", "version": server_version(), "extensions": ["binary_tensor_data"]}
+    respond_json(conn, ex, doc)
+
+
+def model_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    respond_json(conn, ex, metadata_doc(server, check_model(server, p)))
+
+
+def metadata_doc(server: ModelView, name: str) -> dict[str, Any]:
+    """The model's KServe metadata, as HTTP and gRPC (service/protocols/rpc) answer it."""
+    return {
+        "name": name,
+        "versions": [VERSION],
+        "platform": PLATFORM,
+        "inputs": [
+            {"name": "text", "datatype": "BYTES", "shape": [-1]},
+            {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True},
+        ],
+        "outputs": [
+            *class_outputs(server, "datatype", ("FP32", "BYTES"), "shape"),
+            *embedding_output(server, "datatype", "FP32", "shape"),
+        ],
+        "parameters": task_parameters(server) | {"activation": server.manifest.activation},
+    }
+
+
+def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    """Triton's model configuration view, which tools such as perf_analyzer read."""
+    name = check_model(server, p)
+    doc = {
+        "name": name,
+        "platform": PLATFORM,
+        "max_batch_size": 0,  # the batch is the first dimension of `text`, named in full below
+        "input": [
+            {"name": "text", "data_type": "TYPE_STRING", "dims": [-1]},
+            {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
+        ],
+        "output": [
+            *class_outputs(server, "data_type", ("TYPE_FP32", "TYPE_STRING"), "dims"),
+            *embedding_output(server, "data_type", "TYPE_FP32", "dims"),
+        ],
+        "parameters": {k: {"string_value": str(v)} for k, v in task_parameters(server).items()}
+        | {
+            "labels": {"string_value": ",".join(server.labels)},
+            "activation": {"string_value": server.manifest.activation},
+        },
+    }
+    respond_json(conn, ex, doc)
+
+
+def class_outputs(
+    server: ModelView, kind: str, types: tuple[str, str], dims: str
+) -> list[dict[str, Any]]:
+    """`scores` and `label`, for a model that classifies (an embed-only one gives neither)."""
+    if server.manifest.embed_only:
+        return []
+    return [
+        {"name": "scores", kind: types[0], dims: [-1, len(server.labels)]},
+        {"name": "label", kind: types[1], dims: [-1]},
+    ]
+
+
+def embedding_output(server: ModelView, kind: str, fp32: str, dims: str) -> list[dict[str, Any]]:
+    m = server.manifest
+    return [{"name": EMBEDDING, kind: fp32, dims: [-1, m.dimension]}] if m.embeds else []
+
+
+def task_parameters(server: ModelView) -> dict[str, Any]:
+    """The model's tasks (comma list: KServe parameters are scalars) and its dimension."""
+    return {"task": ",".join(server.manifest.task), "dimension": server.manifest.dimension}
+
+
+def model_ready(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    name = check_model(server, p)
+    if server.ready():
+        respond_json(conn, ex, {"name": name, "ready": True})
+    else:
+        conn.respond(
+            ex,
+            503,
+            json.dumps({"name": name, "ready": False}).encode(),
+            extra=[(b"retry-after", b"1")],
+        )
+
+
+# -- infer: request -------------------------------------------------------------------------------
+def read_body(server: ModelView, ex: Exchange) -> bytes:
+    """The request body, inflated when the client compressed it (tritonclient can)."""
+    body = b"".join(ex.body)
+    encoding = ex.headers.get(b"content-encoding", b"identity").strip().lower()
+    if encoding == b"identity":
+        return body
+    if encoding not in (b"gzip", b"deflate"):
+        raise HttpError(400, f"unsupported Content-Encoding {encoding.decode(errors='replace')!r}")
+    limit = server.settings.max_body
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding == b"gzip" else zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(body, limit + 1)  # bounded: a small bomb stays small
+    except zlib.error:
+        raise HttpError(400, f"body is not valid {encoding.decode()} data") from None
+    if len(data) > limit:
+        raise HttpError(413, f"inflated body over {limit} bytes")
+    if not inflater.eof:
+        raise HttpError(400, f"truncated {encoding.decode()} body")
+    return data
+
+
+def split_body(server: ModelView, ex: Exchange) -> tuple[dict[str, Any], memoryview]:
+    """The JSON inference header and the binary tensor data after it."""
+    body = read_body(server, ex)
+    raw = ex.headers.get(HEADER_LENGTH)
+    size = len(body)
+    if raw is not None:
+        try:
+            size = int(raw)
+        except ValueError:
+            raise HttpError(400, "Inference-Header-Content-Length must be an integer") from None
+        if not 0 <= size <= len(body):
+            raise HttpError(400, "Inference-Header-Content-Length is outside the body")
+    view = memoryview(body)
+    try:
+        doc = json.loads(view[:size].tobytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HttpError(400, "inference header is not valid UTF-8") from None
+    except (ValueError, RecursionError):  # ValueError too: an integer over 4300 digits
+        raise HttpError(400, "malformed JSON in the inference header") from None
+    if not isinstance(doc, dict):
+        raise HttpError(400, "inference header must be a JSON object")
+    return doc, view[size:]
+
+
+def as_dict(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise HttpError(400, f"{where} must be a JSON object")
+    return value
+
+
+def as_size(value: Any, where: str) -> int:
+    size = as_integer(value)
+    if size is None or size < 0:
+        raise HttpError(400, f"{where} must be a non-negative integer")
+    return size
+
+
+def check_shape(shape: Any) -> int:
+    """The number of texts that `shape` ([N] or [N, 1]) holds."""
+    if not isinstance(shape, list) or not 1 <= len(shape) <= 2:
+        raise HttpError(400, "input text must have shape [N] or [N, 1]")
+    dims = [as_size(d, "input text shape") for d in shape]
+    if len(dims) == 2 and dims[1] != 1:
+        raise HttpError(400, f"input text must have shape [N] or [N, 1], got {dims}")
+    return dims[0]
+
+
+def bytes_elements(blob: memoryview) -> list[bytes]:
+    """BYTES tensor data: each element a u32 little-endian length, then its bytes."""
+    out: list[bytes] = []
+    pos, end = 0, len(blob)
+    while pos < end:
+        if end - pos < 4:
+            raise HttpError(400, "BYTES tensor data ends inside an element's length")
+        (n,) = _U32.unpack_from(blob, pos)
+        pos += 4
+        if n > end - pos:
+            raise HttpError(400, "BYTES tensor element runs past its binary data")
+        out.append(blob[pos : pos + n].tobytes())
+        pos += n
+    return out
+
+
+def check_text(raw: bytes, where: str) -> bytes:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpError(400, f"{where} is not valid UTF-8") from None
+    if not text.strip():
+        raise HttpError(400, f"{where} is empty")
+    return raw
+
+
+def json_elements(data: Any) -> list[Any]:
+    """Row-major data, flat or nested one level ([N, 1] written as [["a"], ["b"]])."""
+    if not isinstance(data, list):
+        raise HttpError(400, "input text data must be a list")
+    if data and all(isinstance(d, list) for d in data):
+        return [x for row in data for x in row]
+    return data
+
+
+INPUTS = ("text", "text_pair")
+
+
+def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[bytes], int]:
+    """One BYTES input's texts, and where the next input's binary data starts."""
+    name = spec["name"]
+    if spec.get("datatype") != "BYTES":
+        raise HttpError(400, f"input {name} must have datatype BYTES, not {spec.get('datatype')!r}")
+    n = check_shape(spec.get("shape"))
+    params = as_dict(spec.get("parameters"), "input parameters")
+    if "shared_memory_region" in params:
+        raise HttpError(400, "shared-memory tensors are not supported")
+    if "binary_data_size" in params:
+        size = as_size(params["binary_data_size"], "binary_data_size")
+        if size > len(blob) - pos:
+            raise HttpError(400, f"binary_data_size {size} but {len(blob) - pos} bytes left")
+        part = blob[pos : pos + size]
+        texts = [check_text(t, f"{name}[{i}]") for i, t in enumerate(bytes_elements(part))]
+        pos += size
+    elif "data" in spec:
+        items = json_elements(spec["data"])
+        texts = [encode_text(t, f"{name}[{i}]") for i, t in enumerate(items)]
+    else:
+        raise HttpError(400, f"input {name} has neither data nor binary_data_size")
+    if len(texts) != n:
+        raise HttpError(400, f"input {name} has shape {spec['shape']} but {len(texts)} elements")
+    return texts, pos
+
+
+def read_texts(server: ModelView, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
+    """The request's texts; with the optional input `text_pair`, each text joined to its pair."""
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list):
+        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+    check_input_names([spec.get("name") if isinstance(spec, dict) else None for spec in inputs])
+    found: dict[str, list[bytes]] = {}
+    pos = 0
+    for spec in inputs:
+        found[spec["name"]], pos = read_input(spec, blob, pos)
+    if pos != len(blob):
+        raise HttpError(400, "binary data given, but no input names it (binary_data_size)")
+    return join_pairs(server, found)
+
+
+def check_input_names(names: list[Any]) -> None:
+    """`text`, and maybe `text_pair`, each once (HTTP and gRPC alike)."""
+    if not 1 <= len(names) <= 2:
+        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+    for name in names:
+        if name not in INPUTS:
+            raise HttpError(400, f'unknown input {name!r}: the model takes "text", "text_pair"')
+    if "text" not in names or len(set(names)) != len(names):
+        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+
+
+def join_pairs(server: ModelView, found: dict[str, list[bytes]]) -> list[bytes]:
+    """The payloads of checked inputs: each text, joined to its pair when `text_pair` is given."""
+    texts = found["text"]
+    if not 1 <= len(texts) <= server.settings.max_texts:
+        raise HttpError(400, f"input text must hold 1 to {server.settings.max_texts} texts")
+    pairs = found.get("text_pair")
+    if pairs is None:
+        return texts
+    if len(pairs) != len(texts):
+        raise HttpError(400, f"input text_pair has {len(pairs)} texts, text has {len(texts)}")
+    return [t + L.PAIR_SEPARATOR + p for t, p in zip(texts, pairs, strict=True)]
+
+
+def with_options(
+    texts: list[bytes], params: dict[str, Any], wanted: list[tuple[str, bool]]
+) -> tuple[list[bytes], str]:
+    """The payloads with the request's long-text options and, for output `embedding`, the ask
+    for a vector (layout OPT_EMBED); and the task they count under."""
+    prefix = long_text_prefix(params, "parameters.")
+    embed = wanted[0][0] == EMBEDDING
+    if embed:  # the worker answers each text's vector
+        prefix = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
+    if prefix:
+        texts = [prefix + t for t in texts]
+    return texts, "embed" if embed else "classify"
+
+
+def read_outputs(
+    doc: dict[str, Any], embeds: bool = False, embed_only: bool = False
+) -> list[tuple[str, bool]]:
+    """(name, binary) for each output to answer, in the order asked for. An embed model's
+    `embedding` is answered alone (the worker answers a text's vector or its scores); an
+    embed-only model has no other output."""
+    params = as_dict(doc.get("parameters"), "parameters")
+    default = params.get("binary_data_output", False)
+    if not isinstance(default, bool):
+        raise HttpError(400, "parameters.binary_data_output must be true or false")
+    asked = doc.get("outputs")
+    known = (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
+    if not asked:
+        return [(name, default) for name in (known if embed_only else OUTPUTS)]
+    if not isinstance(asked, list):
+        raise HttpError(400, "outputs must be a list")
+    wanted: list[tuple[str, bool]] = []
+    for spec in asked:
+        if not isinstance(spec, dict) or spec.get("name") not in known:
+            name = spec.get("name") if isinstance(spec, dict) else spec
+            raise HttpError(400, f"unknown output {name!r}: the model gives {', '.join(known)}")
+        if any(spec["name"] == w for w, _ in wanted):
+            raise HttpError(400, f"output {spec['name']!r} asked for twice")
+        out_params = as_dict(spec.get("parameters"), "output parameters")
+        if "shared_memory_region" in out_params or "classification" in out_params:
+            raise HttpError(400, "shared-memory and classification outputs are not supported")
+        binary = out_params.get("binary_data", default)
+        if not isinstance(binary, bool):
+            raise HttpError(400, "output parameters.binary_data must be true or false")
+        wanted.append((spec["name"], binary))
+    if len(wanted) > 1 and any(w == EMBEDDING for w, _ in wanted):
+        raise HttpError(400, "ask for output embedding alone, or for scores and label")
+    return wanted
+
+
+MAX_TIMEOUT_US = 86_400_000_000  # a day, as X-Request-Timeout-Ms allows
+
+
+def request_deadline(server: ModelView, ex: Exchange, doc: dict[str, Any]) -> int | None:
+    """Triton's `timeout` parameter (microseconds), unless X-Request-Timeout-Ms says otherwise;
+    checked either way, so a bad one is refused whatever the header says."""
+    raw = as_dict(doc.get("parameters"), "parameters").get("timeout")
+    if raw is None:
+        return None  # Admission.submit takes the header's or the default deadline
+    timeout_us = as_integer(raw)
+    if timeout_us is None or not 0 < timeout_us <= MAX_TIMEOUT_US:
+        raise HttpError(
+            400, f"parameters.timeout must be an integer from 1 to {MAX_TIMEOUT_US} (microseconds)"
+        )
+    if b"x-request-timeout-ms" in ex.headers:
+        return None
+    return ex.done_ns + timeout_us * 1000
+
+
+# -- infer: answer --------------------------------------------------------------------------------
+class OutputEncoder:
+    """Turns one group's results into the outputs asked for; label encodings made once."""
+
+    def __init__(self, labels: list[str], normalize: bool = False) -> None:
+        self.labels = labels
+        self.normalize = normalize  # embeddings: as the model's own pipeline does
+        encoded = [label.encode() for label in labels]
+        self.label_blobs = [_U32.pack(len(b)) + b for b in encoded]
+
+    def tensors(
+        self, results: list[Result], wanted: list[tuple[str, bool]]
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        n, c = len(results), len(self.labels)
+        tensors: list[dict[str, Any]] = []
+        blobs: list[bytes] = []
+        tensor: dict[str, Any]
+        for name, binary in wanted:
+            if name == EMBEDDING:
+                vecs = vectors(results, self.normalize)
+                tensor = {"name": name, "datatype": "FP32", "shape": list(vecs.shape)}
+                data: Any = vecs.tobytes() if binary else vecs.ravel().tolist()
+            elif name == "scores":
+                tensor = {"name": name, "datatype": "FP32", "shape": [n, c]}
+                scores = np.stack([r.scores for r in results]).astype("<f4", copy=False)  # type: ignore[misc]
+                data = scores.tobytes() if binary else scores.ravel().tolist()
+            else:
+                tensor = {"name": name, "datatype": "BYTES", "shape": [n]}
+                if binary:
+                    data = b"".join([self.label_blobs[r.label_id] for r in results])
+                else:
+                    data = [self.labels[r.label_id] for r in results]
+            if binary:
+                tensor["parameters"] = {"binary_data_size": len(data)}
+                blobs.append(data)
+            else:
+                tensor["data"] = data
+            tensors.append(tensor)
+        return tensors, blobs
+
+
+_encoders: dict[tuple[str, ...], OutputEncoder] = {}
+
+
+def encoder_for(labels: list[str], normalize: bool = False) -> OutputEncoder:
+    key = (*labels, str(normalize))
+    encoder = _encoders.get(key)
+    if encoder is None:
+        _encoders.clear()  # one model at a time: keep only the current labels' encoder
+        encoder = _encoders[key] = OutputEncoder(labels, normalize)
+    return encoder
+
+
+def long_text_parameters(results: list[Result]) -> dict[str, Any]:
+    """Response parameters when a text was cut or windowed. KServe parameters are scalars, so
+    the per-text counts are comma lists, one entry a text in input order."""
+    params: dict[str, Any] = {
+        "truncated": any(r.flags & L.RSP_TRUNCATED for r in results),
+        "tokens": ",".join(str(r.tokens) for r in results),
+    }
+    if any(r.flags & L.RSP_WINDOWED for r in results):
+        params["windows"] = ",".join(str(r.windows) for r in results)
+    return params
+
+
+def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    name = check_model(server, params)
+    doc, blob = split_body(server, ex)
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise HttpError(400, "id must be a string")
+    texts = read_texts(server, doc, blob)
+    m = server.manifest
+    wanted = read_outputs(doc, m.embeds, m.embed_only)
+    texts, task = with_options(texts, as_dict(doc.get("parameters"), "parameters"), wanted)
+    deadline = request_deadline(server, ex, doc)
+    encoder = encoder_for(server.labels, m.normalize)
+
+    def done(results: list[Result]) -> None:
+        tensors, blobs = encoder.tensors(results, wanted)
+        answer: dict[str, Any] = {"model_name": name, "model_version": VERSION}
+        if request_id is not None:
+            answer["id"] = request_id
+        if any(r.flags for r in results):
+            answer["parameters"] = long_text_parameters(results)
+        answer["outputs"] = tensors
+        head = json.dumps(answer).encode()
+        extra = [latency_header(ex)]
+        if blobs:
+            extra.append((HEADER_LENGTH, b"%d" % len(head)))
+            body = b"".join([head, *blobs])
+            conn.respond(ex, 200, body, content_type=b"application/octet-stream", extra=extra)
+        else:
+            conn.respond(ex, 200, head, extra=extra)
+
+    asked = as_dict(doc.get("parameters"), "parameters").get("priority")
+    priority = asked_priority(asked, "parameters.priority")  # never above the key's
+    server.admission.submit(conn, ex, texts, done, "kserve", deadline, task, priority)

@@ -1,0 +1,806 @@
+"""The OpenAPI 3.1 document of the HTTP API (`GET /openapi.json`): one entry per route here, and
+the document built from the router's own list of routes, so a route without an entry stops the
+server at start instead of going undocumented.
+
+The schemas are written beside the validation they describe (service/protocols/routes.py, tasks.py,
+kserve.py) and read the same limits (Config) and model facts (labels, dimension, tasks, name);
+tests/test_openapi.py fuzzes a real server from this document with Schemathesis in both
+directions: a request the schemas allow is accepted, one they forbid is refused, and every
+answer matches its schema. What JSON Schema cannot say (a list as long as another, a shape
+that counts the data) is listed per route under `x-ringserve-400-beyond-schema`: the 400
+messages a schema-valid request can still get.
+
+To add a route: register it in the router, then add its `Route` to `routes()` below. To add an
+answer every inference route can give (a 429, say), add it to `ADMITTED`; a header every
+inference request may send, to `INFERENCE_HEADERS`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringserve.service.protocols.auth import OPEN_PATH
+from ringserve.service.protocols.http import Exchange, HttpProtocol
+from ringserve.service.protocols.kserve import MAX_TIMEOUT_US, VERSION, server_version
+from ringserve.service.protocols.routes import ModelView, Router
+
+Schema = dict[str, Any]
+OPENAPI = "3.1.0"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One status of one route: its body's schema (None: not JSON), media type and headers."""
+
+    description: str
+    schema: Schema | None = None
+    media: str = "application/json"
+    headers: tuple[str, ...] = ()  # names in HEADERS, always sent (NAME? when only sometimes)
+    binary: bool = False  # may also come as application/octet-stream (KServe binary outputs)
+
+
+@dataclass(frozen=True)
+class Route:
+    """What one method on one path takes and answers."""
+
+    summary: str
+    tag: str
+    answers: dict[int, Answer]
+    body: Schema | None = None  # the JSON request body's schema; None: no body is read
+    inference: bool = False  # admitted for a worker: deadlines, 503 and 504, x-latency-ms
+    model_path: bool = False  # has {model} (and maybe {version}): 404 for another
+    beyond_schema: tuple[str, ...] = ()  # regexes of 400 messages the schema cannot rule out
+    description: str = ""
+    examples: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the schemas read of the running server: its model and its limits."""
+
+    model: str
+    labels: list[str]
+    tasks: list[str]
+    dimension: int
+    max_texts: int
+    max_documents: int
+    max_body: int
+    version: str  # the model's one KServe version
+    server_version: str
+    key: bool  # --api-key is set: every route but the probes needs it
+
+    @property
+    def embeds(self) -> bool:
+        return "embed" in self.tasks
+
+
+# -- pieces ---------------------------------------------------------------------------------------
+def obj(required: list[str], closed: bool = True, **props: Schema | bool) -> Schema:
+    """An object with these properties; `closed` forbids any other (answers are closed, so a
+    field the document lacks fails the fuzzer; requests are open: unknown fields are ignored)."""
+    out: Schema = {"type": "object", "properties": props}
+    if required:
+        out["required"] = required
+    if closed:
+        out["additionalProperties"] = False
+    return out
+
+
+def array(items: Schema, lo: int = 0, hi: int | None = None) -> Schema:
+    out: Schema = {"type": "array", "items": items}
+    if lo:
+        out["minItems"] = lo
+    if hi is not None:
+        out["maxItems"] = hi
+    return out
+
+
+STRING: Schema = {"type": "string"}
+BOOL: Schema = {"type": "boolean"}
+NUMBER: Schema = {"type": "number"}
+INT: Schema = {"type": "integer"}
+COUNT: Schema = {"type": "integer", "minimum": 0}
+
+
+def not_blank() -> str:
+    """A regex for "has a character that is not whitespace", whitespace as routes.encode_text's
+    str.strip() counts it: spelled out, since a pattern's \\s (ECMA 262) counts otherwise (it
+    has U+FEFF, and not U+001C to U+001F or U+0085)."""
+    spaces = "".join(f"\\u{c:04x}" for c in range(0x10000) if chr(c).isspace())
+    return f"[^{spaces}]"
+
+
+def nullable(schema: Schema) -> Schema:
+    """An optional field the server reads with dict.get: null is as if it were left out."""
+    return {"anyOf": [schema, {"type": "null"}], "description": "null: as if left out"}
+
+
+TEXT: Schema = {"type": "string", "pattern": not_blank(), "description": "not only whitespace"}
+LONG_TEXT: Schema = {  # routes.long_text_prefix
+    "truncate": nullable({"type": "boolean", "description": "true: cut; false: refuse (413)"}),
+    "truncation_direction": nullable(
+        {"enum": ["left", "right"], "description": "right keeps the start"}
+    ),
+}
+ERROR = obj(["error"], error=STRING)
+TOO_LONG = obj(
+    ["error"], error=STRING, tokens=COUNT, max_length=COUNT, windows=COUNT, max_windows=COUNT
+)
+HEADERS: dict[str, Schema] = {
+    "x-request-id": {"description": "the client's X-Request-Id when it is a sane token, else new"},
+    "x-latency-ms": {"description": "ms from the request's last byte to the answer, one decimal"},
+    "retry-after": {"description": "seconds to wait before trying again"},
+    "www-authenticate": {"description": 'Bearer realm="ringserve"'},
+}
+INFERENCE_HEADERS: list[Schema] = [
+    {
+        "name": "X-Request-Timeout-Ms",
+        "in": "header",
+        "required": False,
+        "description": "the request's deadline after its last byte (else --request-timeout-s)",
+        "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 86_400_000},
+    },
+    {
+        "name": "X-Priority",
+        "in": "header",
+        "required": False,
+        "description": "lower the request's priority below its key's (never raise it)",
+        "schema": {"enum": ["interactive", "bulk"]},
+    },
+]
+LATENCY = ("x-latency-ms",)
+
+
+def error(description: str, *headers: str) -> Answer:
+    return Answer(description, ERROR, headers=headers)
+
+
+# Answers any route can give: the connection's limits, before routing.
+EVERY_ROUTE: dict[int, Answer] = {
+    400: error("malformed HTTP request, or a body or header the route refuses"),
+    408: error("the request head or body came slower than --read-timeout-s"),
+    413: error("body over --max-body bytes"),
+    431: error("request head over --max-head bytes"),
+    503: error("over --max-connections: this connection is closed", "retry-after"),
+}
+# Answers every admitted (inference) request can give, beside those above. x-latency-ms is on
+# every answer to a request that was read whole; those the connection gives before (malformed
+# HTTP, a body over --max-body, --max-connections) have none, hence "?" (optional) there.
+ADMITTED: dict[int, Answer] = {
+    400: error(
+        "wrong schema, invalid UTF-8, an empty text, or a bad X-Request-Timeout-Ms",
+        "x-latency-ms?",
+    ),
+    413: Answer(
+        "body over --max-body, or a text over max_length tokens with truncate false (or over "
+        "--max-windows windows)",
+        TOO_LONG,
+        headers=("x-latency-ms?",),
+    ),
+    503: error(
+        "the queue is full, the server is draining, or no worker can serve",
+        "retry-after",
+        "x-latency-ms?",
+    ),
+    504: error("the request's deadline passed first", *LATENCY),
+}
+
+
+# -- the routes' own schemas ----------------------------------------------------------------------
+def classify_schemas(f: Facts) -> tuple[Schema, Schema]:
+    """(request, answer) of POST /v1/classify (routes.classify)."""
+    n = len(f.labels)
+    texts = array(TEXT, 1, f.max_texts)
+    one = obj(["text"], closed=False, text=TEXT, text_pair=TEXT, **LONG_TEXT)
+    one["not"] = {"anyOf": [{"required": ["texts"]}, {"required": ["text_pairs"]}]}
+    many = obj(["texts"], closed=False, texts=texts, text_pairs=texts, **LONG_TEXT)
+    many["not"] = {"anyOf": [{"required": ["text"]}, {"required": ["text_pair"]}]}
+    result = obj(
+        ["label", "label_id", "scores"],
+        label={"enum": f.labels},
+        label_id={"type": "integer", "minimum": 0, "maximum": n - 1},
+        scores=array({"type": "number", "minimum": 0, "maximum": 1}, n, n),
+        truncated={"const": True},
+        tokens=COUNT,
+        windows=COUNT,
+    )
+    batch = obj(["results"], results=array(result, 1, f.max_texts))
+    return {"oneOf": [one, many]}, {"oneOf": [result, batch]}
+
+
+def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
+    """(request, answer) of POST /v1/embeddings (tasks.openai_embeddings)."""
+    d = max(f.dimension, 1)
+    request = obj(
+        ["input"],
+        closed=False,
+        input={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
+        model=STRING,
+        encoding_format={"enum": ["float", "base64"]},
+        dimensions=nullable({"type": "integer", "minimum": 1, "maximum": d}),
+        **LONG_TEXT,
+    )
+    vector = {"oneOf": [array(NUMBER, 1, d), {"type": "string", "contentEncoding": "base64"}]}
+    item = obj(
+        ["object", "index", "embedding"],
+        object={"const": "embedding"},
+        index=COUNT,
+        embedding=vector,
+    )
+    usage = obj(["prompt_tokens", "total_tokens"], prompt_tokens=COUNT, total_tokens=COUNT)
+    answer = obj(
+        ["object", "data", "model", "usage"],
+        object={"const": "list"},
+        data=array(item, 1, f.max_texts),
+        model={"const": f.model},
+        usage=usage,
+    )
+    return request, answer
+
+
+def document_list(f: Facts) -> Schema:
+    """tasks._documents: strings, or objects with a `text`."""
+    item = {"oneOf": [TEXT, obj(["text"], closed=False, text=TEXT)]}
+    return array(item, 1, f.max_documents)
+
+
+def rerank_common(f: Facts) -> dict[str, Schema]:
+    return {"query": TEXT, "top_n": nullable({"type": "integer", "minimum": 1}), **LONG_TEXT}
+
+
+def tei_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
+    """(request, answer) of TEI's POST /embed and /rerank (tasks.tei_embed, tasks.tei_rerank)."""
+    d = max(f.dimension, 1)
+    embed = obj(
+        ["inputs"],
+        closed=False,
+        inputs={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
+        normalize=BOOL,
+        **LONG_TEXT,
+    )
+    rerank = obj(
+        ["query", "texts"],
+        closed=False,
+        texts=document_list(f),
+        raw_scores=BOOL,
+        return_text=BOOL,
+        **rerank_common(f),
+    )
+    hit = obj(["index", "score"], index=COUNT, score=NUMBER, text=STRING)
+    return {
+        "embed": (embed, array(array(NUMBER, d, d), 1, f.max_texts)),
+        "rerank": (rerank, array(hit, 1, f.max_documents)),
+    }
+
+
+def cohere_schemas(f: Facts) -> tuple[Schema, Schema]:
+    """(request, answer) of Cohere's POST /v1/rerank (tasks.cohere_rerank)."""
+    request = obj(
+        ["query", "documents"],
+        closed=False,
+        documents=document_list(f),
+        model=STRING,
+        return_documents=BOOL,
+        **rerank_common(f),
+    )
+    hit = obj(
+        ["index", "relevance_score"],
+        index=COUNT,
+        relevance_score={"type": "number", "minimum": 0, "maximum": 1},
+        document=obj(["text"], text=STRING),
+    )
+    return request, obj(["results"], results=array(hit, 1, f.max_documents))
+
+
+def model_info_schema(f: Facts) -> Schema:
+    """GET /v1/model (routes.model_info)."""
+    return obj(
+        [
+            "name",
+            "labels",
+            "max_length",
+            "fingerprint",
+            "activation",
+            "architecture",
+            "device",
+            "buckets",
+            "length_classes",
+            "runtime",
+            "precision",
+            "task",
+            "dimension",
+        ],
+        name={"const": f.model},
+        labels={"const": f.labels},
+        max_length=COUNT,
+        fingerprint=STRING,
+        activation={"enum": ["softmax", "sigmoid"]},
+        architecture=STRING,
+        device=STRING,
+        buckets=array(COUNT),
+        length_classes=array(COUNT),
+        runtime={"enum": ["torch", "onnx"]},
+        precision=STRING,
+        task={"const": f.tasks},
+        dimension={"const": f.dimension},
+        int8={"type": "object", "description": "the int8 cost measured at export"},
+        graph={
+            "type": "object",
+            "description": "ONNX Runtime at fp32: the graph serving (`graph`: plain or fused), "
+            "what chose it and the start-up timings (--graph)",
+        },
+    )
+
+
+def stats_schema() -> Schema:
+    """GET /v1/stats (metrics.Metrics.snapshot and stats.Stats.last_minute): its keys closed,
+    what is inside them open (worker rows as the control status's, docs/api.md)."""
+    nested: Schema = {"type": "object"}
+    maybe: Schema = {"type": ["number", "null"]}
+    return obj(
+        ["uptime_s", "model", "buckets", "queue_depth", "inflight", "requests_per_s", "workers",
+         "gpus", "latency_ms"],
+        uptime_s=NUMBER,
+        model=obj(["name", "device"], name=STRING, device=STRING),
+        buckets=array(COUNT),
+        metrics=BOOL,
+        draining=BOOL,
+        overloaded=BOOL,
+        queue_depth=COUNT,
+        max_queue=COUNT,
+        inflight=COUNT,
+        waiting=COUNT,
+        waiting_bulk=COUNT,
+        bulk_max_wait_ms=NUMBER,
+        queue_wait_ms=maybe,
+        max_queue_ms=NUMBER,
+        pool_tokens_per_s=maybe,
+        requests_per_s=NUMBER,
+        requests_per_s_history=array(NUMBER),
+        workers=array(nested),
+        restarts_total=COUNT,
+        gpus=array(nested),
+        totals=nested,
+        latency_ms=nested,
+        latency_histogram=obj(["bounds_ms", "counts"], bounds_ms=array(maybe),
+                              counts=array(COUNT)),
+        time_ms=obj(["queued", "model"], queued=maybe, model=maybe),
+        failed=COUNT,
+        tenants=array(nested),  # --api-keys: tenants.KeyRing.table
+    )  # fmt: skip
+
+
+def tensor_meta(kind: str, dims: str) -> Schema:
+    props = {"name": STRING, kind: STRING, dims: array(INT), "optional": BOOL}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": ["name", kind, dims],
+        "additionalProperties": False,
+    }
+
+
+def kserve_metadata_schemas(f: Facts) -> dict[str, Schema]:
+    """GET /v2, /v2/models/{model}, its /ready and /config (kserve.py)."""
+    names = [f.model]
+    meta = tensor_meta("datatype", "shape")
+    config = tensor_meta("data_type", "dims")
+    return {
+        "server": obj(
+            ["name", "version", "extensions"],
+            name={"const": "ringserve"},
+            version=STRING,
+            extensions=array(STRING),
+        ),
+        "model": obj(
+            ["name", "versions", "platform", "inputs", "outputs", "parameters"],
+            name={"enum": names},
+            versions={"const": [f.version]},
+            platform=STRING,
+            inputs=array(meta),
+            outputs=array(meta),
+            parameters=obj(
+                ["task", "dimension", "activation"], task=STRING, dimension=COUNT, activation=STRING
+            ),
+        ),
+        "config": obj(
+            ["name", "platform", "max_batch_size", "input", "output", "parameters"],
+            name={"enum": names},
+            platform=STRING,
+            max_batch_size=COUNT,
+            input=array(config),
+            output=array(config),
+            parameters={
+                "type": "object",
+                "additionalProperties": obj(["string_value"], string_value=STRING),
+            },
+        ),
+        "ready": obj(["name", "ready"], name={"enum": names}, ready=BOOL),
+    }
+
+
+def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
+    """(request, answer) of POST /v2/models/{model}/infer (kserve.read_texts, read_outputs)."""
+    no_shm = {"shared_memory_region": False}  # 400: shared-memory tensors are not served
+    texts = {"oneOf": [array(TEXT), array(array(TEXT))]}
+    input_params = obj([], closed=False, binary_data_size=COUNT, **no_shm)
+    tensor_in = obj(
+        ["name", "datatype", "shape"],
+        closed=False,
+        name={"enum": ["text", "text_pair"]},
+        datatype={"const": "BYTES"},
+        shape={**array(COUNT, 1, 2), "prefixItems": [COUNT, {"const": 1}]},  # [N] or [N, 1]
+        data=texts,
+        parameters=nullable(input_params),
+    )
+    outputs = ["scores", "label", *(["embedding"] if f.embeds else [])]
+    out_params = obj([], closed=False, binary_data=BOOL, classification=False, **no_shm)
+    tensor_out = obj(
+        ["name"], closed=False, name={"enum": outputs}, parameters=nullable(out_params)
+    )
+    params = obj(
+        [],
+        closed=False,
+        binary_data_output=BOOL,
+        # lower the request's priority (never above its key's); Triton's levels: 1 the highest
+        priority=nullable({"anyOf": [{"enum": ["interactive", "bulk"]}, COUNT]}),
+        timeout=nullable(
+            {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_US, "description": "µs"}
+        ),
+        **LONG_TEXT,
+    )
+    request = obj(
+        ["inputs"],
+        closed=False,
+        id=nullable(STRING),
+        parameters=nullable(params),
+        inputs=array(tensor_in, 1, 2),
+        outputs=nullable(array(tensor_out)),
+    )
+    data = {"oneOf": [array(NUMBER), array(STRING)]}
+    answered = obj(
+        ["name", "datatype", "shape"],
+        name={"enum": outputs},
+        datatype={"enum": ["FP32", "BYTES"]},
+        shape=array(COUNT, 1, 2),
+        data=data,
+        parameters=obj(["binary_data_size"], binary_data_size=COUNT),
+    )
+    long_text = obj(["truncated", "tokens"], truncated=BOOL, tokens=STRING, windows=STRING)
+    answer = obj(
+        ["model_name", "model_version", "outputs"],
+        model_name={"enum": [f.model]},
+        model_version={"const": f.version},
+        id=STRING,
+        parameters=long_text,
+        outputs=array(answered, 1, len(outputs)),
+    )
+    return request, answer
+
+
+# -- the table ------------------------------------------------------------------------------------
+def needs(f: Facts, task: str) -> tuple[str, ...]:
+    """The 400 of a task the model does not do: every request to that route gets it."""
+    return () if task in f.tasks else (rf"^model .* does not {task}; its tasks: ",)
+
+
+PAIRS_RULE = r"^text_pairs must be a list as long as texts$"
+INFER_RULES = (  # what kserve.read_texts and read_outputs check across fields
+    r"^inputs must be a list of one input",  # "text" present, each name once
+    r"^input \w+ has shape .* but \d+ elements$",
+    r"^input text_pair has \d+ texts, text has \d+$",
+    r"^input \w+ has neither data nor binary_data_size$",
+    r"^binary_data_size \d+ but \d+ bytes left$",
+    r"^binary data given, but no input names it",
+    r"^input text must hold 1 to \d+ texts$",
+    r"^output '\w+' asked for twice$",
+    r"^ask for output embedding alone",
+)
+
+
+def ok(
+    description: str,
+    schema: Schema | None,
+    media: str = "application/json",
+    *headers: str,
+    binary: bool = False,
+) -> dict[int, Answer]:
+    return {200: Answer(description, schema, media, headers, binary)}
+
+
+def routes(f: Facts) -> dict[tuple[str, str], Route]:
+    """Every HTTP route the server can register, by (method, path template)."""
+    k = kserve_metadata_schemas(f)
+    classify_in, classify_out = classify_schemas(f)
+    embed_in, embed_out = embedding_schemas(f)
+    tei = tei_schemas(f)
+    cohere_in, cohere_out = cohere_schemas(f)
+    infer_in, infer_out = infer_schemas(f)
+    not_ready = {503: Answer("not ready", k["ready"], headers=("retry-after",))}
+    table = {
+        ("POST", "/v1/classify"): Route(
+            "Classify a text, a pair, or a batch",
+            "v1",
+            ok("scores in label order", classify_out, "application/json", *LATENCY),
+            classify_in,
+            inference=True,
+            beyond_schema=(PAIRS_RULE, *needs(f, "classify")),
+            examples={"one": {"text": "a fine film"}, "batch": {"texts": ["good", "bad"]}},
+        ),
+        ("GET", "/v1/model"): Route(
+            "The served model", "v1", ok("the model", model_info_schema(f))
+        ),
+        ("GET", "/v2/health/live"): Route(
+            "Liveness", "health", ok("live", obj(["live"], live={"const": True}))
+        ),
+        ("GET", "/v2/health/ready"): Route(
+            "Readiness: a worker is ready and the server is not stopping",
+            "health",
+            {
+                **ok("ready", obj(["ready"], ready={"const": True})),
+                503: Answer(
+                    "not ready", obj(["ready"], ready={"const": False}), headers=("retry-after",)
+                ),
+            },
+        ),
+        ("POST", "/v1/embeddings"): Route(
+            "Embeddings, in OpenAI's shape",
+            "embed",
+            ok("the vectors", embed_out, "application/json", *LATENCY),
+            embed_in,
+            inference=True,
+            beyond_schema=needs(f, "embed"),
+            examples={"one": {"input": "a fine film"}},
+        ),
+        ("POST", "/embed"): Route(
+            "Embeddings, in TEI's shape",
+            "embed",
+            ok("the vectors", tei["embed"][1], "application/json", *LATENCY),
+            tei["embed"][0],
+            inference=True,
+            beyond_schema=needs(f, "embed"),
+            examples={"one": {"inputs": ["a fine film"]}},
+        ),
+        ("POST", "/rerank"): Route(
+            "Rerank documents for a query, in TEI's shape",
+            "rerank",
+            ok("highest score first", tei["rerank"][1], "application/json", *LATENCY),
+            tei["rerank"][0],
+            inference=True,
+            beyond_schema=needs(f, "rerank"),
+            examples={"one": {"query": "films", "texts": ["a film", "a cat"]}},
+        ),
+        ("POST", "/v1/rerank"): Route(
+            "Rerank documents for a query, in Cohere's shape",
+            "rerank",
+            ok("highest score first", cohere_out, "application/json", *LATENCY),
+            cohere_in,
+            inference=True,
+            beyond_schema=needs(f, "rerank"),
+            examples={"one": {"query": "films", "documents": ["a film", "a cat"]}},
+        ),
+        ("GET", "/metrics"): Route(
+            "Prometheus metrics", "operator", ok("text exposition format 0.0.4", None, "text/plain")
+        ),
+        ("GET", "/v1/stats"): Route(
+            "JSON for dashboards", "operator", ok("the server's figures", stats_schema())
+        ),
+        ("GET", "/dashboard"): Route(
+            "The operator page", "operator", ok("an HTML page", None, "text/html")
+        ),
+        ("GET", "/openapi.json"): Route(
+            "This document",
+            "meta",
+            ok("OpenAPI 3.1", obj(["openapi", "info", "paths"], closed=False)),
+        ),
+        ("GET", "/v2"): Route(
+            "KServe v2 server metadata", "kserve", ok("server metadata", k["server"])
+        ),
+    }
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        table.update(
+            {
+                ("GET", base): Route(
+                    "KServe v2 model metadata",
+                    "kserve",
+                    ok("model metadata", k["model"]),
+                    model_path=True,
+                ),
+                ("GET", base + "/ready"): Route(
+                    "KServe v2 model readiness",
+                    "kserve",
+                    {**ok("ready", k["ready"]), **not_ready},
+                    model_path=True,
+                ),
+                ("GET", base + "/config"): Route(
+                    "Triton's model configuration",
+                    "kserve",
+                    ok("model configuration", k["config"]),
+                    model_path=True,
+                ),
+                ("POST", base + "/infer"): Route(
+                    "KServe v2 inference",
+                    "kserve",
+                    ok(
+                        "the outputs asked for (or scores and label)",
+                        infer_out,
+                        "application/json",
+                        *LATENCY,
+                        binary=True,
+                    ),
+                    infer_in,
+                    inference=True,
+                    model_path=True,
+                    beyond_schema=(*INFER_RULES, *needs(f, "classify")),
+                    description="The binary tensor data extension works both ways: a body may be "
+                    "the JSON header followed by tensor data, its length in "
+                    "Inference-Header-Content-Length (and gzip or deflate Content-Encoding); with "
+                    "binary outputs the answer is application/octet-stream, the header's length in "
+                    "Inference-Header-Content-Length.",
+                    examples={
+                        "one": {
+                            "inputs": [
+                                {
+                                    "name": "text",
+                                    "datatype": "BYTES",
+                                    "shape": [1],
+                                    "data": ["a fine film"],
+                                }
+                            ]
+                        }
+                    },
+                ),
+            }
+        )
+    return table
+
+
+# -- the document ---------------------------------------------------------------------------------
+class Undocumented(Exception):
+    """A route was registered that has no entry in routes()."""
+
+
+def check_covered(registered: list[tuple[str, str]], f: Facts) -> None:
+    table = routes(f)
+    missing = [f"{m} {p}" for m, p in registered if (m, p) not in table]
+    if missing:
+        raise Undocumented(
+            "routes without an OpenAPI entry in service/protocols/openapi.py: " + ", ".join(missing)
+        )
+
+
+def example_path(template: str, f: Facts) -> bytes:
+    return template.replace("{model}", f.model).replace("{version}", f.version).encode()
+
+
+def answers_of(route: Route, path: str, f: Facts) -> dict[int, Answer]:
+    """The route's own answers over those any route, admitted request or model path gives."""
+    out = dict(EVERY_ROUTE)
+    if f.key and not OPEN_PATH.match(example_path(path, f)):
+        out[401] = error("missing or invalid API key", "www-authenticate")
+    if route.inference:
+        out.update(ADMITTED)
+        if f.key:  # --api-keys: a key over its rate
+            out[429] = error("over the key's rate (--api-keys)", "retry-after", "x-latency-ms?")
+    if route.model_path:
+        out[404] = error("unknown model or version", *(LATENCY if route.inference else ()))
+    out.update(route.answers)
+    return dict(sorted(out.items()))
+
+
+def response_doc(answer: Answer) -> Schema:
+    headers = {"x-request-id": {"required": True, "schema": STRING, **HEADERS["x-request-id"]}}
+    for name in answer.headers:
+        key = name.rstrip("?")
+        headers[key] = {"required": key == name, "schema": STRING, **HEADERS[key]}
+    content: Schema = {answer.media: {"schema": answer.schema} if answer.schema else {}}
+    if answer.binary:
+        content["application/octet-stream"] = {
+            "schema": {"type": "string", "contentMediaType": "application/octet-stream"}
+        }
+    return {"description": answer.description, "headers": headers, "content": content}
+
+
+def path_parameters(path: str, f: Facts) -> list[Schema]:
+    params = []
+    if "{model}" in path:
+        params.append(
+            {"name": "model", "in": "path", "required": True, "schema": {"enum": [f.model]}}
+        )
+    if "{version}" in path:
+        params.append(
+            {"name": "version", "in": "path", "required": True, "schema": {"enum": [f.version]}}
+        )
+    return params
+
+
+def operation(method: str, path: str, route: Route, f: Facts) -> Schema:
+    op: Schema = {
+        "summary": route.summary,
+        "tags": [route.tag],
+        "operationId": (method + path)
+        .lower()
+        .replace("/", "_")
+        .strip("_")
+        .replace("{", "")
+        .replace("}", "")
+        .replace(".", "_"),
+        "responses": {str(s): response_doc(a) for s, a in answers_of(route, path, f).items()},
+    }
+    if route.description:
+        op["description"] = route.description
+    params = path_parameters(path, f) + (INFERENCE_HEADERS if route.inference else [])
+    if params:
+        op["parameters"] = params
+    if route.body is not None:
+        media: Schema = {"schema": route.body}
+        if route.examples:
+            media["examples"] = {k: {"value": v} for k, v in route.examples.items()}
+        op["requestBody"] = {"required": True, "content": {"application/json": media}}
+    if route.beyond_schema:
+        op["x-ringserve-400-beyond-schema"] = list(route.beyond_schema)
+    if f.key and not OPEN_PATH.match(example_path(path, f)):
+        op["security"] = [{"bearer": []}]
+    return op
+
+
+def document(registered: list[tuple[str, str]], f: Facts) -> Schema:
+    """The OpenAPI document of these routes, as this server answers them."""
+    check_covered(registered, f)
+    table = routes(f)
+    paths: dict[str, Schema] = {}
+    for method, path in registered:
+        paths.setdefault(path, {})[method.lower()] = operation(method, path, table[method, path], f)
+    doc: Schema = {
+        "openapi": OPENAPI,
+        "info": {
+            "title": "ringserve",
+            "version": f.server_version,
+            "description": 'Every error is {"error": message}; every answer carries '
+            "x-request-id. HEAD is answered for every GET route; any other method a path does "
+            "not list is 405 with Allow. See docs/api.md.",
+        },
+        "paths": dict(sorted(paths.items())),
+    }
+    if f.key:
+        doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
+    return doc
+
+
+def beyond_schema(op: Schema) -> Callable[[str], bool]:
+    """Whether a 400 message is one the document lists for this operation (for the fuzzer)."""
+    rules = [re.compile(r) for r in op.get("x-ringserve-400-beyond-schema", [])]
+    return lambda message: any(r.search(message) for r in rules)
+
+
+def facts(server: ModelView, key: bool) -> Facts:
+    m, s = server.manifest, server.settings
+    return Facts(
+        model=server.model_name,
+        labels=list(server.labels),
+        tasks=list(m.task),
+        dimension=m.dimension,
+        max_texts=s.max_texts,
+        max_documents=s.max_documents,
+        max_body=s.max_body,
+        version=VERSION,
+        server_version=server_version(),
+        key=key,
+    )
+
+
+def register(router: Router, key: bool) -> None:
+    """Serve GET /openapi.json for the routes registered so far (call it last); a route with no
+    entry stops the start here. The document is built per request from the model of the time
+    (a reload may change the model's fingerprint; its labels never change)."""
+    server = router.server
+
+    def serve(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        conn.respond(ex, 200, json.dumps(document(router.routes, facts(server, key))).encode())
+
+    router.add("GET", "/openapi.json", serve)
+    check_covered(router.routes, facts(server, key))

@@ -1,0 +1,300 @@
+"""HTTP routes: our JSON API (/v1), health, and the hooks for KServe v2, metrics and dashboard."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ringserve.service.engine.admission import RETRY_AFTER, Admission, latency_header
+from ringserve.service.engine.dispatcher import Result
+from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.settings import Config
+from ringserve.shm import layout as L
+from ringserve.workers.artifact import Manifest
+
+
+class ModelView(Protocol):
+    """What the /v1 and KServe routes read of the server: a read-only view."""
+
+    @property
+    def settings(self) -> Config: ...
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def manifest(self) -> Manifest: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def labels(self) -> list[str]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def graph(self) -> dict[str, Any]: ...
+    @property
+    def buckets(self) -> tuple[int, ...]: ...
+    @property
+    def pad_grid(self) -> tuple[int, ...]: ...
+    def ready(self) -> bool: ...
+
+
+Handler = Callable[[HttpProtocol, Exchange, dict[str, str]], None]
+
+
+def parse_json(ex: Exchange) -> Any:
+    body = b"".join(ex.body)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpError(400, "body is not valid UTF-8") from None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # ValueError too: an integer over 4300 digits
+        raise HttpError(400, "malformed JSON") from None
+
+
+def as_integer(value: Any) -> int | None:
+    """A JSON integer, or None. 3.0 is one too, as JSON Schema counts (the OpenAPI document's
+    `integer`); true and false are not."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def encode_text(value: Any, where: str) -> bytes:
+    if not isinstance(value, str):
+        raise HttpError(400, f"{where} must be a string")
+    if not value.strip():
+        raise HttpError(400, f"{where} is empty")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HttpError(400, f"{where} is not valid UTF-8 (lone surrogate)") from None
+
+
+def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[bytes]:
+    """Each text joined to its pair for the worker (shm/layout.py: PAIR_SEPARATOR)."""
+    single = where == "text_pair"
+    return [
+        text + L.PAIR_SEPARATOR + encode_text(pair, where if single else f"{where}[{i}]")
+        for i, (text, pair) in enumerate(zip(texts, pairs, strict=True))
+    ]
+
+
+def long_text_prefix(doc: dict[str, Any], where: str) -> bytes:
+    """The options prefix of each payload (shm/layout.py: OPTIONS_MARK) for a request's
+    `truncate` and `truncation_direction`; empty when it sets neither, so the worker applies
+    the server's --long-text."""
+    truncate = doc.get("truncate")
+    direction = doc.get("truncation_direction")
+    if truncate is None and direction is None:
+        return b""
+    opts = 0
+    if truncate is not None:
+        if not isinstance(truncate, bool):
+            raise HttpError(400, f"{where}truncate must be true or false")
+        opts |= L.OPT_CUT if truncate else L.OPT_REFUSE
+    if direction is not None:
+        if direction not in ("left", "right"):
+            raise HttpError(400, f'{where}truncation_direction must be "left" or "right"')
+        opts |= L.OPT_LEFT if direction == "left" else 0
+    return L.OPTIONS_MARK + bytes([opts])
+
+
+def long_text_fields(r: Result) -> dict[str, Any]:
+    """What an answer says about a text that was cut or windowed (nothing otherwise)."""
+    if r.flags & L.RSP_TRUNCATED:
+        return {"truncated": True, "tokens": r.tokens}
+    if r.flags & L.RSP_WINDOWED:
+        return {"windows": r.windows, "tokens": r.tokens}
+    return {}
+
+
+def result_doc(labels: list[str], r: Result) -> dict[str, Any]:
+    doc = {"label": labels[r.label_id], "label_id": r.label_id, "scores": r.scores.tolist()}  # type: ignore[union-attr]
+    if r.flags:
+        doc.update(long_text_fields(r))
+    return doc
+
+
+def needs_task(server: ModelView, task: str) -> None:
+    """400 naming the model's tasks when it does not do `task`."""
+    tasks = server.manifest.task
+    if task not in tasks:
+        raise HttpError(
+            400, f"model {server.model_name} does not {task}; its tasks: {', '.join(tasks)}"
+        )
+
+
+def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    doc = parse_json(ex)
+    if not isinstance(doc, dict):
+        raise HttpError(400, "body must be a JSON object")
+    needs_task(server, "classify")
+    labels = server.labels
+    if "text" in doc and "texts" not in doc:
+        if "text_pairs" in doc:
+            raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
+        texts = [encode_text(doc["text"], "text")]
+        single = True
+        if "text_pair" in doc:
+            texts = pair_payloads(texts, [doc["text_pair"]], "text_pair")
+    elif "texts" in doc and "text" not in doc:
+        if "text_pair" in doc:
+            raise HttpError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
+        items = doc["texts"]
+        if not isinstance(items, list):
+            raise HttpError(400, "texts must be a list of strings")
+        if not 1 <= len(items) <= server.settings.max_texts:
+            raise HttpError(400, f"texts must hold 1 to {server.settings.max_texts} items")
+        texts = [encode_text(t, f"texts[{i}]") for i, t in enumerate(items)]
+        single = False
+        if "text_pairs" in doc:
+            pairs = doc["text_pairs"]
+            if not isinstance(pairs, list) or len(pairs) != len(items):
+                raise HttpError(400, "text_pairs must be a list as long as texts")
+            texts = pair_payloads(texts, pairs, "text_pairs")
+    else:
+        raise HttpError(400, 'body must have exactly one of "text" or "texts"')
+    prefix = long_text_prefix(doc, "")
+    if prefix:
+        texts = [prefix + t for t in texts]
+
+    def done(results: list[Result]) -> None:
+        items = [result_doc(labels, r) for r in results]
+        body = json.dumps(items[0] if single else {"results": items}).encode()
+        conn.respond(ex, 200, body, extra=[latency_header(ex)])
+
+    server.admission.submit(conn, ex, texts, done, "http")
+
+
+def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    m = server.manifest
+    body = {
+        "name": server.model_name,
+        "labels": m.labels,
+        "max_length": m.max_length,
+        "fingerprint": m.fingerprint,
+        "activation": m.activation,
+        "architecture": m.extra.get("architecture", "sentence-transformers"),
+        "device": server.device,
+        "buckets": list(server.pad_grid),
+        "length_classes": list(server.buckets),
+        "runtime": server.runtime,
+        "precision": server.settings.precision,
+        "task": m.task,
+        "dimension": m.dimension,
+    }
+    if server.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
+        body["graph"] = server.graph
+    if server.settings.precision == "int8" and server.runtime == "onnx":
+        body["int8"] = m.int8  # the cost measured when the artifact was built
+    conn.respond(ex, 200, json.dumps(body).encode())
+
+
+def health_live(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
+    conn.respond(ex, 200, b'{"live": true}')
+
+
+def health_ready(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
+    if server.ready():
+        conn.respond(ex, 200, b'{"ready": true}')
+    else:
+        conn.respond(ex, 503, b'{"ready": false}', extra=RETRY_AFTER)
+
+
+class Router:
+    """Exact paths and `{name}` patterns, each with the methods it allows."""
+
+    def __init__(self, server: ModelView) -> None:
+        self.server = server
+        self.exact: dict[bytes, dict[bytes, Handler]] = {}
+        self.patterns: list[tuple[list[str], dict[bytes, Handler]]] = []
+        self.routes: list[tuple[str, str]] = []  # (method, path) as added: what openapi documents
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        if (method, path) not in self.routes:
+            self.routes.append((method, path))
+        if "{" in path:
+            parts = path.strip("/").split("/")
+            for p, table in self.patterns:
+                if p == parts:
+                    table[method.encode()] = handler
+                    return
+            self.patterns.append((parts, {method.encode(): handler}))
+        else:
+            self.exact.setdefault(path.encode(), {})[method.encode()] = handler
+
+    def match(self, path: bytes) -> tuple[dict[bytes, Handler], dict[str, str]] | None:
+        table = self.exact.get(path)
+        if table is not None:
+            return table, {}
+        try:
+            parts = path.decode("utf-8").strip("/").split("/")
+        except UnicodeDecodeError:
+            return None
+        for pattern, table in self.patterns:
+            if len(pattern) != len(parts):
+                continue
+            params: dict[str, str] = {}
+            for want, got in zip(pattern, parts, strict=True):
+                if want.startswith("{"):
+                    if not got:
+                        break
+                    params[want[1:-1]] = got
+                elif want != got:
+                    break
+            else:
+                return table, params
+        return None
+
+    def __call__(self, conn: HttpProtocol, ex: Exchange) -> None:
+        path = ex.url.split(b"?", 1)[0]
+        found = self.match(path)
+        if found is None:
+            raise HttpError(404, f"no such path: {path.decode('utf-8', 'replace')[:200]}")
+        table, params = found
+        handler = table.get(ex.method)
+        if handler is None and ex.method == b"HEAD":
+            handler = table.get(b"GET")
+        if handler is None:
+            allowed = b", ".join(sorted(table))
+            conn.respond_error(
+                ex, 405, f"method {ex.method.decode()} not allowed", [(b"allow", allowed)]
+            )
+            return
+        handler(conn, ex, params)
+
+
+ViewHandler = Callable[[ModelView, HttpProtocol, Exchange, dict[str, str]], None]
+
+
+def inference(server: ModelView, handler: ViewHandler) -> Handler:
+    """An inference route: its refusals carry x-latency-ms, as every inference answer does
+    (the contract; the OpenAPI fuzzer found 400s of /v1 without it)."""
+
+    def run(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        try:
+            handler(server, conn, ex, params)
+        except HttpError as exc:
+            conn.respond_error(ex, exc.status, exc.message, [latency_header(ex)])
+
+    return run
+
+
+def v1_routes(router: Router) -> None:
+    s = router.server
+    router.add("POST", "/v1/classify", inference(s, classify))
+    router.add("GET", "/v1/model", lambda c, e, p: model_info(s, c, e, p))
+    router.add("GET", "/v2/health/live", lambda c, e, p: health_live(s, c, e, p))
+    router.add("GET", "/v2/health/ready", lambda c, e, p: health_ready(s, c, e, p))

@@ -1,0 +1,126 @@
+"""ModelInfer's request and answer: protobuf messages to and from what every KServe transport
+shares (service/protocols/kserve.py does the checks, so HTTP and gRPC refuse the same things alike).
+
+A tensor travels as typed contents (`bytes_contents`, `fp32_contents`) or as raw bytes
+(`raw_input_contents`, `raw_output_contents`, the binary tensor extension's layout); inputs are
+taken either way. Answers are raw, as Triton gives them: tritonclient.grpc reads FP32 outputs
+only from raw contents (and its typed BYTES path fails under numpy 2). A request parameter
+`binary_data_output: false`, or an output's `binary_data: false`, as on HTTP, asks for typed
+contents instead (for all outputs: raw is all or none, as KServe has it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ringserve.service.engine.admission import asked_priority
+from ringserve.service.engine.dispatcher import Result
+from ringserve.service.protocols import kserve
+from ringserve.service.protocols.http import HttpError
+from ringserve.service.protocols.routes import ModelView
+from ringserve.service.protocols.rpc import kserve_pb2 as pb
+
+
+def param_value(p: pb.InferParameter) -> Any:
+    kind = p.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(p, kind)
+
+
+def params_dict(params: Any) -> dict[str, Any]:
+    return {k: param_value(v) for k, v in params.items()}
+
+
+@dataclass(slots=True)
+class InferJob:
+    """One parsed ModelInfer: the payloads for the dispatcher and how to answer them."""
+
+    texts: list[bytes]
+    task: str
+    wanted: list[tuple[str, bool]]  # (output, raw), in the order asked for
+    request_id: str
+    timeout_us: int | None  # Triton's `timeout` parameter, when set
+    priority: int | None  # the `priority` parameter: lower than the key's, never higher
+
+
+def check_model(server: ModelView, name: str, version: str) -> None:
+    if name != server.model_name:
+        raise HttpError(404, f"unknown model {name!r}")
+    if version and version != kserve.VERSION:
+        raise HttpError(404, f"unknown version {version!r} of model {name!r}")
+
+
+def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> list[bytes]:
+    """One BYTES input's checked texts, from its raw bytes or its typed contents."""
+    name = spec.name
+    if spec.datatype != "BYTES":
+        raise HttpError(400, f"input {name} must have datatype BYTES, not {spec.datatype!r}")
+    n = kserve.check_shape(list(spec.shape))
+    if "shared_memory_region" in spec.parameters:
+        raise HttpError(400, "shared-memory tensors are not supported")
+    if raw is not None:
+        if spec.contents.ByteSize():
+            raise HttpError(400, f"input {name} has both contents and raw_input_contents")
+        items = kserve.bytes_elements(memoryview(raw))
+    else:
+        items = list(spec.contents.bytes_contents)
+    texts = [kserve.check_text(t, f"{name}[{i}]") for i, t in enumerate(items)]
+    if len(texts) != n:
+        raise HttpError(400, f"input {name} has shape {list(spec.shape)} but {len(texts)} elements")
+    return texts
+
+
+def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
+    check_model(server, req.model_name, req.model_version)
+    kserve.check_input_names([spec.name for spec in req.inputs])
+    raws = req.raw_input_contents
+    if raws and len(raws) != len(req.inputs):
+        raise HttpError(400, f"{len(raws)} raw_input_contents for {len(req.inputs)} inputs")
+    found = {
+        spec.name: read_input(spec, raws[i] if raws else None) for i, spec in enumerate(req.inputs)
+    }
+    texts = kserve.join_pairs(server, found)
+    params = params_dict(req.parameters)
+    outputs = [{"name": o.name, "parameters": params_dict(o.parameters)} for o in req.outputs]
+    default = {"binary_data_output": bool(params.get("binary_data_output", True))}
+    m = server.manifest
+    asked = kserve.read_outputs({"parameters": default, "outputs": outputs}, m.embeds, m.embed_only)
+    raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
+    wanted = [(name, raw_out) for name, _ in asked]
+    texts, task = kserve.with_options(texts, params, wanted)
+    timeout = params.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool | str | float) or timeout <= 0):
+        raise HttpError(400, "parameters.timeout must be a positive integer (microseconds)")
+    priority = asked_priority(params.get("priority"), "parameters.priority")
+    return InferJob(texts, task, wanted, req.id, timeout, priority)
+
+
+def set_param(p: pb.InferParameter, value: Any) -> None:
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value
+    else:
+        p.string_param = str(value)
+
+
+def answer(server: ModelView, job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
+    encoder = kserve.encoder_for(server.labels, server.manifest.normalize)
+    tensors, blobs = encoder.tensors(results, job.wanted)
+    rsp = pb.ModelInferResponse(
+        model_name=server.model_name, model_version=kserve.VERSION, id=job.request_id
+    )
+    if any(r.flags for r in results):
+        for key, value in kserve.long_text_parameters(results).items():
+            set_param(rsp.parameters[key], value)
+    for tensor in tensors:
+        out = rsp.outputs.add(name=tensor["name"], datatype=tensor["datatype"])
+        out.shape.extend(tensor["shape"])
+        if "data" not in tensor:
+            continue
+        if tensor["datatype"] == "BYTES":
+            out.contents.bytes_contents.extend([s.encode() for s in tensor["data"]])
+        else:
+            out.contents.fp32_contents.extend(tensor["data"])
+    rsp.raw_output_contents.extend(blobs)
+    return rsp

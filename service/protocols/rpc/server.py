@@ -1,0 +1,433 @@
+"""The gRPC port: KServe v2 `inference.GRPCInferenceService`, `grpc.health.v1.Health` and server
+reflection, on grpcio's threaded server; each call is handed to the front-end's event loop,
+where the dispatcher lives, and its thread waits for the answer.
+
+Not grpc.aio on the loop, though it measured faster (docs/design.md, "gRPC"): one request whose
+`:path` is not UTF-8 ends grpc.aio's server loop (grpcio 1.85: the listener closes, every later
+connection is refused), and tests/test_fuzz_grpc.py found it. The threaded server answers it.
+
+Every call goes through the one admission, deadline and API key the other protocols use: a
+ModelInfer is one dispatcher group, as a KServe HTTP infer is. Errors are the HTTP statuses of
+protocols/kserve.py's checks, mapped to gRPC codes once here. A drain stops the server with a
+grace: gRPC closes the listener and sends GOAWAY, the calls in flight finish, and whatever
+stream is left (a health Watch) is cancelled once nothing is owed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from ringserve.service.engine.admission import failure, first_failure
+from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.tenants import INTERACTIVE, PRIORITY_NAMES, KeyRing, Tenant
+from ringserve.service.logs import EventLog
+from ringserve.service.protocols import kserve
+from ringserve.service.protocols.auth import DENIED
+from ringserve.service.protocols.http import HttpError
+from ringserve.service.protocols.routes import ModelView
+from ringserve.service.protocols.rpc import infer
+from ringserve.service.protocols.rpc import kserve_pb2 as pb
+
+SERVICE = "inference.GRPCInferenceService"
+HEALTH = "grpc.health.v1.Health"
+CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,  # the contract's mapping: gRPC has no "too large"
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# With 503: the client may retry after a second (`retry-after`, as HTTP says it, and the
+# standard gRPC retry pushback, which grpc's own retry policy honours).
+RETRY_TRAILERS = (("retry-after", "1"), ("grpc-retry-pushback-ms", "1000"))
+# Probes and metadata a kubelet or a load balancer reads without the key, as on HTTP.
+OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class GrpcHost(ModelView, Protocol):
+    """What the gRPC port needs of the server, beside the routes' model view."""
+
+    @property
+    def keys(self) -> KeyRing | None: ...
+    @property
+    def log(self) -> EventLog: ...
+    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
+
+
+class RateLimited(Exception):
+    """A call over its key's rate: RESOURCE_EXHAUSTED, with the wait in the trailers."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(retry_after_s)
+        self.retry_after_s = retry_after_s
+
+
+class Undecodable:
+    """What the deserializer gives for bytes it cannot take: answered 400 or 413 by the call."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status, self.message = status, message
+
+
+def decoder(message: Any, limit: int) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        if len(data) > limit:
+            return Undecodable(413, f"request message over {limit} bytes (--max-body)")
+        try:
+            return message.FromString(data)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError and its kin: any bad bytes
+            return Undecodable(400, "request is not a valid protobuf message")
+
+    return decode
+
+
+Handler = Callable[[Any, grpc.ServicerContext, Any], Coroutine[Any, Any, Any]]  # (req, ctx, tenant)
+
+
+class Health(health.HealthServicer):
+    """grpc.health.v1 with one addition for the drain: end every open Watch stream (after it
+    has heard NOT_SERVING), as the standard servicer never does, so that a kubelet's or a mesh's
+    Watch does not keep gRPC's graceful stop from ending."""
+
+    def end_watches(self) -> None:
+        # The servicer keeps each Watch's response callback by service; None ends that stream
+        # (grpc_health.v1.health's own convention for its blocking watchers).
+        with self._lock:
+            callbacks = [cb for cbs in self._send_response_callbacks.values() for cb in cbs]
+        for send in callbacks:
+            send(None)
+
+
+class GrpcPort:
+    """One server's gRPC listener and the calls it has in flight."""
+
+    def __init__(self, host: GrpcHost) -> None:
+        self.host = host
+        self.settings = host.settings
+        self.loop: asyncio.AbstractEventLoop | None = None  # the front-end's, set at start
+        self.lock = threading.Lock()
+        self.inflight = 0  # calls not yet answered (written by gRPC's threads, under the lock)
+        self.health = Health()  # thread-safe; told the status from the loop
+        self.serving: int | None = None  # the status the health service was last given
+        self.server: grpc.Server | None = None
+        self.stopped: threading.Event | None = None  # set when the graceful stop is over
+        self.grace_s = 0.0  # the drain's timeout, from the stop's start
+
+    # -- start and stop -------------------------------------------------------------------------
+    async def start(self, address: str, port: int) -> None:
+        s = self.settings
+        self.loop = asyncio.get_running_loop()
+        options = [
+            # SO_REUSEPORT only when asked (grpc turns it on by default): a second server
+            # without --reuse-port must fail to bind, as on the other ports.
+            ("grpc.so_reuseport", 1 if s.reuse_port else 0),
+            # Room above --max-body so that we answer a large request ourselves (413 mapped to
+            # INVALID_ARGUMENT); past twice the limit gRPC refuses it with RESOURCE_EXHAUSTED.
+            ("grpc.max_receive_message_length", 2 * s.max_body + 1024),
+            ("grpc.max_concurrent_streams", s.max_queue),
+        ]
+        pool = ThreadPoolExecutor(s.grpc_threads, thread_name_prefix="grpc")
+        server = grpc.server(pool, options=options, maximum_concurrent_rpcs=s.max_queue)
+        server.add_generic_rpc_handlers([self.handlers()])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection([SERVICE, HEALTH, reflection.SERVICE_NAME], server)
+        target = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        try:
+            bound = server.add_insecure_port(target)
+        except RuntimeError as exc:
+            raise SystemExit(f"ringserve: cannot listen for gRPC on {target}: {exc}") from None
+        if bound == 0:
+            raise SystemExit(f"ringserve: cannot listen for gRPC on {target} (in use?)")
+        server.start()
+        self.server = server
+        self.update_health()
+        self.host.log.info("grpc_listening", port=bound)
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Stop taking calls: gRPC closes the listener and sends GOAWAY; the calls in flight
+        have `grace_s` to finish. Health says NOT_SERVING from now on."""
+        if self.server is None or self.stopped is not None:
+            return
+        self.health.enter_graceful_shutdown()  # every Watch hears NOT_SERVING first
+        self.health.end_watches()  # so that only unary calls can hold the graceful stop
+        self.grace_s = grace_s
+        self.stopped = self.server.stop(grace_s)
+
+    async def close(self) -> None:
+        """Nothing is owed any more: cancel what is left (health watches) and wait for the end."""
+        if self.server is None:
+            return
+        loop = asyncio.get_running_loop()
+        until = time.monotonic() + 1.0  # after a drain timeout: the 500s on their way out
+        while self.inflight and time.monotonic() < until:
+            await asyncio.sleep(0.01)
+        if self.stopped is not None:
+            # The graceful stop ends when gRPC has no call left, counting those it took before
+            # the GOAWAY but has not yet handed to a thread (`inflight` cannot see them: cutting
+            # at `inflight == 0` cancelled such a call under an upgrade). Watches were ended at
+            # the stop's start, so an idle channel or a probe's Watch does not hold it; gRPC
+            # aborts whatever is left when the grace is over.
+            await loop.run_in_executor(None, self.stopped.wait, self.grace_s + 1.0)
+        done = self.server.stop(0)
+        await loop.run_in_executor(None, done.wait, 5.0)
+
+    def update_health(self) -> None:
+        """Called from the loop at start, on the sweep's tick and when a stop begins."""
+        status = SERVING if self.host.ready() else NOT_SERVING
+        if status != self.serving:
+            self.serving = status
+            for name in ("", SERVICE):
+                self.health.set(name, status)
+
+    # -- calls ----------------------------------------------------------------------------------
+    def handlers(self) -> grpc.GenericRpcHandler:
+        methods: dict[str, tuple[Handler, Any, Any]] = {
+            "ServerLive": (self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": (self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+            "ModelReady": (self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerMetadata": (
+                self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse
+            ),
+            "ModelMetadata": (
+                self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse
+            ),
+            "ModelInfer": (self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+            "RepositoryIndex": (
+                self.repository, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
+            ),
+            "RepositoryModelLoad": (
+                self.repository, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
+            ),
+            "RepositoryModelUnload": (
+                self.repository, pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse
+            ),
+        }  # fmt: skip
+        limit = self.settings.max_body
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                name: grpc.unary_unary_rpc_method_handler(
+                    self.wrap(name, fn),
+                    request_deserializer=decoder(req, limit),
+                    response_serializer=rsp.SerializeToString,
+                )
+                for name, (fn, req, rsp) in methods.items()
+            },
+        )
+
+    def wrap(self, name: str, fn: Handler) -> Callable[[Any, grpc.ServicerContext], Any]:
+        """Key check, error mapping and counting, once for every method; the method itself runs
+        on the loop, and this gRPC thread waits for it."""
+        needs_key = name not in OPEN_METHODS
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            # Owed until gRPC has sent the answer, not merely made it: the drain must not cut it.
+            with self.lock:
+                self.inflight += 1
+            if not context.add_callback(self.answered):
+                self.answered()
+            code = 200
+            tenant: Tenant | None = None
+            try:
+                if isinstance(request, Undecodable):
+                    raise HttpError(request.status, request.message)
+                found = self.tenant_of(context) if needs_key else True
+                if found is False:
+                    raise HttpError(401, DENIED)
+                tenant = found if isinstance(found, Tenant) else None
+                assert self.loop is not None
+                coro = fn(request, context, tenant)
+                return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+            except RateLimited as exc:
+                code = 429
+                wait = str(exc.retry_after_s)
+                context.set_trailing_metadata(
+                    (("retry-after", wait), ("grpc-retry-pushback-ms", wait + "000"))
+                )
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "over the key's rate")
+            except HttpError as exc:
+                code = exc.status
+                if exc.status == 503:
+                    context.set_trailing_metadata(RETRY_TRAILERS)
+                context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+            finally:
+                self.on_loop(self.host.count, "grpc", code, 1, tenant)
+
+        return call
+
+    def answered(self) -> None:
+        with self.lock:
+            self.inflight -= 1
+
+    def on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def tenant_of(self, context: grpc.ServicerContext) -> Tenant | bool:
+        """The key's tenant from `authorization: Bearer` metadata; True when no key is needed,
+        False when the key is missing or wrong."""
+        keys = self.host.keys
+        if keys is None:
+            return True
+        for name, value in context.invocation_metadata() or ():
+            if name == "authorization":
+                raw = value.encode("latin-1", "replace") if isinstance(value, str) else value
+                tenant = keys.bearer(raw)  # digests and compares: safe from any thread
+                if tenant is not None:
+                    return tenant
+        self.on_loop(keys.refused, "grpc")
+        return False
+
+    async def server_live(
+        self, req: Any, context: Any, tenant: Tenant | None = None
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(
+        self, req: Any, context: Any, tenant: Tenant | None = None
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.host.ready())
+
+    async def model_ready(
+        self, req: pb.ModelReadyRequest, context: Any, tenant: Tenant | None = None
+    ) -> pb.ModelReadyResponse:
+        infer.check_model(self.host, req.name, req.version)
+        return pb.ModelReadyResponse(ready=self.host.ready())
+
+    async def server_metadata(
+        self, req: Any, context: Any, tenant: Tenant | None = None
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name="ringserve", version=kserve.server_version(), extensions=["binary_tensor_data"]
+        )
+
+    async def model_metadata(
+        self, req: pb.ModelMetadataRequest, context: Any, tenant: Tenant | None = None
+    ) -> pb.ModelMetadataResponse:
+        infer.check_model(self.host, req.name, req.version)
+        doc = kserve.metadata_doc(self.host, self.host.model_name)
+        rsp = pb.ModelMetadataResponse(
+            name=doc["name"], versions=doc["versions"], platform=doc["platform"]
+        )
+        for spec in doc["inputs"]:
+            rsp.inputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
+        for spec in doc["outputs"]:
+            rsp.outputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
+        return rsp
+
+    async def repository(self, req: Any, context: Any, tenant: Tenant | None = None) -> Any:
+        # The repository extension comes with many models in one server (CONTRACT.md); until
+        # then there is nothing to index, load or unload.
+        msg = "the model repository extension is not served yet: this server holds one model"
+        raise HttpError(501, msg)
+
+    async def model_infer(
+        self, req: pb.ModelInferRequest, context: grpc.ServicerContext, tenant: Tenant | None
+    ) -> pb.ModelInferResponse:
+        """The steps of Admission.submit for HTTP: the key's rate (429), its priority (a
+        request may lower it), the trace, then the one queue (503)."""
+        received = time.monotonic_ns()
+        trace = self.start_trace(context, received)
+        try:
+            job = infer.read_request(self.host, req)
+            deadline = self.deadline_ns(context, job.timeout_us)
+            level = tenant.priority_for(job.priority) if tenant else job.priority or INTERACTIVE
+            if trace is not None:
+                trace.root.set_attributes(
+                    {"ringserve.task": job.task, "ringserve.priority": PRIORITY_NAMES[level]}
+                )
+                if tenant is not None:
+                    trace.root.set_attribute("ringserve.tenant", tenant.name)
+            results = await self.run(job, deadline, level, tenant, trace)
+        except RateLimited:
+            if trace is not None:
+                trace.written(429, time.monotonic_ns())
+            raise
+        except HttpError as exc:
+            if trace is not None:
+                trace.written(exc.status, time.monotonic_ns())
+            raise
+        answer = infer.answer(self.host, job, results)
+        if trace is not None:
+            trace.written(200, time.monotonic_ns())
+        return answer
+
+    async def run(
+        self, job: infer.InferJob, deadline: int, level: int, tenant: Tenant | None, trace: Any
+    ) -> list[Result]:
+        admission = self.host.admission
+        d = admission.dispatcher
+        now = d.clock()
+        if tenant is not None and not tenant.take(now):
+            if self.host.keys is not None:
+                self.host.keys.counts(tenant.name).limited += 1
+            if trace is not None:
+                trace.refused(now, "rate_limited")
+            raise RateLimited(tenant.retry_after_s())
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[list[Result]] = loop.create_future()
+
+        def done(results: list[Result]) -> None:
+            if not answered.done():  # a cancelled call leaves its future cancelled
+                answered.set_result(results)
+
+        name = tenant.name if tenant is not None else ""
+        admitted = d.clock()
+        if not d.submit(job.texts, deadline, done, "grpc", job.task, level, name):
+            if trace is not None:
+                trace.refused(d.clock(), "overloaded")
+            raise HttpError(503, admission.refusal())
+        if self.host.keys is not None and tenant is not None:
+            self.host.keys.admitted(name, len(job.texts), level)
+        if trace is not None:
+            trace.admitted(admitted, len(job.texts), sum(len(t) for t in job.texts))
+        results = await answered
+        if trace is not None:
+            trace.answered(results, d.clock())
+        failed = first_failure(results)
+        if failed is not None:
+            raise HttpError(*failure(failed))
+        return results
+
+    def start_trace(self, context: grpc.ServicerContext, received: int) -> Any:
+        """The call's span when tracing is on, continuing a `traceparent` in its metadata."""
+        tracing = self.host.admission.tracing
+        if tracing is None:
+            return None
+        meta = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        parent, state = meta.get("traceparent"), meta.get("tracestate")
+        return tracing.start(
+            "grpc ModelInfer",
+            "grpc",
+            received,
+            parent.encode("latin-1", "replace") if parent else None,
+            state.encode("latin-1", "replace") if state else None,
+            {"rpc.system": "grpc", "rpc.method": "ModelInfer"},
+        )
+
+    def deadline_ns(self, context: grpc.ServicerContext, timeout_us: int | None) -> int:
+        """The client's gRPC deadline, else Triton's `timeout` parameter, else the default."""
+        now = time.monotonic_ns()
+        left = context.time_remaining()
+        if left is not None and left > 86_400:  # grpcio's threaded server: "no deadline" is huge
+            left = None
+        if left is not None:
+            if left <= 0:
+                raise HttpError(504, "request deadline passed")
+            return now + int(left * 1e9)
+        if timeout_us is not None:
+            return now + timeout_us * 1000
+        return now + int(self.settings.request_timeout_s * 1e9)

@@ -1,0 +1,236 @@
+"""The CPU runtimes: ONNX files in the artifact, TorchScript and ONNX Runtime (plain and fused
+graphs) giving the same scores (per runtime and across), the graph chosen at start, an artifact
+from before ONNX still serving, and int8's recipe and cost."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ringserve.factory import int8
+from ringserve.workers import graphpick
+from ringserve.workers.artifact import (
+    ArtifactError,
+    Manifest,
+    compute_fingerprint,
+    load_manifest,
+    load_model,
+    load_tokenizer,
+    reference_logits,
+)
+from ringserve.workers.batcher import Item
+from ringserve.workers.onnx_model import choose_runtime, open_session, read_heldout
+from ringserve.workers.runtime import CpuRunner, OrtRunner, softmax
+
+from tests.conftest import ServerProc
+
+pytest.importorskip("onnxruntime")  # a dependency (pyproject); absent only in a stale venv
+
+
+def texts_of_every_length(sst2: list[str], agnews: list[str]) -> list[str]:
+    rng = random.Random(11)
+    pool = sst2[:100] + agnews[:100]
+    return [" ".join(rng.sample(pool, k)) for k in (1, 1, 1, 2, 3, 5, 8, 12)]
+
+
+def make_items(model_dir: str, texts: list[str]) -> list[Item]:
+    tok = load_tokenizer(model_dir, load_manifest(model_dir).max_length)
+    return [Item(i, 0, 0, e.ids) for i, e in enumerate(tok.encode_batch(texts))]
+
+
+def run(runner: CpuRunner, batch: list[Item]) -> np.ndarray:
+    length = max(len(it.ids) for it in batch)
+    runner.fill(length, batch)
+    return runner.forward(length, len(batch))
+
+
+def test_choose_runtime() -> None:
+    new = Manifest("m", ["a", "b"], 128, "", onnx_file="model.onnx", int8_file="model.int8.onnx")
+    old = Manifest("m", ["a", "b"], 128, "")
+    assert choose_runtime("auto", "fp32", False, new) == ("onnx", "")
+    assert choose_runtime("torch", "fp32", False, new) == ("torch", "")
+    assert choose_runtime("onnx", "int8", False, new) == ("onnx", "")
+    assert choose_runtime("auto", "fp32", True, new) == ("torch", "")  # CUDA graphs
+    runtime, note = choose_runtime("auto", "fp32", False, old)
+    assert runtime == "torch" and "no model.onnx" in note
+    for args in (("onnx", "fp32", False, old), ("auto", "int8", False, old)):
+        with pytest.raises(ValueError, match="rebuild it"):
+            choose_runtime(*args)
+    with pytest.raises(ValueError, match="ONNX Runtime"):
+        choose_runtime("torch", "int8", False, new)
+    with pytest.raises(ValueError, match="CPU only"):
+        choose_runtime("onnx", "fp32", True, new)
+
+
+def test_the_onnx_files_are_fingerprinted(default_model: str, tmp_path: Path) -> None:
+    manifest = load_manifest(default_model)
+    graphs = ["model.onnx", "model.int8.onnx", "model.fused.onnx"]
+    assert manifest.files() == ["model.pt", *graphs, *(g + ".data" for g in graphs)]
+    cost = manifest.int8
+    assert cost["texts"] == 1000 and 0.5 < cost["argmax_agreement"] <= 1
+    assert cost["accuracy_cost"] == pytest.approx(cost["accuracy_fp32"] - cost["accuracy_int8"])
+    for name in manifest.files()[1:]:
+        copy = tmp_path / name
+        shutil.copytree(default_model, copy)
+        data = bytearray((copy / name).read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (copy / name).write_bytes(bytes(data))
+        with pytest.raises(ArtifactError, match="fingerprint mismatch"):
+            load_manifest(copy)
+        shutil.rmtree(copy)
+
+
+def test_runtimes_give_the_same_scores_alone_and_in_mixed_batches(
+    default_model: str, sst2_texts: list[str], agnews_texts: list[str]
+) -> None:
+    texts = texts_of_every_length(sst2_texts, agnews_texts)
+    items = make_items(default_model, texts)
+    manifest = load_manifest(default_model)
+    runners = {
+        "torch": CpuRunner(load_model(default_model), manifest.max_length, 32),
+        "onnx": OrtRunner(
+            open_session(Path(default_model) / manifest.onnx_file), manifest.max_length, 32
+        ),
+        "fused": OrtRunner(
+            open_session(Path(default_model) / manifest.fused_file), manifest.max_length, 32
+        ),
+    }
+    expected = softmax(reference_logits(default_model, texts))  # TorchScript, each text alone
+    for runner in runners.values():
+        runner.warm()
+        alone = np.concatenate([run(runner, [it]) for it in items])
+        np.testing.assert_allclose(alone, expected, atol=1e-5, rtol=0)
+        shuffled = random.Random(5).sample(items, len(items))
+        mixed = run(runner, shuffled)  # every length in one batch, padded to the longest
+        np.testing.assert_allclose(mixed, expected[[it.msg_id for it in shuffled]], atol=1e-5)
+
+
+def old_artifact(default_model: str, tmp_path: Path) -> Path:
+    """The default artifact as format 1 wrote it: TorchScript, tokenizer and manifest only."""
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("model.pt", "tokenizer.json"):
+        shutil.copyfile(Path(default_model) / name, old / name)
+    raw = json.loads((Path(default_model) / "manifest.json").read_text())
+    for key in ("onnx_file", "int8_file", "int8", "fused_file", "data_files", "graphs"):
+        del raw[key]
+    (old / "manifest.json").write_text(json.dumps(raw))
+    raw["fingerprint"] = compute_fingerprint(old)
+    (old / "manifest.json").write_text(json.dumps(raw))
+    return old
+
+
+def check_served_scores(srv: ServerProc, texts: list[str], expected: np.ndarray) -> None:
+    alone = [srv.classify(t)["scores"] for t in texts]
+    np.testing.assert_allclose(np.array(alone), expected, atol=1e-5, rtol=0)
+    order = random.Random(3).sample(range(len(texts)), len(texts))
+    mixed = srv.classify([texts[i] for i in order])["results"]
+    np.testing.assert_allclose([r["scores"] for r in mixed], expected[order], atol=1e-5, rtol=0)
+    with ThreadPoolExecutor(12) as pool:
+        concurrent = list(pool.map(lambda t: srv.classify(t)["scores"], texts * 3))
+    np.testing.assert_allclose(np.array(concurrent), np.tile(expected, (3, 1)), atol=1e-5, rtol=0)
+
+
+def test_an_artifact_from_before_onnx_serves_on_torchscript(
+    start_server: Any,
+    default_model: str,
+    tmp_path: Path,
+    sst2_texts: list[str],
+    agnews_texts: list[str],
+) -> None:
+    old = old_artifact(default_model, tmp_path)
+    assert load_manifest(old).files() == ["model.pt"]
+    refused = start_server("--model", str(old), "--runtime", "onnx", wait=False)
+    assert refused.wait_exit(60) != 0 and "has no model.onnx" in refused.logs()
+    srv = start_server("--model", str(old), "--workers", "2", "--spares", "0")
+    doc = json.loads(srv.request("GET", "/v1/model")[2])
+    assert doc["runtime"] == "torch" and doc["precision"] == "fp32"
+    texts = texts_of_every_length(sst2_texts, agnews_texts)
+    check_served_scores(srv, texts, softmax(reference_logits(default_model, texts)))
+    assert srv.logs().count('"runtime_fallback"') == 1  # said once, by the front-end
+
+
+def test_int8_cost_is_printed_at_start_and_shown_in_v1_model(
+    start_server: Any, default_model: str, sst2_texts: list[str]
+) -> None:
+    srv = start_server("--precision", "int8", "--workers", "1", "--spares", "0")
+    doc = json.loads(srv.request("GET", "/v1/model")[2])
+    assert doc["runtime"] == "onnx" and doc["precision"] == "int8"
+    cost = doc["int8"]
+    assert cost == load_manifest(default_model).int8
+    printed = [x for x in srv.logs().splitlines() if x.startswith("ringserve: --precision int8")]
+    assert len(printed) == 1
+    assert f"accuracy cost {cost['accuracy_cost']} " in printed[0]
+    assert f"on {cost['argmax_agreement']} of {cost['texts']} held-out" in printed[0]
+    texts = sst2_texts[:40]
+    got = np.array([r["scores"] for r in srv.classify(texts)["results"]])
+    fp32 = softmax(reference_logits(default_model, texts))
+    assert np.abs(got - fp32).max() <= cost["max_score_diff"] + 0.05  # int8 publishes its drift
+    assert (got.argmax(1) == fp32.argmax(1)).mean() >= 0.85
+
+
+def test_each_graph_serves_the_same_scores_and_auto_says_what_it_timed(
+    start_server: Any,
+    default_model: str,
+    tmp_path: Path,
+    sst2_texts: list[str],
+    agnews_texts: list[str],
+) -> None:
+    manifest = load_manifest(default_model)
+    assert manifest.fused_file and manifest.graphs["fused"]["max_logit_drift"] <= 1e-5
+    cache = tmp_path / "cache"  # a fresh one: auto must time, not find an earlier answer
+    common = ["--model", default_model, "--cache-dir", str(cache), "--workers", "1"]
+    servers = {
+        g: start_server(*common, "--spares", "0", "--graph", g, wait=False)
+        for g in ("plain", "fused", "auto")
+    }
+    texts = texts_of_every_length(sst2_texts, agnews_texts)
+    expected = softmax(reference_logits(default_model, texts))
+    docs = {}
+    for graph, srv in servers.items():
+        srv.wait_ready(1)
+        docs[graph] = json.loads(srv.request("GET", "/v1/model")[2])
+        assert docs[graph]["runtime"] == "onnx"
+        check_served_scores(srv, texts, expected)
+    assert docs["plain"]["graph"] == {"graph": "plain", "chosen_by": "--graph"}
+    assert docs["fused"]["graph"] == {"graph": "fused", "chosen_by": "--graph"}
+    auto = docs["auto"]["graph"]
+    assert auto["chosen_by"] == "timing at start" and set(auto["ms"]) == {"plain", "fused"}
+    assert auto["graph"] == min(auto["ms"], key=auto["ms"].__getitem__)
+    line = f"ringserve: serving the {auto['graph']} fp32 graph (timing at start: plain "
+    assert sum(x.startswith(line) for x in servers["auto"].logs().splitlines()) == 1
+    # The answer is kept for this artifact on this CPU: the next start does not time again.
+    again = graphpick.choose(default_model, manifest, "auto", cache)
+    assert again["ms"] == auto["ms"] and "kept for this artifact" in again["chosen_by"]
+
+
+def test_the_int8_recipe_is_the_most_faithful_fast_enough_one(default_model: str) -> None:
+    cost = load_manifest(default_model).int8
+    rows = {r["recipe"]: r for r in cost["frontier"]}
+    assert {"dynamic", "static QDQ (plain graph)", "static QDQ (fused graph)"} <= set(rows)
+    assert any(r.startswith("dynamic, fp32 ") for r in rows)  # the sensitive groups kept
+    chosen = rows[cost["recipe"]]
+    for key in ("argmax_agreement", "max_score_diff", "speedup", "accuracy_int8"):
+        assert cost[key] == chosen[key]
+    fast = [r for r in rows.values() if r["speedup"] >= cost["min_speedup"]]
+    if fast:  # else the rule's fallbacks (factory/int8.py best)
+        assert chosen["argmax_agreement"] == max(r["argmax_agreement"] for r in fast)
+    # Calibrated on training rows, measured on held-out ones: the two never meet.
+    calibration = set(int8._rows(int8.CALIBRATION))
+    held_out = set(read_heldout()[0])
+    assert len(calibration) == 300 and not calibration & held_out
+
+
+def test_sigmoid_models_agree_label_by_label() -> None:
+    base = np.array([[2.0, -1.0, 0.5], [-3.0, 0.2, 1.0]])
+    moved = np.array([[1.0, -2.0, -0.1], [-3.0, 0.3, 2.0]])  # one of six decisions flips
+    row = int8._row("r", moved, base, 1.0, "sigmoid")
+    assert row["argmax_agreement"] == pytest.approx(5 / 6, abs=1e-4)
+    one = int8._row("r", np.array([[0.5], [-0.2]]), np.array([[0.4], [0.1]]), 1.0, "sigmoid")
+    assert one["argmax_agreement"] == 0.5  # a reranker's one output still has a decision

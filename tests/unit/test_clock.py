@@ -1,0 +1,511 @@
+"""In-process tests on a fake clock: the HTTP timeouts and the dispatcher, in milliseconds.
+
+No server, no sockets: each object is given a clock the test moves by hand (STYLE.md lesson 19),
+so the branches that need a long wait on the wall clock (a read timeout, an idle keep-alive, a
+client that never reads) run at once. The transport and the worker are stand-ins that record
+what they are asked to do; everything under test is the production code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
+from ringserve.service.protocols.http import MAX_PIPELINE, Exchange, HttpProtocol, HttpServerState
+from ringserve.service.settings import Config
+from ringserve.shm import layout as L
+
+S = 1_000_000_000  # ns in a second
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10 * S  # any start will do; not 0, which the protocol reads as "unset"
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Transport:
+    """Records what the protocol writes and whether it closed, aborted or paused reading."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+        self.aborted = False
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "write after close"
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = self.closed = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+# -- HTTP timeouts --------------------------------------------------------------------------------
+SETTINGS = Config(read_timeout_s=10.0, keepalive_timeout_s=100.0, write_timeout_s=30.0)
+
+
+def answer_at_once(conn: HttpProtocol, ex: Exchange) -> None:
+    conn.respond(ex, 200, b"{}")
+
+
+def connection(router=answer_at_once) -> tuple[HttpProtocol, Transport, Clock, list[int]]:  # type: ignore[no-untyped-def]
+    clock, counted = Clock(), []
+    state = HttpServerState(SETTINGS, router, lambda _p, code, *_: counted.append(code), clock)
+    conn, transport = HttpProtocol(state), Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport, clock, counted
+
+
+def test_partial_head_past_the_read_timeout_is_answered_408() -> None:
+    conn, transport, clock, counted = connection()
+    conn.data_received(b"GET /v1/model HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+    clock.now += int(9.9 * S)
+    conn.sweep(clock.now)
+    assert not transport.closed and transport.written == b""
+    clock.now += int(0.2 * S)
+    conn.sweep(clock.now)
+    assert transport.written.startswith(b"HTTP/1.1 408 ") and transport.closed
+    assert counted == [408]
+
+
+def test_read_timeout_counts_from_the_first_byte_of_a_request() -> None:
+    conn, transport, clock, _ = connection()
+    clock.now += 50 * S  # idle time before the request is not the request's
+    conn.data_received(b"POST /v1/classify HTTP/1.1\r\nContent-Length: 10\r\n\r\n{")
+    clock.now += 9 * S
+    conn.data_received(b'"te')  # trickling does not restart the clock
+    clock.now += int(1.5 * S)
+    conn.sweep(clock.now)
+    assert transport.written.startswith(b"HTTP/1.1 408 ")
+
+
+def test_no_read_timeout_while_we_owe_answers_and_stopped_reading() -> None:
+    owed: list[Exchange] = []
+    conn, transport, clock, _ = connection(lambda c, ex: owed.append(ex))  # answers held back
+    conn.data_received(b"GET /a HTTP/1.1\r\n\r\n" * MAX_PIPELINE)  # as many as may be owed
+    assert not transport.reading
+    conn.data_received(b"GET /b HTTP/1.1\r\n")  # a partial head, buffered while paused
+    clock.now += 100 * S  # the wait is ours, not the client's
+    conn.sweep(clock.now)
+    for ex in owed:
+        conn.respond(ex, 200, b"{}")
+    assert transport.written.count(b"HTTP/1.1 200 ") == MAX_PIPELINE
+    assert b" 408 " not in transport.written and not transport.closed
+
+
+def test_idle_keep_alive_closes_after_its_timeout_without_an_answer() -> None:
+    conn, transport, clock, counted = connection()
+    conn.data_received(b"GET /v1/model HTTP/1.1\r\n\r\n")
+    assert transport.written.startswith(b"HTTP/1.1 200 ") and counted == [200]
+    answered = len(transport.written)
+    clock.now += 99 * S
+    conn.sweep(clock.now)
+    assert not transport.closed
+    clock.now += 2 * S
+    conn.sweep(clock.now)
+    assert transport.closed and not transport.aborted
+    assert len(transport.written) == answered  # nothing more written: no answer is owed
+
+
+def test_client_that_never_reads_is_aborted_after_the_write_timeout() -> None:
+    conn, transport, clock, _ = connection()
+    conn.data_received(b"GET /v1/model HTTP/1.1\r\n\r\n")
+    conn.pause_writing()  # the transport's buffer is full: the client does not read
+    clock.now += 29 * S
+    conn.sweep(clock.now)
+    assert not transport.closed
+    conn.resume_writing()  # it read some: the clock starts again at the next pause
+    clock.now += 5 * S
+    conn.pause_writing()
+    clock.now += 29 * S
+    conn.sweep(clock.now)
+    assert not transport.closed
+    clock.now += 2 * S
+    conn.sweep(clock.now)
+    assert transport.aborted  # close() would wait for a peer that never reads
+
+
+# -- the dispatcher -------------------------------------------------------------------------------
+class Worker:
+    """Stands in for a WorkerHandle: a request ring of `room` slots and its answers."""
+
+    def __init__(self, room: int = 1000) -> None:
+        self.room = room
+        self.assigned: dict[int, object] = {}
+        self.ring: list[tuple[int, bytes, int]] = []
+        self.answers: list[tuple[int, int, bytes]] = []
+        self.eventfd = self
+        self.responses = self
+
+    def submit(self, messages: list[tuple[int, bytes, int]]) -> int:
+        n = min(len(messages), self.room - len(self.ring))
+        self.ring += messages[:n]
+        return n
+
+    def answer(self, label: int = 1) -> None:
+        """Answer everything in the ring (as the worker process would, through its ring)."""
+        for msg_id, _text, _deadline in self.ring:
+            scores = np.array([0.25, 0.75], dtype="<f4").tobytes()
+            head = L.pack_response(L.STATUS_OK, 0, label, 2, queued_us=5, model_us=7)
+            self.answers.append((msg_id, 0, head + scores))
+        self.ring.clear()
+
+    def drain(self) -> None:  # the eventfd
+        pass
+
+    def read(self) -> list[tuple[int, int, bytes]]:  # the response ring
+        out, self.answers = self.answers, []
+        return out
+
+
+def dispatcher(*workers: Worker, max_queue: int = 8) -> tuple[Dispatcher, Clock]:
+    clock = Clock()
+    d = Dispatcher(max_queue, clock)
+    d.serving = list(workers)  # type: ignore[arg-type]
+    return d, clock
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.results: list[list[Result]] = []
+
+    def __call__(self, results: list[Result]) -> None:
+        self.results.append(results)
+
+
+def test_admission_refuses_a_group_past_the_queue_bound_whole() -> None:
+    d, clock = dispatcher(Worker(), max_queue=4)
+    done = Calls()
+    assert d.submit([b"a", b"b", b"c"], clock.now + S, done)
+    assert not d.submit([b"d", b"e"], clock.now + S, done)  # 3 + 2 > 4: all or nothing
+    assert d.submit([b"d"], clock.now + S, done)
+    assert d.depth == 4 and d.rejected == 2
+    d.accepting = False  # draining
+    assert not d.submit([b"e"], clock.now + S, done)
+    assert d.rejected == 3 and done.results == []
+
+
+def test_least_loaded_placement_and_waiting_when_rings_are_full() -> None:
+    a, b = Worker(room=2), Worker(room=1)
+    d, clock = dispatcher(a, b)
+    assert d.submit([b"1", b"2", b"3", b"4", b"5"], clock.now + S, Calls())
+    assert [m[1] for m in a.ring] == [b"1", b"3"] and [m[1] for m in b.ring] == [b"2"]
+    assert [r.payload for r in d.waiting] == [b"4", b"5"]
+    a.answer()
+    d.on_answers(a)  # answers read: the waiting ones take the room they leave
+    assert [m[1] for m in a.ring] == [b"4", b"5"] and not d.waiting
+
+
+def test_a_new_request_never_overtakes_a_waiting_one() -> None:
+    w = Worker(room=2)
+    d, clock = dispatcher(w)
+    d.submit([b"1", b"2", b"3"], clock.now + S, Calls())
+    assert [r.payload for r in d.waiting] == [b"3"]
+    w.answer()  # room in the ring before the loop has read the answers
+    d.submit([b"4"], clock.now + S, Calls())
+    assert [m[1] for m in w.ring] == [b"3", b"4"]
+
+
+def test_answers_complete_a_group_once_with_its_latency_on_the_clock() -> None:
+    w = Worker()
+    d, clock = dispatcher(w)
+    seen: list[int] = []
+    d.on_result = lambda group, result, latency_ns: seen.append(latency_ns)
+    done = Calls()
+    d.submit([b"x", b"y"], clock.now + S, done)
+    clock.now += 3_000_000
+    w.answer(label=1)
+    d.on_answers(w)
+    (results,) = done.results
+    assert [r.label_id for r in results] == [1, 1] and results[0].scores is not None
+    assert seen == [3_000_000, 3_000_000] and d.depth == 0
+
+
+def test_reroute_puts_a_dead_workers_requests_first_in_their_order() -> None:
+    dead, alive = Worker(), Worker(room=0)
+    d, clock = dispatcher(dead)
+    done = Calls()
+    d.submit([b"1", b"2", b"3", b"4"], clock.now + S, done)
+    d.serving = [alive]  # type: ignore[list-item]  # the supervisor swapped the dead one out
+    d.submit([b"5"], clock.now + S, done)  # waits: the new worker's ring is full for now
+    assert d.reroute(dead) == 4
+    alive.room = 100
+    d.flush_waiting()
+    assert [m[1] for m in alive.ring] == [b"1", b"2", b"3", b"4", b"5"]
+    dead.answer()  # a late answer from the dead worker's ring is dropped
+    d.on_answers(dead)
+    assert done.results == []
+    alive.answer()
+    d.on_answers(alive)
+    assert len(done.results) == 2 and d.depth == 0  # each group answered once
+
+
+def test_expiry_answers_504_only_past_the_deadline_and_drops_the_late_answer() -> None:
+    w = Worker(room=1)
+    d, clock = dispatcher(w)
+    early, late = Calls(), Calls()
+    d.submit([b"in the ring"], clock.now + 2 * S, early)
+    d.submit([b"waiting"], clock.now + 5 * S, late)
+    assert len(d.waiting) == 1
+    clock.now += 2 * S - 1
+    assert d.expire(clock.now) == 0
+    clock.now += 1
+    assert d.expire(clock.now) == 1  # the deadline itself is past it
+    assert [r.status for r in early.results[0]] == [L.STATUS_DEADLINE]
+    w.answer()  # its late answer finds nothing to complete
+    d.on_answers(w)
+    assert len(early.results) == 1
+    clock.now += 3 * S
+    assert d.expire(clock.now) == 1 and not d.waiting  # a waiting one expires too
+    assert [r.status for r in late.results[0]] == [L.STATUS_DEADLINE]
+    assert d.expired == 2 and d.depth == 0
+
+
+def test_no_deadline_never_expires() -> None:
+    d, clock = dispatcher(Worker())
+    d.submit([b"x"], 0, Calls())  # 0: no deadline
+    clock.now += 10**6 * S
+    assert d.expire(clock.now) == 0 and d.depth == 1
+
+
+def measured(d: Dispatcher, w: Worker, clock: Clock, n: int, busy_s: float) -> None:
+    """Give the worker n texts of 40 bytes (cost 18 each) that take it busy_s to answer."""
+    d.submit([b"x" * 40] * n, 0, Calls())
+    clock.now += int(busy_s * S)
+    w.answer()
+    d.on_answers(w)
+
+
+def test_the_pool_rate_counts_only_the_time_a_worker_had_work() -> None:
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=1000)
+    assert d.rate() is None and d.wait_ms() is None  # nothing measured yet
+    measured(d, w, clock, 1, 0.1)
+    clock.now += 10 * S  # idle: says nothing about its speed
+    measured(d, w, clock, 10, 0.2)
+    rate = d.rate()
+    assert rate is not None and abs(rate - (18 + 180) / 0.3) < 1e-6, rate
+    d.serving.append(Worker())  # type: ignore[arg-type]  # not measured yet: counts as the mean
+    assert d.rate() == 2 * rate
+
+
+def test_the_time_bound_refuses_once_the_estimated_wait_passes_max_queue_ms() -> None:
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=1000)
+    d.max_queue_ms = 1000
+    measured(d, w, clock, 10, 0.25)  # 180 cost in 0.25 s: 720 a second, so 1 s holds 720
+    assert d.rate() == 720
+    admitted = 0
+    while d.submit([b"x" * 40], 0, Calls()):
+        admitted += 1
+    assert admitted == 41  # admitted while what is queued before it waits at most 1 s
+    assert d.wait_ms() == round(41 * 18 / 720 * 1000, 1)
+    assert "estimated wait over 1000 ms" in d.why and d.rejected == 1
+    w.answer()
+    d.on_answers(w)  # the queue drained: room again
+    assert d.submit([b"x" * 40], 0, Calls())
+
+
+def test_late_answers_tighten_the_time_bound_until_the_queue_runs_dry() -> None:
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=1000)
+    d.max_queue_ms = 1000
+    measured(d, w, clock, 10, 0.25)
+    d.submit([b"x" * 40] * 3, 0, Calls())
+    d.submit([b"x" * 40], 0, Calls())
+    clock.now += 2 * S  # answered two seconds after admission: late
+    w.ring, last = w.ring[:3], w.ring[3:]
+    w.answer()
+    d.on_answers(w)
+    assert d.tighten == 0.97**3  # three late answers, one still in flight
+    assert d.cost_limit() == d.rate() * 0.97**3  # type: ignore[operator]
+    w.ring = last
+    w.answer()
+    d.on_answers(w)  # late too, and the queue is now empty: the correction is over
+    assert d.tighten == 1.0 and d.cost_limit() == d.rate()
+
+
+def test_a_batch_request_takes_at_most_half_of_what_is_free() -> None:
+    d, _ = dispatcher(Worker(), max_queue=100)
+    done = Calls()
+    assert d.submit([b"big"] * 100, 0, done)  # into an empty queue any batch fits
+    d.fail_all()
+    assert not d.submit([b"big"] * 101, 0, done)  # never past --max-queue
+    for _ in range(40):
+        assert d.submit([b"one"], 0, done)
+    assert not d.submit([b"b"] * 31, 0, done)  # 60 free: a batch takes at most 30
+    assert "at most half" in d.why
+    assert d.submit([b"b"] * 30, 0, done)
+    assert d.submit([b"one"], 0, done)  # a single text still finds room
+
+
+def test_a_batch_takes_at_most_half_of_the_time_that_is_free() -> None:
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=1000)
+    d.max_queue_ms = 1000
+    measured(d, w, clock, 10, 0.25)  # 720 cost a second
+    assert d.submit([b"x" * 40] * 10, 0, Calls())  # 180 queued: 540 free
+    assert not d.submit([b"x" * 40] * 16, 0, Calls())  # 288 > 540 / 2
+    assert d.submit([b"x" * 40] * 15, 0, Calls())  # 270 <= 540 / 2
+
+
+def test_a_worker_holds_only_what_it_can_start_soon() -> None:
+    a, b = Worker(), Worker()
+    d, _ = dispatcher(a, b, max_queue=100)
+    d.hold_cost = 100  # five texts of cost 18 each
+    d.submit([b"x" * 40] * 20, 0, Calls())
+    assert len(a.ring) == 5 and len(b.ring) == 5 and len(d.waiting) == 10
+    a.answer()
+    d.on_answers(a)  # its room is refilled from the front-end's queue, oldest first
+    assert [m[0] for m in a.ring] == [11, 12, 13, 14, 15] and len(d.waiting) == 5
+    d.serving = [a]  # type: ignore[list-item]  # b died: the supervisor took it out
+    moved = d.reroute(b)  # what it held goes before what waited, in order
+    assert moved == 5 and [r.id for r in d.waiting] == [2, 4, 6, 8, 10, 16, 17, 18, 19, 20]
+    a.answer()
+    d.on_answers(a)
+    assert [m[0] for m in a.ring] == [2, 4, 6, 8, 10]
+
+
+def test_a_worker_holding_nothing_takes_a_text_over_the_hold() -> None:
+    w = Worker()
+    d, _ = dispatcher(w)
+    d.hold_cost = 10
+    d.submit([b"x" * 400, b"y" * 400], 0, Calls())  # each costs 108
+    assert len(w.ring) == 1 and len(d.waiting) == 1
+
+
+# -- reload, off the loop -------------------------------------------------------------------------
+class Rolls:
+    """Stands in for the supervisor: counts the rolls a reload asks for."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+
+    def reload(self) -> None:
+        self.generation += 1
+
+
+def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
+    default_model: str, monkeypatch: Any
+) -> None:
+    import asyncio
+    import threading
+
+    from ringserve.service import app
+    from ringserve.workers.artifact import load_manifest
+
+    threads: list[threading.Thread] = []
+
+    def recording(path: str) -> Any:
+        threads.append(threading.current_thread())
+        return load_manifest(path)  # the real check: read and hash the real artifact
+
+    monkeypatch.setattr(app, "load_manifest", recording)
+    server = app.Server(Config())
+    server.model_dir = default_model
+    server.manifest = load_manifest(default_model)
+    server.supervisor = Rolls()  # type: ignore[assignment]
+
+    async def two_asks() -> list[str | None]:
+        return list(await asyncio.gather(server.reload("a"), server.reload("b")))
+
+    assert asyncio.run(two_asks()) == [None, None]
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    assert server.supervisor.generation == 1  # one verification, one roll
+
+
+# -- priority: interactive first, bulk never starved ---------------------------------------------
+def test_interactive_texts_go_before_waiting_bulk_ones() -> None:
+    w = Worker(room=1)
+    d, clock = dispatcher(w)
+    assert d.submit([b"b1"], clock.now + S, Calls(), priority=BULK)
+    assert d.submit([b"b2"], clock.now + S, Calls(), priority=BULK)
+    assert d.submit([b"i1"], clock.now + S, Calls())
+    bulk = L.with_bulk  # a bulk payload carries OPT_BULK, for the worker's batcher
+    assert [m[1] for m in w.ring] == [bulk(b"b1")]
+    assert [r.payload for r in d.waiting] == [b"i1", bulk(b"b2")]
+    w.answer()
+    d.on_answers(w)
+    assert [m[1] for m in w.ring] == [b"i1"]  # the interactive text overtook the older bulk one
+
+
+def flood_until_bulk_runs(bound_ms: float, horizon_ms: int) -> int | None:
+    """A worker that takes one text at a time, a bulk text waiting, and a new interactive text
+    every 10 ms for `horizon_ms`, more than the worker answers (one each 10 ms): when did the
+    bulk text reach the worker (ms after its admission), if ever?"""
+    w = Worker(room=1)
+    clock = Clock()
+    d = Dispatcher(1024, clock, bulk_wait_ms=bound_ms)
+    d.serving = [w]  # type: ignore[list-item]
+    d.submit([b"i0"], clock.now + 60 * S, Calls())
+    d.submit([b"bulk"], clock.now + 60 * S, Calls(), priority=BULK)
+    start = clock.now
+    for step in range(horizon_ms // 10):
+        d.submit([b"i%d" % step, b"j%d" % step], clock.now + 60 * S, Calls())  # 2 per 10 ms
+        clock.now += 10_000_000
+        w.answer()
+        d.on_answers(w)
+        if any(m[1] == L.with_bulk(b"bulk") for m in w.ring):
+            return (clock.now - start) // 1_000_000
+    return None
+
+
+def test_a_bulk_text_waits_behind_interactive_ones_at_most_its_bound() -> None:
+    """With interactive texts arriving faster than the worker answers them, a bulk text goes to
+    the worker once it has waited --bulk-max-wait-ms (within one answer's time), and not
+    before; with no bound it would wait for ever (here: 5 s of the flood)."""
+    assert flood_until_bulk_runs(bound_ms=1e9, horizon_ms=5000) is None  # starved
+    for bound in (50, 200, 1000):
+        waited = flood_until_bulk_runs(bound_ms=bound, horizon_ms=5000)
+        assert waited is not None and bound <= waited <= bound + 10, (bound, waited)
+
+
+def test_bulk_fills_at_most_its_share_of_the_queue() -> None:
+    d, clock = dispatcher(Worker(room=0), max_queue=8)
+    for i in range(6):
+        assert d.submit([b"b%d" % i], clock.now + S, Calls(), priority=BULK)
+    assert not d.submit([b"b6"], clock.now + S, Calls(), priority=BULK)  # 6 = 0.75 x 8
+    assert d.submit([b"i0"], clock.now + S, Calls())  # interactive texts still find room
+    assert d.submit([b"i1"], clock.now + S, Calls())
+    assert not d.submit([b"i2"], clock.now + S, Calls())  # --max-queue holds for all
+
+
+def test_a_worker_takes_bulk_work_only_below_one_batch() -> None:
+    """hold_cost is two batches; bulk texts stop at one, so an interactive text waits behind
+    one bulk batch at most, while the worker still takes it at once."""
+    w = Worker()
+    d, clock = dispatcher(w, max_queue=64)
+    d.hold_cost = 2 * 40
+    text = b"x" * 48  # cost 48 / 4 + 8 = 20
+    for _ in range(3):
+        assert d.submit([text], clock.now + S, Calls(), priority=BULK)
+    assert len(w.ring) == 2 and len(d.waiting.bulk) == 1  # 40 of bulk: one batch
+    assert d.submit([text], clock.now + S, Calls())
+    assert len(w.ring) == 3 and not d.waiting.interactive  # interactive: up to two batches
+
+
+def test_the_time_bound_of_an_interactive_text_leaves_out_the_bulk_waiting() -> None:
+    """Interactive texts go before the bulk texts waiting in the front-end, so their estimated
+    wait, which --max-queue-ms bounds, does not count them: bulk cannot crowd them out."""
+    w = Worker(room=0)
+    d, clock = dispatcher(w, max_queue=1000)
+    d.max_queue_ms = 1000
+    d.flows[w] = f = d.flow(w)  # type: ignore[index]
+    f.rate = 100.0  # cost units a second, as measured: the bound is 100 units
+    text = b"y" * 8  # cost 10
+    admitted = sum(d.submit([text], clock.now + S, Calls(), priority=BULK) for _ in range(20))
+    assert admitted == 11  # admitted while the queue held at most 100 (the 11th tips it over)
+    assert d.submit([text], clock.now + S, Calls())  # interactive: only itself ahead

@@ -1,0 +1,306 @@
+"""The supervisor's reconcile on a fake clock, with fake worker handles: the rare branches
+(crash backoff, boot timeout, TERM-then-KILL of a stopping worker) in milliseconds.
+
+The worker processes are the only fake here (no process is started); the supervisor, the
+dispatcher and the event loop's reader registrations are the real ones, and time is the
+supervisor's injectable clock (STYLE.md lesson 19).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from ringserve.service.engine.dispatcher import Dispatcher
+from ringserve.service.pool.supervisor import (
+    BOOT_TIMEOUT_S,
+    CRASH_LIMIT,
+    KILL_AFTER_S,
+    STABLE_S,
+    Supervisor,
+)
+from ringserve.service.settings import Config
+from ringserve.shm import layout as L
+from ringserve.shm.doorbell import EventFd
+from ringserve.workers.spec import EXIT_BOOT_ERROR, EXIT_DEVICE_ERROR
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeProcess:
+    def __init__(self) -> None:
+        self.exitcode: int | None = None
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class FakeCtl:
+    def __init__(self) -> None:
+        self.state = L.W_STARTING
+
+    def get(self, name: str) -> int:
+        return self.state if name == "state" else 0
+
+    def heartbeat_age_ms(self) -> float | None:
+        return 1.0 if self.state != L.W_STARTING else None
+
+
+class NoAnswers:
+    """An empty response ring."""
+
+    def read(self, limit: int = 0) -> list[tuple[int, int, bytes]]:
+        return []
+
+
+class FakeHandle:
+    """What the supervisor reads and calls on a WorkerHandle, with no process behind it."""
+
+    made: list[FakeHandle] = []
+
+    def __init__(self, serial: int, cpus: list[int], device: str, *rest: Any) -> None:
+        self.serial, self.cpus, self.device = serial, list(cpus), device
+        self.generation = rest[1]
+        self.slot: int | None = None
+        self.draining = self.dead = self.forked = False
+        self.assigned: dict[int, Any] = {}
+        self.started_at = 0.0
+        self.ready_at: float | None = None
+        self.kill_sent_at: float | None = None
+        self.exitcode: int | None = None
+        self.ctl = FakeCtl()
+        self.process = FakeProcess()
+        self.responses = NoAnswers()
+        self.eventfd = EventFd()
+        self.sentinel_fd = EventFd()
+        self.signals: list[int] = []
+        self.pid = 100 + serial
+        FakeHandle.made.append(self)
+
+    @property
+    def sentinel(self) -> int:
+        return self.sentinel_fd.fd
+
+    def start(self, zygote: Any = None) -> None:
+        pass
+
+    def loaded(self) -> bool:
+        return self.ctl.state in (L.W_READY, L.W_DEGRADED)
+
+    def serving(self) -> bool:
+        return not self.dead and not self.draining and self.slot is not None and self.loaded()
+
+    def signal(self, signum: int) -> None:
+        self.signals.append(signum)
+
+    def terminate(self, now: float) -> None:
+        self.signal(signal.SIGTERM)
+        if self.kill_sent_at is None:
+            self.kill_sent_at = now
+
+    def reap(self) -> int | None:
+        self.exitcode = self.process.exitcode
+        return self.exitcode
+
+    def release(self) -> None:
+        self.eventfd.close()
+        self.sentinel_fd.close()
+
+    def pin(self, cpus: list[int]) -> None:
+        self.cpus = list(cpus)
+
+    def rss_bytes(self) -> int:
+        return 0
+
+    # -- test helpers ---------------------------------------------------------------------------
+    def boot(self) -> None:
+        self.ctl.state = L.W_READY
+
+    def exit(self, code: int) -> None:
+        self.process.exitcode = code
+
+
+@pytest.fixture
+def pool() -> Iterator[tuple[Supervisor, Clock]]:
+    FakeHandle.made = []
+    clock = Clock()
+    loop = asyncio.new_event_loop()
+    config = Config(workers=1, spares=0, start_method="spawn")
+    sup = Supervisor(config, Dispatcher(64), "/nowhere", "cpu", clock=clock, make_handle=FakeHandle)
+    sup.loop = loop
+    try:
+        yield sup, clock
+    finally:
+        for h in FakeHandle.made:
+            h.release()
+        loop.close()
+
+
+def serving_handle(sup: Supervisor) -> FakeHandle:
+    handle = sup.slots[0]
+    assert isinstance(handle, FakeHandle)
+    return handle
+
+
+def crash(sup: Supervisor, clock: Clock) -> FakeHandle:
+    """Boot slot 0's worker, then let it die by SIGKILL; returns the dead handle."""
+    handle = serving_handle(sup)
+    handle.boot()
+    sup.check()
+    clock.now += 1.0
+    handle.exit(-signal.SIGKILL)
+    sup.on_exit(handle)  # what the sentinel's reader calls
+    return handle
+
+
+def test_crash_backoff_holds_the_slot_empty_until_the_delay_passes(pool) -> None:  # type: ignore[no-untyped-def]
+    sup, clock = pool
+    sup.reconcile()
+    for _ in range(CRASH_LIMIT - 1):  # each crash is replaced at once
+        dead = crash(sup, clock)
+        assert sup.slots[0] is not None and sup.slots[0] is not dead
+    crash(sup, clock)  # the CRASH_LIMIT-th within the window: back off
+    assert sup.slots[0] is None
+    delay = sup.backoff_until[0] - clock.now
+    assert 0 < delay <= 30.0
+    sup.reconcile()
+    assert sup.slots[0] is None, "restarted during the backoff"
+    clock.now += delay / 2
+    sup.reconcile()
+    assert sup.slots[0] is None
+    clock.now += delay / 2 + 0.01
+    sup.reconcile()
+    assert sup.slots[0] is not None
+    assert sup.restarts[0] == CRASH_LIMIT
+
+
+def test_boot_timeout_kills_and_replaces_a_worker_that_never_loads(pool) -> None:  # type: ignore[no-untyped-def]
+    sup, clock = pool
+    sup.reconcile()
+    stuck = serving_handle(sup)
+    clock.now += BOOT_TIMEOUT_S - 1
+    sup.check()
+    assert not stuck.dead and sup.slots[0] is stuck
+    clock.now += 2
+    sup.check()
+    assert stuck.dead
+    assert signal.SIGKILL in stuck.signals  # still running: killed, released once it exits
+    assert sup.slots[0] is not None and sup.slots[0] is not stuck
+    assert sup.restarts[0] == 1
+
+
+def test_a_stopping_worker_gets_sigkill_after_the_drain_grace(pool) -> None:  # type: ignore[no-untyped-def]
+    sup, clock = pool
+    sup.reconcile()
+    old = serving_handle(sup)
+    old.boot()
+    sup.check()
+    assert sup.restart(0)
+    assert old.draining and old.signals == [signal.SIGTERM]  # nothing in flight: TERM at once
+    clock.now += KILL_AFTER_S - 0.1
+    sup.check()
+    assert signal.SIGKILL not in old.signals
+    clock.now += 0.2
+    sup.check()
+    assert signal.SIGKILL in old.signals
+    sup.reconcile()
+    assert sup.slots[0] is not None and sup.slots[0] is not old
+
+
+def test_device_error_is_retried_but_a_model_boot_error_stops_the_server(pool) -> None:  # type: ignore[no-untyped-def]
+    sup, clock = pool
+    sup.reconcile()
+    first = serving_handle(sup)
+    first.exit(EXIT_DEVICE_ERROR)  # the GPU failed; the model itself is fine
+    sup.on_exit(first)
+    assert sup.fatal is None
+    clock.now += 1.0  # past the device retry's short delay
+    sup.reconcile()
+    assert sup.slots[0] is not None and sup.slots[0] is not first
+    second = serving_handle(sup)
+    second.exit(EXIT_BOOT_ERROR)
+    sup.on_exit(second)
+    assert sup.fatal is not None and "could not load the model" in sup.fatal
+
+
+def test_a_crash_looping_spare_backs_off(pool) -> None:  # type: ignore[no-untyped-def]
+    sup, clock = pool
+    sup.target_spares = 1
+    sup.reconcile()
+    serving_handle(sup).boot()
+    sup.check()
+    sup.reconcile()
+    for _ in range(CRASH_LIMIT):
+        assert len(sup.spares) == 1
+        spare = sup.spares[0]
+        clock.now += 0.5
+        spare.exit(1)
+        sup.on_exit(spare)
+    assert not sup.spares, "a spare crashing for the fifth time was restarted at once"
+    clock.now += 31.0
+    sup.reconcile()
+    assert len(sup.spares) == 1
+
+
+def test_workers_killed_after_serving_a_while_are_replaced_at_once(pool) -> None:  # type: ignore[no-untyped-def]
+    """Many kills in a row are no crash loop when each victim had been ready for STABLE_S."""
+    sup, clock = pool
+    sup.reconcile()
+    for _ in range(3 * CRASH_LIMIT):
+        handle = serving_handle(sup)
+        handle.boot()
+        sup.check()
+        clock.now += STABLE_S + 0.1
+        handle.exit(-signal.SIGKILL)
+        sup.on_exit(handle)
+        assert sup.slots[0] is not None and sup.slots[0] is not handle
+    assert 0 not in sup.backoff_until
+
+
+class Events:
+    """The supervisor's structured events, kept in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, event: str, level: int = 0, **fields: Any) -> None:
+        self.seen.append((event, fields))
+
+
+def test_a_sentinel_that_fires_before_the_exit_status_waits_for_it(pool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The sentinel can be readable a moment before waitpid has a status (a forked worker not
+    yet re-parented here): the death is reported once the status is there, as -9 for SIGKILL,
+    and with no code only when none comes within EXIT_STATUS_WAIT_S."""
+    sup, _clock = pool
+    events = Events()
+    sup.events = events
+    sup.reconcile()
+    handle = serving_handle(sup)
+    handle.boot()
+    sup.check()
+    sup.on_exit(handle)  # fired, but no status yet
+    assert not handle.dead and sup.slots[0] is handle
+    handle.exit(-signal.SIGKILL)
+    sup.on_exit(handle)  # the loop calls it again: the sentinel is still readable
+    died = [f for e, f in events.seen if e == "worker_died"]
+    assert handle.dead and [d["exit_code"] for d in died] == [-signal.SIGKILL]
+    assert died[0]["reason"] == "exited with code -9"
+    monkeypatch.setattr("ringserve.service.pool.supervisor.EXIT_STATUS_WAIT_S", 0.0)
+    other = serving_handle(sup)
+    other.boot()
+    sup.check()
+    sup.on_exit(other)  # reaped elsewhere: no status will ever come
+    assert other.dead
+    assert [f["exit_code"] for e, f in events.seen if e == "worker_died"] == [-9, None]
