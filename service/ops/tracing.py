@@ -74,11 +74,11 @@ class Tracing:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         attrs: dict[str, Any] = {
-            "ringserve.service.version": _version(),
+            "service.version": _version(),
             "ringserve.runtime": runtime,
         }
         if not os.environ.get("OTEL_SERVICE_NAME"):
-            attrs["ringserve.service.name"] = "ringserve"
+            attrs["service.name"] = "ringserve"
         self.provider = TracerProvider(resource=Resource.create(attrs))  # sampler: from env
         exporter = (
             OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter()

@@ -90,7 +90,7 @@ def check_tree(root: Span, children: dict[str, Span]) -> None:
     rows = b.attributes["ringserve.batch.rows"]
     assert rows >= 1 and b.attributes["ringserve.batch.padded_tokens"] % rows == 0
     assert b.attributes["ringserve.batch.padded_tokens"] >= rows * 3  # [CLS] x [SEP] at least
-    assert root.resource["ringserve.service.name"] == "ringserve-test"
+    assert root.resource["service.name"] == "ringserve-test"
     assert root.resource["ringserve.runtime"] in ("onnx", "torch")
 
 
