@@ -92,7 +92,7 @@ class SentenceEncoder(nn.Module):
 
     @torch.jit.export
     def classify_embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """What factory/model.py Joined calls: no labels, so the row is the vector alone."""
+        """What workers/joined.py Joined calls: no labels, so the row is the vector alone."""
         return self.forward(input_ids, attention_mask)
 
 

@@ -187,18 +187,6 @@ class Classifier(nn.Module):
         return self.head(self.embed(input_ids, attention_mask))
 
 
-class Joined(nn.Module):
-    """A loaded embed artifact's module as the runners call it: forward is its
-    classify_embed, so every runner's one output carries logits and embedding."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.inner.classify_embed(input_ids, attention_mask)  # type: ignore[operator]
-
-
 class OnnxBoth(nn.Module):
     """What model.onnx holds for an embed artifact: outputs `logits` and `embedding`."""
 

@@ -20,14 +20,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from ringserve.workers.artifact import (
+from ringserve.factory.build import (
     DEFAULT_ENCODER_NAME,
     DEFAULT_HEAD,
     DEFAULT_LABELS,
     DEFAULT_MAX_LENGTH,
-    ArtifactError,
     default_artifact_dir,
     default_encoder_dir,
+)
+from ringserve.workers.artifact import (
+    ArtifactError,
     load_manifest,
     load_model,
     load_tokenizer,

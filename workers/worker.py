@@ -122,7 +122,7 @@ class Worker:
             if model is None:
                 model = load_model(spec.model_dir, "cpu")
             if manifest.embeds:
-                from ringserve.factory.model import Joined
+                from ringserve.workers.joined import Joined
 
                 model = Joined(model)
             self.cpu_model_ok = True  # a failure from here on is the device's, not the model's
