@@ -53,7 +53,7 @@ DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-mini
 #    fused fp32 graph (model.fused.onnx) and the int8 recipe chosen by measurement (int8.py).
 ARTIFACT_FORMAT = 4
 # The model code the default artifact is built from: a change to it builds a new one.
-MODEL_CODE = ("model.py",)
+MODEL_CODE = ("model.py", "encoder.py")
 _MIB = 1 << 20
 
 
@@ -144,10 +144,8 @@ def _write_artifact(
     head_state: dict[str, torch.Tensor],
     manifest: dict[str, Any],
 ) -> None:
-    from ringserve.factory.model import (  # torch-heavy; only when building
-        WeightError,
-        build_classifier,
-    )
+    from ringserve.factory.encoder import WeightError  # torch-heavy; only when building
+    from ringserve.factory.model import build_classifier
 
     try:
         model = build_classifier(encoder_dir, head_state["weight"], head_state["bias"])
@@ -205,8 +203,8 @@ def build_artifact(
 
 def _hf_model(source: Path, max_length: int | None) -> tuple[Any, Any, int]:
     """The HF directory's model and config, checked against its tokenizer, and the max length."""
+    from ringserve.factory.encoder import WeightError
     from ringserve.factory.hf import build
-    from ringserve.factory.model import WeightError
 
     tokenizer = source / "tokenizer.json"
     if not tokenizer.is_file():
@@ -242,7 +240,7 @@ def build_hf_artifact(
     """An artifact from a HF `save_pretrained` directory of a supported sequence classifier, a
     sentence-transformers directory, or a base model with `pooling` (factory/embedder.py)."""
     from ringserve.factory.embedder import embed_source
-    from ringserve.factory.model import WeightError
+    from ringserve.factory.encoder import WeightError
 
     source = Path(source_dir)
     if not (source / "config.json").is_file():
@@ -271,7 +269,7 @@ def _embed_artifact(out: Path, root: Path, embed: Any, name: str, max_length: in
     """An embed-only artifact: no labels, task `embed`, the hidden size as its dimension, the
     pooling in the graph and 2_Normalize as the manifest's `normalize`."""
     from ringserve.factory.embedder import build_encoder
-    from ringserve.factory.model import WeightError
+    from ringserve.factory.encoder import WeightError
 
     tokenizer = embed.model_dir / "tokenizer.json"
     if not tokenizer.is_file():

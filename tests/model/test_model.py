@@ -14,7 +14,8 @@ import pytest
 import torch
 from ringserve.factory import export, int8
 from ringserve.factory.build import default_artifact_dir
-from ringserve.factory.model import BertConfig, Encoder, Layer, WeightError, load_encoder_weights
+from ringserve.factory.encoder import Encoder, Layer, WeightError
+from ringserve.factory.model import BertConfig, load_encoder_weights
 from ringserve.workers.artifact import (
     ArtifactError,
     Manifest,
