@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,33 +201,47 @@ def build_artifact(
     return _publish(out_dir, lambda tmp: _write_artifact(tmp, encoder, head_state, manifest))
 
 
-def _hf_model(source: Path, max_length: int | None) -> tuple[Any, Any, int]:
-    """The HF directory's model and config, checked against its tokenizer, and the max length."""
-    from ringserve.factory.encoder import WeightError
-    from ringserve.factory.hf import build
+@contextlib.contextmanager
+def _building(source: Path) -> Iterator[None]:
+    """A model that cannot be read from `source` (WeightError is a ValueError) is refused."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot build model from {source}: {exc}") from None
 
-    tokenizer = source / "tokenizer.json"
+
+def _tokenizer_in(model_dir: Path) -> Path:
+    tokenizer = model_dir / "tokenizer.json"
     if not tokenizer.is_file():
         raise ArtifactError(
-            f"{source}: no tokenizer.json (save the fast tokenizer with save_pretrained)"
+            f"{model_dir}: no tokenizer.json (save the fast tokenizer with save_pretrained)"
         )
-    try:
+    return tokenizer
+
+
+def _max_length(wanted: int | None, default: int, limit: int) -> int:
+    """--max-length, else `default`, within what the model's position table holds."""
+    if wanted is None:
+        return min(default, limit)
+    if not 3 <= wanted <= limit:
+        raise ArtifactError(f"--max-length {wanted}: the model's positions allow 3 to {limit}")
+    return wanted
+
+
+def _hf_model(source: Path, max_length: int | None) -> tuple[Any, Any, int]:
+    """The HF directory's model and config, checked against its tokenizer, and the max length."""
+    from ringserve.factory.hf import build
+
+    tokenizer = _tokenizer_in(source)
+    with _building(source):
         model, config = build(source)
-    except (WeightError, OSError, ValueError) as exc:
-        raise ArtifactError(f"cannot build model from {source}: {exc}") from None
     vocab = open_tokenizer(tokenizer, 8).get_vocab_size(with_added_tokens=True)
     if vocab > config.vocab_size:
         raise ArtifactError(
             f"{source}: tokenizer.json has {vocab} tokens but the embeddings have "
             f"{config.vocab_size} rows: they do not belong together"
         )
-    if max_length is None:
-        max_length = min(DEFAULT_MAX_LENGTH, config.max_length)
-    elif not 3 <= max_length <= config.max_length:
-        raise ArtifactError(
-            f"--max-length {max_length}: the model's positions allow 3 to {config.max_length}"
-        )
-    return model, config, max_length
+    return model, config, _max_length(max_length, DEFAULT_MAX_LENGTH, config.max_length)
 
 
 def build_hf_artifact(
@@ -240,15 +254,12 @@ def build_hf_artifact(
     """An artifact from a HF `save_pretrained` directory of a supported sequence classifier, a
     sentence-transformers directory, or a base model with `pooling` (factory/embedder.py)."""
     from ringserve.factory.embedder import embed_source
-    from ringserve.factory.encoder import WeightError
 
     source = Path(source_dir)
     if not (source / "config.json").is_file():
         raise ArtifactError(f"{source}: no config.json (not a Hugging Face model directory)")
-    try:
+    with _building(source):
         embed = embed_source(source, pooling)
-    except (WeightError, OSError, ValueError) as exc:
-        raise ArtifactError(f"cannot build model from {source}: {exc}") from None
     if embed is not None:
         return _embed_artifact(Path(out_dir), source, embed, name, max_length)
     model, config, length = _hf_model(source, max_length)
@@ -269,23 +280,12 @@ def _embed_artifact(out: Path, root: Path, embed: Any, name: str, max_length: in
     """An embed-only artifact: no labels, task `embed`, the hidden size as its dimension, the
     pooling in the graph and 2_Normalize as the manifest's `normalize`."""
     from ringserve.factory.embedder import build_encoder
-    from ringserve.factory.encoder import WeightError
 
-    tokenizer = embed.model_dir / "tokenizer.json"
-    if not tokenizer.is_file():
-        raise ArtifactError(
-            f"{embed.model_dir}: no tokenizer.json (save the fast tokenizer with save_pretrained)"
-        )
-    try:
+    tokenizer = _tokenizer_in(embed.model_dir)
+    with _building(root):
         model, config = build_encoder(embed)
-    except (WeightError, OSError, ValueError) as exc:
-        raise ArtifactError(f"cannot build model from {root}: {exc}") from None
-    if max_length is None:  # sentence-transformers' own max_seq_length, when it says one
-        max_length = min(embed.max_length or DEFAULT_MAX_LENGTH, config.max_length)
-    elif not 3 <= max_length <= config.max_length:
-        raise ArtifactError(
-            f"--max-length {max_length}: the model's positions allow 3 to {config.max_length}"
-        )
+    # sentence-transformers' own max_seq_length, when it says one
+    max_length = _max_length(max_length, embed.max_length or DEFAULT_MAX_LENGTH, config.max_length)
     extra = {
         "source": str(root.absolute()),
         "architecture": config.architecture,
