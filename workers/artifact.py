@@ -63,7 +63,7 @@ class Manifest:
     token_types: bool = False
     onnx_file: str = ""  # "" = none (an artifact built before format 2)
     int8_file: str = ""
-    int8: dict[str, Any] = field(default_factory=dict)  # int8's recipe and cost (int8.py)
+    int8: dict[str, Any] = field(default_factory=dict)  # int8's recipe and cost (factory/int8.py)
     fused_file: str = ""  # ONNX Runtime's fused fp32 graph; "" = none (nothing fused, or old)
     data_files: list[str] = field(default_factory=list)  # the graphs' weights (.data files)
     graphs: dict[str, Any] = field(default_factory=dict)  # the fused graph's ops and drift
