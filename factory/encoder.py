@@ -177,10 +177,15 @@ def activate(x: Tensor, kind: str) -> Tensor:
 
 
 class Embeddings(nn.Module):
-    """Word, token-type and position embeddings, as transformers adds them, then LayerNorm
-    (and ELECTRA's projection to the hidden size)."""
+    """Word, position and token-type embeddings, then LayerNorm (and ELECTRA's projection to
+    the hidden size).
 
-    def __init__(self, c: HfConfig) -> None:
+    `one_segment`: the default model's form (factory/model.py), every token of type 0 and the
+    types added before the positions. The HF families add the positions first and read a pair's
+    segments from the mask. Each keeps the order its artifacts were built and measured with:
+    ONNX Runtime fuses the two orders differently (an XLM-R embedding moved by 1.3e-4)."""
+
+    def __init__(self, c: HfConfig, one_segment: bool = False) -> None:
         super().__init__()
         e = c.embedding_size
         self.word = nn.Embedding(c.vocab_size, e)
@@ -190,7 +195,8 @@ class Embeddings(nn.Module):
         self.project = nn.Linear(e, c.hidden_size) if e != c.hidden_size else None
         self.offset_positions = c.family == "roberta"
         self.padding_idx = c.pad_token_id
-        self.token_types = c.token_types
+        self.token_types = c.token_types and not one_segment
+        self.types_first = one_segment
 
     def forward(self, input_ids: Tensor, mask: Tensor) -> Tensor:
         if self.offset_positions:
@@ -200,14 +206,21 @@ class Embeddings(nn.Module):
         else:
             positions = torch.arange(input_ids.size(1), device=input_ids.device).unsqueeze(0)
         x = self.word(input_ids)
-        if self.token_type is not None:
-            # A 0/1 mask is one segment (type 0); a pair's second segment is marked 2 (hf.py).
-            types = (mask - 1).clamp(min=0) if self.token_types else torch.zeros_like(input_ids)
-            x = x + self.token_type(types)
-        x = self.norm(x + self.position(positions))
+        if self.types_first:
+            x = self._add_types(x, input_ids, mask) + self.position(positions)
+        else:
+            x = self._add_types(x + self.position(positions), input_ids, mask)
+        x = self.norm(x)
         if self.project is not None:
             x = self.project(x)
         return x
+
+    def _add_types(self, x: Tensor, input_ids: Tensor, mask: Tensor) -> Tensor:
+        if self.token_type is None:
+            return x
+        # A 0/1 mask is one segment (type 0); a pair's second segment is marked 2 (hf.py).
+        types = (mask - 1).clamp(min=0) if self.token_types else torch.zeros_like(input_ids)
+        return x + self.token_type(types)
 
 
 class Layer(nn.Module):
@@ -248,12 +261,13 @@ class Layer(nn.Module):
 class Encoder(nn.Module):
     """Embeddings, then the layers: token states [B, L, H] for int64 ids and a mask [B, L]
     (0 padding; 1, or 2 for a pair's second segment, a real token). The families' models
-    subclass it, so their parameter names stay `embeddings.*` and `layers.*`."""
+    subclass it, so their parameter names stay `embeddings.*` and `layers.*`. `one_segment`:
+    see Embeddings."""
 
-    def __init__(self, c: HfConfig) -> None:
+    def __init__(self, c: HfConfig, one_segment: bool = False) -> None:
         super().__init__()
         self.mask_value = MASK_VALUE
-        self.embeddings = Embeddings(c)
+        self.embeddings = Embeddings(c, one_segment)
         layer = (c.hidden_size, c.num_heads, c.intermediate_size, c.layer_norm_eps, c.act)
         self.layers = nn.ModuleList([Layer(*layer) for _ in range(c.num_layers)])
 

@@ -31,7 +31,7 @@ class Classifier(nn.Module):
 
     def __init__(self, config: HfConfig, num_labels: int) -> None:
         super().__init__()
-        self.encoder = Encoder(config)
+        self.encoder = Encoder(config, one_segment=True)
         self.head = nn.Linear(config.hidden_size, num_labels)
 
     @torch.jit.export
