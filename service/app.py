@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ringserve.factory.build import default_in_child
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Dispatcher, Group, Result
 from ringserve.service.engine.tenants import KeyFileError, KeyRing, Tenant
@@ -37,13 +38,7 @@ from ringserve.service.protocols.tasks import task_routes
 from ringserve.service.settings import Config
 from ringserve.shm import segment
 from ringserve.workers import nvml
-from ringserve.workers.artifact import (
-    ArtifactError,
-    Manifest,
-    default_artifact_dir,
-    default_cache_dir,
-    load_manifest,
-)
+from ringserve.workers.artifact import ArtifactError, Manifest, default_cache_dir, load_manifest
 from ringserve.workers.batcher import REPORT_GRID, length_grid, pad_grid
 from ringserve.workers.onnx_model import choose_runtime
 from ringserve.workers.spec import FAKE_GPU
@@ -129,7 +124,7 @@ class Server:
         if removed:
             self.log.warning("stale_segments_removed", count=len(removed), names=removed[:20])
         try:
-            model_dir = self.settings.model or str(default_artifact_dir(self.settings.cache_dir))
+            model_dir = self.settings.model or str(default_in_child(self.settings.cache_dir))
             self.manifest = load_manifest(model_dir)
         except ArtifactError as exc:
             raise SystemExit(f"ringserve: {exc}") from None

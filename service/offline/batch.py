@@ -276,13 +276,14 @@ class Progress:
 
 class BatchJob:
     def __init__(self, args: argparse.Namespace, settings: Config) -> None:
+        from ringserve.factory.build import default_in_child
         from ringserve.service.app import resolve_device
-        from ringserve.workers.artifact import default_artifact_dir, load_manifest
+        from ringserve.workers.artifact import load_manifest
 
         self.args = args
         self.settings = settings
         self.log = EventLog(settings.log_level)
-        self.model_dir = settings.model or str(default_artifact_dir(settings.cache_dir))
+        self.model_dir = settings.model or str(default_in_child(settings.cache_dir))
         self.manifest = load_manifest(self.model_dir)
         self.device = resolve_device(settings.device, self.log)
         self.source = C.open_texts(args.input)

@@ -16,7 +16,8 @@ import pytest
 import torch
 import tritonclient.http as httpclient
 from ringserve.factory import export
-from ringserve.workers.artifact import default_encoder_dir, load_manifest
+from ringserve.factory.build import default_encoder_dir
+from ringserve.workers.artifact import load_manifest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from tests.conftest import DATA, ServerProc
