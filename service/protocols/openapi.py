@@ -561,47 +561,53 @@ def health_routes() -> dict[tuple[str, str], Route]:
 
 def task_routes(f: Facts) -> dict[tuple[str, str], Route]:
     """Embeddings and reranking, in OpenAI's, TEI's and Cohere's shapes."""
-    embed_in, embed_out = embedding_schemas(f)
     tei = tei_schemas(f)
-    cohere_in, cohere_out = cohere_schemas(f)
     return {
-        ("POST", "/v1/embeddings"): Route(
+        ("POST", "/v1/embeddings"): task_route(
+            f,
             "Embeddings, in OpenAI's shape",
             "embed",
-            ok("the vectors", embed_out, "application/json", *LATENCY),
-            embed_in,
-            inference=True,
-            beyond_schema=needs(f, "embed"),
-            examples={"one": {"input": "a fine film"}},
+            ("the vectors", embedding_schemas(f)),
+            {"input": "a fine film"},
         ),
-        ("POST", "/embed"): Route(
+        ("POST", "/embed"): task_route(
+            f,
             "Embeddings, in TEI's shape",
             "embed",
-            ok("the vectors", tei["embed"][1], "application/json", *LATENCY),
-            tei["embed"][0],
-            inference=True,
-            beyond_schema=needs(f, "embed"),
-            examples={"one": {"inputs": ["a fine film"]}},
+            ("the vectors", tei["embed"]),
+            {"inputs": ["a fine film"]},
         ),
-        ("POST", "/rerank"): Route(
+        ("POST", "/rerank"): task_route(
+            f,
             "Rerank documents for a query, in TEI's shape",
             "rerank",
-            ok("highest score first", tei["rerank"][1], "application/json", *LATENCY),
-            tei["rerank"][0],
-            inference=True,
-            beyond_schema=needs(f, "rerank"),
-            examples={"one": {"query": "films", "texts": ["a film", "a cat"]}},
+            ("highest score first", tei["rerank"]),
+            {"query": "films", "texts": ["a film", "a cat"]},
         ),
-        ("POST", "/v1/rerank"): Route(
+        ("POST", "/v1/rerank"): task_route(
+            f,
             "Rerank documents for a query, in Cohere's shape",
             "rerank",
-            ok("highest score first", cohere_out, "application/json", *LATENCY),
-            cohere_in,
-            inference=True,
-            beyond_schema=needs(f, "rerank"),
-            examples={"one": {"query": "films", "documents": ["a film", "a cat"]}},
+            ("highest score first", cohere_schemas(f)),
+            {"query": "films", "documents": ["a film", "a cat"]},
         ),
     }
+
+
+def task_route(
+    f: Facts, summary: str, task: str, answer: tuple[str, tuple[Schema, Schema]], example: Schema
+) -> Route:
+    """An inference route of one task (its tag): JSON in, JSON out, 400 for a model without it."""
+    description, (request, response) = answer
+    return Route(
+        summary,
+        task,
+        ok(description, response, "application/json", *LATENCY),
+        request,
+        inference=True,
+        beyond_schema=needs(f, task),
+        examples={"one": example},
+    )
 
 
 def operator_routes() -> dict[tuple[str, str], Route]:

@@ -137,70 +137,56 @@ def within(name: str, *packages: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-def app_importers(g: Graph) -> set[tuple[str, str]]:
-    """No installed module imports the app but the command line (tests may: they test it)."""
+def crossing(
+    g: Graph, importers: tuple[str, ...], imported: tuple[str, ...], top_only: bool = False
+) -> set[tuple[str, str]]:
+    """The imports from a module of `importers` of a module of `imported` (packages or modules;
+    an empty `importers` means any module)."""
     return {
         (m, d)
         for m, ds in g.items()
-        if within(m, "ringserve") and m not in APP_USERS
-        for d, _ in ds
-        if d == APP
+        if not importers or within(m, *importers)
+        for d, top in ds
+        if (top or not top_only) and within(d, *imported)
     }
+
+
+def app_importers(g: Graph) -> set[tuple[str, str]]:
+    """No installed module imports the app but the command line (tests may: they test it)."""
+    return {(m, d) for m, d in crossing(g, ("ringserve",), (APP,)) if m not in APP_USERS}
 
 
 def lower_imports_service(g: Graph) -> set[tuple[str, str]]:
     """workers/ and shm/ sit below service/: an import up would tie a worker to the front-end;
     shm/ sits below workers/ too."""
-    found = set()
-    for m, ds in g.items():
-        for d, _ in ds:
-            if within(m, "ringserve.workers", "ringserve.shm") and within(d, "ringserve.service"):
-                found.add((m, d))
-            if within(m, "ringserve.shm") and within(d, "ringserve.workers", "ringserve.factory"):
-                found.add((m, d))
-    return found
+    lower = ("ringserve.workers", "ringserve.shm")
+    return crossing(g, lower, ("ringserve.service",)) | crossing(
+        g, ("ringserve.shm",), ("ringserve.workers", "ringserve.factory")
+    )
 
 
 def wire_imports_server(g: Graph) -> set[tuple[str, str]]:
     """wire/ (frames and the client) is shared by the server, the client and the corpus: it
     imports nothing of the server or the worker."""
-    bad = ("ringserve.service", "ringserve.workers", "ringserve.factory")
-    return {
-        (m, d)
-        for m, ds in g.items()
-        if within(m, "ringserve.wire")
-        for d, _ in ds
-        if within(d, *bad)
-    }
+    server = ("ringserve.service", "ringserve.workers", "ringserve.factory")
+    return crossing(g, ("ringserve.wire",), server)
 
 
 def worker_loads_factory(g: Graph) -> set[tuple[str, str]]:
     """A worker only reads artifacts: building them (torch, ONNX export) is imported, if ever,
     inside the function that needs it, never when the worker starts."""
-    return {
-        (m, d)
-        for m, ds in g.items()
-        if within(m, "ringserve.workers")
-        for d, top in ds
-        if top and within(d, "ringserve.factory")
-    }
+    return crossing(g, ("ringserve.workers",), ("ringserve.factory",), top_only=True)
 
 
 def installed_imports_scaffolding(g: Graph) -> set[tuple[str, str]]:
     """devkit, benchmarks and tests are not installed: no installed module may import them."""
-    return {
-        (m, d)
-        for m, ds in g.items()
-        if within(m, "ringserve")
-        for d, _ in ds
-        if within(d, *SCAFFOLDING)
-    }
+    return crossing(g, ("ringserve",), SCAFFOLDING)
 
 
 def bare_imports(g: Graph) -> set[tuple[str, str]]:
     """The rooms are installed as ringserve.<room>: a bare `service` (`workers`, ...) would
     find nothing in a wheel, or someone else's package of that name."""
-    return {(m, d) for m, ds in g.items() for d, _ in ds if within(d, *ROOMS)}
+    return crossing(g, (), ROOMS)
 
 
 RULES: dict[str, Callable[[Graph], set[tuple[str, str]]]] = {
