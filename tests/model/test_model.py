@@ -227,7 +227,8 @@ def test_weights_load_strictly(tmp_path: Path) -> None:
 
 def test_concurrent_first_builds_share_one_artifact(tmp_path: Path) -> None:
     code = (
-        "import sys; from workers.artifact import default_artifact_dir as d; print(d(sys.argv[1]))"
+        "import sys; from ringserve.workers.artifact import default_artifact_dir as d; "
+        "print(d(sys.argv[1]))"
     )
     procs = [
         subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)

@@ -66,12 +66,29 @@ def top_level_imports(tree: ast.Module) -> set[ast.AST]:
     return found
 
 
+def programs_in(tree: ast.Module) -> list[ast.Module]:
+    """The Python programs held in string constants (the `python -c` code a test runs)."""
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and "import" in node.value
+        ):
+            try:
+                found.append(ast.parse(node.value))
+            except (SyntaxError, ValueError):  # prose, or a fragment: not a program
+                continue
+    return found
+
+
 def edges_of(path: Path, modules: set[str]) -> set[tuple[str, bool]]:
-    """Every name `path` imports, with whether the import runs at module level."""
+    """Every name `path` imports, with whether the import runs at module level; a program in a
+    string counts as imported in a function (it runs in another process, if at all)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     top = top_level_imports(tree)
     found: set[tuple[str, bool]] = set()
-    for node in ast.walk(tree):
+    for node in (n for t in (tree, *programs_in(tree)) for n in ast.walk(t)):
         if isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
@@ -274,7 +291,8 @@ def test_a_function_level_import_is_told_from_a_module_level_one(tmp_path: Path)
     source.write_text(
         "import a\nif True:\n    from b import c\ntry:\n    import d\nexcept ImportError:\n"
         "    pass\nclass K:\n    import e\n    def f(self):\n        import g\n"
-        "def h():\n    from i import j\n",
+        "def h():\n    from i import j\n"
+        "run(['python', '-c', 'from k import l; print(l)'])\n",
         encoding="utf-8",
     )
     assert edges_of(source, set()) == {
@@ -284,4 +302,5 @@ def test_a_function_level_import_is_told_from_a_module_level_one(tmp_path: Path)
         ("e", True),
         ("g", False),
         ("i", False),
+        ("k", False),
     }

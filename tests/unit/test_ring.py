@@ -538,7 +538,9 @@ def test_counters_are_free_running(start: int) -> None:
 
 # -- segments ------------------------------------------------------------------------------------
 # Each child writes a byte, closes its mapping and exits; its resource tracker (if any) then runs.
-ATTACH = "from shm.segment import Segment as S; s = S.attach(NAME); s.buf[0] = 7; s.close()"
+ATTACH = (
+    "from ringserve.shm.segment import Segment as S; s = S.attach(NAME); s.buf[0] = 7; s.close()"
+)
 RAW_ATTACH = "from multiprocessing.shared_memory import SharedMemory as M; M(NAME).close()"
 
 
