@@ -248,7 +248,7 @@ class Server:
         private address with --operator-host)."""
         s = self.settings
         router = Router(self)
-        metrics.register(router, self)
+        self.add_metrics(router)
         openapi.register(router, key=False)
         state = HttpServerState(s, router, self.count)
         state.access_log = self.http_state.access_log if self.http_state else None
@@ -294,7 +294,15 @@ class Server:
 
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener
-            metrics.register(router, self)
+            self.add_metrics(router)
+
+    def add_metrics(self, router: Router) -> None:
+        """The operator routes, and their collectors wired in: the pool hands each released
+        worker's last counters over, and every answer is observed (unless --metrics 0)."""
+        m = metrics.register(router, self)
+        self.supervisor.on_release = m.workers.retire
+        if self.settings.metrics:  # 0: nothing is counted per request (overhead baseline)
+            self.stats = m.stats
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self) -> int:

@@ -231,7 +231,7 @@ def test_tracing_off_imports_no_sdk(tmp_path: Path) -> None:
     import sys
 
     code = (
-        "import sys; from ringserve.service import app; from ringserve.service.ops import tracing; "
+        "import sys; from ringserve.service.ops import tracing; from ringserve.service import app; "
         "assert not tracing.wanted(None, {}); "
         "assert tracing.wanted(None, {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://x:4318'}); "
         "assert not tracing.wanted('http://x', {'OTEL_SDK_DISABLED': 'true'}); "
