@@ -7,13 +7,16 @@ import multiprocessing
 import os
 import select
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells, request_ring_slots, response_ring_slots
 from ringserve.workers.spec import STOP_SIGNAL, WorkerSpec
 from ringserve.workers.zygote import Zygote
+
+if TYPE_CHECKING:
+    from ringserve.service.engine.requests import Request
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -80,7 +83,7 @@ class WorkerHandle:
         self.exitcode: int | None = None
         self.cpus = list(cpus)
         self.device = device
-        self.assigned: dict[int, Any] = {}  # msg id -> Request, in dispatch order
+        self.assigned: dict[int, Request] = {}  # msg id -> request, in dispatch order
         self.started_at = time.monotonic()
         self.ready_at: float | None = None
         self.kill_sent_at: float | None = None
@@ -231,3 +234,23 @@ class WorkerHandle:
             self.pidfd = -1
         with contextlib.suppress(ValueError):
             self.process.close()
+
+
+def status_row(slot: int | None, h: WorkerHandle, restarts: int) -> dict[str, Any]:
+    """One worker as the control socket's status lists it (a spare's id is minus its serial)."""
+    return {
+        "id": slot if slot is not None else -h.serial,
+        "pid": h.pid,
+        "state": h.state(),
+        "device": h.device if h.ctl.get("state") != L.W_DEGRADED else "cpu",
+        "cpus": h.cpus,
+        "rss_bytes": h.rss_bytes(),
+        "inflight": len(h.assigned),
+        "restarts": restarts,
+        "heartbeat_age_ms": _age(h.ctl.heartbeat_age_ms()),
+    }
+
+
+def _age(ms: float | None) -> float | None:
+    """A heartbeat age for status: None before the first beat."""
+    return None if ms is None else round(ms, 1)
