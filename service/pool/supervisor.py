@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,10 +20,12 @@ from typing import Any
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
 from ringserve.service.pool.forker import Forker
-from ringserve.service.pool.handle import WorkerHandle, status_row
+from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.pool.placement import Placement
 from ringserve.service.pool.policy import SPARE_KEY, RestartPolicy
-from ringserve.service.pool.watch import Watch, stop_all
+from ringserve.service.pool.processes import Processes
+from ringserve.service.pool.roster import Roster
+from ringserve.service.pool.watch import Watch
 from ringserve.service.settings import Config
 
 log = logging.getLogger("ringserve.supervisor")
@@ -44,8 +45,6 @@ class Supervisor:
         make_handle: Callable[..., WorkerHandle] = WorkerHandle,
     ) -> None:
         self.clock = clock  # time is a parameter (STYLE.md 19): tests drive it by hand
-        self.make_handle = make_handle
-        self.settings = settings
         self.dispatcher = dispatcher
         self.model_dir = model_dir
         self.events = events  # structured event log (service.logs), optional
@@ -58,21 +57,16 @@ class Supervisor:
             self.target = len(self.placement.gpus) * max(1, settings.workers_per_gpu)
         self.target_spares = settings.spares
         self.generation = 0
-        self.slots: dict[int, WorkerHandle | None] = {}
-        self.restarts: dict[int, int] = {}  # slot -> times its process was replaced
-        self.restarts_total = 0
-        self.spares: list[WorkerHandle] = []  # starting or loaded, not serving
-        self.retiring: list[WorkerHandle] = []  # draining or stopping
-        self.all: dict[int, WorkerHandle] = {}  # serial -> handle, every live process
-        self.serial = 0
+        self.roster = Roster(dispatcher, clock, self._event)  # who holds which place now
+        self.procs = Processes(settings, model_dir, dispatcher, make_handle, self.on_exit, clock)
+        # The same containers, under the names the control status and metrics read.
+        self.slots, self.spares = self.roster.slots, self.roster.spares
+        self.retiring, self.restarts = self.roster.retiring, self.roster.restarts
+        self.all = self.procs.all
         self.stopping = False
         self.draining = False  # the server drains: replace no worker, start no zygote
         self.fatal: str | None = None
-        # Called just before a worker's segments are released (metrics keep its last counters).
-        self.on_release: Callable[[WorkerHandle], None] | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.wake = asyncio.Event()
-        self.started = clock()
 
     # -- the desired set ------------------------------------------------------------------------
     def scale(self, n: int) -> None:
@@ -83,8 +77,8 @@ class Supervisor:
         """Replace the slot's worker (asked for, or recycled past the RSS limit)."""
         if self.slots.get(slot) is None:
             return False
-        self._vacate(slot, reason)
-        self._count_restart(slot)
+        self.roster.vacate(slot, reason)
+        self.roster.count_restart(slot)
         self.wake.set()
         return True
 
@@ -95,37 +89,24 @@ class Supervisor:
         self.policy.reload()
         for h in list(self.spares):  # spares carry the old model: replace them at once
             self.spares.remove(h)
-            self._retire(h)
+            self.roster.retire(h)
         self._event("reload", generation=self.generation)
         self.wake.set()
-
-    def _count_restart(self, slot: int) -> None:
-        self.restarts[slot] = self.restarts.get(slot, 0) + 1
-        self.restarts_total += 1
 
     # -- processes ------------------------------------------------------------------------------
     def device_for(self, slot: int | None) -> str:
         """The slot's GPU (placement), or the CPU once its GPU failed (policy)."""
         if self.policy.on_cpu(slot):
             return "cpu"
-        return self.placement.device_for(slot, [h.device for h in self.spares])
+        return self.placement.device_for(slot, [h.device for h in self.roster.spares])
 
     def cpus_for(self, slot: int | None) -> list[int]:
         return self.placement.cpus_for(slot, self.device_for(slot) == "cpu")
 
     def spawn(self, slot: int | None) -> WorkerHandle:
-        self.serial += 1
         cpus, device = self.cpus_for(slot), self.device_for(slot)
-        handle = self.make_handle(
-            self.serial, cpus, device, self.model_dir, self.generation, self.settings
-        )
-        handle.slot = slot
-        handle.start(self.forker.ready(self.generation))
-        handle.started_at = self.clock()
-        self.all[handle.serial] = handle
-        assert self.loop is not None
-        self.loop.add_reader(handle.sentinel, self.on_exit, handle)
-        self.dispatcher.add_worker(handle, self.loop, self)  # its answers are read there
+        zygote = self.forker.ready(self.generation)
+        handle = self.procs.start(slot, cpus, device, self.generation, zygote, self)
         how = "fork" if handle.forked else "spawn"
         self._event("worker_started", worker=slot, serial=handle.serial, pid=handle.pid, how=how)
         return handle
@@ -147,7 +128,7 @@ class Supervisor:
         if self.watch.exit_pending(handle):
             return  # the sentinel stays readable: the loop calls this again on its next pass
         if handle.dead:  # already mourned (hung, then killed): only release it
-            self._finish(handle)
+            self.procs.finish(handle)
             return
         code = handle.exitcode
         self._failed(handle, f"exited with code {code}", code)
@@ -158,95 +139,43 @@ class Supervisor:
             return
         loaded = handle.ready_at is not None or handle.loaded()
         handle.dead = True
-        key = self._take_out(handle)
+        key = self.roster.take_out(handle, self.stopping)
         if self.policy.died(handle, key, code, loaded) and not self.stopping:
             self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
-        self._update_serving()  # before rerouting, so nothing goes back to the dead worker
+        self.roster.update_serving()  # before rerouting, so nothing goes back to the dead worker
         if not self.fatal:
             self.reconcile()  # a warm spare takes the slot now, not at the next tick
         moved = self.dispatcher.reroute(handle)
         level = logging.INFO if handle.draining else logging.WARNING
         self._event("worker_died", level=level, worker=handle.slot, pid=handle.pid,
                     reason=reason, exit_code=code, rerouted=moved)  # fmt: skip
-        self._finish(handle)
+        self.procs.finish(handle)
         self.wake.set()
-
-    def _take_out(self, handle: WorkerHandle) -> int | None:
-        """Remove a gone worker from the set; the key its death counts under in the crash
-        backoff (its slot, SPARE_KEY for a spare), or None when it says nothing of one."""
-        if handle in self.spares:
-            self.spares.remove(handle)
-        if handle in self.retiring:
-            self.retiring.remove(handle)
-        slot = handle.slot
-        if slot is not None and self.slots.get(slot) is handle:
-            self.slots[slot] = None
-            self._count_restart(slot)
-            return slot
-        if slot is None and not handle.draining and not self.stopping:
-            return SPARE_KEY  # a crash-looping spare backs off like a slot
-        return None
-
-    def _finish(self, handle: WorkerHandle) -> None:
-        self.dispatcher.remove_worker(handle)
-        if handle.process.exitcode is None:  # declared dead while still running (hung)
-            handle.signal(signal.SIGKILL)  # on_exit releases it once the kernel has freed it
-            return
-        assert self.loop is not None
-        self.loop.remove_reader(handle.sentinel)
-        self._release(handle)
-
-    def _release(self, handle: WorkerHandle) -> None:
-        if self.on_release is not None:
-            self.on_release(handle)  # metrics keep its final counters
-        self.all.pop(handle.serial, None)
-        handle.release()
-
-    def _vacate(self, slot: int, reason: str) -> None:
-        handle = self.slots.get(slot)
-        if handle is not None:
-            self.slots[slot] = None
-            self._retire(handle)
-            self._event("worker_retire", worker=slot, pid=handle.pid, reason=reason)
-        self._update_serving()
-
-    def _retire(self, handle: WorkerHandle) -> None:
-        """Stop sending it work; it is stopped once what it holds is answered."""
-        handle.draining = True
-        if handle not in self.retiring:
-            self.retiring.append(handle)
-        if not handle.assigned:
-            handle.terminate(self.clock())
-
-    def _update_serving(self) -> None:
-        self.dispatcher.serving = [h for h in self.slots.values() if h is not None and h.serving()]
-        if self.dispatcher.serving:
-            self.dispatcher.flush_waiting()
 
     # -- reconcile ------------------------------------------------------------------------------
     def reconcile(self) -> None:
         if self.stopping:
             return
         for slot in [s for s in self.slots if s >= self.target]:  # scale down
-            self._vacate(slot, "scale")
+            self.roster.vacate(slot, "scale")
             del self.slots[slot]
         for slot in range(self.target):
             self._fill(slot)
         self._keep_spares()
-        self._update_serving()
+        self.roster.update_serving()
 
     def _fill(self, slot: int) -> None:
         handle = self.slots.get(slot)
         if handle is not None and handle.generation != self.generation:
             if self._ready_spare() is None:  # rolling reload, one slot at a time
                 return
-            self._vacate(slot, "reload")
+            self.roster.vacate(slot, "reload")
             handle = None
         if handle is not None or self.policy.held(slot):
             return
         spare = self._ready_spare(self.device_for(slot))
         if spare is not None:
-            self._promote(spare, slot)
+            self.roster.promote(spare, slot, self.cpus_for(slot))
         elif not self.draining:
             self.slots[slot] = self.spawn(slot)
 
@@ -263,19 +192,7 @@ class Supervisor:
             self.spares.append(self.spawn(None))
 
     def _ready_spare(self, device: str | None = None) -> WorkerHandle | None:
-        """A loaded spare of this generation (on `device` when given: spares are per GPU)."""
-        for h in self.spares:
-            fresh = h.loaded() and h.generation == self.generation and not h.dead
-            if fresh and (device is None or h.device == device):
-                return h
-        return None
-
-    def _promote(self, spare: WorkerHandle, slot: int) -> None:
-        self.spares.remove(spare)
-        spare.slot = slot
-        spare.pin(self.cpus_for(slot))
-        self.slots[slot] = spare
-        self._event("worker_promoted", worker=slot, pid=spare.pid)
+        return self.roster.ready_spare(self.generation, device)
 
     # -- the loop -------------------------------------------------------------------------------
     def check(self) -> None:
@@ -285,7 +202,7 @@ class Supervisor:
         self.watch.check(self.all.values(), self.clock())
 
     async def run(self) -> None:
-        self.loop = asyncio.get_running_loop()
+        self.procs.loop = asyncio.get_running_loop()
         if not self.stopping and not self.draining:
             self.forker.tend(self.generation)
         await self.forker.wait(lambda: self.stopping)
@@ -300,34 +217,30 @@ class Supervisor:
             self.reconcile()
 
     async def stop(self, timeout: float = 5.0) -> None:
-        """TERM every worker, KILL what is left (watch.stop_all), release every segment."""
+        """TERM every worker, KILL what is left, release every segment (Processes.stop)."""
         self.stopping = True
         self.forker.close()
-        handles = list(self.all.values())
-        assert self.loop is not None
-        for h in handles:  # from here on this method alone reaps and releases
-            self.dispatcher.remove_worker(h)
-            self.loop.remove_reader(h.sentinel)
-        await stop_all(handles, self.clock(), timeout)
-        for h in handles:
-            h.dead = True
-            self._release(h)
+        await self.procs.stop(timeout)
+
+    @property
+    def on_release(self) -> Callable[[WorkerHandle], None] | None:
+        """Called just before a worker's segments are released (Processes.on_release)."""
+        return self.procs.on_release
+
+    @on_release.setter
+    def on_release(self, hook: Callable[[WorkerHandle], None] | None) -> None:
+        self.procs.on_release = hook
 
     # -- views ----------------------------------------------------------------------------------
-    def handles(self) -> list[tuple[int | None, WorkerHandle]]:
-        out: list[tuple[int | None, WorkerHandle]] = [
-            (s, h) for s, h in sorted(self.slots.items()) if h is not None
-        ]
-        out += [(None, h) for h in self.spares]
-        out += [(h.slot, h) for h in self.retiring if not h.dead]
-        return out
+    @property
+    def restarts_total(self) -> int:
+        return self.roster.restarts_total
 
     def ready_count(self) -> int:
-        return sum(1 for h in self.slots.values() if h is not None and h.serving())
+        return self.roster.ready_count()
 
     def status_rows(self) -> list[dict[str, Any]]:
-        return [status_row(s, h, self.restarts.get(s, 0) if s is not None else 0)
-                for s, h in self.handles()]  # fmt: skip
+        return self.roster.status_rows()
 
     def _event(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
         if self.events is not None:

@@ -605,7 +605,7 @@ def test_spares_are_placed_per_gpu_and_promoted_on_their_own() -> None:
         return SimpleNamespace(device=device, generation=0, dead=False, loaded=lambda: True)
 
     assert sup.device_for(None) == "cuda:0"
-    sup.spares = [spare("cuda:0")]
+    sup.spares.append(spare("cuda:0"))
     assert sup.device_for(None) == "cuda:1"  # the next spare goes to the GPU without one
     sup.spares.append(spare("cuda:1"))
     assert sup._ready_spare("cuda:1") is sup.spares[1]  # slot 1 takes the spare on its GPU

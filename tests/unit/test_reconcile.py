@@ -135,7 +135,7 @@ def pool() -> Iterator[tuple[Supervisor, Clock]]:
     loop = asyncio.new_event_loop()
     config = Config(workers=1, spares=0, start_method="spawn")
     sup = Supervisor(config, Dispatcher(64), "/nowhere", "cpu", clock=clock, make_handle=FakeHandle)
-    sup.loop = loop
+    sup.procs.loop = loop
     try:
         yield sup, clock
     finally:
