@@ -1,15 +1,28 @@
-"""The workers' answer doorbells: the dispatcher reads a worker's answers when its eventfd
-rings, and tells the worker's owner (the supervisor) two things only: the worker's first ring
-after boot (it is ready), and a draining worker that holds nothing any more."""
+"""The workers' answers: each worker's answer doorbell, and reading its response ring. The
+dispatcher reads a worker's answers when its eventfd rings, and tells the worker's owner (the
+supervisor) two things only: the worker's first ring after boot (it is ready), and a draining
+worker that holds nothing any more."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from ringserve.service.engine.requests import Request, Result
 from ringserve.service.pool.handle import WorkerHandle
+
+
+def read_answers(worker: WorkerHandle, read_ns: int) -> Iterator[tuple[Request, Result]]:
+    """Drain the worker's doorbell and response ring: each answer with the request it answers
+    (one no longer assigned to it, rerouted or timed out, is dropped)."""
+    worker.eventfd.drain()
+    assigned = worker.assigned
+    for msg_id, aux, payload in worker.responses.read():
+        req = assigned.pop(msg_id, None)
+        if req is not None:
+            yield req, Result.from_ring(aux, payload, read_ns)
 
 
 class Owner(Protocol):

@@ -14,15 +14,14 @@ deadline is enforced here alone in the front-end, on a timer on this clock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ringserve.service.engine.answers import Doorbells, Owner
+from ringserve.service.engine.answers import Doorbells, Owner, read_answers
 from ringserve.service.engine.bounds import Free, room
-from ringserve.service.engine.expiry import ExpiryTimer
+from ringserve.service.engine.expiry import Expiry
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import (
     BULK,
@@ -33,7 +32,7 @@ from ringserve.service.engine.requests import (
     Waiting,
     text_cost,
 )
-from ringserve.service.engine.routing import assign
+from ringserve.service.engine.routing import assign, take_back
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
@@ -88,11 +87,10 @@ class Dispatcher:
         self.next_id = 1
         self.accepting = True
         self.on_result: Callable[[Group, Result, int], None] | None = None  # metrics hook
-        self.expiry = ExpiryTimer(lambda: self.expire(self.clock()), lambda: bool(self.inflight))
+        self.expiry = Expiry(self)  # deadlines: the one place the front-end enforces them
         self.rejected = 0
         # Texts answered (any status) by task; a rerank counts its documents.
         self.answered_by_task = dict.fromkeys(("classify", "embed", "rerank"), 0)
-        self.expired = 0
         self.why = "queue is full"  # the reason of the last refusal
 
     # -- admission ----------------------------------------------------------------------------
@@ -130,12 +128,8 @@ class Dispatcher:
         group = Group(len(texts), callback, protocol, self.clock(), task, priority, tenant)
         if priority == BULK:  # the worker batches interactive texts first too
             texts = [L.with_bulk(t) for t in texts]
-        rid = self.next_id
-        self.next_id += len(texts)
-        reqs = [
-            Request(rid + i, t, deadline_ns, group, i, c)
-            for i, (t, c) in enumerate(zip(texts, costs, strict=True))
-        ]
+        reqs = group.requests(self.next_id, texts, costs, deadline_ns)
+        self.next_id += len(reqs)
         for r in reqs:
             self.inflight[r.id] = r
         self.queued_cost += sum(costs)
@@ -222,16 +216,10 @@ class Dispatcher:
 
     def on_answers(self, worker: WorkerHandle) -> None:
         """The worker's eventfd fired: drain its response ring, complete what it answered."""
-        worker.eventfd.drain()
-        assigned = worker.assigned
         answered = 0
-        read_ns = self.clock()
-        for msg_id, aux, payload in worker.responses.read():
-            req = assigned.pop(msg_id, None)
-            if req is None:  # a late answer for a request that was rerouted or timed out
-                continue
+        for req, result in read_answers(worker, self.clock()):
             answered += req.cost
-            self.complete(req, Result.from_ring(aux, payload, read_ns))
+            self.complete(req, result)
         if answered:
             self.meter.answered(worker, answered, self.clock(), bool(self.waiting))
         if self.waiting:
@@ -260,30 +248,20 @@ class Dispatcher:
             self.on_answers(worker)
         except Exception:
             log.exception("reading the answers of a dead worker")
-        moved = sorted(worker.assigned.values(), key=lambda r: r.id)
-        worker.assigned.clear()
+        moved = take_back(worker)
         self.meter.forget(worker)
-        for r in moved:
-            r.worker = None
-            r.rerouted = True
         if moved:
             self.waiting.push_front(moved)
             self.flush_waiting()
         return len(moved)
 
     def expire(self, now_ns: int) -> int:
-        """Answer 504 for every request whose deadline passed; their late answers are dropped."""
-        late = [r for r in self.inflight.values() if r.deadline_ns and r.deadline_ns <= now_ns]
-        for r in late:
-            if r.worker is not None:
-                if r.worker.assigned.pop(r.id, None) is not None:
-                    self.meter.released(r.worker, r.cost)
-            else:
-                with contextlib.suppress(ValueError):
-                    self.waiting.remove(r)
-            self.expired += 1
-            self.complete(r, Result(L.STATUS_DEADLINE))
-        return len(late)
+        """Answer 504 for every request whose deadline passed (expiry.Expiry, on its timer)."""
+        return self.expiry.expire(now_ns)
+
+    @property
+    def expired(self) -> int:
+        return self.expiry.expired
 
     def fail_all(self, status: int = L.STATUS_INTERNAL) -> None:
         for r in list(self.inflight.values()):

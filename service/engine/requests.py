@@ -94,6 +94,15 @@ class Group:
         self.priority = priority  # INTERACTIVE or BULK (service.tenants)
         self.tenant = tenant  # the caller's tenant name ("" without --api-keys)
 
+    def requests(
+        self, first_id: int, texts: list[bytes], costs: list[int], deadline_ns: int
+    ) -> list[Request]:
+        """One request a text, numbered from first_id."""
+        return [
+            Request(first_id + i, t, deadline_ns, self, i, c)
+            for i, (t, c) in enumerate(zip(texts, costs, strict=True))
+        ]
+
 
 class Request:
     __slots__ = ("cost", "deadline_ns", "group", "id", "index", "payload", "rerouted", "worker")

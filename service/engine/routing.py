@@ -46,3 +46,14 @@ def assign(
         order = {id(r): i for i, r in enumerate(reqs)}
         rest = sorted(refused + rest, key=lambda r: order[id(r)])
     return rest
+
+
+def take_back(worker: WorkerHandle) -> list[Request]:
+    """Every request a dead or hung worker held, in order, marked as rerouted (its wait then
+    says nothing of admission)."""
+    moved = sorted(worker.assigned.values(), key=lambda r: r.id)
+    worker.assigned.clear()
+    for r in moved:
+        r.worker = None
+        r.rerouted = True
+    return moved

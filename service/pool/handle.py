@@ -62,6 +62,41 @@ class ForkedProcess:
             self.sentinel = -1
 
 
+def worker_spec(
+    settings: Config,
+    serial: int,
+    parent_pid: int,
+    cpus: list[int],
+    device: str,
+    model_dir: str,
+    bells: Doorbells,
+    channel: Channel,
+) -> WorkerSpec:
+    """What the worker process is told at start (workers.spec): small and picklable."""
+    return WorkerSpec(
+        serial=serial,
+        parent_pid=parent_pid,
+        cpus=cpus,
+        threads=settings.threads,
+        device=device,
+        model_dir=model_dir,
+        channel=channel.names,
+        buckets=tuple(settings.buckets),
+        max_batch=settings.batch_rows(device),
+        max_delay_ms=settings.max_delay_ms,
+        doorbell=bells.request,
+        eventfd=bells.answer,
+        precision=settings.precision,
+        max_batch_tokens=settings.batch_tokens(device),
+        runtime=settings.runtime,
+        graph=settings.graph if settings.graph != "auto" else "plain",
+        long_text=settings.long_text,
+        window_stride=settings.window_stride,
+        max_windows=settings.max_windows,
+        bulk_max_wait_ms=settings.bulk_max_wait_ms,
+    )
+
+
 class WorkerHandle:
     """Owns one worker process and the channel it attaches to."""
 
@@ -100,27 +135,8 @@ class WorkerHandle:
         self.bells = Doorbells()
         self.doorbell = self.bells.request
         self.eventfd = self.bells.answer
-        self.spec = WorkerSpec(
-            serial=serial,
-            parent_pid=pid,
-            cpus=self.cpus,
-            threads=settings.threads,
-            device=device,
-            model_dir=model_dir,
-            channel=self.channel.names,
-            buckets=tuple(settings.buckets),
-            max_batch=settings.batch_rows(device),
-            max_delay_ms=settings.max_delay_ms,
-            doorbell=self.doorbell,
-            eventfd=self.eventfd,
-            precision=settings.precision,
-            max_batch_tokens=settings.batch_tokens(device),
-            runtime=settings.runtime,
-            graph=settings.graph if settings.graph != "auto" else "plain",
-            long_text=settings.long_text,
-            window_stride=settings.window_stride,
-            max_windows=settings.max_windows,
-            bulk_max_wait_ms=settings.bulk_max_wait_ms,
+        self.spec = worker_spec(
+            settings, serial, pid, self.cpus, device, model_dir, self.bells, self.channel
         )
         self.process: Any = None
         self.pidfd = -1  # the sentinel of a spawned worker (a forked one's is its own pidfd)
