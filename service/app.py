@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import socket
 import sys
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ringserve.service.device import resolve_device
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Dispatcher, Group, Result
 from ringserve.service.engine.tenants import KeyFileError, KeyRing, Tenant
@@ -36,7 +36,6 @@ from ringserve.service.protocols.routes import Router, v1_routes
 from ringserve.service.protocols.tasks import task_routes
 from ringserve.service.settings import Config
 from ringserve.shm import segment
-from ringserve.workers import nvml
 from ringserve.workers.artifact import (
     ArtifactError,
     Manifest,
@@ -46,8 +45,6 @@ from ringserve.workers.artifact import (
 )
 from ringserve.workers.batcher import REPORT_GRID, length_grid, pad_grid
 from ringserve.workers.onnx_model import choose_runtime
-from ringserve.workers.spec import FAKE_GPU
-from ringserve.workers.testhooks import HOOKS
 
 if TYPE_CHECKING:
     from ringserve.service.protocols.rpc.server import GrpcPort
@@ -55,33 +52,6 @@ if TYPE_CHECKING:
 SWEEP_S = 0.25
 STOP_GRACE_S = 5.0  # workers' time to exit on SIGTERM before SIGKILL
 HURRY_GRACE_S = 0.5  # the same after a second SIGINT/SIGTERM
-
-
-def resolve_device(wanted: str, log: EventLog) -> str:
-    """`auto` means CUDA when NVML and torch both see a GPU; otherwise the CPU, said once.
-    `fake-gpu` (tests only, with RINGSERVE_TEST_FAKE_GPU=1) runs the CUDA code path on the CPU."""
-    if wanted == "cpu":
-        return "cpu"
-    if wanted == FAKE_GPU and HOOKS.fake_gpu:
-        log.warning("device_fake_gpu", reason="test-only: the GPU code path runs on the CPU")
-        return wanted
-    if wanted != "auto" and not re.fullmatch(r"cuda(:\d+)?", wanted):
-        raise SystemExit(f"ringserve: unknown --device {wanted!r} (cpu, cuda, cuda:K or auto)")
-    # NVML numbers GPUs in PCI bus order; so must CUDA, here and in every worker (cuda:K is
-    # then the K-th GPU as nvidia-smi lists it, whatever CUDA_DEVICE_ORDER the user set).
-    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    missing = nvml.cuda_unavailable_reason()
-    if wanted == "auto":
-        if missing is None:
-            return "cuda"
-        log.info("device_auto", device="cpu", reason=missing)
-        return "cpu"
-    if missing is not None:
-        raise SystemExit(f"ringserve: --device {wanted} asked for, but {missing}")
-    count = nvml.cuda_device_count()
-    if ":" in wanted and int(wanted.split(":")[1]) >= count:
-        raise SystemExit(f"ringserve: --device {wanted}: only {count} CUDA device(s) here")
-    return wanted
 
 
 class Server:

@@ -276,7 +276,7 @@ class Progress:
 
 class BatchJob:
     def __init__(self, args: argparse.Namespace, settings: Config) -> None:
-        from ringserve.service.app import resolve_device
+        from ringserve.service.device import resolve_device
         from ringserve.workers.artifact import default_artifact_dir, load_manifest
 
         self.args = args

@@ -23,6 +23,7 @@ from ringserve.service.engine.dispatcher import Dispatcher, Result, text_cost
 from ringserve.service.engine.tenants import INTERACTIVE, PRIORITY_NAMES, KeyRing, Tenant
 from ringserve.service.logs import EventLog
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
+from ringserve.service.protocols.texts import checked
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.wire.frames import LENGTH, TAG, encode_answer, status_answer
@@ -216,7 +217,7 @@ class BinaryProtocol(asyncio.Protocol):
                 text = view[pos + 4 : pos + 4 + n].tobytes()
                 (tag,) = TAG.unpack_from(buf, stop - 8)
                 pos = stop
-                if not valid_text(text):
+                if checked(text)[1]:
                     bad.append(status_answer(tag, L.STATUS_BAD_REQUEST))
                 elif self.owed + len(tags) >= self.max_owed:
                     over.append(tag)
@@ -396,11 +397,3 @@ def unit_vector(vec: np.ndarray) -> np.ndarray:
     v = np.asarray(vec, dtype=np.float64)
     out: np.ndarray = (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
     return out
-
-
-def valid_text(text: bytes) -> bool:
-    """UTF-8, and not empty or whitespace only."""
-    try:
-        return bool(text.decode("utf-8").strip())
-    except UnicodeDecodeError:
-        return False

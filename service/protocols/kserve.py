@@ -25,10 +25,10 @@ from ringserve.service.protocols.routes import (
     ModelView,
     Router,
     as_integer,
-    encode_text,
     long_text_prefix,
 )
 from ringserve.service.protocols.tasks import vectors
+from ringserve.service.protocols.texts import require
 from ringserve.shm import layout as L
 
 VERSION = "1"
@@ -261,16 +261,6 @@ def bytes_elements(blob: memoryview) -> list[bytes]:
     return out
 
 
-def check_text(raw: bytes, where: str) -> bytes:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise HttpError(400, f"{where} is not valid UTF-8") from None
-    if not text.strip():
-        raise HttpError(400, f"{where} is empty")
-    return raw
-
-
 def json_elements(data: Any) -> list[Any]:
     """Row-major data, flat or nested one level ([N, 1] written as [["a"], ["b"]])."""
     if not isinstance(data, list):
@@ -297,11 +287,11 @@ def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[b
         if size > len(blob) - pos:
             raise HttpError(400, f"binary_data_size {size} but {len(blob) - pos} bytes left")
         part = blob[pos : pos + size]
-        texts = [check_text(t, f"{name}[{i}]") for i, t in enumerate(bytes_elements(part))]
+        texts = [require(t, f"{name}[{i}]") for i, t in enumerate(bytes_elements(part))]
         pos += size
     elif "data" in spec:
         items = json_elements(spec["data"])
-        texts = [encode_text(t, f"{name}[{i}]") for i, t in enumerate(items)]
+        texts = [require(t, f"{name}[{i}]") for i, t in enumerate(items)]
     else:
         raise HttpError(400, f"input {name} has neither data nor binary_data_size")
     if len(texts) != n:

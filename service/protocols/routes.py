@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from ringserve.service.engine.admission import RETRY_AFTER, Admission, latency_header
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.texts import require
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import Manifest
@@ -67,22 +68,11 @@ def as_integer(value: Any) -> int | None:
     return None
 
 
-def encode_text(value: Any, where: str) -> bytes:
-    if not isinstance(value, str):
-        raise HttpError(400, f"{where} must be a string")
-    if not value.strip():
-        raise HttpError(400, f"{where} is empty")
-    try:
-        return value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise HttpError(400, f"{where} is not valid UTF-8 (lone surrogate)") from None
-
-
 def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[bytes]:
     """Each text joined to its pair for the worker (shm/layout.py: PAIR_SEPARATOR)."""
     single = where == "text_pair"
     return [
-        text + L.PAIR_SEPARATOR + encode_text(pair, where if single else f"{where}[{i}]")
+        text + L.PAIR_SEPARATOR + require(pair, where if single else f"{where}[{i}]")
         for i, (text, pair) in enumerate(zip(texts, pairs, strict=True))
     ]
 
@@ -141,7 +131,7 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
     if "text" in doc and "texts" not in doc:
         if "text_pairs" in doc:
             raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
-        texts = [encode_text(doc["text"], "text")]
+        texts = [require(doc["text"], "text")]
         single = True
         if "text_pair" in doc:
             texts = pair_payloads(texts, [doc["text_pair"]], "text_pair")
@@ -153,7 +143,7 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
             raise HttpError(400, "texts must be a list of strings")
         if not 1 <= len(items) <= server.settings.max_texts:
             raise HttpError(400, f"texts must hold 1 to {server.settings.max_texts} items")
-        texts = [encode_text(t, f"texts[{i}]") for i, t in enumerate(items)]
+        texts = [require(t, f"texts[{i}]") for i, t in enumerate(items)]
         single = False
         if "text_pairs" in doc:
             pairs = doc["text_pairs"]

@@ -22,13 +22,13 @@ from ringserve.service.protocols.routes import (
     ModelView,
     Router,
     as_integer,
-    encode_text,
     inference,
     long_text_prefix,
     needs_task,
     pair_payloads,
     parse_json,
 )
+from ringserve.service.protocols.texts import require
 from ringserve.shm import layout as L
 
 
@@ -44,13 +44,13 @@ def _object(ex: Exchange) -> dict[str, Any]:
 def text_list(value: Any, where: str, limit: int, one_ok: bool = True) -> list[bytes]:
     """A string (when `one_ok`) or a list of 1 to `limit` non-empty strings, as UTF-8."""
     if isinstance(value, str) and one_ok:
-        return [encode_text(value, where)]
+        return [require(value, where)]
     if not isinstance(value, list):
         kind = "a string or a list of strings" if one_ok else "a list of strings"
         raise HttpError(400, f"{where} must be {kind}")
     if not 1 <= len(value) <= limit:
         raise HttpError(400, f"{where} must hold 1 to {limit} items, not {len(value)}")
-    return [encode_text(t, f"{where}[{i}]") for i, t in enumerate(value)]
+    return [require(t, f"{where}[{i}]") for i, t in enumerate(value)]
 
 
 def _with_options(doc: dict[str, Any], texts: list[bytes], embed: bool) -> list[bytes]:
@@ -199,7 +199,7 @@ def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int
 
 def _pairs(server: ModelView, doc: dict[str, Any], docs: list[Any], where: str) -> list[bytes]:
     needs_task(server, "rerank")
-    query = encode_text(doc.get("query"), "query")
+    query = require(doc.get("query"), "query")
     queries = [query] * len(docs)
     return _with_options(doc, pair_payloads(queries, docs, where), embed=False)
 

@@ -20,6 +20,7 @@ from ringserve.service.protocols import kserve
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import ModelView
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
+from ringserve.service.protocols.texts import require
 
 
 def param_value(p: pb.InferParameter) -> Any:
@@ -64,7 +65,7 @@ def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
         items = kserve.bytes_elements(memoryview(raw))
     else:
         items = list(spec.contents.bytes_contents)
-    texts = [kserve.check_text(t, f"{name}[{i}]") for i, t in enumerate(items)]
+    texts = [require(t, f"{name}[{i}]") for i, t in enumerate(items)]
     if len(texts) != n:
         raise HttpError(400, f"input {name} has shape {list(spec.shape)} but {len(texts)} elements")
     return texts
