@@ -68,7 +68,7 @@ class Server:
         self.started = time.monotonic()
         self.dispatcher = Dispatcher(settings.max_queue)
         self.dispatcher.on_result = self.on_result
-        self.admission = Admission(self.dispatcher, settings, self.refusal)
+        self.admission = Admission(self.dispatcher, self.refusal, settings.request_timeout_s)
         # (protocol, code, tenant): tenant is "" without --api-keys, and for answers to no key.
         self.requests_total: dict[tuple[str, int, str], int] = {}
         self.manifest: Manifest

@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 from ringserve.service.engine.admission import STATUS_HTTP, Admission
-from ringserve.service.engine.dispatcher import Dispatcher, Result, text_cost
-from ringserve.service.engine.tenants import INTERACTIVE, PRIORITY_NAMES, KeyRing, Tenant
+from ringserve.service.engine.dispatcher import Dispatcher, Result
+from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
 from ringserve.service.logs import EventLog
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
 from ringserve.service.protocols.texts import checked
@@ -239,40 +240,29 @@ class BinaryProtocol(asyncio.Protocol):
         self.close_when_done()
 
     def admit(self, texts: list[bytes], tags: list[int]) -> None:
-        """One dispatcher group for the frames that fit; the rest answer status 2 (or 6, over
-        the key's rate). Each frame is a request of its own, so the group is admitted in part
+        """One admission for the frames that fit; the rest answer status 2 (or 6, over the
+        key's rate). Each frame is a request of its own, so the group is admitted in part
         rather than refused whole."""
-        d = self.dispatcher
         now = time.monotonic_ns()
-        tenant = self.tenant
-        if tenant is not None:
-            within = tenant.take(now, len(tags))
-            if within < len(tags):
-                self.limit(tags[within:])
-                texts, tags = texts[:within], tags[:within]
-                if not tags:
-                    return
-        level = tenant.priority if tenant is not None else INTERACTIVE
-        costs = [text_cost(t, d.max_tokens) for t in texts]
-        k = d.room(costs, whole=False, priority=level)
-        if k:
-            deadline = now + self.timeout_ns  # from the frame's arrival
-            m = self.server.manifest
-            name = tenant.name if tenant is not None else ""
-            task = "embed" if m.embed_only else "classify"
+        deadline = now + self.timeout_ns  # from the frame's arrival
+        m = self.server.manifest
+        embed = m.embed_only  # the contract: an embed model answers n = D floats
+        task = "embed" if embed else "classify"
+
+        def on_admit(k: int, level: int) -> Callable[[list[Result]], None]:
             traces = self.start_traces(texts[:k], now, level, task)  # before a worker can start
-            if m.embed_only:  # the contract: an embed model answers n = D floats
-                sent = [EMBED + t for t in texts[:k]]
-                answer = partial(self.answer, tags[:k], traces, unit=m.normalize)
-            else:  # a model that classifies answers its scores, as before
-                sent = texts[:k]
-                answer = partial(self.answer, tags[:k], traces)
-            d.admit(sent, costs[:k], deadline, answer, "binary", task, level, name)
             self.owed += k
-            if tenant is not None and self.server.keys is not None:
-                self.server.keys.admitted(tenant.name, k, level)
-        if k < len(tags):
-            self.refuse(tags[k:])
+            return partial(self.answer, tags[:k], traces, unit=embed and m.normalize)
+
+        admission = self.server.admission
+        prefix = EMBED if embed else b""
+        k, within = admission.submit_each(
+            texts, deadline, on_admit, "binary", task, self.tenant, prefix
+        )
+        if within < len(tags):
+            self.limit(tags[within:])
+        if k < within:
+            self.overloaded(tags[k:within])  # the admission counted them
 
     def start_traces(self, texts: list[bytes], now: int, level: int, task: str) -> list[Any] | None:
         """A span for each frame when tracing is on (a binary frame carries no traceparent)."""
@@ -293,15 +283,16 @@ class BinaryProtocol(asyncio.Protocol):
         return traces
 
     def limit(self, tags: list[int]) -> None:
-        """Frames over the key's rate: status 6, counted as 429 for the key's tenant."""
-        assert self.tenant is not None
-        if self.server.keys is not None:
-            self.server.keys.counts(self.tenant.name).limited += len(tags)
+        """Frames over the key's rate (counted by the admission): status 6, answered as 429."""
         answers = b"".join([status_answer(t, L.STATUS_RATE_LIMITED) for t in tags])
         self.send(answers, 429, len(tags))
 
     def refuse(self, tags: list[int]) -> None:
-        self.dispatcher.refuse(len(tags))
+        """Frames past the connection's bound of answers owed: refused, as the queue's are."""
+        self.server.admission.refuse(len(tags))
+        self.overloaded(tags)
+
+    def overloaded(self, tags: list[int]) -> None:
         answers = b"".join([status_answer(t, L.STATUS_OVERLOADED) for t in tags])
         self.send(answers, 503, len(tags))
 

@@ -18,8 +18,9 @@ from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
-from ringserve.service.engine.admission import asked_priority, latency_header
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.protocols import admit
+from ringserve.service.protocols.admit import asked_priority, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
     ModelView,
@@ -503,4 +504,4 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
 
     asked = as_dict(doc.get("parameters"), "parameters").get("priority")
     priority = asked_priority(asked, "parameters.priority")  # never above the key's
-    server.admission.submit(conn, ex, texts, done, "kserve", deadline, task, priority)
+    admit.submit(server.admission, conn, ex, texts, done, "kserve", deadline, task, priority)

@@ -6,8 +6,10 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ringserve.service.engine.admission import RETRY_AFTER, Admission, latency_header
+from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.protocols import admit
+from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.texts import require
 from ringserve.service.settings import Config
@@ -161,7 +163,7 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
         body = json.dumps(items[0] if single else {"results": items}).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 
-    server.admission.submit(conn, ex, texts, done, "http")
+    admit.submit(server.admission, conn, ex, texts, done, "http")
 
 
 def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 import orjson
-from ringserve.service.engine.admission import latency_header
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.protocols import admit
+from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
     ModelView,
@@ -76,7 +77,7 @@ def _submit(
         body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 
-    server.admission.submit(conn, ex, payloads, done, "http", task=task)
+    admit.submit(server.admission, conn, ex, payloads, done, "http", task=task)
 
 
 # -- embeddings ----------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringserve.service.engine.admission import asked_priority
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.protocols import kserve
+from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import ModelView
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
