@@ -92,12 +92,13 @@ class Admission:
         refusal: Callable[[], str],
         timeout_s: float,
         keys: KeyRing | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.refusal = refusal  # why the dispatcher refuses now: draining, full, no worker
         self.timeout_s = timeout_s  # the deadline of a request that sets none
         self.keys = keys  # with --api-key(s): the tenants' counts
-        self.tracing: Tracing | None = None  # set at start when tracing is on
+        self.tracing = tracing  # when tracing is on: each request's span starts here
 
     def level(self, tenant: Tenant | None, asked: int | None) -> int:
         """The priority texts are batched at: the key's, which a request may only lower."""

@@ -39,10 +39,10 @@ from ringserve.workers.spec import is_gpu_device
 
 
 class MetricsView(Protocol):
-    """What the metrics read of the server (and `stats`, which they install)."""
+    """What the metrics read of the server."""
 
-    stats: Stats | None  # set by Metrics unless --metrics 0
-
+    @property
+    def stats(self) -> Stats: ...
     @property
     def settings(self) -> Config: ...
     @property
@@ -155,13 +155,11 @@ class Metrics:
 
     def __init__(self, server: MetricsView) -> None:
         self.server = server
-        self.stats = Stats(server.buckets)
+        self.stats = server.stats  # made and wired in app.py (observe: unless --metrics 0)
         self.workers = WorkerTotals()
         self.overload = OverloadWatch(server.dispatcher, server.log)
         self.totals = self.workers.refresh(server.supervisor)
         server.supervisor.on_release = self.workers.retire
-        if server.settings.metrics:  # 0: nothing is counted per request (overhead baseline)
-            server.stats = self.stats
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- the tick -------------------------------------------------------------------------------

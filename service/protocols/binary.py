@@ -12,7 +12,6 @@ the connection once the answers already owed have been written.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Callable
 from functools import partial
@@ -20,37 +19,35 @@ from typing import Any, Protocol
 
 import numpy as np
 from ringserve.service.engine.admission import STATUS_HTTP, Admission
-from ringserve.service.engine.dispatcher import Dispatcher, Result
+from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
-from ringserve.service.logs import EventLog
+from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
+from ringserve.service.protocols.handover import Listeners, listen
 from ringserve.service.protocols.texts import checked
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.wire.frames import LENGTH, TAG, encode_answer, status_answer
-from ringserve.workers.artifact import Manifest
 
 
 class BinaryHost(Protocol):
-    """What the binary protocol needs of the server."""
-
-    settings: Config
-    binary_state: BinaryServerState | None  # set here: the drain closes these connections
-    dispatcher: Dispatcher
-    draining: bool
-    manifest: Manifest
+    """What the binary protocol reads of the server (service/front.py's Front)."""
 
     @property
-    def keys(self) -> KeyRing | None: ...
+    def settings(self) -> Config: ...
     @property
     def admission(self) -> Admission: ...
     @property
-    def bound(self) -> dict[str, asyncio.AbstractServer]: ...
+    def model(self) -> ModelInfo: ...
     @property
-    def inherited(self) -> dict[str, socket.socket]: ...
+    def keys(self) -> KeyRing | None: ...
     @property
-    def log(self) -> EventLog: ...
+    def draining(self) -> bool: ...
     def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
+
+
+class BinaryPorts(Listeners, Protocol):
+    binary_state: BinaryServerState | None  # set here: the drain closes these connections
 
 
 STATUSES = (L.STATUS_OK, L.STATUS_BAD_REQUEST, L.STATUS_OVERLOADED, L.STATUS_DEADLINE)
@@ -67,19 +64,18 @@ class BinaryServerState:
         self.refused = 0
 
 
-async def start_binary(server: BinaryHost, host: str, port: int) -> asyncio.AbstractServer:
-    from ringserve.service.protocols.handover import listen
-
+async def start_binary(
+    ports: BinaryPorts, server: BinaryHost, host: str, port: int
+) -> asyncio.AbstractServer:
     state = BinaryServerState(server)
-    server.binary_state = state  # the drain closes these connections once answers are out
-    return await listen(server, "binary", lambda: BinaryProtocol(state), host, port, 2048)
+    ports.binary_state = state  # the drain closes these connections once answers are out
+    return await listen(ports, "binary", lambda: BinaryProtocol(state), host, port, 2048)
 
 
 class BinaryProtocol(asyncio.Protocol):
     def __init__(self, state: BinaryServerState) -> None:
         self.state = state
         self.server = state.server
-        self.dispatcher = state.server.dispatcher
         s = state.settings
         self.max_frame: int = s.max_frame
         self.max_owed: int = s.binary_max_owed
@@ -245,7 +241,7 @@ class BinaryProtocol(asyncio.Protocol):
         rather than refused whole."""
         now = time.monotonic_ns()
         deadline = now + self.timeout_ns  # from the frame's arrival
-        m = self.server.manifest
+        m = self.server.model.manifest
         embed = m.embed_only  # the contract: an embed model answers n = D floats
         task = "embed" if embed else "classify"
 

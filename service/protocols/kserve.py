@@ -76,7 +76,7 @@ def guard(
 
 def check_model(server: ModelView, params: dict[str, str]) -> str:
     name = unquote(params["model"])
-    if name != server.model_name:
+    if name != server.model.name:
         raise HttpError(404, f"unknown model {name!r}")
     version = params.get("version")
     if version is not None and unquote(version) != VERSION:
@@ -112,7 +112,7 @@ def metadata_doc(server: ModelView, name: str) -> dict[str, Any]:
             *class_outputs(server, "datatype", ("FP32", "BYTES"), "shape"),
             *embedding_output(server, "datatype", "FP32", "shape"),
         ],
-        "parameters": task_parameters(server) | {"activation": server.manifest.activation},
+        "parameters": task_parameters(server) | {"activation": server.model.manifest.activation},
     }
 
 
@@ -133,8 +133,8 @@ def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[st
         ],
         "parameters": {k: {"string_value": str(v)} for k, v in task_parameters(server).items()}
         | {
-            "labels": {"string_value": ",".join(server.labels)},
-            "activation": {"string_value": server.manifest.activation},
+            "labels": {"string_value": ",".join(server.model.labels)},
+            "activation": {"string_value": server.model.manifest.activation},
         },
     }
     respond_json(conn, ex, doc)
@@ -144,22 +144,23 @@ def class_outputs(
     server: ModelView, kind: str, types: tuple[str, str], dims: str
 ) -> list[dict[str, Any]]:
     """`scores` and `label`, for a model that classifies (an embed-only one gives neither)."""
-    if server.manifest.embed_only:
+    if server.model.manifest.embed_only:
         return []
     return [
-        {"name": "scores", kind: types[0], dims: [-1, len(server.labels)]},
+        {"name": "scores", kind: types[0], dims: [-1, len(server.model.labels)]},
         {"name": "label", kind: types[1], dims: [-1]},
     ]
 
 
 def embedding_output(server: ModelView, kind: str, fp32: str, dims: str) -> list[dict[str, Any]]:
-    m = server.manifest
+    m = server.model.manifest
     return [{"name": EMBEDDING, kind: fp32, dims: [-1, m.dimension]}] if m.embeds else []
 
 
 def task_parameters(server: ModelView) -> dict[str, Any]:
     """The model's tasks (comma list: KServe parameters are scalars) and its dimension."""
-    return {"task": ",".join(server.manifest.task), "dimension": server.manifest.dimension}
+    m = server.model.manifest
+    return {"task": ",".join(m.task), "dimension": m.dimension}
 
 
 def model_ready(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
@@ -479,11 +480,11 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     if request_id is not None and not isinstance(request_id, str):
         raise HttpError(400, "id must be a string")
     texts = read_texts(server, doc, blob)
-    m = server.manifest
+    m = server.model.manifest
     wanted = read_outputs(doc, m.embeds, m.embed_only)
     texts, task = with_options(texts, as_dict(doc.get("parameters"), "parameters"), wanted)
     deadline = request_deadline(server, ex, doc)
-    encoder = encoder_for(server.labels, m.normalize)
+    encoder = encoder_for(server.model.labels, m.normalize)
 
     def done(results: list[Result]) -> None:
         tensors, blobs = encoder.tensors(results, wanted)

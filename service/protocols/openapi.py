@@ -778,10 +778,10 @@ def beyond_schema(op: Schema) -> Callable[[str], bool]:
 
 
 def facts(server: ModelView, key: bool) -> Facts:
-    m, s = server.manifest, server.settings
+    m, s = server.model.manifest, server.settings
     return Facts(
-        model=server.model_name,
-        labels=list(server.labels),
+        model=server.model.name,
+        labels=list(server.model.labels),
         tasks=list(m.task),
         dimension=m.dimension,
         max_texts=s.max_texts,

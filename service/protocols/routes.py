@@ -8,38 +8,25 @@ from typing import Any, Protocol
 
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.texts import require
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
-from ringserve.workers.artifact import Manifest
 
 
 class ModelView(Protocol):
-    """What the /v1 and KServe routes read of the server: a read-only view."""
+    """What the /v1 and KServe routes read of the server (service/front.py's Front): a
+    read-only view. `model` is one frozen value, swapped whole by a reload."""
 
     @property
     def settings(self) -> Config: ...
     @property
     def admission(self) -> Admission: ...
     @property
-    def manifest(self) -> Manifest: ...
-    @property
-    def model_name(self) -> str: ...
-    @property
-    def labels(self) -> list[str]: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def runtime(self) -> str: ...
-    @property
-    def graph(self) -> dict[str, Any]: ...
-    @property
-    def buckets(self) -> tuple[int, ...]: ...
-    @property
-    def pad_grid(self) -> tuple[int, ...]: ...
+    def model(self) -> ModelInfo: ...
     def ready(self) -> bool: ...
 
 
@@ -117,10 +104,10 @@ def result_doc(labels: list[str], r: Result) -> dict[str, Any]:
 
 def needs_task(server: ModelView, task: str) -> None:
     """400 naming the model's tasks when it does not do `task`."""
-    tasks = server.manifest.task
+    tasks = server.model.manifest.task
     if task not in tasks:
         raise HttpError(
-            400, f"model {server.model_name} does not {task}; its tasks: {', '.join(tasks)}"
+            400, f"model {server.model.name} does not {task}; its tasks: {', '.join(tasks)}"
         )
 
 
@@ -129,7 +116,7 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
     needs_task(server, "classify")
-    labels = server.labels
+    labels = server.model.labels
     if "text" in doc and "texts" not in doc:
         if "text_pairs" in doc:
             raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
@@ -167,25 +154,26 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
 
 
 def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    m = server.manifest
+    info = server.model
+    m = info.manifest
     body = {
-        "name": server.model_name,
+        "name": info.name,
         "labels": m.labels,
         "max_length": m.max_length,
         "fingerprint": m.fingerprint,
         "activation": m.activation,
         "architecture": m.extra.get("architecture", "sentence-transformers"),
-        "device": server.device,
-        "buckets": list(server.pad_grid),
-        "length_classes": list(server.buckets),
-        "runtime": server.runtime,
+        "device": info.device,
+        "buckets": list(info.pad_grid),
+        "length_classes": list(info.buckets),
+        "runtime": info.runtime,
         "precision": server.settings.precision,
         "task": m.task,
         "dimension": m.dimension,
     }
-    if server.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
-        body["graph"] = server.graph
-    if server.settings.precision == "int8" and server.runtime == "onnx":
+    if info.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
+        body["graph"] = info.graph
+    if server.settings.precision == "int8" and info.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built
     conn.respond(ex, 200, json.dumps(body).encode())
 

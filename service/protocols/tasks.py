@@ -126,10 +126,10 @@ def openai_embeddings(
     fmt = doc.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise HttpError(400, 'encoding_format must be "float" or "base64"')
-    keep = _dimensions(doc, server.manifest.dimension)
-    name = server.model_name
+    keep = _dimensions(doc, server.model.manifest.dimension)
+    name = server.model.name
     # A cut vector is renormalized (OpenAI's `dimensions`); a whole one as the model does.
-    normalize = server.manifest.normalize or bool(keep)
+    normalize = server.model.manifest.normalize or bool(keep)
 
     def answer(results: list[Result]) -> bytes:
         vecs = vectors(results, normalize, keep)

@@ -318,7 +318,7 @@ class GrpcPort:
         self, req: pb.ModelMetadataRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.ModelMetadataResponse:
         infer.check_model(self.host, req.name, req.version)
-        doc = kserve.metadata_doc(self.host, self.host.model_name)
+        doc = kserve.metadata_doc(self.host, self.host.model.name)
         rsp = pb.ModelMetadataResponse(
             name=doc["name"], versions=doc["versions"], platform=doc["platform"]
         )
