@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ringserve.service.device import gpu_indices
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
 from ringserve.service.pool.handle import WorkerHandle
@@ -41,6 +40,17 @@ ZYGOTE_RETRY_MAX_S = 300.0  # ... doubling for each zygote in a row that died be
 ZYGOTE_WAIT_S = 120.0  # at start, workers wait this long for the zygote before spawning
 EXIT_STATUS_WAIT_S = 1.0  # longest wait for a gone worker's exit status (see _status_pending)
 DEVICE_RETRIES = 3  # boots of a slot that fail on its GPU before the slot serves from the CPU
+
+
+def gpu_indices(device: str) -> list[int]:
+    """The CUDA device indices a resolved --device names ([0] for the test-only fake GPU)."""
+    if device == FAKE_GPU:
+        return [0]
+    if device == "cuda":
+        return list(range(nvml.cuda_device_count()))
+    if device.startswith("cuda:"):
+        return [int(device.split(":", 1)[1])]
+    return []
 
 
 class Supervisor:
