@@ -17,7 +17,7 @@ import uvloop
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.engine.tenants import KeyFileError, KeyRing
-from ringserve.service.front import Front, RunState
+from ringserve.service.front import Front, MetricsHost, RunState
 from ringserve.service.lifecycle import Admin, Lifecycle
 from ringserve.service.logs import EventLog
 from ringserve.service.model_info import ModelInfo, resolve_model
@@ -61,12 +61,13 @@ class App:
         if s.metrics:  # 0: nothing is counted per request (the overhead baseline)
             dispatcher.on_result = self.stats.observe
         state = RunState(dispatcher, self.supervisor, self.started)
-        tracing = start_tracing(s, model.runtime)
-        admission = Admission(dispatcher, state.refusal, s.request_timeout_s, self.keys, tracing)
+        spans = start_tracing(s, model.runtime)
+        admission = Admission(dispatcher, state.refusal, s.request_timeout_s, self.keys, spans)
         self.front = Front(s, log, model, admission, self.stats.count, state)
         self.ports = Ports(s, log)
         self.life = Lifecycle(s, log, self.front, dispatcher, self.supervisor, self.ports)
-        self.metrics_view = MetricsHost(self)
+        parts = (self.stats, dispatcher, self.supervisor, self.keys, self.api_key)
+        self.metrics_view = MetricsHost(s, log, *parts, self.front, self.ports)
 
     # -- listeners ------------------------------------------------------------------------------
     def inference_router(self) -> Router:
@@ -186,52 +187,6 @@ class App:
                 return False
             await asyncio.sleep(0.02)
         return True
-
-
-class MetricsHost:
-    """What ops/metrics.py's MetricsView reads, gathered from the parts that hold it."""
-
-    def __init__(self, app: App) -> None:
-        self.settings, self.log, self.stats = app.settings, app.log, app.stats
-        self.dispatcher, self.supervisor = app.dispatcher, app.supervisor
-        self.keys, self.api_key = app.keys, app.api_key
-        self.front, self.ports = app.front, app.ports
-
-    @property
-    def started(self) -> float:
-        return self.front.state.started
-
-    @property
-    def draining(self) -> bool:
-        return self.front.state.draining
-
-    @property
-    def http_state(self) -> HttpServerState | None:
-        return self.ports.http_state
-
-    @property
-    def requests_total(self) -> dict[tuple[str, int, str], int]:
-        return self.stats.requests_total
-
-    @property
-    def model(self) -> ModelInfo:
-        return self.front.model
-
-    @property
-    def manifest(self) -> Any:
-        return self.front.model.manifest
-
-    @property
-    def model_name(self) -> str:
-        return self.front.model.name
-
-    @property
-    def device(self) -> str:
-        return self.front.model.device
-
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        return self.front.model.buckets
 
 
 def engine_dispatcher(settings: Config, model: ModelInfo) -> Dispatcher:
