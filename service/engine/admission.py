@@ -1,31 +1,26 @@
-"""Admission for every protocol: the dispatcher's queue bound, deadlines, and the refusal and
-failure answers an HTTP or KServe request gets (the binary protocol maps the same statuses).
+"""Admission for every protocol: a key's rate, then the dispatcher's queue bound. It says
+whether texts were admitted, or why not (a `Refusal`); each protocol writes its own answer
+(HTTP and KServe: protocols/admit.py; binary frames: protocols/binary.py). Also the map of a
+failed text's status to the HTTP code every protocol answers or counts it under.
 
-It knows the dispatcher and the settings, and asks the server only why it refuses; it never
-sees the server itself.
+It knows the dispatcher, the keys and the tracing, and asks the server only why it refuses;
+it never sees the server itself, nor any protocol's types.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ringserve.service.engine.dispatcher import Dispatcher, Result
-from ringserve.service.engine.tenants import (
-    INTERACTIVE,
-    PRIORITIES,
-    PRIORITY_NAMES,
-    KeyRing,
-    Tenant,
-)
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.settings import Config
+from ringserve.service.engine.dispatcher import Dispatcher, Result, text_cost
+from ringserve.service.engine.tenants import INTERACTIVE, KeyRing, Tenant
 from ringserve.shm import layout as L
 
 if TYPE_CHECKING:
     from ringserve.service.ops.tracing import RequestTrace, Tracing
+
+Done = Callable[[list[Result]], None]
 
 STATUS_HTTP = {
     L.STATUS_OK: 200,
@@ -42,11 +37,6 @@ STATUS_MESSAGE = {
     L.STATUS_DEADLINE: "request deadline passed",
     L.STATUS_INTERNAL: "internal error",
 }
-RETRY_AFTER = [(b"retry-after", b"1")]
-
-
-def latency_header(ex: Exchange) -> tuple[bytes, bytes]:
-    return (b"x-latency-ms", b"%.1f" % ((time.monotonic_ns() - ex.done_ns) / 1e6))
 
 
 def first_failure(results: list[Result]) -> Result | None:
@@ -82,148 +72,125 @@ def failure(failed: Result) -> tuple[int, str]:
     return STATUS_HTTP.get(failed.status, 500), STATUS_MESSAGE.get(failed.status, "internal error")
 
 
-def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
-    status = STATUS_HTTP.get(failed.status, 500)
-    extra = [latency_header(ex)]
-    if status == 503:
-        extra += RETRY_AFTER
-    if failed.status == L.STATUS_TOO_LONG:  # the counts as fields too, for programs
-        message, counts = too_long(failed)
-        body = json.dumps({"error": message, **counts}).encode()
-        conn.respond(ex, 413, body, extra=extra)
-        return
-    conn.respond_error(ex, status, STATUS_MESSAGE.get(failed.status, "internal error"), extra)
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why texts were not admitted: the HTTP code (429 over the key's rate, 503 the queue), its
+    message, and the seconds a client should wait (Retry-After)."""
 
-
-def asked_priority(value: object, where: str) -> int | None:
-    """A request's own priority: `interactive` or `bulk` (X-Priority, KServe `priority`);
-    KServe's integer levels as Triton reads them (1 the highest: interactive; 2 and more:
-    bulk; 0: the key's own)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    if isinstance(value, bool):
-        raise HttpError(400, f"{where} must be interactive or bulk")
-    if isinstance(value, int):
-        if value < 0:
-            raise HttpError(400, f"{where} must be interactive, bulk, or a level 0 and up")
-        return None if value == 0 else min(value - 1, 1)
-    if isinstance(value, str) and value.strip().lower() in PRIORITIES:
-        return PRIORITIES[value.strip().lower()]
-    raise HttpError(400, f"{where} must be interactive or bulk")
-
-
-def rate_limited(conn: HttpProtocol, ex: Exchange, tenant: Tenant) -> None:
-    """429 for a key over its rate, with the seconds until its next request fits."""
-    retry = tenant.retry_after_s()
-    extra = [latency_header(ex), (b"retry-after", str(retry).encode())]
-    conn.respond_error(ex, 429, f"over the key's rate of {tenant.rate:g} requests/s", extra)
+    code: int
+    message: str
+    retry_after_s: int
 
 
 class Admission:
     """Admits texts to the dispatcher, or refuses them at once with the reason: the key's
-    rate (429), then the queue (503). Starts the request's trace when tracing is on."""
+    rate (429), then the queue (503)."""
 
     def __init__(
-        self, dispatcher: Dispatcher, settings: Config, refusal: Callable[[], str]
+        self,
+        dispatcher: Dispatcher,
+        refusal: Callable[[], str],
+        timeout_s: float,
+        keys: KeyRing | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.dispatcher = dispatcher
-        self.settings = settings
         self.refusal = refusal  # why the dispatcher refuses now: draining, full, no worker
-        self.keys: KeyRing | None = None  # set by the server with --api-key(s)
-        self.tracing: Tracing | None = None  # set by the server when tracing is on
+        self.timeout_s = timeout_s  # the deadline of a request that sets none
+        self.keys = keys  # with --api-key(s): the tenants' counts
+        self.tracing = tracing  # when tracing is on: each request's span starts here
 
-    def deadline_ns(self, ex: Exchange) -> int:
-        """The request's own X-Request-Timeout-Ms after its last byte, else the default."""
-        raw = ex.headers.get(b"x-request-timeout-ms")
-        timeout_s = self.settings.request_timeout_s
-        if raw is not None:
-            try:
-                ms = float(raw)
-            except ValueError:
-                raise HttpError(400, "X-Request-Timeout-Ms must be a number") from None
-            if not ms > 0 or ms > 86_400_000:
-                raise HttpError(400, "X-Request-Timeout-Ms must be in (0, 86400000]")
-            timeout_s = ms / 1000
-        return ex.done_ns + int(timeout_s * 1e9)
+    def level(self, tenant: Tenant | None, asked: int | None) -> int:
+        """The priority texts are batched at: the key's, which a request may only lower."""
+        return tenant.priority_for(asked) if tenant is not None else asked or INTERACTIVE
 
     def submit(
         self,
-        conn: HttpProtocol,
-        ex: Exchange,
         texts: list[bytes],
-        on_ok: Callable[[list[Result]], None],
+        deadline: int,
+        done: Done,
         protocol: str,
-        deadline: int | None = None,
-        task: str = "classify",
-        priority: int | None = None,
-    ) -> None:
-        """Admit texts for inference, or answer 429 or 503 at once. `deadline` overrides the
-        header's, `priority` (a KServe parameter) the X-Priority header's; neither raises the
-        key's priority. `on_ok` gets the results when every text succeeded; any failure is
-        answered here."""
-        if deadline is None:
-            deadline = self.deadline_ns(ex)
-        if priority is None:
-            priority = asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
-        tenant: Tenant | None = ex.tenant
-        level = tenant.priority_for(priority) if tenant is not None else priority or INTERACTIVE
-        now = self.dispatcher.clock()
-        trace = None
-        if self.tracing is not None:
-            trace = ex.trace = self.start_trace(ex, protocol, task, tenant, level)
-        if tenant is not None and not tenant.take(now):
-            if self.keys is not None:
-                self.keys.counts(tenant.name).limited += 1
-            if trace is not None:
-                trace.refused(now, "rate_limited")
-            rate_limited(conn, ex, tenant)
-            return
-
-        def done(results: list[Result]) -> None:
-            if trace is not None:
-                trace.answered(results, self.dispatcher.clock())
-            failed = first_failure(results)
-            if failed is None:
-                on_ok(results)
-            else:
-                respond_failure(conn, ex, failed)
-
-        name = tenant.name if tenant is not None else ""
+        task: str,
+        tenant: Tenant | None,
+        level: int,
+        trace: RequestTrace | None = None,
+    ) -> Refusal | None:
+        """Admit a request's texts whole, or refuse them at once (the Refusal). `done` gets
+        the results, whatever their status, once every text is answered."""
         d = self.dispatcher
+        now = d.clock()
+        if tenant is not None and not tenant.take(now):
+            return self.over_rate(tenant, 1, now, trace)
+        if trace is not None:
+            done = traced(done, trace, d.clock)
+        name = tenant.name if tenant is not None else ""
         admitted = d.clock()  # before submit: a worker may start on the texts before it returns
         if not d.submit(texts, deadline, done, protocol, task, level, name):
             if trace is not None:
                 trace.refused(d.clock(), "overloaded")
-            extra = [latency_header(ex), *RETRY_AFTER]
-            conn.respond_error(ex, 503, self.refusal(), extra)
-            return
+            return Refusal(503, self.refusal(), 1)
         if self.keys is not None and tenant is not None:
             self.keys.admitted(name, len(texts), level)
         if trace is not None:
             trace.admitted(admitted, len(texts), sum(len(t) for t in texts))
+        return None
 
-    def start_trace(
-        self, ex: Exchange, protocol: str, task: str, tenant: Tenant | None, level: int
-    ) -> RequestTrace | None:
-        assert self.tracing is not None
-        path = ex.url.split(b"?", 1)[0].decode("utf-8", "replace")
-        method = ex.method.decode("latin-1")
-        attrs = {
-            "http.request.method": method,
-            "url.path": path,
-            "ringserve.task": task,
-            "ringserve.priority": PRIORITY_NAMES[level],
-            "ringserve.request_id": ex.request_id.decode("latin-1"),
-        }
+    def submit_each(
+        self,
+        texts: list[bytes],
+        deadline: int,
+        on_admit: Callable[[int, int], Done],
+        protocol: str,
+        task: str,
+        tenant: Tenant | None,
+        prefix: bytes = b"",
+    ) -> tuple[int, int]:
+        """Independent texts (binary frames), in order: those within the key's rate and the
+        queue's room are admitted as one group, each with `prefix` before it. `on_admit(k,
+        level)` makes the group's callback, before a worker can start on it. Returns (k, within):
+        texts[:k] admitted, texts[k:within] refused by the queue, texts[within:] over the rate."""
+        d = self.dispatcher
+        within = len(texts)
         if tenant is not None:
-            attrs["ringserve.tenant"] = tenant.name
-        return self.tracing.start(
-            f"{method} {path}",
-            protocol,
-            ex.done_ns,
-            ex.headers.get(b"traceparent"),
-            ex.headers.get(b"tracestate"),
-            attrs,
-        )
+            within = tenant.take(d.clock(), within)
+            if within < len(texts) and self.keys is not None:
+                self.keys.counts(tenant.name).limited += len(texts) - within
+            if not within:
+                return 0, 0
+        level = tenant.priority if tenant is not None else INTERACTIVE
+        costs = [text_cost(t, d.max_tokens) for t in texts[:within]]
+        k = d.room(costs, whole=False, priority=level)
+        if k:
+            name = tenant.name if tenant is not None else ""
+            sent = [prefix + t for t in texts[:k]] if prefix else texts[:k]
+            d.admit(sent, costs[:k], deadline, on_admit(k, level), protocol, task, level, name)
+            if tenant is not None and self.keys is not None:
+                self.keys.admitted(tenant.name, k, level)
+        if k < within:
+            d.refuse(within - k)
+        return k, within
+
+    def refuse(self, n: int) -> None:
+        """Count texts a protocol refused itself (binary frames past a connection's bound of
+        answers owed) with the queue's refusals."""
+        self.dispatcher.refuse(n)
+
+    def over_rate(
+        self, tenant: Tenant, n: int, now: int, trace: RequestTrace | None = None
+    ) -> Refusal:
+        if self.keys is not None:
+            self.keys.counts(tenant.name).limited += n
+        if trace is not None:
+            trace.refused(now, "rate_limited")
+        message = f"over the key's rate of {tenant.rate:g} requests/s"
+        return Refusal(429, message, tenant.retry_after_s())
+
+
+def traced(done: Done, trace: RequestTrace, clock: Callable[[], int]) -> Done:
+    """`done`, after the trace has seen the answers."""
+
+    def answered(results: list[Result]) -> None:
+        trace.answered(results, clock())
+        done(results)
+
+    return answered

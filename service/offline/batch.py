@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 import numpy as np
 from ringserve.factory.build import default_in_child
+from ringserve.service.device import resolve_device
 from ringserve.service.engine.admission import too_long
 from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.logs import EventLog
@@ -279,9 +280,6 @@ class Progress:
 
 class BatchJob:
     def __init__(self, args: argparse.Namespace, settings: Config) -> None:
-        # The lead moves resolve_device to service/device.py at the merge (issue 22): then this
-        # import goes to the top, from there, and test_imports.APP_USERS loses batch.
-        from ringserve.service.app import resolve_device
 
         self.args = args
         self.settings = settings

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ringserve.service.logs import EventLog
 from ringserve.service.ops import prometheus
@@ -33,13 +33,21 @@ TICK_S = 0.25  # window rotation, worker counter sampling and overload detection
 DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
 
 
+class MetricsSource(MetricsView, Protocol):
+    """The server's view, with the Stats that app.py made and wired (observe: unless
+    --metrics 0)."""
+
+    @property
+    def stats(self) -> Stats: ...
+
+
 class Metrics:
     """The collectors of one server, and what operators read of them. Built unwired: the caller
     connects `stats` (per answer, unless --metrics 0) and `workers.retire` (per released worker)."""
 
-    def __init__(self, server: MetricsView) -> None:
+    def __init__(self, server: MetricsSource) -> None:
         self.server = server
-        self.stats = Stats(server.buckets)
+        self.stats = server.stats  # made and wired in app.py (observe: unless --metrics 0)
         self.workers = WorkerTotals()
         self.overload = OverloadWatch(server.dispatcher, server.log)
         self.totals = self.workers.refresh(server.supervisor)
@@ -143,7 +151,7 @@ class Metrics:
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
-def register(router: Router, server: MetricsView) -> Metrics:
+def register(router: Router, server: MetricsSource) -> Metrics:
     """Add /metrics, /v1/stats and /dashboard, and start the metrics tick. The caller wires the
     returned collectors into the server and the pool."""
     metrics = Metrics(server)
@@ -166,7 +174,7 @@ def register(router: Router, server: MetricsView) -> Metrics:
     return metrics
 
 
-def access_logger(server: MetricsView) -> Callable[[Exchange, int], None]:
+def access_logger(server: MetricsSource) -> Callable[[Exchange, int], None]:
     """One JSON line per HTTP answer, whatever --log-level says (it was asked for)."""
     log = EventLog("info", server.log.stream)
 

@@ -1,5 +1,6 @@
-"""What the front-end counts for operators: per-request latency bins, last-minute windows, worker
-counters read from the control blocks, GPU readings and overload episodes.
+"""What the front-end counts for operators: every answer written (requests_total), per-request
+latency bins, last-minute windows, worker counters read from the control blocks, GPU readings
+and overload episodes.
 
 Per request (Stats.observe, on the event loop, once per answered text) the cost is one bisect per
 timing and a few integer additions; no locks, since everything runs on the loop's thread.
@@ -18,6 +19,7 @@ from ringserve.shm import layout as L
 
 if TYPE_CHECKING:
     from ringserve.service.engine.dispatcher import Group, Result
+    from ringserve.service.engine.tenants import KeyRing, Tenant
     from ringserve.service.logs import EventLog
     from ringserve.service.ops.views import PoolView, QueueView
     from ringserve.service.pool.handle import WorkerHandle
@@ -103,9 +105,14 @@ def percentile(counts: list[int], q: float) -> float | None:
 
 
 class Stats:
-    """Request timings: cumulative bins for Prometheus, one-second windows for the dashboard."""
+    """Answers and request timings: every answer written, by protocol, code and tenant
+    (`count`, called only where answers are written); cumulative timing bins for Prometheus,
+    one-second windows for the dashboard (`observe`, the dispatcher's on_result)."""
 
-    def __init__(self, buckets: tuple[int, ...]) -> None:
+    def __init__(self, buckets: tuple[int, ...], keys: KeyRing | None = None) -> None:
+        self.keys = keys  # with --api-keys: each tenant's codes too
+        # (protocol, code, tenant): tenant is "" without --api-keys, and for answers to no key.
+        self.requests_total: dict[tuple[str, int, str], int] = {}
         self.buckets = buckets
         nb = self.nb = max(1, len(buckets))
         self.lat = [[0] * NBINS for _ in range(nb)]
@@ -122,6 +129,16 @@ class Stats:
         self.cur.reset(self.cur_sec)
 
     # -- per request: keep it a handful of integer operations --------------------------------
+    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None:
+        """One more answer written (n more)."""
+        name = ""
+        if tenant is not None and self.keys is not None and self.keys.named:
+            name = tenant.name
+            by = self.keys.counts(name).codes.setdefault(protocol, {})
+            by[code] = by.get(code, 0) + n
+        key = (protocol, code, name)
+        self.requests_total[key] = self.requests_total.get(key, 0) + n
+
     def observe(self, group: Group, result: Result, latency_ns: int) -> None:
         cur = self.cur
         cur.n += 1

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ringserve.service.engine.tenants import KeyRing, Tenant
+from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpProtocol, protocol_of
 from ringserve.wire.frames import AUTH_PREFIX, LENGTH, OK, TAG, status_answer
 
@@ -82,7 +83,6 @@ def guard_http(keys: KeyRing, route: Route) -> Route:
     """Every path but the probes needs a key; without one, 401 before any routing (so an
     unknown caller learns nothing, not even which paths exist). The key's tenant goes with the
     exchange, for its rate, its priority and its counts."""
-    from ringserve.service.engine.admission import latency_header
 
     def guarded(conn: HttpProtocol, ex: Exchange) -> None:
         path = ex.url.split(b"?", 1)[0]

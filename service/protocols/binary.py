@@ -12,43 +12,42 @@ the connection once the answers already owed have been written.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 from ringserve.service.engine.admission import STATUS_HTTP, Admission
-from ringserve.service.engine.dispatcher import Dispatcher, Result, text_cost
-from ringserve.service.engine.tenants import INTERACTIVE, PRIORITY_NAMES, KeyRing, Tenant
-from ringserve.service.logs import EventLog
+from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
+from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
+from ringserve.service.protocols.handover import Listeners, listen
+from ringserve.service.protocols.texts import checked
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.wire.frames import LENGTH, TAG, encode_answer, status_answer
-from ringserve.workers.artifact import Manifest
 
 
 class BinaryHost(Protocol):
-    """What the binary protocol needs of the server."""
-
-    settings: Config
-    binary_state: BinaryServerState | None  # set here: the drain closes these connections
-    dispatcher: Dispatcher
-    draining: bool
-    manifest: Manifest
+    """What the binary protocol reads of the server (service/front.py's Front)."""
 
     @property
-    def keys(self) -> KeyRing | None: ...
+    def settings(self) -> Config: ...
     @property
     def admission(self) -> Admission: ...
     @property
-    def bound(self) -> dict[str, asyncio.AbstractServer]: ...
+    def model(self) -> ModelInfo: ...
     @property
-    def inherited(self) -> dict[str, socket.socket]: ...
+    def keys(self) -> KeyRing | None: ...
     @property
-    def log(self) -> EventLog: ...
+    def draining(self) -> bool: ...
     def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
+
+
+class BinaryPorts(Listeners, Protocol):
+    binary_state: BinaryServerState | None  # set here: the drain closes these connections
 
 
 STATUSES = (L.STATUS_OK, L.STATUS_BAD_REQUEST, L.STATUS_OVERLOADED, L.STATUS_DEADLINE)
@@ -65,19 +64,18 @@ class BinaryServerState:
         self.refused = 0
 
 
-async def start_binary(server: BinaryHost, host: str, port: int) -> asyncio.AbstractServer:
-    from ringserve.service.protocols.handover import listen
-
+async def start_binary(
+    ports: BinaryPorts, server: BinaryHost, host: str, port: int
+) -> asyncio.AbstractServer:
     state = BinaryServerState(server)
-    server.binary_state = state  # the drain closes these connections once answers are out
-    return await listen(server, "binary", lambda: BinaryProtocol(state), host, port, 2048)
+    ports.binary_state = state  # the drain closes these connections once answers are out
+    return await listen(ports, "binary", lambda: BinaryProtocol(state), host, port, 2048)
 
 
 class BinaryProtocol(asyncio.Protocol):
     def __init__(self, state: BinaryServerState) -> None:
         self.state = state
         self.server = state.server
-        self.dispatcher = state.server.dispatcher
         s = state.settings
         self.max_frame: int = s.max_frame
         self.max_owed: int = s.binary_max_owed
@@ -216,7 +214,7 @@ class BinaryProtocol(asyncio.Protocol):
                 text = view[pos + 4 : pos + 4 + n].tobytes()
                 (tag,) = TAG.unpack_from(buf, stop - 8)
                 pos = stop
-                if not valid_text(text):
+                if checked(text)[1]:
                     bad.append(status_answer(tag, L.STATUS_BAD_REQUEST))
                 elif self.owed + len(tags) >= self.max_owed:
                     over.append(tag)
@@ -238,40 +236,29 @@ class BinaryProtocol(asyncio.Protocol):
         self.close_when_done()
 
     def admit(self, texts: list[bytes], tags: list[int]) -> None:
-        """One dispatcher group for the frames that fit; the rest answer status 2 (or 6, over
-        the key's rate). Each frame is a request of its own, so the group is admitted in part
+        """One admission for the frames that fit; the rest answer status 2 (or 6, over the
+        key's rate). Each frame is a request of its own, so the group is admitted in part
         rather than refused whole."""
-        d = self.dispatcher
         now = time.monotonic_ns()
-        tenant = self.tenant
-        if tenant is not None:
-            within = tenant.take(now, len(tags))
-            if within < len(tags):
-                self.limit(tags[within:])
-                texts, tags = texts[:within], tags[:within]
-                if not tags:
-                    return
-        level = tenant.priority if tenant is not None else INTERACTIVE
-        costs = [text_cost(t, d.max_tokens) for t in texts]
-        k = d.room(costs, whole=False, priority=level)
-        if k:
-            deadline = now + self.timeout_ns  # from the frame's arrival
-            m = self.server.manifest
-            name = tenant.name if tenant is not None else ""
-            task = "embed" if m.embed_only else "classify"
+        deadline = now + self.timeout_ns  # from the frame's arrival
+        m = self.server.model.manifest
+        embed = m.embed_only  # the contract: an embed model answers n = D floats
+        task = "embed" if embed else "classify"
+
+        def on_admit(k: int, level: int) -> Callable[[list[Result]], None]:
             traces = self.start_traces(texts[:k], now, level, task)  # before a worker can start
-            if m.embed_only:  # the contract: an embed model answers n = D floats
-                sent = [EMBED + t for t in texts[:k]]
-                answer = partial(self.answer, tags[:k], traces, unit=m.normalize)
-            else:  # a model that classifies answers its scores, as before
-                sent = texts[:k]
-                answer = partial(self.answer, tags[:k], traces)
-            d.admit(sent, costs[:k], deadline, answer, "binary", task, level, name)
             self.owed += k
-            if tenant is not None and self.server.keys is not None:
-                self.server.keys.admitted(tenant.name, k, level)
-        if k < len(tags):
-            self.refuse(tags[k:])
+            return partial(self.answer, tags[:k], traces, unit=embed and m.normalize)
+
+        admission = self.server.admission
+        prefix = EMBED if embed else b""
+        k, within = admission.submit_each(
+            texts, deadline, on_admit, "binary", task, self.tenant, prefix
+        )
+        if within < len(tags):
+            self.limit(tags[within:])
+        if k < within:
+            self.overloaded(tags[k:within])  # the admission counted them
 
     def start_traces(self, texts: list[bytes], now: int, level: int, task: str) -> list[Any] | None:
         """A span for each frame when tracing is on (a binary frame carries no traceparent)."""
@@ -292,15 +279,16 @@ class BinaryProtocol(asyncio.Protocol):
         return traces
 
     def limit(self, tags: list[int]) -> None:
-        """Frames over the key's rate: status 6, counted as 429 for the key's tenant."""
-        assert self.tenant is not None
-        if self.server.keys is not None:
-            self.server.keys.counts(self.tenant.name).limited += len(tags)
+        """Frames over the key's rate (counted by the admission): status 6, answered as 429."""
         answers = b"".join([status_answer(t, L.STATUS_RATE_LIMITED) for t in tags])
         self.send(answers, 429, len(tags))
 
     def refuse(self, tags: list[int]) -> None:
-        self.dispatcher.refuse(len(tags))
+        """Frames past the connection's bound of answers owed: refused, as the queue's are."""
+        self.server.admission.refuse(len(tags))
+        self.overloaded(tags)
+
+    def overloaded(self, tags: list[int]) -> None:
         answers = b"".join([status_answer(t, L.STATUS_OVERLOADED) for t in tags])
         self.send(answers, 503, len(tags))
 
@@ -396,11 +384,3 @@ def unit_vector(vec: np.ndarray) -> np.ndarray:
     v = np.asarray(vec, dtype=np.float64)
     out: np.ndarray = (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
     return out
-
-
-def valid_text(text: bytes) -> bool:
-    """UTF-8, and not empty or whitespace only."""
-    try:
-        return bool(text.decode("utf-8").strip())
-    except UnicodeDecodeError:
-        return False

@@ -15,7 +15,8 @@ Reply = dict[str, Any]
 
 
 class Admin(Protocol):
-    """What the control socket may do to the server: each method answers the error, if any."""
+    """What the control socket may do to the server (service/lifecycle.py's Admin): each method
+    answers the error, if any."""
 
     def status(self) -> dict[str, Any]: ...
     def restart(self, slot: int) -> str | None: ...

@@ -23,7 +23,7 @@ from ringserve.service.settings import Config
 
 
 class Listeners(Protocol):
-    """What opening and handing over listeners needs of the server."""
+    """What opening and handing over listeners needs of the server (service/ports.py's Ports)."""
 
     @property
     def settings(self) -> Config: ...

@@ -18,17 +18,18 @@ from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
-from ringserve.service.engine.admission import asked_priority, latency_header
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.protocols import admit
+from ringserve.service.protocols.admit import asked_priority, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
     ModelView,
     Router,
     as_integer,
-    encode_text,
     long_text_prefix,
 )
 from ringserve.service.protocols.tasks import vectors
+from ringserve.service.protocols.texts import require
 from ringserve.shm import layout as L
 
 VERSION = "1"
@@ -75,7 +76,7 @@ def guard(
 
 def check_model(server: ModelView, params: dict[str, str]) -> str:
     name = unquote(params["model"])
-    if name != server.model_name:
+    if name != server.model.name:
         raise HttpError(404, f"unknown model {name!r}")
     version = params.get("version")
     if version is not None and unquote(version) != VERSION:
@@ -111,7 +112,7 @@ def metadata_doc(server: ModelView, name: str) -> dict[str, Any]:
             *class_outputs(server, "datatype", ("FP32", "BYTES"), "shape"),
             *embedding_output(server, "datatype", "FP32", "shape"),
         ],
-        "parameters": task_parameters(server) | {"activation": server.manifest.activation},
+        "parameters": task_parameters(server) | {"activation": server.model.manifest.activation},
     }
 
 
@@ -132,8 +133,8 @@ def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[st
         ],
         "parameters": {k: {"string_value": str(v)} for k, v in task_parameters(server).items()}
         | {
-            "labels": {"string_value": ",".join(server.labels)},
-            "activation": {"string_value": server.manifest.activation},
+            "labels": {"string_value": ",".join(server.model.labels)},
+            "activation": {"string_value": server.model.manifest.activation},
         },
     }
     respond_json(conn, ex, doc)
@@ -143,22 +144,23 @@ def class_outputs(
     server: ModelView, kind: str, types: tuple[str, str], dims: str
 ) -> list[dict[str, Any]]:
     """`scores` and `label`, for a model that classifies (an embed-only one gives neither)."""
-    if server.manifest.embed_only:
+    if server.model.manifest.embed_only:
         return []
     return [
-        {"name": "scores", kind: types[0], dims: [-1, len(server.labels)]},
+        {"name": "scores", kind: types[0], dims: [-1, len(server.model.labels)]},
         {"name": "label", kind: types[1], dims: [-1]},
     ]
 
 
 def embedding_output(server: ModelView, kind: str, fp32: str, dims: str) -> list[dict[str, Any]]:
-    m = server.manifest
+    m = server.model.manifest
     return [{"name": EMBEDDING, kind: fp32, dims: [-1, m.dimension]}] if m.embeds else []
 
 
 def task_parameters(server: ModelView) -> dict[str, Any]:
     """The model's tasks (comma list: KServe parameters are scalars) and its dimension."""
-    return {"task": ",".join(server.manifest.task), "dimension": server.manifest.dimension}
+    m = server.model.manifest
+    return {"task": ",".join(m.task), "dimension": m.dimension}
 
 
 def model_ready(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
@@ -261,16 +263,6 @@ def bytes_elements(blob: memoryview) -> list[bytes]:
     return out
 
 
-def check_text(raw: bytes, where: str) -> bytes:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise HttpError(400, f"{where} is not valid UTF-8") from None
-    if not text.strip():
-        raise HttpError(400, f"{where} is empty")
-    return raw
-
-
 def json_elements(data: Any) -> list[Any]:
     """Row-major data, flat or nested one level ([N, 1] written as [["a"], ["b"]])."""
     if not isinstance(data, list):
@@ -297,11 +289,11 @@ def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[b
         if size > len(blob) - pos:
             raise HttpError(400, f"binary_data_size {size} but {len(blob) - pos} bytes left")
         part = blob[pos : pos + size]
-        texts = [check_text(t, f"{name}[{i}]") for i, t in enumerate(bytes_elements(part))]
+        texts = [require(t, f"{name}[{i}]") for i, t in enumerate(bytes_elements(part))]
         pos += size
     elif "data" in spec:
         items = json_elements(spec["data"])
-        texts = [encode_text(t, f"{name}[{i}]") for i, t in enumerate(items)]
+        texts = [require(t, f"{name}[{i}]") for i, t in enumerate(items)]
     else:
         raise HttpError(400, f"input {name} has neither data nor binary_data_size")
     if len(texts) != n:
@@ -488,11 +480,11 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     if request_id is not None and not isinstance(request_id, str):
         raise HttpError(400, "id must be a string")
     texts = read_texts(server, doc, blob)
-    m = server.manifest
+    m = server.model.manifest
     wanted = read_outputs(doc, m.embeds, m.embed_only)
     texts, task = with_options(texts, as_dict(doc.get("parameters"), "parameters"), wanted)
     deadline = request_deadline(server, ex, doc)
-    encoder = encoder_for(server.labels, m.normalize)
+    encoder = encoder_for(server.model.labels, m.normalize)
 
     def done(results: list[Result]) -> None:
         tensors, blobs = encoder.tensors(results, wanted)
@@ -513,4 +505,4 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
 
     asked = as_dict(doc.get("parameters"), "parameters").get("priority")
     priority = asked_priority(asked, "parameters.priority")  # never above the key's
-    server.admission.submit(conn, ex, texts, done, "kserve", deadline, task, priority)
+    admit.submit(server.admission, conn, ex, texts, done, "kserve", deadline, task, priority)

@@ -107,7 +107,7 @@ COUNT: Schema = {"type": "integer", "minimum": 0}
 
 
 def not_blank() -> str:
-    """A regex for "has a character that is not whitespace", whitespace as routes.encode_text's
+    """A regex for "has a character that is not whitespace", whitespace as texts.checked's
     str.strip() counts it: spelled out, since a pattern's \\s (ECMA 262) counts otherwise (it
     has U+FEFF, and not U+001C to U+001F or U+0085)."""
     spaces = "".join(f"\\u{c:04x}" for c in range(0x10000) if chr(c).isspace())
@@ -812,10 +812,10 @@ def beyond_schema(op: Schema) -> Callable[[str], bool]:
 
 
 def facts(server: ModelView, key: bool) -> Facts:
-    m, s = server.manifest, server.settings
+    m, s = server.model.manifest, server.settings
     return Facts(
-        model=server.model_name,
-        labels=list(server.labels),
+        model=server.model.name,
+        labels=list(server.model.labels),
         tasks=list(m.task),
         dimension=m.dimension,
         max_texts=s.max_texts,

@@ -6,37 +6,27 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ringserve.service.engine.admission import RETRY_AFTER, Admission, latency_header
+from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.model_info import ModelInfo
+from ringserve.service.protocols import admit
+from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.texts import require
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
-from ringserve.workers.artifact import Manifest
 
 
 class ModelView(Protocol):
-    """What the /v1 and KServe routes read of the server: a read-only view."""
+    """What the /v1 and KServe routes read of the server (service/front.py's Front): a
+    read-only view. `model` is one frozen value, swapped whole by a reload."""
 
     @property
     def settings(self) -> Config: ...
     @property
     def admission(self) -> Admission: ...
     @property
-    def manifest(self) -> Manifest: ...
-    @property
-    def model_name(self) -> str: ...
-    @property
-    def labels(self) -> list[str]: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def runtime(self) -> str: ...
-    @property
-    def graph(self) -> dict[str, Any]: ...
-    @property
-    def buckets(self) -> tuple[int, ...]: ...
-    @property
-    def pad_grid(self) -> tuple[int, ...]: ...
+    def model(self) -> ModelInfo: ...
     def ready(self) -> bool: ...
 
 
@@ -67,22 +57,11 @@ def as_integer(value: Any) -> int | None:
     return None
 
 
-def encode_text(value: Any, where: str) -> bytes:
-    if not isinstance(value, str):
-        raise HttpError(400, f"{where} must be a string")
-    if not value.strip():
-        raise HttpError(400, f"{where} is empty")
-    try:
-        return value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise HttpError(400, f"{where} is not valid UTF-8 (lone surrogate)") from None
-
-
 def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[bytes]:
     """Each text joined to its pair for the worker (shm/layout.py: PAIR_SEPARATOR)."""
     single = where == "text_pair"
     return [
-        text + L.PAIR_SEPARATOR + encode_text(pair, where if single else f"{where}[{i}]")
+        text + L.PAIR_SEPARATOR + require(pair, where if single else f"{where}[{i}]")
         for i, (text, pair) in enumerate(zip(texts, pairs, strict=True))
     ]
 
@@ -125,10 +104,10 @@ def result_doc(labels: list[str], r: Result) -> dict[str, Any]:
 
 def needs_task(server: ModelView, task: str) -> None:
     """400 naming the model's tasks when it does not do `task`."""
-    tasks = server.manifest.task
+    tasks = server.model.manifest.task
     if task not in tasks:
         raise HttpError(
-            400, f"model {server.model_name} does not {task}; its tasks: {', '.join(tasks)}"
+            400, f"model {server.model.name} does not {task}; its tasks: {', '.join(tasks)}"
         )
 
 
@@ -137,11 +116,11 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
     needs_task(server, "classify")
-    labels = server.labels
+    labels = server.model.labels
     if "text" in doc and "texts" not in doc:
         if "text_pairs" in doc:
             raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
-        texts = [encode_text(doc["text"], "text")]
+        texts = [require(doc["text"], "text")]
         single = True
         if "text_pair" in doc:
             texts = pair_payloads(texts, [doc["text_pair"]], "text_pair")
@@ -153,7 +132,7 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
             raise HttpError(400, "texts must be a list of strings")
         if not 1 <= len(items) <= server.settings.max_texts:
             raise HttpError(400, f"texts must hold 1 to {server.settings.max_texts} items")
-        texts = [encode_text(t, f"texts[{i}]") for i, t in enumerate(items)]
+        texts = [require(t, f"texts[{i}]") for i, t in enumerate(items)]
         single = False
         if "text_pairs" in doc:
             pairs = doc["text_pairs"]
@@ -171,29 +150,30 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
         body = json.dumps(items[0] if single else {"results": items}).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 
-    server.admission.submit(conn, ex, texts, done, "http")
+    admit.submit(server.admission, conn, ex, texts, done, "http")
 
 
 def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    m = server.manifest
+    info = server.model
+    m = info.manifest
     body = {
-        "name": server.model_name,
+        "name": info.name,
         "labels": m.labels,
         "max_length": m.max_length,
         "fingerprint": m.fingerprint,
         "activation": m.activation,
         "architecture": m.extra.get("architecture", "sentence-transformers"),
-        "device": server.device,
-        "buckets": list(server.pad_grid),
-        "length_classes": list(server.buckets),
-        "runtime": server.runtime,
+        "device": info.device,
+        "buckets": list(info.pad_grid),
+        "length_classes": list(info.buckets),
+        "runtime": info.runtime,
         "precision": server.settings.precision,
         "task": m.task,
         "dimension": m.dimension,
     }
-    if server.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
-        body["graph"] = server.graph
-    if server.settings.precision == "int8" and server.runtime == "onnx":
+    if info.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
+        body["graph"] = info.graph
+    if server.settings.precision == "int8" and info.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built
     conn.respond(ex, 200, json.dumps(body).encode())
 

@@ -15,20 +15,21 @@ from typing import Any
 
 import numpy as np
 import orjson
-from ringserve.service.engine.admission import latency_header
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.protocols import admit
+from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
     ModelView,
     Router,
     as_integer,
-    encode_text,
     inference,
     long_text_prefix,
     needs_task,
     pair_payloads,
     parse_json,
 )
+from ringserve.service.protocols.texts import require
 from ringserve.shm import layout as L
 
 
@@ -44,13 +45,13 @@ def _object(ex: Exchange) -> dict[str, Any]:
 def text_list(value: Any, where: str, limit: int, one_ok: bool = True) -> list[bytes]:
     """A string (when `one_ok`) or a list of 1 to `limit` non-empty strings, as UTF-8."""
     if isinstance(value, str) and one_ok:
-        return [encode_text(value, where)]
+        return [require(value, where)]
     if not isinstance(value, list):
         kind = "a string or a list of strings" if one_ok else "a list of strings"
         raise HttpError(400, f"{where} must be {kind}")
     if not 1 <= len(value) <= limit:
         raise HttpError(400, f"{where} must hold 1 to {limit} items, not {len(value)}")
-    return [encode_text(t, f"{where}[{i}]") for i, t in enumerate(value)]
+    return [require(t, f"{where}[{i}]") for i, t in enumerate(value)]
 
 
 def _with_options(doc: dict[str, Any], texts: list[bytes], embed: bool) -> list[bytes]:
@@ -76,7 +77,7 @@ def _submit(
         body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 
-    server.admission.submit(conn, ex, payloads, done, "http", task=task)
+    admit.submit(server.admission, conn, ex, payloads, done, "http", task=task)
 
 
 # -- embeddings ----------------------------------------------------------------------------------
@@ -125,10 +126,10 @@ def openai_embeddings(
     fmt = doc.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise HttpError(400, 'encoding_format must be "float" or "base64"')
-    keep = _dimensions(doc, server.manifest.dimension)
-    name = server.model_name
+    keep = _dimensions(doc, server.model.manifest.dimension)
+    name = server.model.name
     # A cut vector is renormalized (OpenAI's `dimensions`); a whole one as the model does.
-    normalize = server.manifest.normalize or bool(keep)
+    normalize = server.model.manifest.normalize or bool(keep)
 
     def answer(results: list[Result]) -> bytes:
         vecs = vectors(results, normalize, keep)
@@ -199,7 +200,7 @@ def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int
 
 def _pairs(server: ModelView, doc: dict[str, Any], docs: list[Any], where: str) -> list[bytes]:
     needs_task(server, "rerank")
-    query = encode_text(doc.get("query"), "query")
+    query = require(doc.get("query"), "query")
     queries = [query] * len(docs)
     return _with_options(doc, pair_payloads(queries, docs, where), embed=False)
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from ringserve.service.app import resolve_device
+from ringserve.service.device import resolve_device
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
 from ringserve.service.pool.placement import gpu_indices

@@ -81,10 +81,10 @@ def test_every_served_route_is_documented(
                 method.upper(), concrete, b"{}" if method == "post" else None
             )
             assert status not in (404, 405), (method, path, status)
-    from ringserve.service.app import Server
+    from ringserve.service.app import App
 
     async def build() -> list[tuple[str, str]]:
-        server = Server(Config(model=default_model))
+        server = App(Config(model=default_model))
         server.prepare()
         return server.inference_router().routes
 

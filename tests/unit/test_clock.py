@@ -8,6 +8,7 @@ what they are asked to do; everything under test is the production code.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -404,7 +405,9 @@ def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
     import asyncio
     import threading
 
-    from ringserve.service import app
+    from ringserve.service import lifecycle
+    from ringserve.service.logs import EventLog
+    from ringserve.service.model_info import ModelInfo
     from ringserve.workers.artifact import load_manifest
 
     threads: list[threading.Thread] = []
@@ -413,18 +416,18 @@ def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
         threads.append(threading.current_thread())
         return load_manifest(path)  # the real check: read and hash the real artifact
 
-    monkeypatch.setattr(app, "load_manifest", recording)
-    server = app.Server(Config())
-    server.model_dir = default_model
-    server.manifest = load_manifest(default_model)
-    server.supervisor = Rolls()  # type: ignore[assignment]
+    monkeypatch.setattr(lifecycle, "load_manifest", recording)
+    model = ModelInfo(load_manifest(default_model), default_model, None, "cpu", "torch", {}, (), ())
+    front: Any = SimpleNamespace(model=model, keys=None, draining=False)
+    supervisor: Any = Rolls()
+    server = lifecycle.Reloader(EventLog("error"), front, supervisor)
 
     async def two_asks() -> list[str | None]:
         return list(await asyncio.gather(server.reload("a"), server.reload("b")))
 
     assert asyncio.run(two_asks()) == [None, None]
     assert len(threads) == 1 and threads[0] is not threading.main_thread()
-    assert server.supervisor.generation == 1  # one verification, one roll
+    assert supervisor.generation == 1  # one verification, one roll
 
 
 # -- priority: interactive first, bulk never starved ---------------------------------------------

@@ -23,9 +23,8 @@ ROOMS = ("service", "workers", "shm", "wire", "factory")
 # Not installed: test scaffolding, tests and benchmarks. Read for the bare-import rule only.
 SCAFFOLDING = ("devkit", "benchmarks", "tests")
 APP = "ringserve.service.app"
-# Who may import the app: the command line. service.offline.batch still takes resolve_device
-# from it; the lead removes this exception when resolve_device moves to service/device.py.
-APP_USERS = {"ringserve.service.cli", "ringserve.service.offline.batch"}
+# Who may import the app: the command line, and nobody else.
+APP_USERS = {"ringserve.service.cli"}
 
 # module -> {(imported name, at module level)}; names as written, resolved to a module of the
 # tree where one is named (`from a.b import c` counts a.b.c when c is a module, else a.b).
@@ -249,7 +248,7 @@ def test_no_import_cycle_in_service() -> None:
 
 def test_only_the_entry_points_import_the_app() -> None:
     users = {m for m, deps in graph().items() if APP in deps}
-    # the command line, and batch for resolve_device (see APP_USERS)
+    # the command line only (see APP_USERS)
     assert users <= APP_USERS, users
     assert app_importers(full_graph()) == set()
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringserve.service.engine.admission import asked_priority
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.protocols import kserve
+from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import ModelView
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
+from ringserve.service.protocols.texts import require
 
 
 def param_value(p: pb.InferParameter) -> Any:
@@ -44,7 +45,7 @@ class InferJob:
 
 
 def check_model(server: ModelView, name: str, version: str) -> None:
-    if name != server.model_name:
+    if name != server.model.name:
         raise HttpError(404, f"unknown model {name!r}")
     if version and version != kserve.VERSION:
         raise HttpError(404, f"unknown version {version!r} of model {name!r}")
@@ -64,7 +65,7 @@ def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
         items = kserve.bytes_elements(memoryview(raw))
     else:
         items = list(spec.contents.bytes_contents)
-    texts = [kserve.check_text(t, f"{name}[{i}]") for i, t in enumerate(items)]
+    texts = [require(t, f"{name}[{i}]") for i, t in enumerate(items)]
     if len(texts) != n:
         raise HttpError(400, f"input {name} has shape {list(spec.shape)} but {len(texts)} elements")
     return texts
@@ -83,7 +84,7 @@ def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
     params = params_dict(req.parameters)
     outputs = [{"name": o.name, "parameters": params_dict(o.parameters)} for o in req.outputs]
     default = {"binary_data_output": bool(params.get("binary_data_output", True))}
-    m = server.manifest
+    m = server.model.manifest
     asked = kserve.read_outputs({"parameters": default, "outputs": outputs}, m.embeds, m.embed_only)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     wanted = [(name, raw_out) for name, _ in asked]
@@ -105,10 +106,10 @@ def set_param(p: pb.InferParameter, value: Any) -> None:
 
 
 def answer(server: ModelView, job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
-    encoder = kserve.encoder_for(server.labels, server.manifest.normalize)
+    encoder = kserve.encoder_for(server.model.labels, server.model.manifest.normalize)
     tensors, blobs = encoder.tensors(results, job.wanted)
     rsp = pb.ModelInferResponse(
-        model_name=server.model_name, model_version=kserve.VERSION, id=job.request_id
+        model_name=server.model.name, model_version=kserve.VERSION, id=job.request_id
     )
     if any(r.flags for r in results):
         for key, value in kserve.long_text_parameters(results).items():

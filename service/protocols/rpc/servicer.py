@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import grpc
 from ringserve.service.engine.admission import failure, first_failure
 from ringserve.service.engine.dispatcher import Result
-from ringserve.service.engine.tenants import INTERACTIVE, PRIORITY_NAMES, KeyRing, Tenant
+from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
 from ringserve.service.logs import EventLog
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.http import HttpError
@@ -74,7 +74,7 @@ class Servicer:
         self, req: pb.ModelMetadataRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.ModelMetadataResponse:
         infer.check_model(self.host, req.name, req.version)
-        doc = kserve.metadata_doc(self.host, self.host.model_name)
+        doc = kserve.metadata_doc(self.host, self.host.model.name)
         rsp = pb.ModelMetadataResponse(
             name=doc["name"], versions=doc["versions"], platform=doc["platform"]
         )
@@ -93,14 +93,14 @@ class Servicer:
     async def model_infer(
         self, req: pb.ModelInferRequest, context: grpc.ServicerContext, tenant: Tenant | None
     ) -> pb.ModelInferResponse:
-        """The steps of Admission.submit for HTTP: the key's rate (429), its priority (a
-        request may lower it), the trace, then the one queue (503)."""
+        """Admission as for HTTP: the key's priority (a request may lower it), the trace, then
+        Admission.submit: the key's rate (429), then the one queue (503)."""
         received = time.monotonic_ns()
         trace = self.start_trace(context, received)
         try:
             job = infer.read_request(self.host, req)
             deadline = self.deadline_ns(context, job.timeout_us)
-            level = tenant.priority_for(job.priority) if tenant else job.priority or INTERACTIVE
+            level = self.host.admission.level(tenant, job.priority)
             if trace is not None:
                 trace.root.set_attributes(
                     {"ringserve.task": job.task, "ringserve.priority": PRIORITY_NAMES[level]}
@@ -124,15 +124,6 @@ class Servicer:
     async def run(
         self, job: infer.InferJob, deadline: int, level: int, tenant: Tenant | None, trace: Any
     ) -> list[Result]:
-        admission = self.host.admission
-        d = admission.dispatcher
-        now = d.clock()
-        if tenant is not None and not tenant.take(now):
-            if self.host.keys is not None:
-                self.host.keys.counts(tenant.name).limited += 1
-            if trace is not None:
-                trace.refused(now, "rate_limited")
-            raise RateLimited(tenant.retry_after_s())
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[list[Result]] = loop.create_future()
 
@@ -140,19 +131,15 @@ class Servicer:
             if not answered.done():  # a cancelled call leaves its future cancelled
                 answered.set_result(results)
 
-        name = tenant.name if tenant is not None else ""
-        admitted = d.clock()
-        if not d.submit(job.texts, deadline, done, "grpc", job.task, level, name):
-            if trace is not None:
-                trace.refused(d.clock(), "overloaded")
-            raise HttpError(503, admission.refusal())
-        if self.host.keys is not None and tenant is not None:
-            self.host.keys.admitted(name, len(job.texts), level)
-        if trace is not None:
-            trace.admitted(admitted, len(job.texts), sum(len(t) for t in job.texts))
+        admission = self.host.admission
+        refusal = admission.submit(
+            job.texts, deadline, done, "grpc", job.task, tenant, level, trace
+        )
+        if refusal is not None and refusal.code == 429:
+            raise RateLimited(refusal.retry_after_s)
+        if refusal is not None:
+            raise HttpError(refusal.code, refusal.message)
         results = await answered
-        if trace is not None:
-            trace.answered(results, d.clock())
         failed = first_failure(results)
         if failed is not None:
             raise HttpError(*failure(failed))

@@ -1,0 +1,145 @@
+"""HTTP's side of admission, for our /v1 routes and KServe: a request's deadline, priority and
+trace from its headers, then the engine's `Admission`; and the answers to a refusal (429, 503)
+or to a failed text (413, 500, 503, 504)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ringserve.service.engine.admission import (
+    STATUS_HTTP,
+    STATUS_MESSAGE,
+    Admission,
+    Refusal,
+    first_failure,
+    too_long,
+)
+from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.tenants import PRIORITIES, PRIORITY_NAMES, Tenant
+from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.shm import layout as L
+
+if TYPE_CHECKING:
+    from ringserve.service.ops.tracing import RequestTrace, Tracing
+
+RETRY_AFTER = [(b"retry-after", b"1")]
+
+
+def latency_header(ex: Exchange) -> tuple[bytes, bytes]:
+    return (b"x-latency-ms", b"%.1f" % ((time.monotonic_ns() - ex.done_ns) / 1e6))
+
+
+def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
+    status = STATUS_HTTP.get(failed.status, 500)
+    extra = [latency_header(ex)]
+    if status == 503:
+        extra += RETRY_AFTER
+    if failed.status == L.STATUS_TOO_LONG:  # the counts as fields too, for programs
+        message, counts = too_long(failed)
+        body = json.dumps({"error": message, **counts}).encode()
+        conn.respond(ex, 413, body, extra=extra)
+        return
+    conn.respond_error(ex, status, STATUS_MESSAGE.get(failed.status, "internal error"), extra)
+
+
+def respond_refusal(conn: HttpProtocol, ex: Exchange, refusal: Refusal) -> None:
+    """429 over the key's rate or 503 from the queue, with the seconds until a retry fits."""
+    extra = [latency_header(ex), (b"retry-after", str(refusal.retry_after_s).encode())]
+    conn.respond_error(ex, refusal.code, refusal.message, extra)
+
+
+def asked_priority(value: object, where: str) -> int | None:
+    """A request's own priority: `interactive` or `bulk` (X-Priority, KServe `priority`);
+    KServe's integer levels as Triton reads them (1 the highest: interactive; 2 and more:
+    bulk; 0: the key's own)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if isinstance(value, bool):
+        raise HttpError(400, f"{where} must be interactive or bulk")
+    if isinstance(value, int):
+        if value < 0:
+            raise HttpError(400, f"{where} must be interactive, bulk, or a level 0 and up")
+        return None if value == 0 else min(value - 1, 1)
+    if isinstance(value, str) and value.strip().lower() in PRIORITIES:
+        return PRIORITIES[value.strip().lower()]
+    raise HttpError(400, f"{where} must be interactive or bulk")
+
+
+def deadline_ns(ex: Exchange, timeout_s: float) -> int:
+    """The request's own X-Request-Timeout-Ms after its last byte, else the default."""
+    raw = ex.headers.get(b"x-request-timeout-ms")
+    if raw is not None:
+        try:
+            ms = float(raw)
+        except ValueError:
+            raise HttpError(400, "X-Request-Timeout-Ms must be a number") from None
+        if not ms > 0 or ms > 86_400_000:
+            raise HttpError(400, "X-Request-Timeout-Ms must be in (0, 86400000]")
+        timeout_s = ms / 1000
+    return ex.done_ns + int(timeout_s * 1e9)
+
+
+def submit(
+    admission: Admission,
+    conn: HttpProtocol,
+    ex: Exchange,
+    texts: list[bytes],
+    on_ok: Callable[[list[Result]], None],
+    protocol: str,
+    deadline: int | None = None,
+    task: str = "classify",
+    priority: int | None = None,
+) -> None:
+    """Admit texts for inference, or answer 429 or 503 at once. `deadline` overrides the
+    header's, `priority` (a KServe parameter) the X-Priority header's; neither raises the
+    key's priority. `on_ok` gets the results when every text succeeded; any failure is
+    answered here."""
+    if deadline is None:
+        deadline = deadline_ns(ex, admission.timeout_s)
+    if priority is None:
+        priority = asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
+    tenant: Tenant | None = ex.tenant
+    level = admission.level(tenant, priority)
+    trace = None
+    if admission.tracing is not None:
+        trace = ex.trace = start_trace(admission.tracing, ex, protocol, task, tenant, level)
+
+    def done(results: list[Result]) -> None:
+        failed = first_failure(results)
+        if failed is None:
+            on_ok(results)
+        else:
+            respond_failure(conn, ex, failed)
+
+    refusal = admission.submit(texts, deadline, done, protocol, task, tenant, level, trace)
+    if refusal is not None:
+        respond_refusal(conn, ex, refusal)
+
+
+def start_trace(
+    tracing: Tracing, ex: Exchange, protocol: str, task: str, tenant: Tenant | None, level: int
+) -> RequestTrace | None:
+    path = ex.url.split(b"?", 1)[0].decode("utf-8", "replace")
+    method = ex.method.decode("latin-1")
+    attrs = {
+        "http.request.method": method,
+        "url.path": path,
+        "ringserve.task": task,
+        "ringserve.priority": PRIORITY_NAMES[level],
+        "ringserve.request_id": ex.request_id.decode("latin-1"),
+    }
+    if tenant is not None:
+        attrs["ringserve.tenant"] = tenant.name
+    return tracing.start(
+        f"{method} {path}",
+        protocol,
+        ex.done_ns,
+        ex.headers.get(b"traceparent"),
+        ex.headers.get(b"tracestate"),
+        attrs,
+    )

@@ -1,0 +1,76 @@
+"""Admission, protocol-neutral: it admits or says why not (a Refusal), and counts what it
+refuses; each protocol writes its own answer. In process, on a fake clock, without workers."""
+
+from __future__ import annotations
+
+from ringserve.service.engine.admission import Admission, Done, Refusal
+from ringserve.service.engine.dispatcher import INTERACTIVE, Dispatcher, Result
+from ringserve.service.engine.tenants import BULK, Tenant
+from ringserve.service.protocols.texts import checked
+
+S = 1_000_000_000
+
+
+def admission(max_queue: int) -> tuple[Admission, Dispatcher]:
+    d = Dispatcher(max_queue, clock=lambda: 5 * S)
+    return Admission(d, lambda: d.why, 30.0), d
+
+
+def ignore(results: list[Result]) -> None:
+    pass
+
+
+def test_a_request_is_admitted_whole_or_refused_with_the_reason() -> None:
+    a, d = admission(1)
+    assert a.submit([b"one"], 10 * S, ignore, "http", "classify", None, INTERACTIVE) is None
+    refusal = a.submit([b"two"], 10 * S, ignore, "kserve", "classify", None, INTERACTIVE)
+    assert refusal == Refusal(503, "queue is full", 1)
+    assert d.rejected == 1 and len(d.inflight) == 1
+
+
+def test_over_the_key_rate_is_a_429_with_the_wait_and_the_queue_is_untouched() -> None:
+    a, d = admission(8)
+    tenant = Tenant("beta", rate=0.5, burst=1)
+    assert a.submit([b"x"], 10 * S, ignore, "grpc", "classify", tenant, INTERACTIVE) is None
+    refusal = a.submit([b"y"], 10 * S, ignore, "grpc", "classify", tenant, INTERACTIVE)
+    assert refusal == Refusal(429, "over the key's rate of 0.5 requests/s", 2)
+    assert d.rejected == 0 and len(d.inflight) == 1
+
+
+def test_frames_are_admitted_in_part_and_the_rest_counted_as_refused() -> None:
+    a, d = admission(2)
+    made: list[tuple[int, int]] = []
+
+    def on_admit(k: int, level: int) -> Done:
+        made.append((k, level))
+        return ignore
+
+    k, within = a.submit_each([b"a", b"b", b"c"], 10 * S, on_admit, "binary", "classify", None)
+    assert (k, within) == (2, 3) and made == [(2, INTERACTIVE)]
+    assert d.rejected == 1  # counted by the admission: the protocol only answers it
+    a.refuse(2)  # frames a protocol refused itself (past its bound of answers owed)
+    assert d.rejected == 3
+
+
+def test_frames_over_the_key_rate_are_cut_first_and_keep_the_key_priority() -> None:
+    a, d = admission(8)
+    tenant = Tenant("beta", rate=1.0, burst=2, priority=BULK)
+    made: list[tuple[int, int]] = []
+
+    def on_admit(k: int, level: int) -> Done:
+        made.append((k, level))
+        return ignore
+
+    frames = [b"a", b"b", b"c"]
+    k, within = a.submit_each(frames, 10 * S, on_admit, "binary", "embed", tenant, b"!")
+    assert (k, within) == (2, 2) and made == [(2, BULK)] and d.rejected == 0
+    assert all(r.payload.endswith((b"!a", b"!b")) for r in d.inflight.values())
+
+
+def test_one_text_check_for_every_protocol() -> None:
+    assert checked("héllo") == ("héllo".encode(), "")
+    assert checked(b"ok") == (b"ok", "")
+    assert checked(" \n") == (b"", "is empty") and checked(b"\t") == (b"", "is empty")
+    assert checked(b"\xff") == (b"", "is not valid UTF-8")
+    assert checked("\ud800") == (b"", "is not valid UTF-8 (lone surrogate)")
+    assert checked(3) == (b"", "must be a string")
