@@ -85,7 +85,7 @@ class App:
         """The operator routes, with their collector wired in: the pool hands each released
         worker's last counters to it."""
         m = metrics.register(router, self.metrics_view)
-        self.supervisor.on_release = m.workers.retire
+        self.supervisor.procs.on_release = m.workers.retire
 
     async def start_listeners(self) -> None:
         s, ports = self.settings, self.ports

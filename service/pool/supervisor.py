@@ -222,15 +222,6 @@ class Supervisor:
         self.forker.close()
         await self.procs.stop(timeout)
 
-    @property
-    def on_release(self) -> Callable[[WorkerHandle], None] | None:
-        """Called just before a worker's segments are released (Processes.on_release)."""
-        return self.procs.on_release
-
-    @on_release.setter
-    def on_release(self, hook: Callable[[WorkerHandle], None] | None) -> None:
-        self.procs.on_release = hook
-
     # -- views ----------------------------------------------------------------------------------
     @property
     def restarts_total(self) -> int:

@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from ringserve.service.device import resolve_device
+from ringserve.service.device import gpu_indices, resolve_device
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
-from ringserve.service.pool.placement import gpu_indices
 from ringserve.service.pool.policy import DEVICE_RETRIES
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.settings import Config
