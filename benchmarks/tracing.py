@@ -21,8 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import SST2, Launched, classify_request, load_texts, run_load
-from benchmarks.otlp import Receiver
+from devkit.http import classify_request
+from devkit.launcher import SST2, Launched, load_texts
+from devkit.load import run_load
+from devkit.otlp import Receiver
 
 
 def main(argv: list[str] | None = None) -> int:

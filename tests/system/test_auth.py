@@ -27,8 +27,8 @@ from ringserve.wire.client import AsyncBinaryClient, AuthError, BinaryClient
 from ringserve.wire.frames import auth_frame, encode_frame
 from tritonclient.utils import InferenceServerException
 
-from benchmarks.common import free_port
-from tests.conftest import ROOT, ServerProc, wait_for
+from devkit.launcher import ROOT, free_port
+from devkit.server import ServerProc, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -371,7 +371,7 @@ def test_operator_pages_move(operated: ServerProc) -> None:
 
 def test_dashboard_on_operator_port(operated: ServerProc, tmp_path: Path) -> None:
     try:
-        from tests.system.test_dashboard import CHROMIUM, Browser, card_field
+        from devkit.browser import CHROMIUM, Browser, card_field
     except ImportError:  # pragma: no cover
         pytest.skip("tests.test_dashboard is not importable")
     if CHROMIUM is None:

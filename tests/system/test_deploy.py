@@ -18,7 +18,7 @@ import pytest
 import yaml
 from ringserve.service.settings import cgroup_cpu_limit
 
-from tests.conftest import ROOT
+from devkit.launcher import ROOT
 
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"  # the newest kubernetes-validate knows

@@ -16,22 +16,14 @@ import psutil
 import pytest
 from ringserve.wire.frames import encode_frame, parse_answers
 
-from tests.conftest import wait_for
-from tests.load import Load
+from devkit.load import Load
+from devkit.server import refused, wait_for
 
 
 def post(conn: http.client.HTTPConnection, text: str) -> tuple[int, str | None, bytes]:
     conn.request("POST", "/v1/classify", json.dumps({"text": text}))
     resp = conn.getresponse()
     return resp.status, resp.getheader("connection"), resp.read()
-
-
-def refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except ConnectionRefusedError:
-        return True
-    return False
 
 
 def closed_by_peer(sock: socket.socket) -> bool:

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, ServerProc
+from devkit.launcher import ROOT
+from devkit.server import ServerProc
 from tests.system.test_metrics import LONG_TEXT, fake_gpu_exposition
 
 GRAFANA = ROOT / "deploy" / "grafana"

@@ -32,10 +32,9 @@ from grpc_tools import protoc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, ServerProc, serving, wait_for
-from tests.load import GrpcLoad
-from tests.system.test_drain import refused
-from tests.system.test_upgrade import listening
+from devkit.launcher import ROOT
+from devkit.load import GrpcLoad
+from devkit.server import ServerProc, listening, refused, serving, wait_for
 
 KEY = "grpc-test-key"
 AUTH = {"authorization": f"Bearer {KEY}"}

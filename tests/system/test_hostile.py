@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ServerProc, wait_for
+from devkit.server import ServerProc, wait_for
 
 MAX_BODY = 65536
 READ_TIMEOUT_S = 1.0

@@ -29,8 +29,8 @@ from ringserve.shm.control import ControlBlock
 from ringserve.shm.segment import Segment
 from ringserve.wire.client import BinaryClient
 
-from benchmarks.common import HttpConn, http_message
-from tests.conftest import ServerProc, wait_for
+from devkit.http import HttpConn, http_message
+from devkit.server import ServerProc, wait_for
 
 REQUIRED = {
     # family name (as the parser names it) -> (type, label names)

@@ -26,7 +26,7 @@ from openapi_spec_validator import validate
 from ringserve.service.protocols import openapi
 from ringserve.service.settings import Config
 
-from tests.conftest import ServerProc, serving, wait_for
+from devkit.server import ServerProc, serving, wait_for
 from tests.openapi_checks import fuzz, summary
 
 INPUTS = int(os.environ.get("RINGSERVE_FUZZ_EXAMPLES", "1200"))

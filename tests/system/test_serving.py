@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from ringserve.workers.artifact import load_tokenizer, onnx_available, reference_logits
 
-from tests.conftest import ServerProc, segments_of
+from devkit.server import ServerProc, segments_of
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

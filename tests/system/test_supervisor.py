@@ -19,8 +19,9 @@ import psutil
 import pytest
 from ringserve.shm.segment import Segment
 
-from tests.conftest import ROOT, ServerProc, segments_of, wait_for
-from tests.load import Load
+from devkit.launcher import ROOT
+from devkit.load import Load
+from devkit.server import ServerProc, segments_of, wait_for
 
 
 def serving(srv: ServerProc) -> dict[int, int]:

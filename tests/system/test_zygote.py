@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import ServerProc, segments_of, wait_for
-from tests.load import Load
+from devkit.load import Load
+from devkit.server import ServerProc, segments_of, wait_for
 
 
 def events(srv: ServerProc, name: str) -> list[dict]:  # type: ignore[type-arg]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from ringserve.service.offline import corpus as C
 
-from tests.conftest import ROOT
+from devkit.launcher import ROOT
 
 LINES = [b"good one", b"", b"   ", b"\xff\xfe not utf-8", "caf\u00e9 \u2603".encode(), b"last"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.conftest import ROOT
+from devkit.launcher import ROOT
 
 ROOMS = ("service", "workers", "shm", "wire", "factory")
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ringserve.wire.frames import LENGTH, AnswerParser, encode_frame
 
-from tests.conftest import ServerProc
+from devkit.server import ServerProc
 
 pytestmark = pytest.mark.timeout(180)
 CHUNKED = settings(
