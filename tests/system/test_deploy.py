@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import yaml
-from ringserve.service.settings import cgroup_cpu_limit
 
 from devkit.launcher import ROOT
 
@@ -241,23 +240,6 @@ def test_systemd_verify_catches_a_typo(tmp_path: Path) -> None:
 
 
 # -- what the files rely on ----------------------------------------------------------------------
-def test_cgroup_cpu_limit_formats(tmp_path: Path) -> None:
-    v2 = tmp_path / "v2"
-    (v2 / "pod").mkdir(parents=True)
-    (v2 / "pod" / "cpu.max").write_text("150000 100000\n")
-    proc = tmp_path / "cgroup-v2"
-    proc.write_text("0::/pod\n")
-    assert cgroup_cpu_limit(str(v2), str(proc)) == 1.5
-    (v2 / "pod" / "cpu.max").write_text("max 100000\n")
-    assert cgroup_cpu_limit(str(v2), str(proc)) is None
-    v1 = tmp_path / "v1" / "cpu,cpuacct" / "pod"
-    v1.mkdir(parents=True)
-    (v1 / "cpu.cfs_quota_us").write_text("300000\n")
-    (v1 / "cpu.cfs_period_us").write_text("100000\n")
-    proc.write_text("4:cpu,cpuacct:/pod\n1:name=systemd:/pod\n")
-    assert cgroup_cpu_limit(str(tmp_path / "v1"), str(proc)) == 3.0
-
-
 def real_cgroup_v1() -> Path | None:
     root = Path("/sys/fs/cgroup/cpu")
     if not (root / "cpu.cfs_quota_us").exists() or not os.access(root, os.W_OK):

@@ -8,8 +8,6 @@ what they are asked to do; everything under test is the production code.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
 from ringserve.service.protocols.http import MAX_PIPELINE, Exchange, HttpProtocol, HttpServerState
@@ -385,46 +383,6 @@ def test_a_worker_holding_nothing_takes_a_text_over_the_hold() -> None:
     d.hold_cost = 10
     d.submit([b"x" * 400, b"y" * 400], 0, Calls())  # each costs 108
     assert len(w.ring) == 1 and len(d.waiting) == 1
-
-
-# -- reload, off the loop -------------------------------------------------------------------------
-class Rolls:
-    """Stands in for the supervisor: counts the rolls a reload asks for."""
-
-    def __init__(self) -> None:
-        self.generation = 0
-
-    def reload(self) -> None:
-        self.generation += 1
-
-
-def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
-    default_model: str, monkeypatch: Any
-) -> None:
-    import asyncio
-    import threading
-
-    from ringserve.service import app
-    from ringserve.workers.artifact import load_manifest
-
-    threads: list[threading.Thread] = []
-
-    def recording(path: str) -> Any:
-        threads.append(threading.current_thread())
-        return load_manifest(path)  # the real check: read and hash the real artifact
-
-    monkeypatch.setattr(app, "load_manifest", recording)
-    server = app.Server(Config())
-    server.model_dir = default_model
-    server.manifest = load_manifest(default_model)
-    server.supervisor = Rolls()  # type: ignore[assignment]
-
-    async def two_asks() -> list[str | None]:
-        return list(await asyncio.gather(server.reload("a"), server.reload("b")))
-
-    assert asyncio.run(two_asks()) == [None, None]
-    assert len(threads) == 1 and threads[0] is not threading.main_thread()
-    assert server.supervisor.generation == 1  # one verification, one roll
 
 
 # -- priority: interactive first, bulk never starved ---------------------------------------------
