@@ -38,7 +38,7 @@ def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
     server = app.Server(Config())
     server.model_dir = default_model
     server.manifest = load_manifest(default_model)
-    server.supervisor = Rolls()  # type: ignore[assignment]
+    server.supervisor = Rolls()
 
     async def two_asks() -> list[str | None]:
         return list(await asyncio.gather(server.reload("a"), server.reload("b")))

@@ -324,7 +324,7 @@ def operated(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> It
         ["--workers", "1", "--spares", "0", "--access-log", "1", "--api-key", KEY,
          "--operator-port", str(free_port())],
     )  # fmt: skip
-    srv.operator_port = int(srv.args[srv.args.index("--operator-port") + 1])  # type: ignore[attr-defined]
+    srv.operator_port = int(srv.args[srv.args.index("--operator-port") + 1])
     try:
         srv.wait_ready()  # by the probe: status needs the key
     except BaseException:
@@ -338,7 +338,7 @@ def operated(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> It
 def operator_request(srv: ServerProc, path: str) -> tuple[int, bytes]:
     import http.client
 
-    port: int = srv.operator_port  # type: ignore[attr-defined]
+    port: int = srv.operator_port
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
         conn.request("GET", path)
@@ -378,7 +378,7 @@ def test_dashboard_on_operator_port(operated: ServerProc, tmp_path: Path) -> Non
         pytest.skip("chromium is not installed (python tests/install_browser.py, as root)")
     browser = Browser(tmp_path / "chromium-profile")
     try:
-        browser.open(f"http://127.0.0.1:{operated.operator_port}/dashboard")  # type: ignore[attr-defined]
+        browser.open(f"http://127.0.0.1:{operated.operator_port}/dashboard")
         workers = operated.ctl({"cmd": "status", "key": KEY})["workers"]
         serving = next(w for w in workers if w["id"] == 0)
         cards = "document.querySelectorAll('#workers .card').length"

@@ -165,7 +165,7 @@ def test_kserve_runtime_serves_under_the_inference_service_name() -> None:
     assert float(args["shutdown-delay-s"]) + float(args["drain-timeout-s"]) < 30
 
 
-def test_model_name_serves_kserve_paths(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_model_name_serves_kserve_paths(start_server) -> None:
     srv = start_server("--workers", "1", "--spares", "0", "--model-name", "sst2-minilm-isvc")
     assert srv.request("GET", "/v2/models/sst2-minilm-isvc/ready")[0] == 200
     assert srv.request("GET", "/v2/models/sst2-minilm/ready")[0] == 404
@@ -219,7 +219,7 @@ def test_systemd_unit_verifies_clean(tmp_path: Path, unit: str) -> None:
     # verify exits 0 on unknown keys and bad values; its warnings are the failures.
     assert verify.returncode == 0 and verify.stdout + verify.stderr == "", verify.stderr
     security = analyze("security", "--offline=true", str(path))
-    score = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", security.stdout)[1])  # type: ignore[index]
+    score = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", security.stdout)[1])
     print(f"{unit}: systemd-analyze verify clean; security exposure {score}")
     assert score < 3.0
     text = path.read_text()
@@ -272,7 +272,7 @@ def test_default_workers_follow_a_real_cgroup_limit() -> None:
         group.rmdir()
 
 
-def test_sd_notify_ready_once_serving(start_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_sd_notify_ready_once_serving(start_server, tmp_path: Path) -> None:
     """Type=notify: a real datagram socket as systemd's NOTIFY_SOCKET gets READY=1 only when the
     server answers ready, and STOPPING=1 on SIGTERM."""
     path = tmp_path / "notify.sock"

@@ -397,9 +397,9 @@ def test_percentiles_and_windows() -> None:
     group: Any = None
     ok = SimpleNamespace(status=0, bucket=0, queued_us=100, model_us=2000)
     for ms in range(1, 101):  # 1..100 ms
-        stats.observe(group, ok, ms * 1_000_000)  # type: ignore[arg-type]
-    stats.observe(group, SimpleNamespace(status=3), 0)  # type: ignore[arg-type]
-    stats.observe(group, SimpleNamespace(status=0, bucket=7, queued_us=1, model_us=1), 5)  # type: ignore[arg-type]
+        stats.observe(group, ok, ms * 1_000_000)
+    stats.observe(group, SimpleNamespace(status=3), 0)
+    stats.observe(group, SimpleNamespace(status=0, bucket=7, queued_us=1, model_us=1), 5)
     summary = stats.last_minute()["latency_ms"]
     assert summary["64"]["count"] == 100
     assert 40 <= summary["64"]["p50"] <= 60 and 90 <= summary["64"]["p99"] <= 110

@@ -123,7 +123,7 @@ def test_keep_alive_and_pipelining(shared_server: ServerProc) -> None:
     assert data.rfind(b'"fingerprint"') > data.rfind(b'"label": "positive"')  # order kept
 
 
-def test_server_exits_clean(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_server_exits_clean(start_server) -> None:
     srv = start_server("--workers", "1", "--spares", "1")
     srv.wait_spares(1)
     pid = srv.pid

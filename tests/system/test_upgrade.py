@@ -21,7 +21,7 @@ def handed_over(srv: ServerProc) -> list[str]:
     )
 
 
-def test_reuse_port_upgrade_refuses_nothing(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_reuse_port_upgrade_refuses_nothing(start_server, sst2_texts) -> None:
     """Two upgrades in a row (A -> B -> C, as blue/green alternates) under keep-alive clients and
     two clients that open a connection per request: nothing fails, nothing is refused or reset."""
     args = ["--reuse-port", "--workers", "1", "--spares", "0", "--drain-timeout-s", "10"]
@@ -54,7 +54,7 @@ def test_reuse_port_upgrade_refuses_nothing(start_server, sst2_texts) -> None:  
     assert old.stop() == 0
 
 
-def test_second_server_never_takes_a_live_control_socket(start_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_second_server_never_takes_a_live_control_socket(start_server, tmp_path) -> None:
     first = start_server("--workers", "1", "--spares", "0", workers=1)
     second = subprocess.run(
         [sys.executable, "-m", "ringserve.service.cli", "serve", "--port", "0",

@@ -152,7 +152,7 @@ def echo(conn: HttpProtocol, ex: Exchange) -> None:
 def exchange_http(data: bytes, cuts: list[int] | str, count: int) -> list[Any]:
     state = HttpServerState(Config(), echo, lambda *_: None)
     conn, transport = HttpProtocol(state), Transport()
-    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.connection_made(transport)
     for piece in pieces(data, cuts):
         conn.data_received(piece)
     answers = read_http(transport.written, count)
@@ -254,8 +254,8 @@ def exchange_binary(cuts: list[int] | str) -> dict[int, tuple[int, int, list[flo
         admission=SimpleNamespace(tracing=None),
         count=lambda *_: None,
     )
-    conn, transport = BinaryProtocol(BinaryServerState(host)), Transport()  # type: ignore[arg-type]
-    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn, transport = BinaryProtocol(BinaryServerState(host)), Transport()
+    conn.connection_made(transport)
     for piece in pieces(binary_stream(), cuts):
         conn.data_received(piece)
         dispatcher.answer()
