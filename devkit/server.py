@@ -134,11 +134,16 @@ def refused(port: int) -> bool:
 @contextlib.contextmanager
 def serving(srv: ServerProc, workers: int | None = None) -> Iterator[ServerProc]:
     """The body of every module-server fixture: wait until `srv` is ready (stopping it if it
-    never is), hand it out, and check that it exits 0 when the module is done with it."""
+    never is), hand it out, and check that it exits 0 when the module is done with it. A
+    fixture's own last checks go in the `with` body after its yield: the server is stopped
+    (and checked for leftovers) even when one of them fails."""
     try:
         srv.wait_ready(workers)
     except BaseException:
         srv.stop()
         raise
-    yield srv
-    assert srv.stop() == 0
+    try:
+        yield srv
+    finally:
+        code = srv.stop()
+    assert code == 0

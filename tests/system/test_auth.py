@@ -28,7 +28,7 @@ from ringserve.wire.frames import auth_frame, encode_frame
 from tritonclient.utils import InferenceServerException
 
 from devkit.launcher import ROOT, free_port
-from devkit.server import ServerProc, wait_for
+from devkit.server import ServerProc, serving, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -55,16 +55,11 @@ def keyed(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Itera
     the server's exit, the key must be nowhere in what it wrote."""
     args = ["--workers", "1", "--spares", "0", "--access-log", "1", "--log-level", "debug"]
     srv = ServerProc(tmp_path_factory.mktemp("keyed"), args, env={"RINGSERVE_API_KEY": KEY})
-    try:
-        srv.wait_ready()  # by the probe: status needs the key
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    # Whatever tests ran, the log holds answers to the right key and to a wrong one.
-    assert srv.request("GET", "/v1/model", headers=bearer(KEY + "0"))[0] == 401
-    assert srv.request("GET", "/v1/model", headers=bearer(KEY))[0] == 200
-    assert srv.stop() == 0
+    with serving(srv):  # ready by the probe: status needs the key
+        yield srv
+        # Whatever tests ran, the log holds answers to the right key and to a wrong one.
+        assert srv.request("GET", "/v1/model", headers=bearer(KEY + "0"))[0] == 401
+        assert srv.request("GET", "/v1/model", headers=bearer(KEY))[0] == 200
     log = srv.log_path.read_text(errors="replace")
     assert '"event": "access"' in log and '"status": 401' in log  # it did log those requests
     assert KEY not in log
@@ -325,13 +320,8 @@ def operated(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> It
          "--operator-port", str(free_port())],
     )  # fmt: skip
     srv.operator_port = int(srv.args[srv.args.index("--operator-port") + 1])
-    try:
-        srv.wait_ready()  # by the probe: status needs the key
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
+    with serving(srv):  # ready by the probe: status needs the key
+        yield srv
     assert KEY not in srv.log_path.read_text(errors="replace")
 
 

@@ -30,7 +30,7 @@ from ringserve.shm.segment import Segment
 from ringserve.wire.client import BinaryClient
 
 from devkit.http import HttpConn, http_message
-from devkit.server import ServerProc, wait_for
+from devkit.server import ServerProc, serving, wait_for
 
 REQUIRED = {
     # family name (as the parser names it) -> (type, label names)
@@ -84,13 +84,9 @@ def counter_samples(families: dict[str, Any]) -> dict[tuple[str, tuple[Any, ...]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    srv = ServerProc(
-        tmp_path_factory.mktemp("metrics"),
-        ["--workers", "1", "--spares", "0", "--access-log", "1"],
-    )
-    srv.wait_ready(1)
-    yield srv
-    assert srv.stop() == 0
+    args = ["--workers", "1", "--spares", "0", "--access-log", "1"]
+    with serving(ServerProc(tmp_path_factory.mktemp("metrics"), args), 1) as srv:
+        yield srv
 
 
 def test_metrics_parse_with_required_names_and_labels(server: ServerProc) -> None:
