@@ -447,7 +447,7 @@ def _load_process(port: int, texts: list[str], conc: int, seconds: float) -> tup
 
 
 def load(port: int, texts: list[str], conc: int, seconds: float) -> LoadResult:
-    """benchmarks.common.run_load in up to 4 client processes (one Python process would cap a
+    """devkit.load.run_load in up to 4 client processes (one Python process would cap a
     GPU server's throughput), merged into one result."""
     procs = max(1, min(4, conc // 16))
     shares = [conc // procs + (i < conc % procs) for i in range(procs)]

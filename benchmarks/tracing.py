@@ -1,6 +1,6 @@
 """What tracing costs: the same closed-loop load against today's code (a baseline checkout,
 `--baseline DIR`), this code with tracing off, and this code tracing every request
-(OTEL_TRACES_SAMPLER=always_on) into a real OTLP/HTTP receiver (benchmarks/otlp.py) in this
+(OTEL_TRACES_SAMPLER=always_on) into a real OTLP/HTTP receiver (devkit/otlp.py) in this
 process.
 
 The servers are started together and loaded one at a time, in an order that turns each round,
