@@ -78,7 +78,7 @@ class Tracing:
             "ringserve.runtime": runtime,
         }
         if not os.environ.get("OTEL_SERVICE_NAME"):
-            attrs["ringserve.service.name"] = "ringserve"
+            attrs["service.name"] = "ringserve"
         self.provider = TracerProvider(resource=Resource.create(attrs))  # sampler: from env
         exporter = (
             OTLPSpanExporter(endpoint=traces_url(endpoint)) if endpoint else OTLPSpanExporter()

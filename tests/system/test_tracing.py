@@ -90,7 +90,7 @@ def check_tree(root: Span, children: dict[str, Span]) -> None:
     rows = b.attributes["ringserve.batch.rows"]
     assert rows >= 1 and b.attributes["ringserve.batch.padded_tokens"] % rows == 0
     assert b.attributes["ringserve.batch.padded_tokens"] >= rows * 3  # [CLS] x [SEP] at least
-    assert root.resource["ringserve.service.name"] == "ringserve-test"
+    assert root.resource["service.name"] == "ringserve-test"
     assert root.resource["ringserve.runtime"] in ("onnx", "torch")
 
 
@@ -231,7 +231,7 @@ def test_tracing_off_imports_no_sdk(tmp_path: Path) -> None:
     import sys
 
     code = (
-        "import sys; from service import tracing, app; "
+        "import sys; from ringserve.service.ops import tracing; from ringserve.service import app; "
         "assert not tracing.wanted(None, {}); "
         "assert tracing.wanted(None, {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://x:4318'}); "
         "assert not tracing.wanted('http://x', {'OTEL_SDK_DISABLED': 'true'}); "
