@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=0.3, help="per shape")
     args = p.parse_args(argv)
     os.sched_setaffinity(0, [args.cpu])
-    from ringserve.workers.artifact import default_artifact_dir
+    from ringserve.factory.build import default_artifact_dir
 
     model_dir = str(default_artifact_dir())
     print(f"one thread pinned to cpu {args.cpu}; shapes with rows x length <= "

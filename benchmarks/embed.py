@@ -73,7 +73,7 @@ def build_reranker(work: Path) -> Path:
     """MiniLM with a one-output head, exported as a rerank artifact."""
     import transformers
     from ringserve.factory import export
-    from ringserve.workers.artifact import default_encoder_dir
+    from ringserve.factory.build import default_encoder_dir
 
     src, art = work / "src", work / "art"
     encoder = default_encoder_dir()

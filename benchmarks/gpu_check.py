@@ -215,7 +215,7 @@ def pack(dest: str) -> None:
     """Write the encoder (weights as fp16: the fp32 file is over the carry limit) into `dest`."""
     import shutil
 
-    from ringserve.workers.artifact import default_encoder_dir
+    from ringserve.factory.build import default_encoder_dir
     from safetensors.torch import load_file, save_file
 
     src, out = default_encoder_dir(), Path(dest) / "encoder"
@@ -243,10 +243,10 @@ def artifact_dir(args: argparse.Namespace) -> str:
         return str(args.model)
     encoder = Path(args.encoder)
     if not (encoder / "model.safetensors").is_file():
-        from ringserve.workers.artifact import default_artifact_dir
+        from ringserve.factory.build import default_artifact_dir
 
         return str(default_artifact_dir())
-    from ringserve.workers.artifact import DEFAULT_HEAD, build_artifact, read_head
+    from ringserve.factory.build import DEFAULT_HEAD, build_artifact, read_head
 
     head, info = read_head(DEFAULT_HEAD)
     out = Path(tempfile.mkdtemp(prefix="gpucheck-")) / "model"

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ringserve.workers.artifact import build_hf_artifact, default_artifact_dir, load_manifest
+from ringserve.factory.build import build_hf_artifact, default_artifact_dir
+from ringserve.workers.artifact import load_manifest
 
 
 def table(name: str, cost: dict[str, Any]) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import litserve as ls
 import numpy as np
 from pydantic import BaseModel
-from ringserve.workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
+from ringserve.factory.build import default_artifact_dir
+from ringserve.workers.artifact import load_manifest, load_tokenizer
 from ringserve.workers.runtime import ACTIVATIONS
 
 

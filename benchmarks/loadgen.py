@@ -475,7 +475,7 @@ def make_senders(args: argparse.Namespace, port: int, binary_port: int) -> list[
 
 def run(args: argparse.Namespace, port: int, binary_port: int, pid: int) -> dict[str, Any]:
     import uvloop
-    from ringserve.workers.artifact import default_artifact_dir
+    from ringserve.factory.build import default_artifact_dir
 
     model_dir = args.model or str(default_artifact_dir())
     need = args.closed * 1000 if args.closed else int(args.rate * args.duration * 1.3) + 100
@@ -512,8 +512,8 @@ def run(args: argparse.Namespace, port: int, binary_port: int, pid: int) -> dict
 @contextlib.contextmanager
 def served_texts(texts_tsv: Path, args: list[str], prefix: str) -> Iterator[tuple[Launched, Texts]]:
     """A server started with `args`, its pool whole, and the TSV's texts packed as a corpus."""
+    from ringserve.factory.build import default_artifact_dir
     from ringserve.service.offline.corpus import pack
-    from ringserve.workers.artifact import default_artifact_dir
 
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         corpus = Path(tmp) / "texts.corpus"

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 from ringserve.factory import int8
-from ringserve.workers import onnx_model as ox
-from ringserve.workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
+from ringserve.factory import onnx as ox
+from ringserve.factory.build import default_artifact_dir
+from ringserve.workers.artifact import load_manifest, load_tokenizer
 
 
 class OvSession:

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI
 from pydantic import BaseModel
+from ringserve.factory.build import default_artifact_dir
 from ringserve.workers.artifact import (
-    default_artifact_dir,
     load_manifest,
     load_model,
     load_tokenizer,

@@ -210,7 +210,8 @@ def ceiling(
     1-thread processes can reach): sorted within windows of `window` texts, batches of at most
     limit = (rows, padded tokens), cut greedily or at the least cost, whichever runs faster.
     Importable: `ringserve batch`'s benchmark uses it too."""
-    from ringserve.workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
+    from ringserve.factory.build import default_artifact_dir
+    from ringserve.workers.artifact import load_manifest, load_tokenizer
 
     model_dir = model_dir or str(default_artifact_dir())
     tok = load_tokenizer(model_dir, load_manifest(model_dir).max_length)
@@ -484,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
     p.add_argument("--no-peer", action="store_true", help="skip the peers")
     args = p.parse_args(argv)
-    from ringserve.workers.artifact import default_artifact_dir, load_manifest, load_tokenizer
+    from ringserve.factory.build import default_artifact_dir
+    from ringserve.workers.artifact import load_manifest, load_tokenizer
 
     model_dir = str(default_artifact_dir())
     manifest = load_manifest(model_dir)

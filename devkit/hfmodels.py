@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ringserve.workers.artifact import default_encoder_dir
+from ringserve.factory.build import default_encoder_dir
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from devkit.launcher import DATA

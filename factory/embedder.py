@@ -16,17 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ringserve.factory.hf import (
-    _PREFIX,
-    Embeddings,
-    HfConfig,
-    _check_buffers,
-    checkpoint_names,
-    read_config,
-    read_weights,
-)
-from ringserve.factory.model import MASK_VALUE, Layer, WeightError
-from torch import Tensor, nn
+from ringserve.factory.encoder import Encoder, HfConfig, WeightError, copy_weights, read_config
+from ringserve.factory.hf import _PREFIX, _check_buffers, checkpoint_names, read_weights
+from torch import Tensor
 
 # The base models' architectures (config.json "architectures") -> family, as in factory/hf.py.
 BASE_ARCHITECTURES: dict[str, str] = {
@@ -69,30 +61,22 @@ def pool(states: Tensor, keep: Tensor, pooling: str) -> Tensor:
     return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
 
 
-class SentenceEncoder(nn.Module):
-    """Encoder layers as factory/hf.py's, then pooling: the sentence vector [B, H]."""
+class SentenceEncoder(Encoder):
+    """The encoder (factory/encoder.py), then pooling: the sentence vector [B, H]."""
 
     def __init__(self, c: HfConfig, pooling: str) -> None:
-        super().__init__()
         if pooling not in POOLINGS:
             raise WeightError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
-        self.mask_value = MASK_VALUE
+        super().__init__(c)
         self.pooling = pooling
-        self.embeddings = Embeddings(c)
-        layer = (c.hidden_size, c.num_heads, c.intermediate_size, c.layer_norm_eps, c.act)
-        self.layers = nn.ModuleList([Layer(*layer) for _ in range(c.num_layers)])
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        x = self.embeddings(input_ids, attention_mask)
-        keep = (attention_mask > 0).to(x.dtype)
-        mask_bias = (1.0 - keep.unsqueeze(1).unsqueeze(2)) * self.mask_value  # [B, 1, 1, L]
-        for layer in self.layers:
-            x = layer(x, mask_bias)
-        return pool(x, keep, self.pooling)
+        x = self.encode(input_ids, attention_mask)
+        return pool(x, (attention_mask > 0).to(x.dtype), self.pooling)
 
     @torch.jit.export
     def classify_embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """What factory/model.py Joined calls: no labels, so the row is the vector alone."""
+        """What workers/joined.py Joined calls: no labels, so the row is the vector alone."""
         return self.forward(input_ids, attention_mask)
 
 
@@ -185,23 +169,8 @@ def build_encoder(source: EmbedSource) -> tuple[SentenceEncoder, HfConfig]:
         for ours, theirs in checkpoint_names(config).items()
         if not ours.startswith(("dense.", "out."))  # the classifier's head: none here
     }
-    params = dict(model.named_parameters())
-    if set(params) != set(names):  # a bug in this module, not in the checkpoint
-        raise AssertionError(f"parameter map out of date: {sorted(set(params) ^ set(names))}")
-    buffers = _check_buffers(config, tensors, where)
-    missing = sorted(t for t in names.values() if t not in tensors)
-    unexpected = sorted(set(tensors) - set(names.values()) - buffers)
-    if missing or unexpected:
-        raise WeightError(f"{where}: missing tensors {missing}, unexpected {unexpected}")
-    with torch.no_grad():
-        for ours, theirs in names.items():
-            src, target = tensors[theirs], params[ours]
-            if src.shape != target.shape:
-                raise WeightError(
-                    f"{where}: {theirs} has shape {list(src.shape)}, "
-                    f"expected {list(target.shape)} from config.json"
-                )
-            target.copy_(src.to(torch.float32))
+    known = _check_buffers(config, tensors, where)
+    copy_weights(model, names, tensors, where, known, " from config.json")
     return model.eval(), replace(config, labels=())
 
 

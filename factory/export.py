@@ -9,16 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from ringserve.factory.embedder import POOLINGS
-from ringserve.workers.artifact import (
+from ringserve.factory.build import (
     DEFAULT_MAX_LENGTH,
-    ArtifactError,
     build_artifact,
     build_hf_artifact,
     default_encoder_dir,
-    load_manifest,
     read_head,
 )
+from ringserve.factory.embedder import POOLINGS
+from ringserve.workers.artifact import ArtifactError, load_manifest
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ringserve.workers import onnx_model as ox
+from ringserve.factory import onnx as ox
 
 CALIBRATION = Path(__file__).parent / "default_head" / "calibration.tsv"
 MIN_SPEEDUP = 1.3  # a recipe must run this many times fp32's texts/s to be worth its cost
@@ -85,7 +85,7 @@ def dynamic(src: Path, dst: Path, keep: Sequence[str] = ()) -> None:
     """Dynamic int8 of every weight MatMul but those named in `keep` (left fp32)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with ox._quiet():
+    with ox.quiet():
         quantize_dynamic(
             str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
             nodes_to_exclude=list(keep), extra_options={"DefaultTensorType": 1},
@@ -109,7 +109,7 @@ def static_qdq(src: Path, dst: Path, calibration: list[Any]) -> None:
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.feeds, None)
 
-    with ox._quiet():
+    with ox.quiet():
         quantize_static(
             str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
             weight_type=QuantType.QInt8, activation_type=QuantType.QInt8,
@@ -196,7 +196,7 @@ def decisions(logits: np.ndarray, activation: str) -> np.ndarray:
 
 
 def scores(logits: np.ndarray, activation: str) -> np.ndarray:
-    return ox._softmax(logits) if activation == "softmax" else 0.5 * (np.tanh(0.5 * logits) + 1)
+    return ox.softmax(logits) if activation == "softmax" else 0.5 * (np.tanh(0.5 * logits) + 1)
 
 
 def measure(

@@ -20,14 +20,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from ringserve.workers.artifact import (
+from ringserve.factory.build import (
     DEFAULT_ENCODER_NAME,
     DEFAULT_HEAD,
     DEFAULT_LABELS,
     DEFAULT_MAX_LENGTH,
-    ArtifactError,
     default_artifact_dir,
     default_encoder_dir,
+)
+from ringserve.factory.model import build_classifier
+from ringserve.workers.artifact import (
+    ArtifactError,
     load_manifest,
     load_model,
     load_tokenizer,
@@ -144,18 +147,34 @@ def _train_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subsample(train_rows: list[Row], max_train: int, seed: int) -> list[Row]:
+    """`max_train` of the training rows, drawn with `seed` and kept in their order (all: 0)."""
+    if not 0 < max_train < len(train_rows):
+        return train_rows
+    picked = sorted(random.Random(seed).sample(range(len(train_rows)), max_train))
+    return [train_rows[i] for i in picked]
+
+
+def _write_head(
+    out: Path, labels: list[str], weight: Tensor, bias: Tensor, provenance: dict[str, Any]
+) -> None:
+    head = {
+        "labels": labels,
+        "weight": weight.tolist(),
+        "bias": bias.tolist(),
+        "provenance": provenance,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(head, indent=1) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str]) -> int:
     args = _train_parser().parse_args(argv)
-    from ringserve.factory.model import build_classifier
-
     _use_all_cores()
     started = time.monotonic()
     rows = read_tsv(args.data)
     train_rows, held_rows = split(rows, args.holdout_mod)
-    used = train_rows
-    if 0 < args.max_train < len(train_rows):
-        picked = sorted(random.Random(args.seed).sample(range(len(train_rows)), args.max_train))
-        used = [train_rows[i] for i in picked]
+    used = _subsample(train_rows, args.max_train, args.seed)
     print(f"{len(rows)} rows: {len(used)} of {len(train_rows)} for training, {len(held_rows)} held")
 
     try:
@@ -195,14 +214,7 @@ def main(argv: list[str]) -> int:
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "torch": torch.__version__,
     }
-    head = {
-        "labels": labels,
-        "weight": weight.tolist(),
-        "bias": bias.tolist(),
-        "provenance": provenance,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(head, indent=1) + "\n", encoding="utf-8")
+    _write_head(args.out, labels, weight, bias, provenance)
     print(f"wrote {args.out} in {time.monotonic() - started:.0f} s")
     return 0
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ringserve.factory.build import default_in_child
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Dispatcher, Group, Result
 from ringserve.service.engine.tenants import KeyFileError, KeyRing, Tenant
@@ -37,13 +38,7 @@ from ringserve.service.protocols.tasks import task_routes
 from ringserve.service.settings import Config
 from ringserve.shm import segment
 from ringserve.workers import nvml
-from ringserve.workers.artifact import (
-    ArtifactError,
-    Manifest,
-    default_artifact_dir,
-    default_cache_dir,
-    load_manifest,
-)
+from ringserve.workers.artifact import ArtifactError, Manifest, default_cache_dir, load_manifest
 from ringserve.workers.batcher import REPORT_GRID, length_grid, pad_grid
 from ringserve.workers.onnx_model import choose_runtime
 from ringserve.workers.spec import FAKE_GPU
@@ -129,7 +124,7 @@ class Server:
         if removed:
             self.log.warning("stale_segments_removed", count=len(removed), names=removed[:20])
         try:
-            model_dir = self.settings.model or str(default_artifact_dir(self.settings.cache_dir))
+            model_dir = self.settings.model or str(default_in_child(self.settings.cache_dir))
             self.manifest = load_manifest(model_dir)
         except ArtifactError as exc:
             raise SystemExit(f"ringserve: {exc}") from None
@@ -253,7 +248,7 @@ class Server:
         private address with --operator-host)."""
         s = self.settings
         router = Router(self)
-        metrics.register(router, self)
+        self.add_metrics(router)
         openapi.register(router, key=False)
         state = HttpServerState(s, router, self.count)
         state.access_log = self.http_state.access_log if self.http_state else None
@@ -299,7 +294,15 @@ class Server:
 
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener
-            metrics.register(router, self)
+            self.add_metrics(router)
+
+    def add_metrics(self, router: Router) -> None:
+        """The operator routes, and their collectors wired in: the pool hands each released
+        worker's last counters over, and every answer is observed (unless --metrics 0)."""
+        m = metrics.register(router, self)
+        self.supervisor.on_release = m.workers.retire
+        if self.settings.metrics:  # 0: nothing is counted per request (overhead baseline)
+            self.stats = m.stats
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self) -> int:

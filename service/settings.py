@@ -93,39 +93,34 @@ def parse_flag(text: str) -> bool:
     raise ValueError(f"expected 1 or 0, got {text!r}")
 
 
+def one_of(what: str, *choices: str, said: str = "") -> Callable[[str], str]:
+    """A parser that takes one of `choices` (any case, spaces around), named for argparse."""
+    said = said or ", ".join(choices[:-1]) + f" or {choices[-1]}"
+
+    def parse(text: str) -> str:
+        value = str(text).strip().lower()
+        if value not in choices:
+            raise ValueError(f"{what} must be {said}, got {text!r}")
+        return value
+
+    parse.__name__ = parse.__qualname__ = "parse_" + what.replace("-", "_").replace(" ", "_")
+    return parse
+
+
+_start_method = one_of("start method", "zygote", "fork", "spawn")
+
+
 def parse_start_method(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in ("zygote", "fork", "spawn"):
-        raise ValueError(f"start method must be zygote, fork or spawn, got {text!r}")
+    value = _start_method(text)
     return "zygote" if value == "fork" else value
 
 
-def parse_precision(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in ("fp32", "fp16", "bf16", "int8"):
-        raise ValueError(f"precision must be fp32, int8 (CPU), fp16 or bf16 (CUDA), got {text!r}")
-    return value
-
-
-def parse_runtime(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in ("auto", "torch", "onnx"):
-        raise ValueError(f"runtime must be auto, torch or onnx, got {text!r}")
-    return value
-
-
-def parse_graph(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in ("auto", "plain", "fused"):
-        raise ValueError(f"graph must be auto, plain or fused, got {text!r}")
-    return value
-
-
-def parse_long_text(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in ("truncate", "refuse", "window"):
-        raise ValueError(f"long-text must be truncate, refuse or window, got {text!r}")
-    return value
+parse_precision = one_of(
+    "precision", "fp32", "fp16", "bf16", "int8", said="fp32, int8 (CPU), fp16 or bf16 (CUDA)"
+)
+parse_runtime = one_of("runtime", "auto", "torch", "onnx")
+parse_graph = one_of("graph", "auto", "plain", "fused")
+parse_long_text = one_of("long-text", "truncate", "refuse", "window")
 
 
 # Batch limits per device. CPU: measured by benchmarks/serving.py (README), 2 x 1-thread
@@ -417,5 +412,7 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # `python -m service.settings` prints the README's option table
+if (
+    __name__ == "__main__"
+):  # `python -m ringserve.service.settings` prints the README's option table
     print(markdown_table())

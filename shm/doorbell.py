@@ -84,9 +84,5 @@ class Semaphore(EventFd):
             return False
 
 
-def request_doorbell() -> Semaphore:
-    return Semaphore()
-
-
 def _rebuild(cls: type[EventFd], dup: Any) -> EventFd:
     return cls(dup.detach())

@@ -23,6 +23,9 @@ from collections.abc import Iterable
 from ringserve.shm import layout as L
 from ringserve.shm.segment import Segment
 
+# nslots is a u32 in the record header; 2**30 slots is far beyond any sane ring.
+MAX_SLOTS = 1 << 30
+
 
 class RingError(Exception):
     """The segment is not a ring of this version, or a record in it is corrupt."""
@@ -37,7 +40,8 @@ class Ring:
         if slot_size:  # creating: write the header
             if not _geometry_ok(slot_size, slot_count):
                 raise ValueError(
-                    "slot_count must be a power of two up to 32768 and slot_size a multiple of 8"
+                    f"slot_count must be a power of two up to {MAX_SLOTS} and slot_size a multiple "
+                    f"of 8, at least {L.RECORD_SIZE + 8}"
                 )
             L.RING_HEADER.pack_into(buf, 0, L.MAGIC_RING, L.VERSION, slot_size, slot_count)
         magic, version, slot_size, slot_count = L.RING_HEADER.unpack_from(buf, 0)
@@ -146,9 +150,8 @@ class Ring:
 
 
 def _geometry_ok(slot_size: int, slot_count: int) -> bool:
-    # nslots is a u32 in the record header; 2**30 slots is far beyond any sane ring.
     return (
-        0 < slot_count <= 1 << 30
+        0 < slot_count <= MAX_SLOTS
         and not slot_count & (slot_count - 1)
         and slot_size % 8 == 0
         and slot_size >= L.RECORD_SIZE + 8

@@ -18,7 +18,7 @@ from devkit.server import ServerProc, serving
 @pytest.fixture(scope="session")
 def default_model() -> str:
     """Builds (once, into the user cache) and returns the default artifact directory."""
-    from ringserve.workers.artifact import default_artifact_dir
+    from ringserve.factory.build import default_artifact_dir
 
     return str(default_artifact_dir())
 

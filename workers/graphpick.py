@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ringserve.workers.artifact import load_manifest, load_tokenizer
+from ringserve.workers.onnx_model import open_session
 
 GRAPHS = ("plain", "fused")
 CHOICES = ("auto", *GRAPHS)
@@ -44,8 +46,6 @@ def _cpu_key() -> str:
 
 def time_graphs(model_dir: str, files: dict[str, str], vocab: int) -> dict[str, Any]:
     """Median seconds of one round (every shape once) for each graph, rounds alternating."""
-    from ringserve.workers.onnx_model import open_session
-
     sessions = {g: open_session(Path(model_dir) / f) for g, f in files.items()}
     token = min(1000, vocab - 1)  # any id in range: the cost does not depend on the text
     feeds = [
@@ -103,8 +103,6 @@ def _run_child(model_dir: str) -> dict[str, Any]:
 
 
 def main(model_dir: str) -> int:
-    from ringserve.workers.artifact import load_manifest, load_tokenizer
-
     manifest = load_manifest(model_dir)
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, cpus[-1:])  # one core, as a worker runs

@@ -161,7 +161,7 @@ class OrtRunner(CpuRunner):
         self.session = session
         self.overhead_tokens = BATCH_OVERHEAD["onnx", precision]
         # `both`: an embed artifact's second output, the embedding, joined to the logits (as
-        # factory/model.py Joined does for TorchScript); else the logits alone.
+        # workers/joined.py Joined does for TorchScript); else the logits alone.
         self.both = both
 
     def forward(self, length: int, n: int) -> np.ndarray:

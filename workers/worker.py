@@ -15,13 +15,23 @@ import signal
 import sys
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel
-from ringserve.workers.batcher import REPORT_GRID, Item, bucket_index, length_grid, pad_grid
+from ringserve.workers.artifact import load_manifest, load_model, load_tokenizer
+from ringserve.workers.batcher import (
+    REPORT_GRID,
+    Batcher,
+    Item,
+    bucket_index,
+    length_grid,
+    pad_grid,
+)
 from ringserve.workers.longtext import LongText, Plan, Whole, combine, split_options
+from ringserve.workers.onnx_model import choose_runtime
+from ringserve.workers.runtime import ACTIVATIONS, Runner, joined, ort_runner
 from ringserve.workers.spec import (
     EXIT_BOOT_ERROR,
     EXIT_DEVICE_ERROR,
@@ -30,11 +40,9 @@ from ringserve.workers.spec import (
     STOP_SIGNAL,
     WorkerSpec,
     ignore_group_signals,
+    is_gpu_device,
 )
 from ringserve.workers.testhooks import HOOKS
-
-if TYPE_CHECKING:  # torch is imported in boot(), after the fork
-    from ringserve.workers.runtime import Runner
 
 IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and exit latency
 READ_LIMIT = 1024  # messages taken from the ring per pass
@@ -81,12 +89,6 @@ class Worker:
     def boot(self, model: Any = None, verified: bool = False) -> None:
         """Load (or take the zygote's already loaded CPU model), then warm this worker's shapes."""
         t0 = time.monotonic()
-        from ringserve.workers.artifact import load_manifest, load_model, load_tokenizer
-        from ringserve.workers.batcher import Batcher
-        from ringserve.workers.onnx_model import choose_runtime
-        from ringserve.workers.runtime import ACTIVATIONS, joined, ort_runner
-        from ringserve.workers.spec import is_gpu_device
-
         spec = self.spec
         on_gpu = is_gpu_device(spec.device)
         # The zygote verified the fingerprint before it loaded the weights it hands over.
@@ -114,20 +116,8 @@ class Worker:
             self.runner: Runner = ort_runner(spec, manifest, activation)
             self.cpu_model_ok = True
         else:
-            import torch
-            from ringserve.workers.cuda import make_runner
-
-            torch.set_num_threads(spec.threads)
-            set_graph_optimize(not on_gpu)  # before the model's first call
-            if model is None:
-                model = load_model(spec.model_dir, "cpu")
-            if manifest.embeds:
-                from ringserve.factory.model import Joined
-
-                model = Joined(model)
-            self.cpu_model_ok = True  # a failure from here on is the device's, not the model's
-            self.runner, started = make_runner(
-                spec, grid or (max_len,), model, self.ctl, activation
+            self.runner, started = self._torch_runner(
+                model, manifest, grid or (max_len,), activation
             )
         self.ctl.beat()
         warm_s = self.runner.warm()
@@ -143,6 +133,26 @@ class Worker:
         self.ctl.set("state", L.W_READY)
         self.ctl.beat()
         spec.eventfd.ring()  # tells the supervisor at once, without waiting for its tick
+
+    def _torch_runner(
+        self, model: Any, manifest: Any, grid: tuple[int, ...], activation: Any
+    ) -> tuple[Runner, Any]:
+        """The TorchScript runner (CPU, or CUDA graphs on a GPU) and, on a GPU, the callback
+        that reports its graphs; `model`: the zygote's, or None to load it here."""
+        import torch
+        from ringserve.workers.cuda import make_runner
+
+        spec = self.spec
+        torch.set_num_threads(spec.threads)
+        set_graph_optimize(not is_gpu_device(spec.device))  # before the model's first call
+        if model is None:
+            model = load_model(spec.model_dir, "cpu")
+        if manifest.embeds:
+            from ringserve.workers.joined import Joined
+
+            model = Joined(model)
+        self.cpu_model_ok = True  # a failure from here on is the device's, not the model's
+        return make_runner(spec, grid, model, self.ctl, activation)
 
     # -- serving loop -------------------------------------------------------------------------
     def serve(self) -> int:

@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ringserve.shm.doorbell import EventFd, Semaphore
+from ringserve.workers.artifact import load_manifest, load_model
 from ringserve.workers.spec import EXIT_PARENT_GONE, WorkerSpec, ignore_group_signals
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -121,7 +122,6 @@ def preload(model_dir: str, torch_model: bool) -> Any:
         import ringserve.workers.cuda
         import torch  # noqa: F401 - the point is to have it imported before the fork
     import ringserve.workers.worker  # noqa: F401
-    from ringserve.workers.artifact import load_manifest, load_model
 
     load_manifest(model_dir)  # the fingerprint, checked once here rather than in every child
     model = load_model(model_dir, "cpu") if torch_model else None

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+from ringserve.factory.build import default_in_child
 from ringserve.service.engine.admission import too_long
 from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.logs import EventLog
@@ -34,6 +36,7 @@ from ringserve.service.protocols.tasks import float_json
 from ringserve.service.settings import BY_NAME, Config
 from ringserve.shm import layout as L
 from ringserve.shm import segment
+from ringserve.workers.artifact import load_manifest
 
 PENDING = 0
 DONE_OK = 1
@@ -276,13 +279,14 @@ class Progress:
 
 class BatchJob:
     def __init__(self, args: argparse.Namespace, settings: Config) -> None:
+        # The lead moves resolve_device to service/device.py at the merge (issue 22): then this
+        # import goes to the top, from there, and test_imports.APP_USERS loses batch.
         from ringserve.service.app import resolve_device
-        from ringserve.workers.artifact import default_artifact_dir, load_manifest
 
         self.args = args
         self.settings = settings
         self.log = EventLog(settings.log_level)
-        self.model_dir = settings.model or str(default_artifact_dir(settings.cache_dir))
+        self.model_dir = settings.model or str(default_in_child(settings.cache_dir))
         self.manifest = load_manifest(self.model_dir)
         self.device = resolve_device(settings.device, self.log)
         self.source = C.open_texts(args.input)
@@ -435,8 +439,6 @@ class BatchJob:
 
 
 def _cpu_s() -> float:
-    import resource
-
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
@@ -451,8 +453,6 @@ def _max_rss_mib() -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

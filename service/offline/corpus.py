@@ -8,9 +8,11 @@ pages they walked (`release`), so walking a corpus of any size holds RSS flat.
 
 from __future__ import annotations
 
+import argparse
 import json
 import mmap
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -285,9 +287,6 @@ def pack(src: str | Path, dst: str | Path) -> tuple[int, int]:
 
 
 def corpus_main(argv: list[str]) -> int:
-    import argparse
-    import time
-
     parser = argparse.ArgumentParser(
         prog="ringserve corpus", description="pack texts into binary-protocol frames for mmap"
     )

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from ringserve.shm import layout as L
 
 if TYPE_CHECKING:
-    from ringserve.service.engine.dispatcher import Dispatcher, Group, Result
+    from ringserve.service.engine.dispatcher import Group, Result
     from ringserve.service.logs import EventLog
+    from ringserve.service.ops.views import PoolView, QueueView
     from ringserve.service.pool.handle import WorkerHandle
-    from ringserve.service.pool.supervisor import Supervisor
 
 
 def _fine_edges_us() -> tuple[int, ...]:
@@ -256,7 +256,7 @@ class WorkerTotals:
         if last is not None:
             self.retired = [a + b for a, b in zip(self.retired, last, strict=True)]
 
-    def refresh(self, supervisor: Supervisor) -> list[int]:
+    def refresh(self, supervisor: PoolView) -> list[int]:
         """Sample every live worker, retire any that vanished unseen, return the totals."""
         live = supervisor.all
         for handle in list(live.values()):
@@ -288,7 +288,7 @@ GPU_FIELDS = {
 }
 
 
-def gpu_readings(supervisor: Supervisor) -> list[dict[str, Any]]:
+def gpu_readings(supervisor: PoolView) -> list[dict[str, Any]]:
     """One entry per GPU that a live worker reports on (empty when no worker is on CUDA).
 
     Every worker on a GPU samples the same NVML device, so each reading keeps the largest value
@@ -347,7 +347,7 @@ def graph_report(handle: WorkerHandle) -> dict[str, Any]:
 class OverloadWatch:
     """Turns refusals into episodes: one event when refusing starts, one when it has stopped."""
 
-    def __init__(self, dispatcher: Dispatcher, log: EventLog) -> None:
+    def __init__(self, dispatcher: QueueView, log: EventLog) -> None:
         self.dispatcher = dispatcher
         self.log = log
         self.last_rejected = dispatcher.rejected

@@ -74,7 +74,7 @@ class Tracing:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         attrs: dict[str, Any] = {
-            "ringserve.service.version": _version(),
+            "service.version": _version(),
             "ringserve.runtime": runtime,
         }
         if not os.environ.get("OTEL_SERVICE_NAME"):

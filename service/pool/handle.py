@@ -7,13 +7,16 @@ import multiprocessing
 import os
 import select
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells, request_ring_slots, response_ring_slots
 from ringserve.workers.spec import STOP_SIGNAL, WorkerSpec
 from ringserve.workers.zygote import Zygote
+
+if TYPE_CHECKING:
+    from ringserve.service.engine.requests import Request
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -59,6 +62,41 @@ class ForkedProcess:
             self.sentinel = -1
 
 
+def worker_spec(
+    settings: Config,
+    serial: int,
+    parent_pid: int,
+    cpus: list[int],
+    device: str,
+    model_dir: str,
+    bells: Doorbells,
+    channel: Channel,
+) -> WorkerSpec:
+    """What the worker process is told at start (workers.spec): small and picklable."""
+    return WorkerSpec(
+        serial=serial,
+        parent_pid=parent_pid,
+        cpus=cpus,
+        threads=settings.threads,
+        device=device,
+        model_dir=model_dir,
+        channel=channel.names,
+        buckets=tuple(settings.buckets),
+        max_batch=settings.batch_rows(device),
+        max_delay_ms=settings.max_delay_ms,
+        doorbell=bells.request,
+        eventfd=bells.answer,
+        precision=settings.precision,
+        max_batch_tokens=settings.batch_tokens(device),
+        runtime=settings.runtime,
+        graph=settings.graph if settings.graph != "auto" else "plain",
+        long_text=settings.long_text,
+        window_stride=settings.window_stride,
+        max_windows=settings.max_windows,
+        bulk_max_wait_ms=settings.bulk_max_wait_ms,
+    )
+
+
 class WorkerHandle:
     """Owns one worker process and the channel it attaches to."""
 
@@ -80,7 +118,7 @@ class WorkerHandle:
         self.exitcode: int | None = None
         self.cpus = list(cpus)
         self.device = device
-        self.assigned: dict[int, Any] = {}  # msg id -> Request, in dispatch order
+        self.assigned: dict[int, Request] = {}  # msg id -> request, in dispatch order
         self.started_at = time.monotonic()
         self.ready_at: float | None = None
         self.kill_sent_at: float | None = None
@@ -97,27 +135,8 @@ class WorkerHandle:
         self.bells = Doorbells()
         self.doorbell = self.bells.request
         self.eventfd = self.bells.answer
-        self.spec = WorkerSpec(
-            serial=serial,
-            parent_pid=pid,
-            cpus=self.cpus,
-            threads=settings.threads,
-            device=device,
-            model_dir=model_dir,
-            channel=self.channel.names,
-            buckets=tuple(settings.buckets),
-            max_batch=settings.batch_rows(device),
-            max_delay_ms=settings.max_delay_ms,
-            doorbell=self.doorbell,
-            eventfd=self.eventfd,
-            precision=settings.precision,
-            max_batch_tokens=settings.batch_tokens(device),
-            runtime=settings.runtime,
-            graph=settings.graph if settings.graph != "auto" else "plain",
-            long_text=settings.long_text,
-            window_stride=settings.window_stride,
-            max_windows=settings.max_windows,
-            bulk_max_wait_ms=settings.bulk_max_wait_ms,
+        self.spec = worker_spec(
+            settings, serial, pid, self.cpus, device, model_dir, self.bells, self.channel
         )
         self.process: Any = None
         self.pidfd = -1  # the sentinel of a spawned worker (a forked one's is its own pidfd)
@@ -231,3 +250,23 @@ class WorkerHandle:
             self.pidfd = -1
         with contextlib.suppress(ValueError):
             self.process.close()
+
+
+def status_row(slot: int | None, h: WorkerHandle, restarts: int) -> dict[str, Any]:
+    """One worker as the control socket's status lists it (a spare's id is minus its serial)."""
+    return {
+        "id": slot if slot is not None else -h.serial,
+        "pid": h.pid,
+        "state": h.state(),
+        "device": h.device if h.ctl.get("state") != L.W_DEGRADED else "cpu",
+        "cpus": h.cpus,
+        "rss_bytes": h.rss_bytes(),
+        "inflight": len(h.assigned),
+        "restarts": restarts,
+        "heartbeat_age_ms": _age(h.ctl.heartbeat_age_ms()),
+    }
+
+
+def _age(ms: float | None) -> float | None:
+    """A heartbeat age for status: None before the first beat."""
+    return None if ms is None else round(ms, 1)

@@ -514,14 +514,18 @@ def ok(
 
 def routes(f: Facts) -> dict[tuple[str, str], Route]:
     """Every HTTP route the server can register, by (method, path template)."""
-    k = kserve_metadata_schemas(f)
+    return {
+        **v1_routes(f),
+        **health_routes(),
+        **task_routes(f),
+        **operator_routes(),
+        **kserve_routes(f),
+    }
+
+
+def v1_routes(f: Facts) -> dict[tuple[str, str], Route]:
     classify_in, classify_out = classify_schemas(f)
-    embed_in, embed_out = embedding_schemas(f)
-    tei = tei_schemas(f)
-    cohere_in, cohere_out = cohere_schemas(f)
-    infer_in, infer_out = infer_schemas(f)
-    not_ready = {503: Answer("not ready", k["ready"], headers=("retry-after",))}
-    table = {
+    return {
         ("POST", "/v1/classify"): Route(
             "Classify a text, a pair, or a batch",
             "v1",
@@ -534,6 +538,11 @@ def routes(f: Facts) -> dict[tuple[str, str], Route]:
         ("GET", "/v1/model"): Route(
             "The served model", "v1", ok("the model", model_info_schema(f))
         ),
+    }
+
+
+def health_routes() -> dict[tuple[str, str], Route]:
+    return {
         ("GET", "/v2/health/live"): Route(
             "Liveness", "health", ok("live", obj(["live"], live={"const": True}))
         ),
@@ -547,42 +556,63 @@ def routes(f: Facts) -> dict[tuple[str, str], Route]:
                 ),
             },
         ),
-        ("POST", "/v1/embeddings"): Route(
+    }
+
+
+def task_routes(f: Facts) -> dict[tuple[str, str], Route]:
+    """Embeddings and reranking, in OpenAI's, TEI's and Cohere's shapes."""
+    tei = tei_schemas(f)
+    return {
+        ("POST", "/v1/embeddings"): task_route(
+            f,
             "Embeddings, in OpenAI's shape",
             "embed",
-            ok("the vectors", embed_out, "application/json", *LATENCY),
-            embed_in,
-            inference=True,
-            beyond_schema=needs(f, "embed"),
-            examples={"one": {"input": "a fine film"}},
+            ("the vectors", embedding_schemas(f)),
+            {"input": "a fine film"},
         ),
-        ("POST", "/embed"): Route(
+        ("POST", "/embed"): task_route(
+            f,
             "Embeddings, in TEI's shape",
             "embed",
-            ok("the vectors", tei["embed"][1], "application/json", *LATENCY),
-            tei["embed"][0],
-            inference=True,
-            beyond_schema=needs(f, "embed"),
-            examples={"one": {"inputs": ["a fine film"]}},
+            ("the vectors", tei["embed"]),
+            {"inputs": ["a fine film"]},
         ),
-        ("POST", "/rerank"): Route(
+        ("POST", "/rerank"): task_route(
+            f,
             "Rerank documents for a query, in TEI's shape",
             "rerank",
-            ok("highest score first", tei["rerank"][1], "application/json", *LATENCY),
-            tei["rerank"][0],
-            inference=True,
-            beyond_schema=needs(f, "rerank"),
-            examples={"one": {"query": "films", "texts": ["a film", "a cat"]}},
+            ("highest score first", tei["rerank"]),
+            {"query": "films", "texts": ["a film", "a cat"]},
         ),
-        ("POST", "/v1/rerank"): Route(
+        ("POST", "/v1/rerank"): task_route(
+            f,
             "Rerank documents for a query, in Cohere's shape",
             "rerank",
-            ok("highest score first", cohere_out, "application/json", *LATENCY),
-            cohere_in,
-            inference=True,
-            beyond_schema=needs(f, "rerank"),
-            examples={"one": {"query": "films", "documents": ["a film", "a cat"]}},
+            ("highest score first", cohere_schemas(f)),
+            {"query": "films", "documents": ["a film", "a cat"]},
         ),
+    }
+
+
+def task_route(
+    f: Facts, summary: str, task: str, answer: tuple[str, tuple[Schema, Schema]], example: Schema
+) -> Route:
+    """An inference route of one task (its tag): JSON in, JSON out, 400 for a model without it."""
+    description, (request, response) = answer
+    return Route(
+        summary,
+        task,
+        ok(description, response, "application/json", *LATENCY),
+        request,
+        inference=True,
+        beyond_schema=needs(f, task),
+        examples={"one": example},
+    )
+
+
+def operator_routes() -> dict[tuple[str, str], Route]:
+    """What operators read (ops/metrics.py), and this document."""
+    return {
         ("GET", "/metrics"): Route(
             "Prometheus metrics", "operator", ok("text exposition format 0.0.4", None, "text/plain")
         ),
@@ -597,66 +627,70 @@ def routes(f: Facts) -> dict[tuple[str, str], Route]:
             "meta",
             ok("OpenAPI 3.1", obj(["openapi", "info", "paths"], closed=False)),
         ),
+    }
+
+
+INFER_DESCRIPTION = (
+    "The binary tensor data extension works both ways: a body may be the JSON header followed "
+    "by tensor data, its length in Inference-Header-Content-Length (and gzip or deflate "
+    "Content-Encoding); with binary outputs the answer is application/octet-stream, the "
+    "header's length in Inference-Header-Content-Length."
+)
+INFER_EXAMPLE = {
+    "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a fine film"]}]
+}
+
+
+def kserve_routes(f: Facts) -> dict[tuple[str, str], Route]:
+    """KServe v2: server metadata, and each model route with and without its version."""
+    k = kserve_metadata_schemas(f)
+    table = {
         ("GET", "/v2"): Route(
             "KServe v2 server metadata", "kserve", ok("server metadata", k["server"])
         ),
     }
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        table.update(
-            {
-                ("GET", base): Route(
-                    "KServe v2 model metadata",
-                    "kserve",
-                    ok("model metadata", k["model"]),
-                    model_path=True,
-                ),
-                ("GET", base + "/ready"): Route(
-                    "KServe v2 model readiness",
-                    "kserve",
-                    {**ok("ready", k["ready"]), **not_ready},
-                    model_path=True,
-                ),
-                ("GET", base + "/config"): Route(
-                    "Triton's model configuration",
-                    "kserve",
-                    ok("model configuration", k["config"]),
-                    model_path=True,
-                ),
-                ("POST", base + "/infer"): Route(
-                    "KServe v2 inference",
-                    "kserve",
-                    ok(
-                        "the outputs asked for (or scores and label)",
-                        infer_out,
-                        "application/json",
-                        *LATENCY,
-                        binary=True,
-                    ),
-                    infer_in,
-                    inference=True,
-                    model_path=True,
-                    beyond_schema=(*INFER_RULES, *needs(f, "classify")),
-                    description="The binary tensor data extension works both ways: a body may be "
-                    "the JSON header followed by tensor data, its length in "
-                    "Inference-Header-Content-Length (and gzip or deflate Content-Encoding); with "
-                    "binary outputs the answer is application/octet-stream, the header's length in "
-                    "Inference-Header-Content-Length.",
-                    examples={
-                        "one": {
-                            "inputs": [
-                                {
-                                    "name": "text",
-                                    "datatype": "BYTES",
-                                    "shape": [1],
-                                    "data": ["a fine film"],
-                                }
-                            ]
-                        }
-                    },
-                ),
-            }
-        )
+        table.update(kserve_model_routes(f, k, base))
     return table
+
+
+def kserve_model_routes(f: Facts, k: dict[str, Schema], base: str) -> dict[tuple[str, str], Route]:
+    infer_in, infer_out = infer_schemas(f)
+    not_ready = {503: Answer("not ready", k["ready"], headers=("retry-after",))}
+    return {
+        ("GET", base): Route(
+            "KServe v2 model metadata", "kserve", ok("model metadata", k["model"]), model_path=True
+        ),
+        ("GET", base + "/ready"): Route(
+            "KServe v2 model readiness",
+            "kserve",
+            {**ok("ready", k["ready"]), **not_ready},
+            model_path=True,
+        ),
+        ("GET", base + "/config"): Route(
+            "Triton's model configuration",
+            "kserve",
+            ok("model configuration", k["config"]),
+            model_path=True,
+        ),
+        ("POST", base + "/infer"): Route(
+            "KServe v2 inference",
+            "kserve",
+            ok(
+                "the outputs asked for (or scores and label)",
+                infer_out,
+                "application/json",
+                *LATENCY,
+                binary=True,
+            ),
+            infer_in,
+            inference=True,
+            model_path=True,
+            beyond_schema=(*INFER_RULES, *needs(f, "classify")),
+            description=INFER_DESCRIPTION,
+            examples={"one": INFER_EXAMPLE},
+        ),
+    }
 
 
 # -- the document ---------------------------------------------------------------------------------

@@ -28,7 +28,9 @@ import torch
 from ringserve.service.app import resolve_device
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
-from ringserve.service.pool.supervisor import DEVICE_RETRIES, Supervisor, gpu_indices
+from ringserve.service.pool.placement import gpu_indices
+from ringserve.service.pool.policy import DEVICE_RETRIES
+from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
@@ -437,11 +439,11 @@ def test_device_boot_errors_are_retried_and_a_failed_capture_is_loud(
 
 def test_a_slot_whose_gpu_keeps_failing_is_served_from_the_cpu() -> None:
     sup = Supervisor(Config(workers=2, threads=1), Dispatcher(16), "/nowhere", "cpu")
-    sup.device, sup.gpus = "cuda", [0, 1]
+    sup.placement.device, sup.placement.gpus = "cuda", [0, 1]
     for _ in range(1, DEVICE_RETRIES):
-        sup._device_error(1, "cuda:1")
-        assert sup.device_for(1) == "cuda:1" and sup.backoff_until[1] > 0  # retried, later
-    sup._device_error(1, "cuda:1")
+        sup.policy.device_error(1, "cuda:1")
+        assert sup.device_for(1) == "cuda:1" and sup.policy.backoff_until[1] > 0  # retried, later
+    sup.policy.device_error(1, "cuda:1")
     assert sup.device_for(1) == "cpu" and sup.device_for(0) == "cuda:0"
     sup.reload()  # a reload tries the GPU again
     assert sup.device_for(1) == "cuda:1"
@@ -579,30 +581,31 @@ def test_workers_spread_over_gpus_pinned_near_each() -> None:
     assert gpu_indices("cpu") == [] and gpu_indices("cuda:3") == [3]
     assert gpu_indices(FAKE_GPU) == [0] and gpu_indices("cuda") == []  # no CUDA here
     sup = Supervisor(Config(workers=4, threads=2), Dispatcher(16), "/nowhere", "cpu")
-    sup.ncpu = list(range(16))
-    sup.device = "cuda"
-    sup.gpus = [0, 1]
-    sup.gpu_cpus = {0: list(range(8)), 1: list(range(8, 16))}
+    sup.placement.ncpu = list(range(16))
+    sup.placement.device = "cuda"
+    sup.placement.gpus = [0, 1]
+    sup.placement.gpu_cpus = {0: list(range(8)), 1: list(range(8, 16))}
     assert [sup.device_for(s) for s in range(4)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
     # A GPU worker may use every CPU near its GPU, not one core.
     near = [list(range(8)), list(range(8, 16))] * 2
     assert [sup.cpus_for(s) for s in range(4)] == near
-    sup.gpu_cpus = {}  # the system does not say: every CPU
+    sup.placement.gpu_cpus = {}  # the system does not say: every CPU
     assert [sup.cpus_for(s) for s in range(4)] == [list(range(16))] * 4
     assert sup.cpus_for(None) == list(range(16))
-    sup.device, sup.gpus = "cpu", []  # on the CPU: disjoint sets of --threads cores
+    # On the CPU: disjoint sets of --threads cores.
+    sup.placement.device, sup.placement.gpus = "cpu", []
     assert [sup.cpus_for(s) for s in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
 def test_spares_are_placed_per_gpu_and_promoted_on_their_own() -> None:
     sup = Supervisor(Config(workers=2, threads=1), Dispatcher(16), "/nowhere", "cpu")
-    sup.device, sup.gpus = "cuda", [0, 1]
+    sup.placement.device, sup.placement.gpus = "cuda", [0, 1]
 
     def spare(device: str) -> Any:
         return SimpleNamespace(device=device, generation=0, dead=False, loaded=lambda: True)
 
     assert sup.device_for(None) == "cuda:0"
-    sup.spares = [spare("cuda:0")]
+    sup.spares.append(spare("cuda:0"))
     assert sup.device_for(None) == "cuda:1"  # the next spare goes to the GPU without one
     sup.spares.append(spare("cuda:1"))
     assert sup._ready_spare("cuda:1") is sup.spares[1]  # slot 1 takes the spare on its GPU

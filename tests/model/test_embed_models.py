@@ -20,17 +20,17 @@ import pytest
 import torch
 import tritonclient.http as httpclient
 from ringserve.factory import export
+from ringserve.factory.build import default_encoder_dir
 from ringserve.factory.embedder import POOLINGS
-from ringserve.factory.model import Joined
 from ringserve.wire.client import BinaryClient
 from ringserve.wire.frames import OK
 from ringserve.workers.artifact import (
-    default_encoder_dir,
     load_manifest,
     load_model,
     load_tokenizer,
 )
 from ringserve.workers.batcher import Item
+from ringserve.workers.joined import Joined
 from ringserve.workers.runtime import CpuRunner, joined, ort_runner, softmax
 from tokenizers import Tokenizer
 

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 import torch
 from ringserve.factory import export, int8
-from ringserve.factory.model import BertConfig, Encoder, Layer, WeightError, load_encoder_weights
+from ringserve.factory.build import default_artifact_dir
+from ringserve.factory.encoder import Encoder, Layer, WeightError
+from ringserve.factory.model import BertConfig, load_encoder_weights
 from ringserve.workers.artifact import (
     ArtifactError,
     Manifest,
     compute_fingerprint,
-    default_artifact_dir,
     load_manifest,
     load_model,
     load_tokenizer,
@@ -227,7 +228,8 @@ def test_weights_load_strictly(tmp_path: Path) -> None:
 
 def test_concurrent_first_builds_share_one_artifact(tmp_path: Path) -> None:
     code = (
-        "import sys; from workers.artifact import default_artifact_dir as d; print(d(sys.argv[1]))"
+        "import sys; from ringserve.factory.build import default_artifact_dir as d; "
+        "print(d(sys.argv[1]))"
     )
     procs = [
         subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)

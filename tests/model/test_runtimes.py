@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ringserve.factory import int8
+from ringserve.factory.onnx import read_heldout
 from ringserve.workers import graphpick
 from ringserve.workers.artifact import (
     ArtifactError,
@@ -24,7 +25,7 @@ from ringserve.workers.artifact import (
     reference_logits,
 )
 from ringserve.workers.batcher import Item
-from ringserve.workers.onnx_model import choose_runtime, open_session, read_heldout
+from ringserve.workers.onnx_model import choose_runtime, open_session
 from ringserve.workers.runtime import CpuRunner, OrtRunner, softmax
 
 from devkit.models import old_artifact

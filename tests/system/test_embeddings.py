@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.http as httpclient
-from ringserve.workers.artifact import DEFAULT_HEAD, default_encoder_dir, open_tokenizer, read_head
+from ringserve.factory.build import DEFAULT_HEAD, default_encoder_dir, read_head
+from ringserve.workers.artifact import open_tokenizer
 
 from devkit.launcher import DATA
 from devkit.server import ServerProc
@@ -219,7 +220,7 @@ def test_every_runtime_embeds(start_server: Any, want: Any, runtime: str) -> Non
 def test_windowed_embedding_is_the_mean_of_its_windows(start_server: Any) -> None:
     """--long-text window: a long text's embedding is the mean of its windows' pooled vectors
     (then normalized as the model does); the windows are cut by hand in tests/test_longtext."""
-    from ringserve.workers.artifact import default_artifact_dir
+    from ringserve.factory.build import default_artifact_dir
 
     from devkit.longtext import long_text, raw, windows_of
 

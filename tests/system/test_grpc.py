@@ -39,7 +39,7 @@ from devkit.server import ServerProc, listening, refused, serving, wait_for
 KEY = "grpc-test-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
 HTTP_AUTH = {"Authorization": f"Bearer {KEY}"}
-RPC = ROOT / "service" / "rpc"
+RPC = ROOT / "service" / "protocols" / "rpc"
 TEXTS = ["a gripping, beautifully acted film", "dull and far too long", "it was fine", "ok"]
 PAIRS = ["the film is good", "I hated it", "a fine way to spend an evening", "bad"]
 

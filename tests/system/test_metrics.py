@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from ringserve.service.ops import metrics as M
+from ringserve.service.ops import prometheus as P
 from ringserve.service.ops import stats as S
 from ringserve.service.protocols.http import protocol_of
 from ringserve.shm import layout as L
@@ -446,12 +447,9 @@ def fake_gpu_exposition(power_mw: int = 210_000) -> str:
                 ("cuda_allocated", 1 << 29),
             ):
                 w.ctl.set(name, v)
-        view: Any = M.Metrics.__new__(M.Metrics)
-        view.server = SimpleNamespace(
-            supervisor=SimpleNamespace(all={1: workers[0], 2: workers[1]})
-        )
-        out = M.Exposition()
-        view._render_gpus(out)
+        pool: Any = SimpleNamespace(all={1: workers[0], 2: workers[1]})
+        out = P.Exposition()
+        P.gpus(out, pool)
         return out.text().decode()
     finally:
         for w in workers:
@@ -460,7 +458,7 @@ def fake_gpu_exposition(power_mw: int = 210_000) -> str:
 
 def test_gpu_families_from_control_blocks() -> None:
     families = {f.name: f for f in text_string_to_metric_families(fake_gpu_exposition())}
-    assert set(families) == set(M.GPU_METRICS)
+    assert set(families) == set(P.GPU_METRICS)
     used = families["ringserve_gpu_memory_used_bytes"].samples
     assert [(s.labels, s.value) for s in used] == [({"gpu": "1"}, float(3 << 30))]
     util = families["ringserve_gpu_utilization_ratio"].samples[0].value

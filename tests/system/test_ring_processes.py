@@ -29,7 +29,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from ringserve.shm import layout as L
 from ringserve.shm import segment as segment_mod
-from ringserve.shm.doorbell import EventFd, request_doorbell
+from ringserve.shm.channel import Doorbells
+from ringserve.shm.doorbell import EventFd
 from ringserve.shm.ring import Ring
 from ringserve.shm.segment import Segment, list_segments, remove_stale, segment_name
 
@@ -174,8 +175,9 @@ class Peer:
     """The spawned child, its doorbells and its command pipe; respawned after a failed example."""
 
     def __init__(self) -> None:
-        self.doorbell = request_doorbell()
-        self.efd = EventFd()
+        bells = Doorbells()  # the pair a worker gets: request semaphore, answer eventfd
+        self.doorbell = bells.request
+        self.efd = bells.answer
         self.proc: Any = None
         self.conn: Any = None
         self.spawn()

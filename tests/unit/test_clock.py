@@ -328,12 +328,12 @@ def test_late_answers_tighten_the_time_bound_until_the_queue_runs_dry() -> None:
     w.ring, last = w.ring[:3], w.ring[3:]
     w.answer()
     d.on_answers(w)
-    assert d.tighten == 0.97**3  # three late answers, one still in flight
+    assert d.meter.tighten == 0.97**3  # three late answers, one still in flight
     assert d.cost_limit() == d.rate() * 0.97**3
     w.ring = last
     w.answer()
     d.on_answers(w)  # late too, and the queue is now empty: the correction is over
-    assert d.tighten == 1.0 and d.cost_limit() == d.rate()
+    assert d.meter.tighten == 1.0 and d.cost_limit() == d.rate()
 
 
 def test_a_batch_request_takes_at_most_half_of_what_is_free() -> None:
@@ -461,7 +461,7 @@ def test_the_time_bound_of_an_interactive_text_leaves_out_the_bulk_waiting() -> 
     w = Worker(room=0)
     d, clock = dispatcher(w, max_queue=1000)
     d.max_queue_ms = 1000
-    d.flows[w] = f = d.flow(w)
+    d.meter.flows[w] = f = d.meter.flow(w)
     f.rate = 100.0  # cost units a second, as measured: the bound is 100 units
     text = b"y" * 8  # cost 10
     admitted = sum(d.submit([text], clock.now + S, Calls(), priority=BULK) for _ in range(20))

@@ -15,13 +15,9 @@ from typing import Any
 
 import pytest
 from ringserve.service.engine.dispatcher import Dispatcher
-from ringserve.service.pool.supervisor import (
-    BOOT_TIMEOUT_S,
-    CRASH_LIMIT,
-    KILL_AFTER_S,
-    STABLE_S,
-    Supervisor,
-)
+from ringserve.service.pool.policy import CRASH_LIMIT, STABLE_S
+from ringserve.service.pool.supervisor import Supervisor
+from ringserve.service.pool.watch import BOOT_TIMEOUT_S, KILL_AFTER_S
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.doorbell import EventFd
@@ -139,7 +135,7 @@ def pool() -> Iterator[tuple[Supervisor, Clock]]:
     loop = asyncio.new_event_loop()
     config = Config(workers=1, spares=0, start_method="spawn")
     sup = Supervisor(config, Dispatcher(64), "/nowhere", "cpu", clock=clock, make_handle=FakeHandle)
-    sup.loop = loop
+    sup.procs.loop = loop
     try:
         yield sup, clock
     finally:
@@ -173,7 +169,7 @@ def test_crash_backoff_holds_the_slot_empty_until_the_delay_passes(pool) -> None
         assert sup.slots[0] is not None and sup.slots[0] is not dead
     crash(sup, clock)  # the CRASH_LIMIT-th within the window: back off
     assert sup.slots[0] is None
-    delay = sup.backoff_until[0] - clock.now
+    delay = sup.policy.backoff_until[0] - clock.now
     assert 0 < delay <= 30.0
     sup.reconcile()
     assert sup.slots[0] is None, "restarted during the backoff"
@@ -266,7 +262,7 @@ def test_workers_killed_after_serving_a_while_are_replaced_at_once(pool) -> None
         handle.exit(-signal.SIGKILL)
         sup.on_exit(handle)
         assert sup.slots[0] is not None and sup.slots[0] is not handle
-    assert 0 not in sup.backoff_until
+    assert 0 not in sup.policy.backoff_until
 
 
 class Events:
@@ -297,7 +293,7 @@ def test_a_sentinel_that_fires_before_the_exit_status_waits_for_it(pool, monkeyp
     died = [f for e, f in events.seen if e == "worker_died"]
     assert handle.dead and [d["exit_code"] for d in died] == [-signal.SIGKILL]
     assert died[0]["reason"] == "exited with code -9"
-    monkeypatch.setattr("ringserve.service.pool.supervisor.EXIT_STATUS_WAIT_S", 0.0)
+    monkeypatch.setattr("ringserve.service.pool.watch.EXIT_STATUS_WAIT_S", 0.0)
     other = serving_handle(sup)
     other.boot()
     sup.check()

@@ -6,9 +6,9 @@ Not grpc.aio on the loop, though it measured faster (docs/design.md, "gRPC"): on
 `:path` is not UTF-8 ends grpc.aio's server loop (grpcio 1.85: the listener closes, every later
 connection is refused), and tests/test_fuzz_grpc.py found it. The threaded server answers it.
 
-Every call goes through the one admission, deadline and API key the other protocols use: a
-ModelInfer is one dispatcher group, as a KServe HTTP infer is. Errors are the HTTP statuses of
-protocols/kserve.py's checks, mapped to gRPC codes once here. A drain stops the server with a
+Every call goes through the one admission, deadline and API key the other protocols use (the
+methods are rpc/servicer.py's). Errors are the HTTP statuses of protocols/kserve.py's checks,
+mapped to gRPC codes once here. A drain stops the server with a
 grace: gRPC closes the listener and sends GOAWAY, the calls in flight finish, and whatever
 stream is left (a health Watch) is cancelled once nothing is owed.
 """
@@ -20,21 +20,16 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from ringserve.service.engine.admission import failure, first_failure
-from ringserve.service.engine.dispatcher import Result
-from ringserve.service.engine.tenants import INTERACTIVE, PRIORITY_NAMES, KeyRing, Tenant
-from ringserve.service.logs import EventLog
-from ringserve.service.protocols import kserve
+from ringserve.service.engine.tenants import Tenant
 from ringserve.service.protocols.auth import DENIED
 from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.routes import ModelView
-from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
+from ringserve.service.protocols.rpc.servicer import GrpcHost, RateLimited, Servicer
 
 SERVICE = "inference.GRPCInferenceService"
 HEALTH = "grpc.health.v1.Health"
@@ -55,24 +50,6 @@ RETRY_TRAILERS = (("retry-after", "1"), ("grpc-retry-pushback-ms", "1000"))
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-class GrpcHost(ModelView, Protocol):
-    """What the gRPC port needs of the server, beside the routes' model view."""
-
-    @property
-    def keys(self) -> KeyRing | None: ...
-    @property
-    def log(self) -> EventLog: ...
-    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
-
-
-class RateLimited(Exception):
-    """A call over its key's rate: RESOURCE_EXHAUSTED, with the wait in the trailers."""
-
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(retry_after_s)
-        self.retry_after_s = retry_after_s
 
 
 class Undecodable:
@@ -112,11 +89,13 @@ class Health(health.HealthServicer):
 
 
 class GrpcPort:
-    """One server's gRPC listener and the calls it has in flight."""
+    """One server's gRPC listener: its start and graceful stop, its health, and the calls it has
+    in flight (key check, error mapping and counting, once for every method of `calls`)."""
 
     def __init__(self, host: GrpcHost) -> None:
         self.host = host
         self.settings = host.settings
+        self.calls = Servicer(host)  # the methods, run on the loop
         self.loop: asyncio.AbstractEventLoop | None = None  # the front-end's, set at start
         self.lock = threading.Lock()
         self.inflight = 0  # calls not yet answered (written by gRPC's threads, under the lock)
@@ -194,25 +173,26 @@ class GrpcPort:
 
     # -- calls ----------------------------------------------------------------------------------
     def handlers(self) -> grpc.GenericRpcHandler:
+        c = self.calls
         methods: dict[str, tuple[Handler, Any, Any]] = {
-            "ServerLive": (self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
-            "ServerReady": (self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
-            "ModelReady": (self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerLive": (c.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": (c.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+            "ModelReady": (c.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
             "ServerMetadata": (
-                self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse
+                c.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse
             ),
             "ModelMetadata": (
-                self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse
+                c.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse
             ),
-            "ModelInfer": (self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+            "ModelInfer": (c.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
             "RepositoryIndex": (
-                self.repository, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
+                c.repository, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
             ),
             "RepositoryModelLoad": (
-                self.repository, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
+                c.repository, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
             ),
             "RepositoryModelUnload": (
-                self.repository, pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse
+                c.repository, pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse
             ),
         }  # fmt: skip
         limit = self.settings.max_body
@@ -290,144 +270,3 @@ class GrpcPort:
                     return tenant
         self.on_loop(keys.refused, "grpc")
         return False
-
-    async def server_live(
-        self, req: Any, context: Any, tenant: Tenant | None = None
-    ) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
-
-    async def server_ready(
-        self, req: Any, context: Any, tenant: Tenant | None = None
-    ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.host.ready())
-
-    async def model_ready(
-        self, req: pb.ModelReadyRequest, context: Any, tenant: Tenant | None = None
-    ) -> pb.ModelReadyResponse:
-        infer.check_model(self.host, req.name, req.version)
-        return pb.ModelReadyResponse(ready=self.host.ready())
-
-    async def server_metadata(
-        self, req: Any, context: Any, tenant: Tenant | None = None
-    ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(
-            name="ringserve", version=kserve.server_version(), extensions=["binary_tensor_data"]
-        )
-
-    async def model_metadata(
-        self, req: pb.ModelMetadataRequest, context: Any, tenant: Tenant | None = None
-    ) -> pb.ModelMetadataResponse:
-        infer.check_model(self.host, req.name, req.version)
-        doc = kserve.metadata_doc(self.host, self.host.model_name)
-        rsp = pb.ModelMetadataResponse(
-            name=doc["name"], versions=doc["versions"], platform=doc["platform"]
-        )
-        for spec in doc["inputs"]:
-            rsp.inputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
-        for spec in doc["outputs"]:
-            rsp.outputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
-        return rsp
-
-    async def repository(self, req: Any, context: Any, tenant: Tenant | None = None) -> Any:
-        # The repository extension comes with many models in one server (CONTRACT.md); until
-        # then there is nothing to index, load or unload.
-        msg = "the model repository extension is not served yet: this server holds one model"
-        raise HttpError(501, msg)
-
-    async def model_infer(
-        self, req: pb.ModelInferRequest, context: grpc.ServicerContext, tenant: Tenant | None
-    ) -> pb.ModelInferResponse:
-        """The steps of Admission.submit for HTTP: the key's rate (429), its priority (a
-        request may lower it), the trace, then the one queue (503)."""
-        received = time.monotonic_ns()
-        trace = self.start_trace(context, received)
-        try:
-            job = infer.read_request(self.host, req)
-            deadline = self.deadline_ns(context, job.timeout_us)
-            level = tenant.priority_for(job.priority) if tenant else job.priority or INTERACTIVE
-            if trace is not None:
-                trace.root.set_attributes(
-                    {"ringserve.task": job.task, "ringserve.priority": PRIORITY_NAMES[level]}
-                )
-                if tenant is not None:
-                    trace.root.set_attribute("ringserve.tenant", tenant.name)
-            results = await self.run(job, deadline, level, tenant, trace)
-        except RateLimited:
-            if trace is not None:
-                trace.written(429, time.monotonic_ns())
-            raise
-        except HttpError as exc:
-            if trace is not None:
-                trace.written(exc.status, time.monotonic_ns())
-            raise
-        answer = infer.answer(self.host, job, results)
-        if trace is not None:
-            trace.written(200, time.monotonic_ns())
-        return answer
-
-    async def run(
-        self, job: infer.InferJob, deadline: int, level: int, tenant: Tenant | None, trace: Any
-    ) -> list[Result]:
-        admission = self.host.admission
-        d = admission.dispatcher
-        now = d.clock()
-        if tenant is not None and not tenant.take(now):
-            if self.host.keys is not None:
-                self.host.keys.counts(tenant.name).limited += 1
-            if trace is not None:
-                trace.refused(now, "rate_limited")
-            raise RateLimited(tenant.retry_after_s())
-        loop = asyncio.get_running_loop()
-        answered: asyncio.Future[list[Result]] = loop.create_future()
-
-        def done(results: list[Result]) -> None:
-            if not answered.done():  # a cancelled call leaves its future cancelled
-                answered.set_result(results)
-
-        name = tenant.name if tenant is not None else ""
-        admitted = d.clock()
-        if not d.submit(job.texts, deadline, done, "grpc", job.task, level, name):
-            if trace is not None:
-                trace.refused(d.clock(), "overloaded")
-            raise HttpError(503, admission.refusal())
-        if self.host.keys is not None and tenant is not None:
-            self.host.keys.admitted(name, len(job.texts), level)
-        if trace is not None:
-            trace.admitted(admitted, len(job.texts), sum(len(t) for t in job.texts))
-        results = await answered
-        if trace is not None:
-            trace.answered(results, d.clock())
-        failed = first_failure(results)
-        if failed is not None:
-            raise HttpError(*failure(failed))
-        return results
-
-    def start_trace(self, context: grpc.ServicerContext, received: int) -> Any:
-        """The call's span when tracing is on, continuing a `traceparent` in its metadata."""
-        tracing = self.host.admission.tracing
-        if tracing is None:
-            return None
-        meta = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-        parent, state = meta.get("traceparent"), meta.get("tracestate")
-        return tracing.start(
-            "grpc ModelInfer",
-            "grpc",
-            received,
-            parent.encode("latin-1", "replace") if parent else None,
-            state.encode("latin-1", "replace") if state else None,
-            {"rpc.system": "grpc", "rpc.method": "ModelInfer"},
-        )
-
-    def deadline_ns(self, context: grpc.ServicerContext, timeout_us: int | None) -> int:
-        """The client's gRPC deadline, else Triton's `timeout` parameter, else the default."""
-        now = time.monotonic_ns()
-        left = context.time_remaining()
-        if left is not None and left > 86_400:  # grpcio's threaded server: "no deadline" is huge
-            left = None
-        if left is not None:
-            if left <= 0:
-                raise HttpError(504, "request deadline passed")
-            return now + int(left * 1e9)
-        if timeout_us is not None:
-            return now + timeout_us * 1000
-        return now + int(self.settings.request_timeout_s * 1e9)

@@ -1,0 +1,67 @@
+"""The one place the front-end enforces a request's deadline: a timer on the event loop that,
+while requests are in flight, answers 504 every EXPIRE_EVERY_S for each request whose deadline
+passed on the dispatcher's clock, and drops its late answer. (A worker's batcher may still
+drop a text that expired before its batch; the front-end answers it here.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Protocol
+
+from ringserve.service.engine.meter import Meter
+from ringserve.service.engine.requests import Request, Result, Waiting
+from ringserve.shm import layout as L
+
+EXPIRE_EVERY_S = 0.05
+
+
+class Owed(Protocol):
+    """What the dispatcher owes, as expiry reads it (service.engine.dispatcher.Dispatcher)."""
+
+    inflight: dict[int, Request]
+    waiting: Waiting
+    meter: Meter
+    clock: Callable[[], int]
+
+    def complete(self, req: Request, result: Result) -> None: ...
+
+
+class Expiry:
+    def __init__(self, owed: Owed) -> None:
+        self.owed = owed
+        self.expired = 0  # texts answered 504 here
+        self.handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        """Start ticking, unless it is already. Only inside a running loop: the in-process
+        tests call expire() themselves, with their own clock."""
+        if self.handle is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.handle = loop.call_later(EXPIRE_EVERY_S, self.due)
+
+    def due(self) -> None:
+        self.handle = None
+        self.expire(self.owed.clock())
+        if self.owed.inflight:
+            self.arm()
+
+    def expire(self, now_ns: int) -> int:
+        """Answer 504 for every request whose deadline passed; their late answers are dropped."""
+        owed = self.owed
+        late = [r for r in owed.inflight.values() if r.deadline_ns and r.deadline_ns <= now_ns]
+        for r in late:
+            if r.worker is not None:
+                if r.worker.assigned.pop(r.id, None) is not None:
+                    owed.meter.released(r.worker, r.cost)
+            else:
+                with contextlib.suppress(ValueError):
+                    owed.waiting.remove(r)
+            self.expired += 1
+            owed.complete(r, Result(L.STATUS_DEADLINE))
+        return len(late)

@@ -1,0 +1,187 @@
+"""A request's life in the front-end: the texts a client sent (a Group of one-text Requests),
+their answers (Result), and the two lines they wait in before a worker's ring (Waiting).
+
+A request is one text. A client call with N texts is a Group of N requests answered by one
+callback once the last answer is in, so a batch costs one pass through the loop, not N.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from ringserve.shm import layout as L
+
+# A text's cost in token-equivalents, estimated from its bytes before any tokenizer has seen it:
+# about four bytes a token, plus a row's fixed share of a batch (special tokens, per-row work).
+BYTES_PER_TOKEN = 4
+ROW_COST = 8
+INTERACTIVE = 0  # priorities (service.engine.tenants)
+BULK = 1
+
+
+def text_cost(payload: bytes, max_tokens: int) -> int:
+    return min(max_tokens, len(payload) // BYTES_PER_TOKEN) + ROW_COST
+
+
+class Holder(Protocol):
+    """The worker a request was handed to, as a request sees it (a pool.handle.WorkerHandle)."""
+
+    assigned: dict[int, Request]  # msg id -> request, in dispatch order
+
+
+@dataclass(slots=True)
+class Result:
+    status: int  # shm.layout.STATUS_*
+    label_id: int = 0
+    scores: np.ndarray | None = None
+    bucket: int = 0
+    queued_us: int = 0
+    model_us: int = 0
+    flags: int = 0  # shm.layout.RSP_TRUNCATED, RSP_WINDOWED
+    tokens: int = 0  # the text's token count before any cut (STATUS_TOO_LONG: too many)
+    windows: int = 0  # windows scored (STATUS_TOO_LONG: windows it would need)
+    limit: int = 0  # STATUS_TOO_LONG: max_length, or --max-windows when RSP_WINDOWED
+    batch: int = 0  # the batch it ran in, shm.layout.pack_batch (rows, padded length, start)
+    read_ns: int = 0  # when the front-end read the answer from its worker's ring
+
+    @classmethod
+    def from_ring(cls, aux: int, payload: bytes, read_ns: int) -> Result:
+        """An answer as its worker wrote it into the response ring (shm.layout.RESPONSE)."""
+        status, bucket, label, n, flags, _r, windows, limit, tokens, queued_us, model_us = (
+            L.RESPONSE.unpack_from(payload)
+        )
+        scores = None
+        if status == L.STATUS_OK:
+            scores = np.frombuffer(payload, dtype="<f4", count=n, offset=L.RESPONSE_SIZE)
+        return cls(
+            status, label, scores, bucket, queued_us, model_us, flags, tokens, windows, limit,
+            aux, read_ns,
+        )  # fmt: skip
+
+
+class Group:
+    __slots__ = (
+        "admitted_ns",
+        "callback",
+        "priority",
+        "protocol",
+        "remaining",
+        "results",
+        "task",
+        "tenant",
+    )
+
+    def __init__(
+        self,
+        n: int,
+        callback: Callable[[list[Result]], None],
+        protocol: str,
+        admitted_ns: int,
+        task: str = "classify",
+        priority: int = INTERACTIVE,
+        tenant: str = "",
+    ) -> None:
+        self.results: list[Result | None] = [None] * n
+        self.remaining = n
+        self.callback = callback
+        self.protocol = protocol
+        self.admitted_ns = admitted_ns
+        self.task = task  # classify, embed or rerank: what /v1/stats and /metrics count
+        self.priority = priority  # INTERACTIVE or BULK (service.tenants)
+        self.tenant = tenant  # the caller's tenant name ("" without --api-keys)
+
+    def requests(
+        self, first_id: int, texts: list[bytes], costs: list[int], deadline_ns: int
+    ) -> list[Request]:
+        """One request a text, numbered from first_id."""
+        return [
+            Request(first_id + i, t, deadline_ns, self, i, c)
+            for i, (t, c) in enumerate(zip(texts, costs, strict=True))
+        ]
+
+
+class Request:
+    __slots__ = ("cost", "deadline_ns", "group", "id", "index", "payload", "rerouted", "worker")
+
+    def __init__(
+        self, rid: int, payload: bytes, deadline_ns: int, group: Group, index: int, cost: int
+    ):
+        self.id = rid
+        self.payload = payload
+        self.deadline_ns = deadline_ns
+        self.group = group
+        self.index = index
+        self.cost = cost
+        self.worker: Holder | None = None
+        self.rerouted = False  # its worker died: its wait says nothing of admission
+
+
+class Waiting:
+    """Admitted texts not yet in any ring, in two lines: interactive texts go first, bulk texts
+    behind them, unless the oldest bulk text has waited `max_wait_ns`: then it goes first. So a
+    bulk text waits behind interactive ones at most that long (tests/unit/test_clock.py)."""
+
+    __slots__ = ("bulk", "bulk_cost", "interactive", "max_wait_ns")
+
+    def __init__(self, max_wait_ns: int) -> None:
+        self.interactive: deque[Request] = deque()
+        self.bulk: deque[Request] = deque()
+        self.bulk_cost = 0  # of the bulk texts here: interactive texts do not wait for them
+        self.max_wait_ns = max_wait_ns
+
+    def __len__(self) -> int:
+        return len(self.interactive) + len(self.bulk)
+
+    def __bool__(self) -> bool:
+        return bool(self.interactive) or bool(self.bulk)
+
+    def __iter__(self) -> Iterator[Request]:
+        yield from self.interactive
+        yield from self.bulk
+
+    def extend(self, reqs: Iterable[Request]) -> None:
+        for r in reqs:
+            if r.group.priority:
+                self.bulk.append(r)
+                self.bulk_cost += r.cost
+            else:
+                self.interactive.append(r)
+
+    def push_front(self, reqs: list[Request]) -> None:
+        """Put requests back at the front of their lines, in their order."""
+        for r in reversed(reqs):
+            if r.group.priority:
+                self.bulk.appendleft(r)
+                self.bulk_cost += r.cost
+            else:
+                self.interactive.appendleft(r)
+
+    def take(self, n: int, now_ns: int) -> list[Request]:
+        """Up to n requests in the order they should go to workers."""
+        out: list[Request] = []
+        inter, bulk = self.interactive, self.bulk
+        while len(out) < n and (inter or bulk):
+            if bulk and (not inter or now_ns - bulk[0].group.admitted_ns >= self.max_wait_ns):
+                r = bulk.popleft()
+                self.bulk_cost -= r.cost
+            else:
+                r = inter.popleft()
+            out.append(r)
+        return out
+
+    def remove(self, r: Request) -> None:
+        """Raises ValueError when it is not waiting."""
+        if r.group.priority:
+            self.bulk.remove(r)
+            self.bulk_cost -= r.cost
+        else:
+            self.interactive.remove(r)
+
+    def clear(self) -> None:
+        self.interactive.clear()
+        self.bulk.clear()
+        self.bulk_cost = 0

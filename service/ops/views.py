@@ -1,0 +1,100 @@
+"""What operations read of the server, the engine and the pool: read-only views.
+
+Metrics, stats and the dashboard only look: these Protocols name every member they read, so
+that none of them can change what it watches, and the engine and the pool can be rebuilt
+behind them. Today's Server, Dispatcher and Supervisor satisfy them as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Sized
+from typing import Any, Protocol
+
+from ringserve.service.engine.tenants import KeyRing
+from ringserve.service.logs import EventLog
+from ringserve.service.pool.handle import WorkerHandle
+from ringserve.service.protocols.auth import ApiKey
+from ringserve.service.protocols.http import HttpServerState
+from ringserve.service.settings import Config
+from ringserve.workers.artifact import Manifest
+
+
+class Waiting(Sized, Protocol):
+    """Texts admitted but in no ring yet: how many, and how many of them are bulk."""
+
+    @property
+    def bulk(self) -> Sized: ...
+
+
+class QueueView(Protocol):
+    """What operations read of the dispatcher: its queue, its refusals and its pool's rate."""
+
+    @property
+    def depth(self) -> int: ...
+    @property
+    def max_queue(self) -> int: ...
+    @property
+    def max_queue_ms(self) -> float: ...
+    @property
+    def waiting(self) -> Waiting: ...
+    @property
+    def serving(self) -> Sequence[WorkerHandle]: ...
+    @property
+    def rejected(self) -> int: ...
+    @property
+    def expired(self) -> int: ...
+    @property
+    def answered_by_task(self) -> Mapping[str, int]: ...
+    def wait_ms(self) -> float | None: ...
+    def rate(self) -> float | None: ...
+
+
+class PoolView(Protocol):
+    """What operations read of the pool: its processes, slots and restarts."""
+
+    @property
+    def all(self) -> Mapping[int, WorkerHandle]: ...  # serial -> handle, every live process
+    @property
+    def retiring(self) -> Sequence[WorkerHandle]: ...  # draining or stopping
+    @property
+    def slots(self) -> Mapping[int, WorkerHandle | None]: ...
+    @property
+    def restarts(self) -> Mapping[int, int]: ...
+    @property
+    def restarts_total(self) -> int: ...
+    @property
+    def target(self) -> int: ...
+    def status_rows(self) -> list[dict[str, Any]]: ...
+
+
+class MetricsView(Protocol):
+    """What the metrics read of the server."""
+
+    @property
+    def settings(self) -> Config: ...
+    @property
+    def log(self) -> EventLog: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def api_key(self) -> ApiKey | None: ...
+    @property
+    def keys(self) -> KeyRing | None: ...
+    @property
+    def dispatcher(self) -> QueueView: ...
+    @property
+    def supervisor(self) -> PoolView: ...
+    @property
+    def http_state(self) -> HttpServerState | None: ...
+    @property
+    def requests_total(self) -> Mapping[tuple[str, int, str], int]: ...
+    @property
+    def manifest(self) -> Manifest: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def buckets(self) -> tuple[int, ...]: ...

@@ -1,0 +1,89 @@
+"""The worker processes themselves: each started (forked from the zygote, else spawned) with
+its exit sentinel on the loop and its answer doorbell with the dispatcher, and released once
+it is gone; at the end, all stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+
+from ringserve.service.engine.answers import Owner
+from ringserve.service.engine.dispatcher import Dispatcher
+from ringserve.service.pool.handle import WorkerHandle
+from ringserve.service.pool.watch import stop_all
+from ringserve.service.settings import Config
+from ringserve.workers.zygote import Zygote
+
+
+class Processes:
+    def __init__(
+        self,
+        settings: Config,
+        model_dir: str,
+        dispatcher: Dispatcher,
+        make_handle: Callable[..., WorkerHandle],
+        on_exit: Callable[[WorkerHandle], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.model_dir = model_dir
+        self.dispatcher = dispatcher
+        self.make_handle = make_handle  # WorkerHandle; tests give a fake
+        self.on_exit = on_exit  # the sentinel fired (Supervisor.on_exit)
+        self.clock = clock
+        self.all: dict[int, WorkerHandle] = {}  # serial -> handle, every live process
+        self.serial = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # Called just before a worker's segments are released (metrics keep its last counters).
+        self.on_release: Callable[[WorkerHandle], None] | None = None
+
+    def start(
+        self,
+        slot: int | None,
+        cpus: list[int],
+        device: str,
+        generation: int,
+        zygote: Zygote | None,
+        owner: Owner,
+    ) -> WorkerHandle:
+        """A new worker for `slot` (None: a spare), forked from `zygote` when one is given."""
+        self.serial += 1
+        s = self.settings
+        handle = self.make_handle(self.serial, cpus, device, self.model_dir, generation, s)
+        handle.slot = slot
+        handle.start(zygote)
+        handle.started_at = self.clock()
+        self.all[handle.serial] = handle
+        assert self.loop is not None
+        self.loop.add_reader(handle.sentinel, self.on_exit, handle)
+        self.dispatcher.add_worker(handle, self.loop, owner)  # its answers are read there
+        return handle
+
+    def finish(self, handle: WorkerHandle) -> None:
+        """A worker declared dead: release it, or KILL it first when it still runs (hung)."""
+        self.dispatcher.remove_worker(handle)
+        if handle.process.exitcode is None:
+            handle.signal(signal.SIGKILL)  # on_exit releases it once the kernel has freed it
+            return
+        assert self.loop is not None
+        self.loop.remove_reader(handle.sentinel)
+        self.release(handle)
+
+    def release(self, handle: WorkerHandle) -> None:
+        if self.on_release is not None:
+            self.on_release(handle)  # metrics keep its final counters
+        self.all.pop(handle.serial, None)
+        handle.release()
+
+    async def stop(self, timeout: float) -> None:
+        """TERM every worker, KILL what is left (watch.stop_all), release every segment."""
+        handles = list(self.all.values())
+        assert self.loop is not None
+        for h in handles:  # from here on this method alone reaps and releases
+            self.dispatcher.remove_worker(h)
+            self.loop.remove_reader(h.sentinel)
+        await stop_all(handles, self.clock(), timeout)
+        for h in handles:
+            h.dead = True
+            self.release(h)

@@ -1,0 +1,100 @@
+"""Who holds which place in the pool now: the serving slots, the spares and the retiring
+workers, and how often each slot's process was replaced. The supervisor's reconcile moves this
+toward its desired set (service.pool.supervisor); the control status and metrics read it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ringserve.service.engine.dispatcher import Dispatcher
+from ringserve.service.pool.handle import WorkerHandle, status_row
+from ringserve.service.pool.policy import SPARE_KEY
+
+
+class Roster:
+    def __init__(
+        self, dispatcher: Dispatcher, clock: Callable[[], float], emit: Callable[..., None]
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.emit = emit  # Supervisor._event
+        self.slots: dict[int, WorkerHandle | None] = {}  # slot -> its serving worker
+        self.spares: list[WorkerHandle] = []  # starting or loaded, not serving
+        self.retiring: list[WorkerHandle] = []  # draining or stopping
+        self.restarts: dict[int, int] = {}  # slot -> times its process was replaced
+        self.restarts_total = 0
+
+    def count_restart(self, slot: int) -> None:
+        self.restarts[slot] = self.restarts.get(slot, 0) + 1
+        self.restarts_total += 1
+
+    def vacate(self, slot: int, reason: str) -> None:
+        """Empty the slot; its worker retires."""
+        handle = self.slots.get(slot)
+        if handle is not None:
+            self.slots[slot] = None
+            self.retire(handle)
+            self.emit("worker_retire", worker=slot, pid=handle.pid, reason=reason)
+        self.update_serving()
+
+    def retire(self, handle: WorkerHandle) -> None:
+        """Stop sending it work; it is stopped once what it holds is answered."""
+        handle.draining = True
+        if handle not in self.retiring:
+            self.retiring.append(handle)
+        if not handle.assigned:
+            handle.terminate(self.clock())
+
+    def take_out(self, handle: WorkerHandle, stopping: bool) -> int | None:
+        """Remove a gone worker; the key its death counts under in the crash backoff (its
+        slot, SPARE_KEY for a spare), or None when it says nothing of one."""
+        if handle in self.spares:
+            self.spares.remove(handle)
+        if handle in self.retiring:
+            self.retiring.remove(handle)
+        slot = handle.slot
+        if slot is not None and self.slots.get(slot) is handle:
+            self.slots[slot] = None
+            self.count_restart(slot)
+            return slot
+        if slot is None and not handle.draining and not stopping:
+            return SPARE_KEY  # a crash-looping spare backs off like a slot
+        return None
+
+    def update_serving(self) -> None:
+        """Tell the dispatcher which workers take new requests."""
+        self.dispatcher.serving = [h for h in self.slots.values() if h is not None and h.serving()]
+        if self.dispatcher.serving:
+            self.dispatcher.flush_waiting()
+
+    def ready_spare(self, generation: int, device: str | None = None) -> WorkerHandle | None:
+        """A loaded spare of this generation (on `device` when given: spares are per GPU)."""
+        for h in self.spares:
+            fresh = h.loaded() and h.generation == generation and not h.dead
+            if fresh and (device is None or h.device == device):
+                return h
+        return None
+
+    def promote(self, spare: WorkerHandle, slot: int, cpus: list[int]) -> None:
+        self.spares.remove(spare)
+        spare.slot = slot
+        spare.pin(cpus)
+        self.slots[slot] = spare
+        self.emit("worker_promoted", worker=slot, pid=spare.pid)
+
+    # -- views ----------------------------------------------------------------------------------
+    def handles(self) -> list[tuple[int | None, WorkerHandle]]:
+        out: list[tuple[int | None, WorkerHandle]] = [
+            (s, h) for s, h in sorted(self.slots.items()) if h is not None
+        ]
+        out += [(None, h) for h in self.spares]
+        out += [(h.slot, h) for h in self.retiring if not h.dead]
+        return out
+
+    def ready_count(self) -> int:
+        return sum(1 for h in self.slots.values() if h is not None and h.serving())
+
+    def status_rows(self) -> list[dict[str, Any]]:
+        return [status_row(s, h, self.restarts.get(s, 0) if s is not None else 0)
+                for s, h in self.handles()]  # fmt: skip
