@@ -1,12 +1,13 @@
 # Two commands do all set-up on a fresh machine:
 #   make serve   installs into .venv and serves the built-in default model on 127.0.0.1:8000
 #   make test    installs into .venv (with the test tools) and runs ruff, mypy and the tests
+# (make test-unit runs tests/unit alone, in seconds: a first signal before the whole gate.)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install install-test serve test lint fuzz bench proto clean
+.PHONY: install install-test serve test test-unit lint fuzz bench proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,10 +40,15 @@ lint: install-test
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The fast layer: no process, no model (fake clock, fake transport, rings and files in process).
+# `make test` runs it too, with tests/model and tests/system.
+test-unit: install-test
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
 # The long fuzz run (100,000+ inputs; Schemathesis 1,000 examples an operation): see README.
 fuzz: install-test
-	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/test_fuzz.py tests/test_fuzz_grpc.py \
-		tests/test_openapi.py -q -p no:randomly
+	RINGSERVE_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest tests/system/test_fuzz.py \
+		tests/system/test_fuzz_grpc.py tests/system/test_openapi.py -q -p no:randomly
 
 $(VENV)/.installed-bench: $(VENV)/.installed pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[bench]'
@@ -52,7 +58,7 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python -m benchmarks.serving
 
 # service/protocols/rpc/kserve_pb2.py(i) are committed (a clean clone needs no protoc); regenerate them
-# after editing kserve.proto. tests/test_grpc.py fails while they differ.
+# after editing kserve.proto. tests/system/test_grpc.py fails while they differ.
 proto: install-test
 	$(BIN)/python -m grpc_tools.protoc -I service/protocols/rpc --python_out=service/protocols/rpc \
 		--pyi_out=service/protocols/rpc service/protocols/rpc/kserve.proto

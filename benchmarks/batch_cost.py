@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from ringserve.service.settings import CPU_MAX_BATCH_TOKENS
 
-from benchmarks.common import raw_runner
+from devkit.models import raw_runner
 
 LENGTHS = (8, 12, 16, 24, 32, 48, 64)
 ROWS = (1, 2, 4, 8, 16, 32)

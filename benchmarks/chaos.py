@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks import loadgen
-from benchmarks.common import SST2, Launched, percentile
 from benchmarks.failover import zygote_pid
+from devkit.launcher import SST2, Launched
+from devkit.load import percentile
 
 HEARTBEAT_S = 5.0  # the server's default --heartbeat-timeout-s
 STOP_S = 10.0

@@ -39,7 +39,8 @@ from typing import Any
 
 from ringserve.wire import frames as wire
 
-from benchmarks.common import DATA, ROOT, percentile
+from devkit.launcher import DATA, ROOT
+from devkit.load import percentile
 
 SUBNET = "10.231.7"
 HUB_IP = f"{SUBNET}.1"

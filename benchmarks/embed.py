@@ -27,15 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    AG_NEWS,
-    SST2,
-    Launched,
-    http_message,
-    http_request,
-    load_texts,
-    run_load,
-)
+from devkit.http import http_message, http_request
+from devkit.launcher import AG_NEWS, SST2, Launched, load_texts
+from devkit.load import run_load
 
 QUERY = "which film is worth seeing?"
 

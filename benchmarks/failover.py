@@ -30,7 +30,9 @@ from contextlib import contextmanager
 
 from ringserve.service.pool.supervisor import STABLE_S
 
-from benchmarks.common import Launched, LoadResult, classify_request, load_texts, run_load
+from devkit.http import classify_request
+from devkit.launcher import Launched, load_texts
+from devkit.load import LoadResult, run_load
 
 POLL_S = 0.005
 

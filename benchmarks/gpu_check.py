@@ -62,18 +62,9 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 from ringserve.service.settings import GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS  # noqa: E402
 from ringserve.workers.batcher import CUDA_BUCKETS as GRID  # noqa: E402 - the CUDA default grid
 
-from benchmarks.common import (  # noqa: E402 - after the path set-up above
-    AG_NEWS,
-    SST2,
-    Launched,
-    LoadResult,
-    classify_request,
-    get_json,
-    http_request,
-    load_texts,
-    median,
-    run_load,
-)
+from devkit.http import classify_request, get_json, http_request  # noqa: E402 - after the path set-up above
+from devkit.launcher import AG_NEWS, SST2, Launched, load_texts  # noqa: E402
+from devkit.load import LoadResult, median, run_load  # noqa: E402
 
 CPU_SHAPES = (8, 512)  # rows and tokens a batch for the fake GPU: a CPU runs GPU shapes for minutes
 SECTIONS = ("graphs", "precision", "server", "oom", "realoom")
@@ -456,7 +447,7 @@ def _load_process(port: int, texts: list[str], conc: int, seconds: float) -> tup
 
 
 def load(port: int, texts: list[str], conc: int, seconds: float) -> LoadResult:
-    """benchmarks.common.run_load in up to 4 client processes (one Python process would cap a
+    """devkit.load.run_load in up to 4 client processes (one Python process would cap a
     GPU server's throughput), merged into one result."""
     procs = max(1, min(4, conc // 16))
     shares = [conc // procs + (i < conc % procs) for i in range(procs)]

@@ -37,7 +37,7 @@ def table(name: str, cost: dict[str, Any]) -> None:
 def families() -> None:
     import torch
 
-    from tests.model.test_hf import MAX_LENGTH, MODELS, save_model
+    from devkit.hfmodels import MAX_LENGTH, MODELS, save_model
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

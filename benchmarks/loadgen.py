@@ -33,7 +33,9 @@ import numpy as np
 from ringserve.service.offline.corpus import Corpus
 from ringserve.wire import frames as wire
 
-from benchmarks.common import HttpConn, Launched, get_json, http_message, percentile, run_load
+from devkit.http import HttpConn, get_json, http_message
+from devkit.launcher import Launched
+from devkit.load import percentile, run_load
 
 TOKEN_BUCKETS = (16, 32, 64, 128, 256)  # a request's bucket: the first bound >= its tokens
 PROTOCOLS = ("http", "kserve", "binary")

@@ -28,7 +28,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import AG_NEWS, ROOT, Launched, classify_request, http_request, run_load
+from devkit.http import classify_request, http_request
+from devkit.launcher import AG_NEWS, ROOT, Launched
+from devkit.load import run_load
 
 MAX_LENGTH = 64
 STRIDE = 16

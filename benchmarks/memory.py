@@ -19,7 +19,9 @@ from typing import Any
 import psutil
 import uvloop
 
-from benchmarks.common import SST2, Launched, classify_request, load_texts, run_load
+from devkit.http import classify_request
+from devkit.launcher import SST2, Launched, load_texts
+from devkit.load import run_load
 
 MIB = 1 << 20
 

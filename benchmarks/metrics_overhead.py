@@ -22,7 +22,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import SST2, Launched, LoadResult, http_message, load_texts, run_load
+from devkit.http import http_message
+from devkit.launcher import SST2, Launched, load_texts
+from devkit.load import LoadResult, run_load
 
 
 @dataclass

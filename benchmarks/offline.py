@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import AG_NEWS, ROOT, SST2
+from devkit.launcher import AG_NEWS, ROOT, SST2
 
 BAD_LINES = [b"", b"   ", b"\xff\xfe broken bytes", b"\t", b"\xc3\x28"]
 

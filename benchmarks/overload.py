@@ -20,7 +20,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import HOST, SST2, HttpAnswer, HttpConn, Launched, load_texts, percentile
+from devkit.http import HOST, HttpAnswer, HttpConn
+from devkit.launcher import SST2, Launched, load_texts
+from devkit.load import percentile
 
 MAX_CONNECTIONS = 900  # open-loop client connections (below the server's default cap of 1024)
 REQUEST_TIMEOUT_S = 60.0  # a request unanswered this long counts as hung

@@ -40,16 +40,9 @@ import psutil
 from ringserve.wire.client import AsyncBinaryClient
 from ringserve.wire.frames import LENGTH
 
-from benchmarks.common import (
-    SST2,
-    HttpConn,
-    Launched,
-    classify_request,
-    get_json,
-    http_message,
-    load_texts,
-    percentile,
-)
+from devkit.http import HttpConn, classify_request, get_json, http_message
+from devkit.launcher import SST2, Launched, load_texts
+from devkit.load import percentile
 
 PROTOCOLS = ("http", "kserve-json", "kserve-binary", "binary", "grpc")
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -42,24 +42,12 @@ import psutil
 from ringserve.service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
 from ringserve.workers.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
 
-from benchmarks.common import (
-    AG_NEWS,
-    HOST,
-    ROOT,
-    SST2,
-    Launched,
-    LoadResult,
-    classify_request,
-    free_port,
-    get_json,
-    http_request,
-    inherited_env,
-    load_texts,
-    raw_runner,
-    run_load,
-)
 from benchmarks.int8_frontier import table
 from benchmarks.memory import tree_pss
+from devkit.http import HOST, classify_request, get_json, http_request
+from devkit.launcher import AG_NEWS, ROOT, SST2, Launched, free_port, inherited_env, load_texts
+from devkit.load import LoadResult, run_load
+from devkit.models import raw_runner
 
 MIXES = {"short": SST2, "long": AG_NEWS}
 # (runtime, precision, graph): the default first ("auto": the server's choice, "other": the

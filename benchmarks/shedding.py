@@ -29,7 +29,9 @@ from ringserve.service.settings import CPU_MAX_BATCH_TOKENS
 from ringserve.wire import frames as wire
 
 from benchmarks import loadgen
-from benchmarks.common import SST2, HttpConn, Launched, get_json, percentile
+from devkit.http import HttpConn, get_json
+from devkit.launcher import SST2, Launched
+from devkit.load import percentile
 
 DEADLINE_S = 30.0  # the server's default request deadline (--request-timeout-s)
 

@@ -26,15 +26,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import (
-    SST2,
-    HttpConn,
-    Launched,
-    http_message,
-    load_texts,
-    percentile,
-    run_load,
-)
+from devkit.http import HttpConn, http_message
+from devkit.launcher import SST2, Launched, load_texts
+from devkit.load import percentile, run_load
 
 LIMITED, OTHER, BULK, INTER = (
     f"rs-bench-{n}-5d2c8e1f" for n in ("limited", "other", "bulk", "inter")

@@ -1,6 +1,6 @@
 """What tracing costs: the same closed-loop load against today's code (a baseline checkout,
 `--baseline DIR`), this code with tracing off, and this code tracing every request
-(OTEL_TRACES_SAMPLER=always_on) into a real OTLP/HTTP receiver (benchmarks/otlp.py) in this
+(OTEL_TRACES_SAMPLER=always_on) into a real OTLP/HTTP receiver (devkit/otlp.py) in this
 process.
 
 The servers are started together and loaded one at a time, in an order that turns each round,
@@ -21,8 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import SST2, Launched, classify_request, load_texts, run_load
-from benchmarks.otlp import Receiver
+from devkit.http import classify_request
+from devkit.launcher import SST2, Launched, load_texts
+from devkit.load import run_load
+from devkit.otlp import Receiver
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,7 +51,7 @@ from ringserve.workers.cuda import (
 from ringserve.workers.runtime import CpuRunner
 from ringserve.workers.spec import FAKE_GPU
 
-from tests.conftest import wait_for
+from devkit.server import wait_for
 
 BUCKETS = (16, 32)  # short buckets keep CPU forwards cheap; the code is the same for 64..256
 FAKE_ENV = {"RINGSERVE_TEST_FAKE_GPU": "1"}
@@ -619,7 +619,7 @@ def test_gpu_check_parses_its_arguments_without_a_gpu() -> None:
     import sys
 
     from benchmarks import gpu_check
-    from tests.conftest import ROOT
+    from devkit.launcher import ROOT
 
     done = subprocess.run(
         [sys.executable, "benchmarks/gpu_check.py", "--help"],
@@ -639,7 +639,7 @@ def test_gpu_check_dry_run_lists_every_row_and_fails_without_cuda(tmp_path: Any)
     import sys
 
     from benchmarks import gpu_check
-    from tests.conftest import ROOT
+    from devkit.launcher import ROOT
 
     def dry(*extra: str) -> tuple[int, str, dict[str, Any]]:
         out = tmp_path / "-".join(extra or ("cuda",))

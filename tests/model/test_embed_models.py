@@ -34,8 +34,8 @@ from ringserve.workers.joined import Joined
 from ringserve.workers.runtime import CpuRunner, joined, ort_runner, softmax
 from tokenizers import Tokenizer
 
-from tests.conftest import ServerProc, serving
-from tests.model.test_hf import NEWS, SST2, bpe_tokenizer
+from devkit.hfmodels import NEWS, SST2, bpe_tokenizer
+from devkit.server import ServerProc, serving
 
 transformers = pytest.importorskip("transformers")
 st = pytest.importorskip("sentence_transformers")

@@ -19,7 +19,6 @@ from ringserve.workers import graphpick
 from ringserve.workers.artifact import (
     ArtifactError,
     Manifest,
-    compute_fingerprint,
     load_manifest,
     load_model,
     load_tokenizer,
@@ -29,7 +28,8 @@ from ringserve.workers.batcher import Item
 from ringserve.workers.onnx_model import choose_runtime, open_session
 from ringserve.workers.runtime import CpuRunner, OrtRunner, softmax
 
-from tests.conftest import ServerProc
+from devkit.models import old_artifact
+from devkit.server import ServerProc
 
 pytest.importorskip("onnxruntime")  # a dependency (pyproject); absent only in a stale venv
 
@@ -110,21 +110,6 @@ def test_runtimes_give_the_same_scores_alone_and_in_mixed_batches(
         shuffled = random.Random(5).sample(items, len(items))
         mixed = run(runner, shuffled)  # every length in one batch, padded to the longest
         np.testing.assert_allclose(mixed, expected[[it.msg_id for it in shuffled]], atol=1e-5)
-
-
-def old_artifact(default_model: str, tmp_path: Path) -> Path:
-    """The default artifact as format 1 wrote it: TorchScript, tokenizer and manifest only."""
-    old = tmp_path / "old"
-    old.mkdir()
-    for name in ("model.pt", "tokenizer.json"):
-        shutil.copyfile(Path(default_model) / name, old / name)
-    raw = json.loads((Path(default_model) / "manifest.json").read_text())
-    for key in ("onnx_file", "int8_file", "int8", "fused_file", "data_files", "graphs"):
-        del raw[key]
-    (old / "manifest.json").write_text(json.dumps(raw))
-    raw["fingerprint"] = compute_fingerprint(old)
-    (old / "manifest.json").write_text(json.dumps(raw))
-    return old
 
 
 def check_served_scores(srv: ServerProc, texts: list[str], expected: np.ndarray) -> None:

@@ -27,8 +27,8 @@ from ringserve.wire.client import AsyncBinaryClient, AuthError, BinaryClient
 from ringserve.wire.frames import auth_frame, encode_frame
 from tritonclient.utils import InferenceServerException
 
-from benchmarks.common import free_port
-from tests.conftest import ROOT, ServerProc, wait_for
+from devkit.launcher import ROOT, free_port
+from devkit.server import ServerProc, serving, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -55,16 +55,11 @@ def keyed(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Itera
     the server's exit, the key must be nowhere in what it wrote."""
     args = ["--workers", "1", "--spares", "0", "--access-log", "1", "--log-level", "debug"]
     srv = ServerProc(tmp_path_factory.mktemp("keyed"), args, env={"RINGSERVE_API_KEY": KEY})
-    try:
-        srv.wait_ready()  # by the probe: status needs the key
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    # Whatever tests ran, the log holds answers to the right key and to a wrong one.
-    assert srv.request("GET", "/v1/model", headers=bearer(KEY + "0"))[0] == 401
-    assert srv.request("GET", "/v1/model", headers=bearer(KEY))[0] == 200
-    assert srv.stop() == 0
+    with serving(srv):  # ready by the probe: status needs the key
+        yield srv
+        # Whatever tests ran, the log holds answers to the right key and to a wrong one.
+        assert srv.request("GET", "/v1/model", headers=bearer(KEY + "0"))[0] == 401
+        assert srv.request("GET", "/v1/model", headers=bearer(KEY))[0] == 200
     log = srv.log_path.read_text(errors="replace")
     assert '"event": "access"' in log and '"status": 401' in log  # it did log those requests
     assert KEY not in log
@@ -324,21 +319,16 @@ def operated(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> It
         ["--workers", "1", "--spares", "0", "--access-log", "1", "--api-key", KEY,
          "--operator-port", str(free_port())],
     )  # fmt: skip
-    srv.operator_port = int(srv.args[srv.args.index("--operator-port") + 1])  # type: ignore[attr-defined]
-    try:
-        srv.wait_ready()  # by the probe: status needs the key
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
+    srv.operator_port = int(srv.args[srv.args.index("--operator-port") + 1])
+    with serving(srv):  # ready by the probe: status needs the key
+        yield srv
     assert KEY not in srv.log_path.read_text(errors="replace")
 
 
 def operator_request(srv: ServerProc, path: str) -> tuple[int, bytes]:
     import http.client
 
-    port: int = srv.operator_port  # type: ignore[attr-defined]
+    port: int = srv.operator_port
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
         conn.request("GET", path)
@@ -371,14 +361,14 @@ def test_operator_pages_move(operated: ServerProc) -> None:
 
 def test_dashboard_on_operator_port(operated: ServerProc, tmp_path: Path) -> None:
     try:
-        from tests.system.test_dashboard import CHROMIUM, Browser, card_field
+        from devkit.browser import CHROMIUM, Browser, card_field
     except ImportError:  # pragma: no cover
         pytest.skip("tests.test_dashboard is not importable")
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (python tests/install_browser.py, as root)")
     browser = Browser(tmp_path / "chromium-profile")
     try:
-        browser.open(f"http://127.0.0.1:{operated.operator_port}/dashboard")  # type: ignore[attr-defined]
+        browser.open(f"http://127.0.0.1:{operated.operator_port}/dashboard")
         workers = operated.ctl({"cmd": "status", "key": KEY})["workers"]
         serving = next(w for w in workers if w["id"] == 0)
         cards = "document.querySelectorAll('#workers .card').length"
@@ -420,7 +410,7 @@ def test_openapi_document_names_the_key_and_the_ports(operated: ServerProc) -> N
 def test_schemathesis_with_the_key(operated: ServerProc, tmp_path: Path) -> None:
     """The fuzzer from the keyed document, with the key: its ignored_auth check also sends each
     request without it (and with a wrong one) and wants the documented 401."""
-    from tests.openapi_checks import fuzz, summary
+    from devkit.openapi_checks import fuzz, summary
 
     docs = f"http://127.0.0.1:{operated.port}/openapi.json"
     run = fuzz(docs, 5, tmp_path, "-H", f"Authorization: Bearer {KEY}", "--phases",

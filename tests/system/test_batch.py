@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import DATA, ROOT, ServerProc, wait_for
+from devkit.launcher import DATA, ROOT
+from devkit.server import ServerProc, wait_for
 
 BAD = {b"": "text is empty", b"  \t ": "text is empty", b"\xc3\x28 x": "text is not valid UTF-8"}
 

@@ -21,7 +21,7 @@ from ringserve.wire.frames import (
     encode_frame,
 )
 
-from tests.conftest import ServerProc
+from devkit.server import ServerProc
 
 pytestmark = pytest.mark.timeout(240)
 MAX_FRAME = 65536

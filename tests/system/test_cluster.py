@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from devkit.launcher import ROOT
 
 pytestmark = [
     pytest.mark.slow,

@@ -1,142 +1,27 @@
-"""/dashboard in headless Chromium: live data under load, and a killed worker's card.
-
-Chromium (Debian's `chromium` package; `python tests/install_browser.py` installs it as root) is
-driven over the DevTools protocol on a pipe (`--remote-debugging-pipe`: JSON messages separated
-by NUL bytes on file descriptors 3 and 4), so the test needs no Python package beyond the
-standard library.
-"""
+"""/dashboard in headless Chromium (devkit.browser): live data under load, and a killed
+worker's card."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import fcntl
-import json
 import os
-import select
-import shutil
 import signal
-import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import OUTPUT, ServerProc, wait_for
+from devkit.browser import CARD, CHROMIUM, Browser, card_field
+from devkit.launcher import OUTPUT
+from devkit.load import Load
+from devkit.server import ServerProc, wait_for
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
     reason="chromium is not installed and could not be: run `python tests/install_browser.py` "
     "as root (apt-get install chromium), as `make test` does",
 )
-
-
-def _high(fd: int) -> int:
-    moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
-    os.close(fd)
-    return moved
-
-
-class Browser:
-    """Headless Chromium with one page, spoken to over the DevTools pipe."""
-
-    def __init__(self, profile: Path) -> None:
-        to_browser_r, self.to_browser = os.pipe()
-        self.from_browser, from_browser_w = os.pipe()
-        # Move the child's ends above 9 so that `3<&N 4>&M` cannot clobber one with the other
-        # (pytest's capturing leaves low descriptors in any order); bash, since dash takes
-        # only one-digit descriptors in redirections.
-        to_browser_r, from_browser_w = (_high(to_browser_r), _high(from_browser_w))
-        args = [
-            str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
-            "--disable-dev-shm-usage", "--no-first-run", "--remote-debugging-pipe",
-            f"--user-data-dir={profile}", "--window-size=1440,900", "about:blank",
-        ]  # fmt: skip
-        # The browser reads commands on fd 3 and writes answers on fd 4.
-        redirect = f'exec "$@" 3<&{to_browser_r} 4>&{from_browser_w}'
-        self.proc = subprocess.Popen(
-            ["bash", "-c", redirect, "bash", *args],
-            pass_fds=(to_browser_r, from_browser_w),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        os.close(to_browser_r)
-        os.close(from_browser_w)
-        self.buffer = b""
-        self.next_id = 0
-        self.session: str | None = None
-        self.errors: list[str] = []  # uncaught exceptions and console errors of the page
-
-    def call(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
-        self.next_id += 1
-        msg: dict[str, Any] = {"id": self.next_id, "method": method, "params": params}
-        if self.session and not method.startswith(("Target.", "Browser.")):
-            msg["sessionId"] = self.session
-        os.write(self.to_browser, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while True:
-            reply = self._next_message(deadline)
-            if reply.get("id") == self.next_id:
-                if "error" in reply:
-                    raise RuntimeError(f"{method}: {reply['error']}")
-                result: dict[str, Any] = reply.get("result", {})
-                return result
-            self._note_event(reply)
-
-    def _next_message(self, deadline: float) -> dict[str, Any]:
-        while b"\0" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.from_browser], [], [], left)[0]:
-                raise TimeoutError("no answer from chromium")
-            chunk = os.read(self.from_browser, 1 << 20)
-            if not chunk:
-                raise EOFError("chromium closed its DevTools pipe")
-            self.buffer += chunk
-        raw, self.buffer = self.buffer.split(b"\0", 1)
-        message: dict[str, Any] = json.loads(raw)
-        return message
-
-    def _note_event(self, event: dict[str, Any]) -> None:
-        method, params = event.get("method"), event.get("params", {})
-        if method == "Runtime.exceptionThrown":
-            self.errors.append(json.dumps(params.get("exceptionDetails", {}))[:500])
-        elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
-            self.errors.append(json.dumps(params.get("args", []))[:500])
-
-    def open(self, url: str) -> None:
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)[
-            "sessionId"
-        ]
-        self.call("Runtime.enable")
-        self.call("Page.enable")
-        self.call("Page.navigate", url=url)
-
-    def eval(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-    def screenshot(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = self.call("Page.captureScreenshot", format="png")["data"]
-        path.write_bytes(base64.b64decode(data))
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.call("Browser.close", timeout=5)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        os.close(self.to_browser)
-        os.close(self.from_browser)
 
 
 @pytest.fixture
@@ -148,46 +33,12 @@ def browser(tmp_path: Path) -> Iterator[Browser]:
         b.close()
 
 
-class Load:
-    """A background client posting /v1/classify until stopped."""
-
-    def __init__(self, srv: ServerProc) -> None:
-        self.srv = srv
-        self.codes: list[int] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        texts = ["a warm, funny film", "flat and lifeless", "I would watch it again"]
-        while not self.stop.is_set():
-            try:
-                status, _, _ = self.srv.request("POST", "/v1/classify", {"texts": texts})
-            except OSError:
-                status = 0
-            self.codes.append(status)
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(60)
-
-
-CARD = "document.querySelector('.card[data-worker-id=\"0\"]')"
-
-
-def card_field(b: Browser, field: str) -> str | None:
-    value: str | None = b.eval(f"{CARD}?.querySelector('.w-{field}')?.textContent ?? null")
-    return value
-
-
 def test_dashboard_live(start_server: Any, browser: Browser) -> None:
     srv = start_server("--workers", "1", "--spares", "1", workers=1)
     srv.wait_spares(1)
     shot = OUTPUT / "dashboard.png"
-    with Load(srv) as load:
+    texts = ["a warm, funny film", "flat and lifeless", "I would watch it again"]
+    with Load(srv.port, texts, clients=1, batch=len(texts)) as load:
         browser.open(f"http://127.0.0.1:{srv.port}/dashboard")
         try:
             check_live_page(srv, browser, load)
@@ -198,8 +49,16 @@ def test_dashboard_live(start_server: Any, browser: Browser) -> None:
             raise
         browser.screenshot(shot)
     assert shot.stat().st_size > 10_000
-    assert load.codes.count(200) > 0
+    assert load.ok() > 0
     assert not browser.errors, browser.errors
+
+
+# Counts the page's fetches from now on (the page polls /v1/stats with the global fetch).
+COUNT_POLLS = """(() => {
+  window.rsPolls = 0;
+  const fetch = window.fetch;
+  window.fetch = (...args) => { window.rsPolls += 1; return fetch.apply(window, args); };
+})()"""
 
 
 def check_live_page(srv: ServerProc, b: Browser, load: Load) -> None:
@@ -218,9 +77,12 @@ def check_live_page(srv: ServerProc, b: Browser, load: Load) -> None:
     # The page reuses its nodes: polls under steady load do not grow the document.
     nodes = "document.getElementsByTagName('*').length"
     first = b.eval(nodes)
-    time.sleep(2.5)  # two or three polls; nothing to wait *for*, only time to pass
+    b.eval(COUNT_POLLS)
+    # The page fetches, renders, then schedules its next fetch: a third fetch since the count
+    # began means two whole polls were rendered after `first` was read.
+    wait_for(lambda: b.eval("window.rsPolls") >= 3, 30, "two more polls of the page")
     assert b.eval(nodes) == first
-    assert load.codes.count(200) > 0
+    assert load.ok() > 0
 
 
 def check_restart_shows(srv: ServerProc, b: Browser) -> None:

@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ringserve.service.settings import cgroup_cpu_limit
 
-from tests.conftest import ROOT
+from devkit.launcher import ROOT
 
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"  # the newest kubernetes-validate knows
@@ -166,7 +165,7 @@ def test_kserve_runtime_serves_under_the_inference_service_name() -> None:
     assert float(args["shutdown-delay-s"]) + float(args["drain-timeout-s"]) < 30
 
 
-def test_model_name_serves_kserve_paths(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_model_name_serves_kserve_paths(start_server) -> None:
     srv = start_server("--workers", "1", "--spares", "0", "--model-name", "sst2-minilm-isvc")
     assert srv.request("GET", "/v2/models/sst2-minilm-isvc/ready")[0] == 200
     assert srv.request("GET", "/v2/models/sst2-minilm/ready")[0] == 404
@@ -220,7 +219,7 @@ def test_systemd_unit_verifies_clean(tmp_path: Path, unit: str) -> None:
     # verify exits 0 on unknown keys and bad values; its warnings are the failures.
     assert verify.returncode == 0 and verify.stdout + verify.stderr == "", verify.stderr
     security = analyze("security", "--offline=true", str(path))
-    score = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", security.stdout)[1])  # type: ignore[index]
+    score = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", security.stdout)[1])
     print(f"{unit}: systemd-analyze verify clean; security exposure {score}")
     assert score < 3.0
     text = path.read_text()
@@ -241,23 +240,6 @@ def test_systemd_verify_catches_a_typo(tmp_path: Path) -> None:
 
 
 # -- what the files rely on ----------------------------------------------------------------------
-def test_cgroup_cpu_limit_formats(tmp_path: Path) -> None:
-    v2 = tmp_path / "v2"
-    (v2 / "pod").mkdir(parents=True)
-    (v2 / "pod" / "cpu.max").write_text("150000 100000\n")
-    proc = tmp_path / "cgroup-v2"
-    proc.write_text("0::/pod\n")
-    assert cgroup_cpu_limit(str(v2), str(proc)) == 1.5
-    (v2 / "pod" / "cpu.max").write_text("max 100000\n")
-    assert cgroup_cpu_limit(str(v2), str(proc)) is None
-    v1 = tmp_path / "v1" / "cpu,cpuacct" / "pod"
-    v1.mkdir(parents=True)
-    (v1 / "cpu.cfs_quota_us").write_text("300000\n")
-    (v1 / "cpu.cfs_period_us").write_text("100000\n")
-    proc.write_text("4:cpu,cpuacct:/pod\n1:name=systemd:/pod\n")
-    assert cgroup_cpu_limit(str(tmp_path / "v1"), str(proc)) == 3.0
-
-
 def real_cgroup_v1() -> Path | None:
     root = Path("/sys/fs/cgroup/cpu")
     if not (root / "cpu.cfs_quota_us").exists() or not os.access(root, os.W_OK):
@@ -290,7 +272,7 @@ def test_default_workers_follow_a_real_cgroup_limit() -> None:
         group.rmdir()
 
 
-def test_sd_notify_ready_once_serving(start_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_sd_notify_ready_once_serving(start_server, tmp_path: Path) -> None:
     """Type=notify: a real datagram socket as systemd's NOTIFY_SOCKET gets READY=1 only when the
     server answers ready, and STOPPING=1 on SIGTERM."""
     path = tmp_path / "notify.sock"

@@ -16,22 +16,14 @@ import psutil
 import pytest
 from ringserve.wire.frames import encode_frame, parse_answers
 
-from tests.conftest import wait_for
-from tests.load import Load
+from devkit.load import Load
+from devkit.server import refused, wait_for
 
 
 def post(conn: http.client.HTTPConnection, text: str) -> tuple[int, str | None, bytes]:
     conn.request("POST", "/v1/classify", json.dumps({"text": text}))
     resp = conn.getresponse()
     return resp.status, resp.getheader("connection"), resp.read()
-
-
-def refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except ConnectionRefusedError:
-        return True
-    return False
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
@@ -42,7 +34,7 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
-def test_keepalive_client_is_served_through_the_drain(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_keepalive_client_is_served_through_the_drain(start_server) -> None:
     """Through the shutdown delay a keep-alive client is served as usual; when the drain begins
     its idle connection is closed at once (as uvicorn and Go's Shutdown do), while a request in
     flight on another is answered, with `connection: close`."""
@@ -70,8 +62,8 @@ def test_keepalive_client_is_served_through_the_drain(start_server) -> None:  # 
         wait_for(lambda: srv.status()["queue_depth"] == 1, 10, "the request in flight")
         # The drain: the listener closes, and so do the idle connections, HTTP and binary.
         wait_for(lambda: refused(srv.port), 10, "listener closed")
-        idle.sock.settimeout(5)  # type: ignore[union-attr]
-        assert closed_by_peer(idle.sock)  # type: ignore[arg-type]
+        idle.sock.settimeout(5)
+        assert closed_by_peer(idle.sock)
         binary.settimeout(5)
         assert closed_by_peer(binary)
     finally:
@@ -89,7 +81,7 @@ def test_keepalive_client_is_served_through_the_drain(start_server) -> None:  # 
     assert srv.stop() == 0
 
 
-def test_idle_connections_do_not_hold_the_exit(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_idle_connections_do_not_hold_the_exit(start_server) -> None:
     """10 idle keep-alive HTTP connections, 5 idle binary ones and one request in flight:
     SIGTERM answers the request 200 and exits 0 within 2 s, leaving nothing behind."""
     srv = start_server("--workers", "1", "--spares", "0", workers=1)
@@ -120,8 +112,8 @@ def test_idle_connections_do_not_hold_the_exit(start_server) -> None:  # type: i
     assert code == 0 and took < 2.0, (code, took)
     assert not os.path.exists(srv.control), "control socket left behind"
     for conn in idle_http:
-        conn.sock.settimeout(5)  # type: ignore[union-attr]
-        assert closed_by_peer(conn.sock)  # type: ignore[arg-type]
+        conn.sock.settimeout(5)
+        assert closed_by_peer(conn.sock)
         conn.close()
     for sock in idle_binary:
         sock.settimeout(5)
@@ -131,7 +123,7 @@ def test_idle_connections_do_not_hold_the_exit(start_server) -> None:  # type: i
     assert srv.stop() == 0  # no worker and no /dev/shm segment left behind
 
 
-def test_binary_answers_owed_then_closes(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_binary_answers_owed_then_closes(start_server) -> None:
     """Frames read before the drain are answered, each one, and then the connection closes."""
     srv = start_server("--workers", "1", "--spares", "0", workers=1)
     sock = socket.create_connection(("127.0.0.1", srv.binary_port), timeout=60)
@@ -163,7 +155,7 @@ def events(log: str) -> list[dict[str, object]]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_process_group_drains(start_server, sst2_texts, sig) -> None:  # type: ignore[no-untyped-def]
+def test_a_signal_to_the_process_group_drains(start_server, sst2_texts, sig) -> None:
     """SIGTERM or SIGINT to the whole process group (systemd's control-group kill, tini -g,
     `kill -TERM -PGID`) drains as the front-end's own would: workers and the zygote ignore it,
     every request is answered 200, no worker is started after it, nothing is left behind."""
@@ -195,7 +187,7 @@ def test_a_signal_to_the_process_group_drains(start_server, sst2_texts, sig) -> 
     assert srv.stop() == 0
 
 
-def test_sighup_to_the_process_group_reloads_without_a_loss(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_sighup_to_the_process_group_reloads_without_a_loss(start_server, sst2_texts) -> None:
     """SIGHUP to the group reloads, worker by worker, as the front-end's own SIGHUP does; the
     workers and the zygote ignore it, so none dies of it and every request is answered 200."""
     srv = start_server("--workers", "2", workers=2, own_group=True)

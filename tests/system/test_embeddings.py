@@ -16,7 +16,8 @@ import tritonclient.http as httpclient
 from ringserve.factory.build import DEFAULT_HEAD, default_encoder_dir, read_head
 from ringserve.workers.artifact import open_tokenizer
 
-from tests.conftest import DATA, ServerProc
+from devkit.launcher import DATA
+from devkit.server import ServerProc
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentence_transformers")
@@ -221,7 +222,7 @@ def test_windowed_embedding_is_the_mean_of_its_windows(start_server: Any) -> Non
     (then normalized as the model does); the windows are cut by hand in tests/test_longtext."""
     from ringserve.factory.build import default_artifact_dir
 
-    from tests.system.test_longtext import long_text, raw, windows_of
+    from devkit.longtext import long_text, raw, windows_of
 
     tok = raw(str(default_artifact_dir()))
     text = long_text(3, tok)
@@ -242,7 +243,7 @@ def taskless_artifact(default_model: str, tmp_path: Path) -> Path:
     """The default artifact with the manifest of format 2 (no task, dimension, normalize)."""
     from ringserve.workers.artifact import compute_fingerprint
 
-    from tests.model.test_runtimes import old_artifact
+    from devkit.models import old_artifact
 
     old = old_artifact(default_model, tmp_path)
     raw = json.loads((old / "manifest.json").read_text())
@@ -278,7 +279,7 @@ def test_batch_task_embed_writes_the_vectors_in_order(
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from devkit.launcher import ROOT
 
     texts = [*TEXTS, "", "a dull, lifeless mess"]
     src = tmp_path / "in.txt"

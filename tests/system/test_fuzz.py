@@ -11,8 +11,6 @@ hypothesis example carries a batch of 8 to 12 of them, so the suite stays fast w
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
 import socket
 from collections import Counter
@@ -21,25 +19,15 @@ from typing import Any
 
 import psutil
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from ringserve.wire.frames import ANSWER, LENGTH, encode_frame, iter_frames, parse_answers
+from ringserve.wire.frames import ANSWER, encode_frame, iter_frames, parse_answers
 
-from tests.conftest import ServerProc, serving, wait_for
+from devkit.fuzz import BATCH, FUZZ, INPUTS, MAX_FRAME, REFERENCE_TEXT, mutate_binary
+from devkit.server import ServerProc, serving, wait_for
 
-INPUTS = int(os.environ.get("RINGSERVE_FUZZ_EXAMPLES", "1200"))
-BATCH = 8  # fewest inputs per hypothesis example (at most BATCH + 4)
-EXAMPLES = max(1, math.ceil(INPUTS / BATCH))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,  # a long campaign must not replay a stored failure forever
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-MAX_FRAME = 4096  # small, so oversize lengths are cheap to send
 ALLOWED_HTTP = {100, 200, 400, 404, 405, 408, 413, 431, 503, 504}
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-REFERENCE_TEXT = "an honest, moving and beautifully acted film"
 pytestmark = pytest.mark.timeout(max(300, INPUTS // 50))  # the long campaign runs for minutes
 
 
@@ -348,20 +336,6 @@ def frame_streams(draw: Any) -> tuple[bytes, int]:
     if draw(st.integers(0, 3)) == 0:
         return out, n
     return mutate_binary(out, draw), n
-
-
-def mutate_binary(data: bytes, draw: Any) -> bytes:
-    kind = draw(st.sampled_from(["flip", "truncate", "insert", "oversize", "garbage"]))
-    i = draw(st.integers(0, max(0, len(data) - 1)))
-    if kind == "flip" and data:
-        return data[:i] + bytes([data[i] ^ (1 << draw(st.integers(0, 7)))]) + data[i + 1 :]
-    if kind == "truncate":
-        return data[:i]
-    if kind == "insert":
-        return data[:i] + draw(st.binary(min_size=1, max_size=16)) + data[i:]
-    if kind == "oversize":
-        return data + LENGTH.pack(draw(st.integers(MAX_FRAME + 1, 2**32 - 1))) + b"xx"
-    return bytes(draw(st.binary(max_size=200)))
 
 
 def expected_answers(data: bytes) -> Counter[tuple[int, str]]:

@@ -24,8 +24,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-from tests.conftest import ServerProc, serving, wait_for
-from tests.system.test_fuzz import BATCH, FUZZ, INPUTS, REFERENCE_TEXT, mutate_binary
+from devkit.fuzz import BATCH, FUZZ, INPUTS, REFERENCE_TEXT, mutate_binary
+from devkit.server import ServerProc, serving, wait_for
 
 pytestmark = pytest.mark.timeout(max(300, INPUTS // 25))
 SERVICE = "/inference.GRPCInferenceService/"

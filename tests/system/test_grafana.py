@@ -17,8 +17,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, ServerProc
-from tests.system.test_metrics import LONG_TEXT, fake_gpu_exposition
+from devkit.launcher import ROOT
+from devkit.metrics import LONG_TEXT, fake_gpu_exposition
+from devkit.server import ServerProc, serving
 
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "ringserve-dashboard.json"
@@ -49,16 +50,13 @@ def known(
     tmp_path_factory: pytest.TempPathFactory, default_model: str
 ) -> Iterator[dict[str, set[str]]]:
     """What a real server exports after some traffic, plus the CUDA-only families."""
-    srv = ServerProc(tmp_path_factory.mktemp("grafana"), ["--workers", "1", "--spares", "0"])
-    try:
-        srv.wait_ready(1)
+    args = ["--workers", "1", "--spares", "0"]
+    with serving(ServerProc(tmp_path_factory.mktemp("grafana"), args), 1) as srv:
         srv.classify(["short", LONG_TEXT])
         srv.request("POST", "/v1/classify", b"not json")
         status, _, body = srv.request("GET", "/metrics")
         assert status == 200
         names = exported(body.decode())
-    finally:
-        assert srv.stop() == 0
     for name, labels in exported(fake_gpu_exposition()).items():
         names.setdefault(name, set()).update(labels)
     yield names

@@ -32,10 +32,9 @@ from grpc_tools import protoc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, ServerProc, serving, wait_for
-from tests.load import GrpcLoad
-from tests.system.test_drain import refused
-from tests.system.test_upgrade import listening
+from devkit.launcher import ROOT
+from devkit.load import GrpcLoad
+from devkit.server import ServerProc, listening, refused, serving, wait_for
 
 KEY = "grpc-test-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -376,7 +375,7 @@ def health_status(port: int) -> int:
     return status
 
 
-def test_drain_finishes_calls_and_idle_channels_do_not_hold_the_exit(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_drain_finishes_calls_and_idle_channels_do_not_hold_the_exit(start_server) -> None:
     """While readiness is 503 (the shutdown delay) health says NOT_SERVING; a call in flight at
     the drain is answered, three idle channels and a health
     Watch stream do not hold the exit, and nothing is left behind."""
@@ -422,7 +421,7 @@ def test_drain_finishes_calls_and_idle_channels_do_not_hold_the_exit(start_serve
     assert srv.stop() == 0
 
 
-def test_worker_kill_and_reuse_port_upgrade_under_grpc_load(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_worker_kill_and_reuse_port_upgrade_under_grpc_load(start_server, sst2_texts) -> None:
     """gRPC clients on long-lived channels and one that opens a channel per call: a worker
     SIGKILLed, then a --reuse-port upgrade (a second server, SIGTERM to the first). Not one
     call fails, none is refused."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ServerProc, wait_for
+from devkit.server import ServerProc, serving, wait_for
 
 MAX_BODY = 65536
 READ_TIMEOUT_S = 1.0
@@ -145,22 +145,13 @@ def open_connections(srv: ServerProc) -> int:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    server = ServerProc(tmp_path_factory.mktemp("hostile"), SERVER_ARGS)
-    try:
-        server.wait_ready(1)
-    except BaseException:
-        server.stop()
-        raise
-    pids = server.worker_pids()
-    yield server
-    try:
+    with serving(ServerProc(tmp_path_factory.mktemp("hostile"), SERVER_ARGS), 1) as server:
+        pids = server.worker_pids()
+        yield server
         pids_after = server.worker_pids()
         restarts = server.status()["restarts_total"]
-    finally:
-        code = server.stop()  # even when the checks below fail: never leave a server behind
     assert pids_after == pids, "a worker restarted during the hostile tests"
     assert restarts == 0
-    assert code == 0
 
 
 @pytest.fixture(scope="module")

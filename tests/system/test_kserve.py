@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProc
+from devkit.server import ServerProc
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -27,45 +27,9 @@ from ringserve.workers.batcher import Item
 from ringserve.workers.longtext import LongText, combine
 from tokenizers import Tokenizer
 
-from tests.conftest import ROOT, ServerProc, serving, wait_for
-
-MAX_LEN = 256
-STRIDE = 32
-HAPPY = "This film is a joy from start to finish, warm, funny and beautifully acted. "
-GRIM = "The plot is a dull mess, the acting is wooden and every scene drags on forever. "
-
-
-def raw(model_dir: str) -> Tokenizer:
-    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
-
-
-def windows_of(
-    tok: Tokenizer,
-    text: str,
-    query: str | None = None,
-    max_len: int = MAX_LEN,
-    stride: int = STRIDE,
-) -> list[tuple[list[int], list[int]]]:
-    """(ids, token types) of each window, by hand: [CLS] (query [SEP]) part [SEP], where the
-    parts are the text's tokens in slices of the room left, each starting `stride` tokens
-    before the last one ended."""
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    body = tok.encode(text, add_special_tokens=False).ids
-    head = [] if query is None else [*tok.encode(query, add_special_tokens=False).ids, sep]
-    room = max_len - 2 - len(head)
-    out = []
-    start = 0
-    while True:
-        part = body[start : start + room]
-        ids = [cls, *head, *part, sep]
-        types = [0] * (1 + len(head)) + [1] * (len(part) + 1) if head else [0] * len(ids)
-        out.append((ids, types))
-        if start + room >= len(body):
-            return out
-        start += room - STRIDE
+from devkit.launcher import ROOT
+from devkit.longtext import GRIM, HAPPY, MAX_LEN, STRIDE, long_text, raw, windows_of
+from devkit.server import ServerProc, serving, wait_for
 
 
 def cut(tok: Tokenizer, text: str, left: bool, max_len: int = MAX_LEN) -> list[int]:
@@ -79,7 +43,7 @@ class Model:
     """The artifact's model in this process, one row at a time (padded to its own length)."""
 
     def __init__(self, model_dir: str) -> None:
-        from benchmarks.common import raw_runner
+        from devkit.models import raw_runner
 
         self.runner = raw_runner(model_dir, "onnx", "fp32", 4)
         self.token_types = load_manifest(model_dir).token_types
@@ -125,15 +89,6 @@ def cutting(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Ite
 def classify(srv: ServerProc, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     status, _, data = srv.request("POST", "/v1/classify", body)
     return status, json.loads(data)
-
-
-def long_text(tokens_over: int, tok: Tokenizer, first: str = HAPPY, then: str = GRIM) -> str:
-    """A text of one sentiment for its first max_length tokens, the other after, about
-    `tokens_over` x max_length tokens in all."""
-    text = first * 12
-    while len(tok.encode(text).ids) < MAX_LEN * tokens_over:
-        text += then
-    return text
 
 
 # -- the tokenizing, in process ----------------------------------------------------------------

@@ -26,12 +26,11 @@ from ringserve.service.ops import prometheus as P
 from ringserve.service.ops import stats as S
 from ringserve.service.protocols.http import protocol_of
 from ringserve.shm import layout as L
-from ringserve.shm.control import ControlBlock
-from ringserve.shm.segment import Segment
 from ringserve.wire.client import BinaryClient
 
-from benchmarks.common import HttpConn, http_message
-from tests.conftest import ServerProc, wait_for
+from devkit.http import HttpConn, http_message
+from devkit.metrics import LONG_TEXT, FakeWorker, fake_gpu_exposition
+from devkit.server import ServerProc, serving, wait_for
 
 REQUIRED = {
     # family name (as the parser names it) -> (type, label names)
@@ -52,7 +51,6 @@ REQUIRED = {
     "ringserve_timed_out_requests": ("counter", set()),
     "ringserve_worker_state": ("gauge", {"worker", "state"}),
 }
-LONG_TEXT = " ".join(["an unexpectedly long review that keeps on going"] * 20)  # > 128 tokens
 
 
 def scrape(srv: ServerProc) -> dict[str, Any]:
@@ -85,13 +83,9 @@ def counter_samples(families: dict[str, Any]) -> dict[tuple[str, tuple[Any, ...]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
-    srv = ServerProc(
-        tmp_path_factory.mktemp("metrics"),
-        ["--workers", "1", "--spares", "0", "--access-log", "1"],
-    )
-    srv.wait_ready(1)
-    yield srv
-    assert srv.stop() == 0
+    args = ["--workers", "1", "--spares", "0", "--access-log", "1"]
+    with serving(ServerProc(tmp_path_factory.mktemp("metrics"), args), 1) as srv:
+        yield srv
 
 
 def test_metrics_parse_with_required_names_and_labels(server: ServerProc) -> None:
@@ -398,9 +392,9 @@ def test_percentiles_and_windows() -> None:
     group: Any = None
     ok = SimpleNamespace(status=0, bucket=0, queued_us=100, model_us=2000)
     for ms in range(1, 101):  # 1..100 ms
-        stats.observe(group, ok, ms * 1_000_000)  # type: ignore[arg-type]
-    stats.observe(group, SimpleNamespace(status=3), 0)  # type: ignore[arg-type]
-    stats.observe(group, SimpleNamespace(status=0, bucket=7, queued_us=1, model_us=1), 5)  # type: ignore[arg-type]
+        stats.observe(group, ok, ms * 1_000_000)
+    stats.observe(group, SimpleNamespace(status=3), 0)
+    stats.observe(group, SimpleNamespace(status=0, bucket=7, queued_us=1, model_us=1), 5)
     summary = stats.last_minute()["latency_ms"]
     assert summary["64"]["count"] == 100
     assert 40 <= summary["64"]["p50"] <= 60 and 90 <= summary["64"]["p99"] <= 110
@@ -413,51 +407,6 @@ def test_percentiles_and_windows() -> None:
     stats.rotate((sec + 61) * 1_000_000_000)
     assert stats.last_minute()["latency_ms"]["64"]["count"] == 0  # aged out
     assert sum(stats.lat[0]) == 100  # the Prometheus totals keep everything
-
-
-class FakeWorker:
-    """A worker as the metrics see it, over a real control block segment."""
-
-    def __init__(self, serial: int, slot: int | None) -> None:
-        name = f"rs_test_{os.getpid()}_{serial}_{uuid.uuid4().hex[:6]}"
-        self.segment = Segment.create(name, L.CONTROL_BYTES)
-        self.ctl = ControlBlock(self.segment, create=True)
-        self.serial = serial
-        self.slot = slot
-        self.pid = 4000 + serial
-        self.dead = False
-
-    def close(self) -> None:
-        self.ctl.close()
-        self.segment.close()
-        self.segment.unlink()
-
-
-def fake_gpu_exposition(power_mw: int = 210_000) -> str:
-    """What /metrics adds for two CUDA workers on GPU 1 (control blocks as a worker fills them;
-    a reading NVML cannot give is -1)."""
-    workers = [FakeWorker(1, 0), FakeWorker(2, None)]
-    try:
-        for w in workers:
-            for name, v in (
-                ("device_kind", 1),
-                ("gpu_index", 1),
-                ("gpu_mem_used", 3 << 30),
-                ("gpu_mem_total", 80 << 30),
-                ("gpu_util_milli", 625),
-                ("gpu_temp_c", 55),
-                ("gpu_power_mw", power_mw),
-                ("cuda_reserved", 1 << 30),
-                ("cuda_allocated", 1 << 29),
-            ):
-                w.ctl.set(name, v)
-        pool: Any = SimpleNamespace(all={1: workers[0], 2: workers[1]})
-        out = P.Exposition()
-        P.gpus(out, pool)
-        return out.text().decode()
-    finally:
-        for w in workers:
-            w.close()
 
 
 def test_gpu_families_from_control_blocks() -> None:

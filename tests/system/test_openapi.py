@@ -26,8 +26,8 @@ from openapi_spec_validator import validate
 from ringserve.service.protocols import openapi
 from ringserve.service.settings import Config
 
-from tests.conftest import ServerProc, serving, wait_for
-from tests.openapi_checks import fuzz, summary
+from devkit.openapi_checks import fuzz, summary
+from devkit.server import ServerProc, serving, wait_for
 
 INPUTS = int(os.environ.get("RINGSERVE_FUZZ_EXAMPLES", "1200"))
 EXAMPLES = max(25, INPUTS // 100)
@@ -214,7 +214,7 @@ def test_null_is_as_if_left_out(srv: ServerProc) -> None:
 # -- the fuzzer -----------------------------------------------------------------------------------
 def test_schemathesis_from_the_document(srv: ServerProc, tmp_path: Path) -> None:
     """`schemathesis run` from the served document: every built-in check but two, which
-    tests/openapi_checks.py replaces with the document's own exceptions."""
+    devkit/openapi_checks.py replaces with the document's own exceptions."""
     run = fuzz(url(srv, "/openapi.json"), EXAMPLES, tmp_path)
     print(f"\nschemathesis, {EXAMPLES} examples an operation:\n{summary(run)[-1500:]}")
     assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]

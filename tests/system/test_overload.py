@@ -11,8 +11,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from benchmarks.common import HttpConn
-from tests.conftest import ServerProc
+from devkit.http import HttpConn
+from devkit.server import ServerProc
 
 MAX_QUEUE = 16
 CLIENTS = 200

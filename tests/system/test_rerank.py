@@ -17,8 +17,8 @@ import pytest
 from ringserve.factory import export
 from ringserve.workers.artifact import load_manifest
 
-from tests.conftest import ServerProc, serving, wait_for
-from tests.model.test_hf import MAX_LENGTH, NEWS, SST2, save_model
+from devkit.hfmodels import MAX_LENGTH, NEWS, SST2, save_model
+from devkit.server import ServerProc, serving, wait_for
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentence_transformers")

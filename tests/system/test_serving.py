@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from ringserve.workers.artifact import load_tokenizer, onnx_available, reference_logits
 
-from tests.conftest import ServerProc, segments_of
+from devkit.server import ServerProc, segments_of
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -123,7 +123,7 @@ def test_keep_alive_and_pipelining(shared_server: ServerProc) -> None:
     assert data.rfind(b'"fingerprint"') > data.rfind(b'"label": "positive"')  # order kept
 
 
-def test_server_exits_clean(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_server_exits_clean(start_server) -> None:
     srv = start_server("--workers", "1", "--spares", "1")
     srv.wait_spares(1)
     pid = srv.pid

@@ -19,8 +19,9 @@ import psutil
 import pytest
 from ringserve.shm.segment import Segment
 
-from tests.conftest import ROOT, ServerProc, segments_of, wait_for
-from tests.load import Load
+from devkit.launcher import ROOT
+from devkit.load import Load
+from devkit.server import ServerProc, segments_of, wait_for
 
 
 def serving(srv: ServerProc) -> dict[int, int]:
@@ -32,7 +33,7 @@ def serving(srv: ServerProc) -> dict[int, int]:
     }
 
 
-def pool_with_spare(start_server, *extra: str) -> ServerProc:  # type: ignore[no-untyped-def]
+def pool_with_spare(start_server, *extra: str) -> ServerProc:
     """Two serving workers and a warm spare, all loaded: the set-up every failure test needs."""
     srv: ServerProc = start_server("--workers", "2", "--spares", "1", *extra, workers=2)
     srv.wait_spares(1)
@@ -44,7 +45,7 @@ def whole_again(srv: ServerProc, n: int, gone: set[int]) -> bool:
     return len(pids) == n and not gone & set(pids.values())
 
 
-def test_sigkill_under_load_loses_nothing(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_under_load_loses_nothing(start_server, sst2_texts) -> None:
     srv = pool_with_spare(start_server)
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(30)
@@ -62,7 +63,7 @@ def test_sigkill_under_load_loses_nothing(start_server, sst2_texts) -> None:  # 
     print(f"pool whole {elapsed:.3f}s after SIGKILL")
 
 
-def test_sigstop_hang_is_detected_and_replaced(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_sigstop_hang_is_detected_and_replaced(start_server, sst2_texts) -> None:
     srv = pool_with_spare(start_server, "--heartbeat-timeout-s", "1")
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(30)
@@ -86,7 +87,7 @@ def test_sigstop_hang_is_detected_and_replaced(start_server, sst2_texts) -> None
     assert "heartbeat stale" in srv.logs()
 
 
-def test_every_worker_killed_at_once(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_every_worker_killed_at_once(start_server, sst2_texts) -> None:
     srv = pool_with_spare(start_server)
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(30)
@@ -98,7 +99,7 @@ def test_every_worker_killed_at_once(start_server, sst2_texts) -> None:  # type:
     assert load.failed() == 0, (load.outcomes, load.errors[:5])
 
 
-def test_sigterm_under_load_finishes_inflight(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_under_load_finishes_inflight(start_server, sst2_texts) -> None:
     srv = start_server("--workers", "1", "--spares", "0", "--heartbeat-timeout-s", "60", workers=1)
     texts = [" ".join(sst2_texts[i : i + 12]) for i in range(0, 12 * 40, 12)]
 
@@ -138,7 +139,7 @@ def events(srv: ServerProc) -> list[str]:
     return [json.loads(x)["event"] for x in srv.logs().splitlines() if x.startswith("{")]
 
 
-def test_second_stop_signal_stops_at_once_and_still_cleans_up(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_second_stop_signal_stops_at_once_and_still_cleans_up(start_server) -> None:
     srv = start_server("--workers", "1", "--spares", "0", "--drain-timeout-s", "600", workers=1)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as idle:
         idle.sendall(b"GET /v1/model HTTP/1.1\r\n\r\n")
@@ -153,7 +154,7 @@ def test_second_stop_signal_stops_at_once_and_still_cleans_up(start_server) -> N
     assert srv.stop() == 0  # and no worker process or shared-memory segment left behind
 
 
-def test_drain_timeout_answers_what_is_still_owed_and_exits(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_drain_timeout_answers_what_is_still_owed_and_exits(start_server) -> None:
     """The drain's deadline: a request its worker never answers gets 500 at the deadline (not a
     hang, not a lost answer), the server says so in its log, and still exits 0 and cleans up."""
     srv = start_server(
@@ -180,7 +181,7 @@ def test_drain_timeout_answers_what_is_still_owed_and_exits(start_server) -> Non
 
 def test_killed_frontend_takes_its_workers_and_next_server_cleans(
     start_server, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     srv = start_server("--workers", "1", "--spares", "1", workers=1)
     srv.wait_spares(1)
     kids = [p.pid for p in srv.children()]
@@ -207,7 +208,7 @@ def test_killed_frontend_takes_its_workers_and_next_server_cleans(
     assert "stale_segments_removed" in nxt.logs()
 
 
-def test_reload_and_scale_under_load_lose_nothing(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_reload_and_scale_under_load_lose_nothing(start_server, sst2_texts) -> None:
     srv = pool_with_spare(start_server)
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(20)
@@ -246,7 +247,7 @@ def test_reload_and_scale_under_load_lose_nothing(start_server, sst2_texts) -> N
     wait_for(lambda: whole_again(srv, 1, before), 90.0, "SIGHUP reload")
 
 
-def test_leaking_worker_is_recycled(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_leaking_worker_is_recycled(start_server, sst2_texts) -> None:
     # Test-only hook (off unless this variable is set): each batch leaks 8 MiB in the worker.
     env = {"RINGSERVE_TEST_GROW_BYTES_PER_BATCH": str(8 << 20)}
     srv = start_server(

@@ -33,8 +33,9 @@ from ringserve.service.engine.tenants import (
 from ringserve.wire.client import BinaryClient
 from ringserve.wire.frames import RATE_LIMITED
 
-from benchmarks.common import HOST, free_port
-from tests.conftest import ROOT, ServerProc, serving, wait_for
+from devkit.http import HOST
+from devkit.launcher import ROOT, free_port
+from devkit.server import ServerProc, serving, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

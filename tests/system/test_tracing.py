@@ -15,8 +15,8 @@ import pytest
 import tritonclient.http as httpclient
 from ringserve.wire.client import BinaryClient
 
-from benchmarks.otlp import Receiver, Span
-from tests.conftest import ServerProc, serving, wait_for
+from devkit.otlp import Receiver, Span
+from devkit.server import ServerProc, serving, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

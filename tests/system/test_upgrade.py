@@ -3,66 +3,14 @@ SIGTERM to the first. Real servers, real sockets, real load; every outcome is co
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
 import subprocess
 import sys
-import threading
-from collections import Counter
 
-from tests.conftest import ROOT, ServerDied, ServerProc, wait_for
-from tests.load import Load
-
-
-class FreshConnections:
-    """One client that opens a new connection per request: it sees every refused or reset
-    connection that a keep-alive client would hide behind its open one."""
-
-    def __init__(self, port: int, texts: list[str]) -> None:
-        self.port, self.texts = port, texts
-        self.outcomes: Counter[str] = Counter()
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        i = 0
-        while not self.stop_event.is_set():
-            i += 1
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-            try:
-                conn.request("POST", "/v1/classify", json.dumps({"text": self.texts[i % 500]}))
-                resp = conn.getresponse()
-                resp.read()
-                key = str(resp.status)
-            except ConnectionRefusedError:
-                key = "refused"
-            except (ConnectionResetError, http.client.RemoteDisconnected):
-                key = "reset"
-            except (OSError, http.client.HTTPException) as exc:
-                key = f"exception:{type(exc).__name__}"
-            finally:
-                conn.close()
-            self.outcomes[key] += 1
-
-    def __enter__(self) -> FreshConnections:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_event.set()
-        self.thread.join(90)
-
-
-def listening(srv: ServerProc) -> bool:
-    """Its `start` line is logged once its listeners are bound."""
-    if srv.proc.poll() is not None:
-        raise ServerDied(f"server exited {srv.proc.returncode}:\n{srv.logs()[-3000:]}")
-    return any(
-        json.loads(line).get("event") == "start"
-        for line in srv.logs().splitlines()
-        if line.startswith("{")
-    )
+from devkit.launcher import ROOT
+from devkit.load import Load
+from devkit.server import ServerProc, listening, wait_for
 
 
 def handed_over(srv: ServerProc) -> list[str]:
@@ -73,15 +21,15 @@ def handed_over(srv: ServerProc) -> list[str]:
     )
 
 
-def test_reuse_port_upgrade_refuses_nothing(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_reuse_port_upgrade_refuses_nothing(start_server, sst2_texts) -> None:
     """Two upgrades in a row (A -> B -> C, as blue/green alternates) under keep-alive clients and
     two clients that open a connection per request: nothing fails, nothing is refused or reset."""
     args = ["--reuse-port", "--workers", "1", "--spares", "0", "--drain-timeout-s", "10"]
     old = start_server(*args, workers=1)
     with (
         Load(old.port, sst2_texts, clients=2) as load,
-        FreshConnections(old.port, sst2_texts) as fresh,
-        FreshConnections(old.port, sst2_texts) as fresh2,
+        Load(old.port, sst2_texts, clients=1, fresh=True) as fresh,
+        Load(old.port, sst2_texts, clients=1, fresh=True) as fresh2,
     ):
         load.wait_ok(20)
         for _ in range(2):
@@ -106,7 +54,7 @@ def test_reuse_port_upgrade_refuses_nothing(start_server, sst2_texts) -> None:  
     assert old.stop() == 0
 
 
-def test_second_server_never_takes_a_live_control_socket(start_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_second_server_never_takes_a_live_control_socket(start_server, tmp_path) -> None:
     first = start_server("--workers", "1", "--spares", "0", workers=1)
     second = subprocess.run(
         [sys.executable, "-m", "ringserve.service.cli", "serve", "--port", "0",

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import ServerProc, segments_of, wait_for
-from tests.load import Load
+from devkit.load import Load
+from devkit.server import ServerProc, segments_of, wait_for
 
 
-def events(srv: ServerProc, name: str) -> list[dict]:  # type: ignore[type-arg]
+def events(srv: ServerProc, name: str) -> list[dict]:
     out = []
     for line in srv.logs().splitlines():
         if f'"event": "{name}"' in line:
@@ -63,7 +63,7 @@ def gone(pids: list[int]) -> bool:
     return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
 
 
-def test_spares_0_sigkill_under_load_whole_within_1_5_s(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_spares_0_sigkill_under_load_whole_within_1_5_s(start_server, sst2_texts) -> None:
     srv = start_server("--workers", "2", "--spares", "0", workers=2)
     wait_for(lambda: events(srv, "zygote_ready"), 60, "zygote ready")
     with Load(srv.port, sst2_texts, clients=6) as load:
@@ -79,7 +79,7 @@ def test_spares_0_sigkill_under_load_whole_within_1_5_s(start_server, sst2_texts
     print(f"--spares 0: pool whole {elapsed:.3f} s after SIGKILL")
 
 
-def test_dead_zygote_is_replaced_and_forked_equals_spawned(start_server, sst2_texts) -> None:  # type: ignore[no-untyped-def]
+def test_dead_zygote_is_replaced_and_forked_equals_spawned(start_server, sst2_texts) -> None:
     srv = start_server("--workers", "1", "--spares", "0", workers=1)
     wait_for(lambda: events(srv, "zygote_ready"), 60, "zygote ready")
     assert [e["how"] for e in events(srv, "worker_started")] == ["fork"]
@@ -117,7 +117,7 @@ def test_dead_zygote_is_replaced_and_forked_equals_spawned(start_server, sst2_te
     assert events(srv, "worker_started")[-1]["how"] == "fork"
 
 
-def test_clean_exit_leaves_nothing_and_no_named_semaphore_exists(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_clean_exit_leaves_nothing_and_no_named_semaphore_exists(start_server) -> None:
     srv = start_server("--workers", "1", "--spares", "1", workers=1)
     srv.wait_spares(1)
     pids = tree(srv.pid)
@@ -128,7 +128,7 @@ def test_clean_exit_leaves_nothing_and_no_named_semaphore_exists(start_server) -
     assert not segments_of(srv.pid)
 
 
-def test_killed_servers_leave_nothing_after_the_next_start(start_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_killed_servers_leave_nothing_after_the_next_start(start_server, tmp_path: Path) -> None:
     """SIGKILL of the front-end alone, and of every process of a server at once (its whole
     process group: stopped first so that none can clean up), then one new server starts."""
     alone = start_server("--workers", "1", "--spares", "0", workers=1)

@@ -8,9 +8,6 @@ what they are asked to do; everything under test is the production code.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 import numpy as np
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
 from ringserve.service.protocols.http import MAX_PIPELINE, Exchange, HttpProtocol, HttpServerState
@@ -62,11 +59,11 @@ def answer_at_once(conn: HttpProtocol, ex: Exchange) -> None:
     conn.respond(ex, 200, b"{}")
 
 
-def connection(router=answer_at_once) -> tuple[HttpProtocol, Transport, Clock, list[int]]:  # type: ignore[no-untyped-def]
+def connection(router=answer_at_once) -> tuple[HttpProtocol, Transport, Clock, list[int]]:
     clock, counted = Clock(), []
     state = HttpServerState(SETTINGS, router, lambda _p, code, *_: counted.append(code), clock)
     conn, transport = HttpProtocol(state), Transport()
-    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.connection_made(transport)
     return conn, transport, clock, counted
 
 
@@ -175,7 +172,7 @@ class Worker:
 def dispatcher(*workers: Worker, max_queue: int = 8) -> tuple[Dispatcher, Clock]:
     clock = Clock()
     d = Dispatcher(max_queue, clock)
-    d.serving = list(workers)  # type: ignore[arg-type]
+    d.serving = list(workers)
     return d, clock
 
 
@@ -240,7 +237,7 @@ def test_reroute_puts_a_dead_workers_requests_first_in_their_order() -> None:
     d, clock = dispatcher(dead)
     done = Calls()
     d.submit([b"1", b"2", b"3", b"4"], clock.now + S, done)
-    d.serving = [alive]  # type: ignore[list-item]  # the supervisor swapped the dead one out
+    d.serving = [alive]  # the supervisor swapped the dead one out
     d.submit([b"5"], clock.now + S, done)  # waits: the new worker's ring is full for now
     assert d.reroute(dead) == 4
     alive.room = 100
@@ -299,7 +296,7 @@ def test_the_pool_rate_counts_only_the_time_a_worker_had_work() -> None:
     measured(d, w, clock, 10, 0.2)
     rate = d.rate()
     assert rate is not None and abs(rate - (18 + 180) / 0.3) < 1e-6, rate
-    d.serving.append(Worker())  # type: ignore[arg-type]  # not measured yet: counts as the mean
+    d.serving.append(Worker())  # not measured yet: counts as the mean
     assert d.rate() == 2 * rate
 
 
@@ -332,7 +329,7 @@ def test_late_answers_tighten_the_time_bound_until_the_queue_runs_dry() -> None:
     w.answer()
     d.on_answers(w)
     assert d.meter.tighten == 0.97**3  # three late answers, one still in flight
-    assert d.cost_limit() == d.rate() * 0.97**3  # type: ignore[operator]
+    assert d.cost_limit() == d.rate() * 0.97**3
     w.ring = last
     w.answer()
     d.on_answers(w)  # late too, and the queue is now empty: the correction is over
@@ -372,7 +369,7 @@ def test_a_worker_holds_only_what_it_can_start_soon() -> None:
     a.answer()
     d.on_answers(a)  # its room is refilled from the front-end's queue, oldest first
     assert [m[0] for m in a.ring] == [11, 12, 13, 14, 15] and len(d.waiting) == 5
-    d.serving = [a]  # type: ignore[list-item]  # b died: the supervisor took it out
+    d.serving = [a]  # b died: the supervisor took it out
     moved = d.reroute(b)  # what it held goes before what waited, in order
     assert moved == 5 and [r.id for r in d.waiting] == [2, 4, 6, 8, 10, 16, 17, 18, 19, 20]
     a.answer()
@@ -386,48 +383,6 @@ def test_a_worker_holding_nothing_takes_a_text_over_the_hold() -> None:
     d.hold_cost = 10
     d.submit([b"x" * 400, b"y" * 400], 0, Calls())  # each costs 108
     assert len(w.ring) == 1 and len(d.waiting) == 1
-
-
-# -- reload, off the loop -------------------------------------------------------------------------
-class Rolls:
-    """Stands in for the supervisor: counts the rolls a reload asks for."""
-
-    def __init__(self) -> None:
-        self.generation = 0
-
-    def reload(self) -> None:
-        self.generation += 1
-
-
-def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
-    default_model: str, monkeypatch: Any
-) -> None:
-    import asyncio
-    import threading
-
-    from ringserve.service import lifecycle
-    from ringserve.service.logs import EventLog
-    from ringserve.service.model_info import ModelInfo
-    from ringserve.workers.artifact import load_manifest
-
-    threads: list[threading.Thread] = []
-
-    def recording(path: str) -> Any:
-        threads.append(threading.current_thread())
-        return load_manifest(path)  # the real check: read and hash the real artifact
-
-    monkeypatch.setattr(lifecycle, "load_manifest", recording)
-    model = ModelInfo(load_manifest(default_model), default_model, None, "cpu", "torch", {}, (), ())
-    front: Any = SimpleNamespace(model=model, keys=None, draining=False)
-    supervisor: Any = Rolls()
-    server = lifecycle.Reloader(EventLog("error"), front, supervisor)
-
-    async def two_asks() -> list[str | None]:
-        return list(await asyncio.gather(server.reload("a"), server.reload("b")))
-
-    assert asyncio.run(two_asks()) == [None, None]
-    assert len(threads) == 1 and threads[0] is not threading.main_thread()
-    assert supervisor.generation == 1  # one verification, one roll
 
 
 # -- priority: interactive first, bulk never starved ---------------------------------------------
@@ -452,7 +407,7 @@ def flood_until_bulk_runs(bound_ms: float, horizon_ms: int) -> int | None:
     w = Worker(room=1)
     clock = Clock()
     d = Dispatcher(1024, clock, bulk_wait_ms=bound_ms)
-    d.serving = [w]  # type: ignore[list-item]
+    d.serving = [w]
     d.submit([b"i0"], clock.now + 60 * S, Calls())
     d.submit([b"bulk"], clock.now + 60 * S, Calls(), priority=BULK)
     start = clock.now
@@ -506,7 +461,7 @@ def test_the_time_bound_of_an_interactive_text_leaves_out_the_bulk_waiting() -> 
     w = Worker(room=0)
     d, clock = dispatcher(w, max_queue=1000)
     d.max_queue_ms = 1000
-    d.meter.flows[w] = f = d.meter.flow(w)  # type: ignore[index]
+    d.meter.flows[w] = f = d.meter.flow(w)
     f.rate = 100.0  # cost units a second, as measured: the bound is 100 units
     text = b"y" * 8  # cost 10
     admitted = sum(d.submit([text], clock.now + S, Calls(), priority=BULK) for _ in range(20))

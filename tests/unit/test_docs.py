@@ -6,7 +6,7 @@ import re
 
 from ringserve.service.settings import SETTINGS, markdown_table
 
-from tests.conftest import ROOT
+from devkit.launcher import ROOT
 
 
 def test_readme_lists_every_setting() -> None:

@@ -17,7 +17,7 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import ROOT
+from devkit.launcher import ROOT
 
 ROOMS = ("service", "workers", "shm", "wire", "factory")
 # Not installed: test scaffolding, tests and benchmarks. Read for the bare-import rule only.
@@ -205,6 +205,17 @@ def bare_imports(g: Graph) -> set[tuple[str, str]]:
     return crossing(g, (), ROOMS)
 
 
+def imports_between_tests(g: Graph) -> set[tuple[str, str]]:
+    """What two test modules share lives in devkit/: no test module imports another."""
+    return {
+        (m, d)
+        for m, ds in g.items()
+        if within(m, "tests")
+        for d, _ in ds
+        if within(d, "tests") and d.rsplit(".", 1)[-1].startswith("test_")
+    }
+
+
 RULES: dict[str, Callable[[Graph], set[tuple[str, str]]]] = {
     "app": app_importers,
     "lower": lower_imports_service,
@@ -212,6 +223,7 @@ RULES: dict[str, Callable[[Graph], set[tuple[str, str]]]] = {
     "factory": worker_loads_factory,
     "scaffolding": installed_imports_scaffolding,
     "bare": bare_imports,
+    "tests": imports_between_tests,
 }
 
 # A small tree that keeps every rule, and for each rule one import that breaks it.
@@ -232,6 +244,7 @@ PLANTED: dict[str, tuple[str, tuple[str, bool]]] = {
     "factory": ("ringserve.workers.worker", ("ringserve.factory.model", True)),
     "scaffolding": ("ringserve.service.offline.batch", ("devkit.launch", False)),
     "bare": ("tests.unit.test_x", ("service.app", True)),
+    "tests": ("tests.system.test_y", ("tests.unit.test_x", True)),
 }
 
 

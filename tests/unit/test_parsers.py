@@ -1,6 +1,11 @@
 """The protocol parsers fed each message whole, one byte at a time and in random chunks.
 
-A real server reads from raw sockets; however the bytes are cut, the answers must be the same.
+However the bytes are cut, the answers must be the same. The production protocol objects
+(HttpProtocol, BinaryProtocol) get each piece through data_received, as the event loop hands
+them what a socket read returns, on a fake transport that records what they write
+(devkit.fakes). Behind them, a router (HTTP) and a dispatcher (binary) answer from what was
+parsed alone: every byte of the method, URL, headers and body (or the frame's text) shows in the
+answer, so a parse that depends on the cuts changes an answer. No process, no model, no socket.
 """
 
 from __future__ import annotations
@@ -8,16 +13,24 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import socket
 import struct
+import zlib
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ringserve.service.engine.admission import Admission
+from ringserve.service.engine.dispatcher import Result
+from ringserve.service.protocols.binary import BinaryProtocol, BinaryServerState
+from ringserve.service.protocols.http import Exchange, HttpProtocol, HttpServerState
+from ringserve.service.settings import Config
+from ringserve.shm import layout as L
 from ringserve.wire.frames import LENGTH, AnswerParser, encode_frame
 
-from tests.conftest import ServerProc
+from devkit.fakes import Transport
 
 pytestmark = pytest.mark.timeout(180)
 CHUNKED = settings(
@@ -37,32 +50,21 @@ def pieces(data: bytes, cuts: list[int] | str) -> list[bytes]:
     return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
-def open_socket(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each piece its own segment
-    return sock
-
-
-def read_http(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
-    """`count` HTTP/1.1 answers with Content-Length bodies."""
-    buf = b""
+def read_http(data: bytes, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """`count` HTTP/1.1 answers with Content-Length bodies: all of `data`, nothing after."""
+    buf = data
     out: list[tuple[int, dict[str, str], bytes]] = []
     while len(out) < count:
-        while b"\r\n\r\n" not in buf:
-            chunk = sock.recv(65536)
-            assert chunk, f"closed after {len(out)} of {count} answers"
-            buf += chunk
+        assert b"\r\n\r\n" in buf, f"{len(out)} of {count} answers written"
         head, buf = buf.split(b"\r\n\r\n", 1)
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1])
         headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
         length = int(headers["content-length"])
-        while len(buf) < length:
-            chunk = sock.recv(65536)
-            assert chunk, "closed inside a body"
-            buf += chunk
+        assert len(buf) >= length, "the answer ends inside a body"
         out.append((status, headers, buf[:length]))
         buf = buf[length:]
+    assert buf == b"", "more written than the answers owed"
     return out
 
 
@@ -128,20 +130,41 @@ def http_messages(model: str) -> list[tuple[str, bytes, int]]:
     ]
 
 
-def exchange_http(port: int, data: bytes, cuts: list[int] | str, count: int) -> list[Any]:
-    with open_socket(port) as sock:
-        for piece in pieces(data, cuts):
-            sock.sendall(piece)
-        answers = read_http(sock, count)
+def echo(conn: HttpProtocol, ex: Exchange) -> None:
+    """Answers with all it was given; a POST's JSON (the KServe binary extension's head only)
+    must parse, else 400, as the routes answer malformed JSON."""
+    body = b"".join(ex.body)
+    doc: dict[str, Any] = {
+        "method": ex.method.decode(),
+        "url": ex.url.decode(),
+        "headers": {k.decode(): v.decode() for k, v in sorted(ex.headers.items())},
+        "body": body.decode("latin-1"),
+    }
+    if ex.method == b"POST":
+        split = int(ex.headers.get(b"inference-header-content-length", len(body)))
+        try:
+            doc["json"] = json.loads(body[:split])
+        except ValueError:
+            conn.respond_error(ex, 400, "malformed JSON")
+            return
+    conn.respond(ex, 200, json.dumps(doc).encode())
+
+
+def exchange_http(data: bytes, cuts: list[int] | str, count: int) -> list[Any]:
+    state = HttpServerState(Config(), echo, lambda *_: None)
+    conn, transport = HttpProtocol(state), Transport()
+    conn.connection_made(transport)
+    for piece in pieces(data, cuts):
+        conn.data_received(piece)
+    answers = read_http(transport.written, count)
     return [(status, json.loads(body)) for status, _, body in answers]
 
 
 @pytest.fixture(scope="module")
-def http_reference(server: ServerProc) -> dict[str, tuple[bytes, int, list[Any]]]:
-    name = json.loads(server.request("GET", "/v1/model")[2])["name"]
+def http_reference() -> dict[str, tuple[bytes, int, list[Any]]]:
     ref = {}
-    for label, data, count in http_messages(name):
-        ref[label] = (data, count, exchange_http(server.port, data, "whole", count))
+    for label, data, count in http_messages("sst2-minilm"):
+        ref[label] = (data, count, exchange_http(data, "whole", count))
     return ref
 
 
@@ -154,23 +177,21 @@ def test_http_reference_answers(http_reference: dict[str, tuple[bytes, int, list
     )
 
 
-def test_http_one_byte_at_a_time(
-    server: ServerProc, http_reference: dict[str, tuple[bytes, int, list[Any]]]
-) -> None:
+def test_http_one_byte_at_a_time(http_reference: dict[str, tuple[bytes, int, list[Any]]]) -> None:
     for label, (data, count, want) in http_reference.items():
-        assert same(exchange_http(server.port, data, "bytes", count), want), label
+        assert same(exchange_http(data, "bytes", count), want), label
 
 
 @CHUNKED
 @given(data=st.data())
 def test_http_random_chunks(
-    server: ServerProc, http_reference: dict[str, tuple[bytes, int, list[Any]]], data: Any
+    http_reference: dict[str, tuple[bytes, int, list[Any]]], data: Any
 ) -> None:
     # Every message back to back on one connection, cut anywhere: one pipelined stream.
     stream = b"".join(v[0] for v in http_reference.values())
     want = [a for v in http_reference.values() for a in v[2]]
     cuts = data.draw(st.lists(st.integers(1, len(stream) - 1), max_size=40))
-    assert same(exchange_http(server.port, stream, cuts, len(want)), want)
+    assert same(exchange_http(stream, cuts, len(want)), want)
 
 
 # -- binary frames --------------------------------------------------------------------------------
@@ -192,37 +213,77 @@ def binary_stream() -> bytes:
     return frames + OVERSIZE
 
 
-def exchange_binary(port: int, cuts: list[int] | str) -> dict[int, tuple[int, int, list[float]]]:
-    with open_socket(port) as sock:
-        for piece in pieces(binary_stream(), cuts):
-            sock.sendall(piece)
-        parser = AnswerParser()
-        answers = []
-        while chunk := sock.recv(65536):  # the oversize length closes the connection
-            answers += parser.feed(chunk)
+class Dispatcher:
+    """Takes every frame the protocol admits, and answers them when the test says (as the
+    workers would, between two reads): a label and scores made from the text alone."""
+
+    max_tokens = 512
+
+    def __init__(self) -> None:
+        self.owed: list[tuple[list[bytes], Any]] = []
+
+    def room(self, costs: list[int], whole: bool, priority: int = 0) -> int:
+        return len(costs)
+
+    def admit(
+        self, texts: list[bytes], costs: list[int], deadline: int, done: Any, *_: Any
+    ) -> None:
+        self.owed.append((texts, done))
+
+    def refuse(self, n: int) -> None:
+        raise AssertionError(f"{n} frames refused: the fake has room for all")
+
+    def answer(self) -> None:
+        while self.owed:
+            texts, done = self.owed.pop(0)
+            done([score(t) for t in texts])
+
+
+def score(text: bytes) -> Result:
+    scores = np.array([len(text), zlib.crc32(text) % 1000 / 1000], dtype=np.float32)
+    return Result(L.STATUS_OK, label_id=len(text) % 3, scores=scores)
+
+
+def exchange_binary(cuts: list[int] | str) -> dict[int, tuple[int, int, list[float]]]:
+    dispatcher = Dispatcher()
+    host = SimpleNamespace(
+        settings=Config(),
+        draining=False,
+        keys=None,
+        model=SimpleNamespace(manifest=SimpleNamespace(embed_only=False, normalize=False)),
+        admission=Admission(dispatcher, lambda: "queue is full", 30.0),  # the real admission
+        count=lambda *_: None,
+    )
+    conn, transport = BinaryProtocol(BinaryServerState(host)), Transport()
+    conn.connection_made(transport)
+    for piece in pieces(binary_stream(), cuts):
+        conn.data_received(piece)
+        dispatcher.answer()
+    assert transport.closed, "the oversize length closes the connection"
+    answers = AnswerParser().feed(transport.written)
     got = {a.tag: (a.status, a.label_id, a.scores) for a in answers}
     assert len(got) == len(answers) == len(BINARY_TEXTS), "each frame answered exactly once"
     return got
 
 
 @pytest.fixture(scope="module")
-def binary_reference(server: ServerProc) -> dict[int, tuple[int, int, list[float]]]:
-    ref = exchange_binary(server.binary_port, "whole")
+def binary_reference() -> dict[int, tuple[int, int, list[float]]]:
+    ref = exchange_binary("whole")
     assert [ref[7 + 100 * i][0] for i in range(len(BINARY_TEXTS))] == [0, 1, 0, 1, 1, 0, 0]
     return ref
 
 
 def test_binary_one_byte_at_a_time(
-    server: ServerProc, binary_reference: dict[int, tuple[int, int, list[float]]]
+    binary_reference: dict[int, tuple[int, int, list[float]]],
 ) -> None:
-    assert same(exchange_binary(server.binary_port, "bytes"), binary_reference)
+    assert same(exchange_binary("bytes"), binary_reference)
 
 
 @CHUNKED
 @given(data=st.data())
 def test_binary_random_chunks(
-    server: ServerProc, binary_reference: dict[int, tuple[int, int, list[float]]], data: Any
+    binary_reference: dict[int, tuple[int, int, list[float]]], data: Any
 ) -> None:
     size = len(binary_stream())
     cuts = data.draw(st.lists(st.integers(1, size - 1), max_size=40))
-    assert same(exchange_binary(server.binary_port, cuts), binary_reference)
+    assert same(exchange_binary(cuts), binary_reference)

@@ -161,7 +161,7 @@ def crash(sup: Supervisor, clock: Clock) -> FakeHandle:
     return handle
 
 
-def test_crash_backoff_holds_the_slot_empty_until_the_delay_passes(pool) -> None:  # type: ignore[no-untyped-def]
+def test_crash_backoff_holds_the_slot_empty_until_the_delay_passes(pool) -> None:
     sup, clock = pool
     sup.reconcile()
     for _ in range(CRASH_LIMIT - 1):  # each crash is replaced at once
@@ -182,7 +182,7 @@ def test_crash_backoff_holds_the_slot_empty_until_the_delay_passes(pool) -> None
     assert sup.restarts[0] == CRASH_LIMIT
 
 
-def test_boot_timeout_kills_and_replaces_a_worker_that_never_loads(pool) -> None:  # type: ignore[no-untyped-def]
+def test_boot_timeout_kills_and_replaces_a_worker_that_never_loads(pool) -> None:
     sup, clock = pool
     sup.reconcile()
     stuck = serving_handle(sup)
@@ -197,7 +197,7 @@ def test_boot_timeout_kills_and_replaces_a_worker_that_never_loads(pool) -> None
     assert sup.restarts[0] == 1
 
 
-def test_a_stopping_worker_gets_sigkill_after_the_drain_grace(pool) -> None:  # type: ignore[no-untyped-def]
+def test_a_stopping_worker_gets_sigkill_after_the_drain_grace(pool) -> None:
     sup, clock = pool
     sup.reconcile()
     old = serving_handle(sup)
@@ -215,7 +215,7 @@ def test_a_stopping_worker_gets_sigkill_after_the_drain_grace(pool) -> None:  # 
     assert sup.slots[0] is not None and sup.slots[0] is not old
 
 
-def test_device_error_is_retried_but_a_model_boot_error_stops_the_server(pool) -> None:  # type: ignore[no-untyped-def]
+def test_device_error_is_retried_but_a_model_boot_error_stops_the_server(pool) -> None:
     sup, clock = pool
     sup.reconcile()
     first = serving_handle(sup)
@@ -231,7 +231,7 @@ def test_device_error_is_retried_but_a_model_boot_error_stops_the_server(pool) -
     assert sup.fatal is not None and "could not load the model" in sup.fatal
 
 
-def test_a_crash_looping_spare_backs_off(pool) -> None:  # type: ignore[no-untyped-def]
+def test_a_crash_looping_spare_backs_off(pool) -> None:
     sup, clock = pool
     sup.target_spares = 1
     sup.reconcile()
@@ -250,7 +250,7 @@ def test_a_crash_looping_spare_backs_off(pool) -> None:  # type: ignore[no-untyp
     assert len(sup.spares) == 1
 
 
-def test_workers_killed_after_serving_a_while_are_replaced_at_once(pool) -> None:  # type: ignore[no-untyped-def]
+def test_workers_killed_after_serving_a_while_are_replaced_at_once(pool) -> None:
     """Many kills in a row are no crash loop when each victim had been ready for STABLE_S."""
     sup, clock = pool
     sup.reconcile()
@@ -275,7 +275,7 @@ class Events:
         self.seen.append((event, fields))
 
 
-def test_a_sentinel_that_fires_before_the_exit_status_waits_for_it(pool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_sentinel_that_fires_before_the_exit_status_waits_for_it(pool, monkeypatch) -> None:
     """The sentinel can be readable a moment before waitpid has a status (a forked worker not
     yet re-parented here): the death is reported once the status is there, as -9 for SIGKILL,
     and with no code only when none comes within EXIT_STATUS_WAIT_S."""

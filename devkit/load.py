@@ -1,21 +1,132 @@
-"""Steady background load for tests: client threads on keep-alive connections, every answer kept."""
+"""Load for tests and benchmarks.
+
+`run_load` is the benchmarks' closed loop, lean on purpose: each of `concurrency` tasks owns one
+keep-alive connection and sends its next prebuilt request as soon as the last answer is in, so the
+client spends little CPU on a machine it shares with the server. `Load` is the tests' steady
+background load: client threads on keep-alive connections (or a new connection a request), every
+answer kept; `GrpcLoad` is the same over gRPC.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import statistics
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
+
+from devkit.http import HttpConn
+
+
+@dataclass
+class LoadResult:
+    concurrency: int
+    seconds: float
+    latencies_ms: list[float] = field(default_factory=list)
+    codes: Counter[int] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> int:
+        return self.codes.get(200, 0)
+
+    @property
+    def failed(self) -> int:
+        return sum(v for c, v in self.codes.items() if c != 200)
+
+    @property
+    def rps(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+    def pct(self, p: float) -> float:
+        return percentile(self.latencies_ms, p)
+
+    def row(self) -> str:
+        return (
+            f"c={self.concurrency:<4} ok={self.ok:<6} rps={self.rps:8.1f} "
+            f"p50={self.pct(50):7.1f}ms p99={self.pct(99):7.1f}ms codes={dict(self.codes)}"
+        )
+
+
+def percentile(xs: list[float], p: float) -> float:
+    """The p-th percentile (0-100) by rank; NaN for no samples."""
+    if not xs:
+        return float("nan")
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+async def _client(
+    port: int, requests: list[bytes], offset: int, stop_at: float, limit: list[int], out: LoadResult
+) -> None:
+    conn = await HttpConn.open(port)
+    i = offset
+    try:
+        while time.monotonic() < stop_at and limit[0] > 0:
+            limit[0] -= 1
+            req = requests[i % len(requests)]
+            i += 1
+            t0 = time.perf_counter()
+            try:
+                answer = await conn.send(req)
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                out.codes[0] += 1  # a broken connection counts as a failed request
+                conn.close()
+                conn = await HttpConn.open(port)
+                continue
+            out.codes[answer.status] += 1
+            if answer.status == 200:
+                out.latencies_ms.append((time.perf_counter() - t0) * 1000)
+            if conn.closed:
+                conn = await HttpConn.open(port)
+    finally:
+        conn.close()
+
+
+async def run_load(
+    port: int,
+    requests: list[bytes],
+    concurrency: int,
+    seconds: float,
+    max_requests: int = 1_000_000,
+    warmup_s: float = 1.0,
+) -> LoadResult:
+    """Closed-loop load of prebuilt requests for `seconds`, after an uncounted warm-up."""
+    if warmup_s > 0:
+        await run_load(port, requests, concurrency, warmup_s, max_requests, 0)
+    result = LoadResult(concurrency, seconds)
+    limit = [max_requests]
+    t0 = time.monotonic()
+    stop_at = t0 + seconds
+    await asyncio.gather(
+        *(_client(port, requests, k * 7919, stop_at, limit, result) for k in range(concurrency))
+    )
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
 
 
 class Load:
-    """`clients` threads post /v1/classify in a loop until stop(); records every outcome."""
+    """`clients` threads post /v1/classify in a loop until stop(); records every outcome.
+    `fresh`: a new connection for every request, which sees every refused or reset connection
+    that a keep-alive client would hide behind its open one."""
 
     def __init__(
-        self, port: int, texts: list[str], clients: int = 6, batch: int = 1, pause_s: float = 0.0
+        self,
+        port: int,
+        texts: list[str],
+        clients: int = 6,
+        batch: int = 1,
+        pause_s: float = 0.0,
+        fresh: bool = False,
     ) -> None:
         self.port = port
+        self.fresh = fresh
         self.texts = texts
         self.batch = batch
         self.pause_s = pause_s  # after each answer: a paced load rather than flat out
@@ -82,6 +193,9 @@ class Load:
                     conn.close()
                 conn = None
                 time.sleep(0.05)  # a refused connection must not spin
+            if self.fresh and conn is not None:
+                conn.close()
+                conn = None
             with self.lock:
                 self.outcomes[key] += 1
             if self.pause_s:
@@ -130,9 +244,8 @@ class GrpcLoad(Load):
     def __init__(
         self, port: int, model: str, texts: list[str], clients: int = 4, fresh: bool = False
     ) -> None:
-        super().__init__(port, texts, clients)
+        super().__init__(port, texts, clients, fresh=fresh)
         self.model = model
-        self.fresh = fresh
 
     def _run(self, index: int) -> None:
         import numpy as np

@@ -21,7 +21,7 @@ def fuzz(url: str, examples: int, cwd: Path, *extra: str) -> subprocess.Complete
     """`schemathesis run` from the document at `url`: all phases, every built-in check but the
     two replaced here, one worker, nothing remembered between runs (a fresh seed each run,
     printed in its summary)."""
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.openapi_checks", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "devkit.openapi_checks", "PYTHONPATH": str(ROOT)}
     cmd = [
         str(Path(sys.executable).parent / "schemathesis"), "--no-color",
         "--config-file", str(ROOT / "tests" / "schemathesis.toml"), "run", url,

@@ -1,0 +1,49 @@
+"""A reload verifies the artifact (reads and hashes the real default artifact) off the event
+loop, once for asks that come together (moved out of tests/unit/test_clock.py: it needs the
+built default model)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+
+class Rolls:
+    """Stands in for the supervisor: counts the rolls a reload asks for."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+
+    def reload(self) -> None:
+        self.generation += 1
+
+
+def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
+    default_model: str, monkeypatch: Any
+) -> None:
+    import asyncio
+    import threading
+
+    from ringserve.service import lifecycle
+    from ringserve.service.logs import EventLog
+    from ringserve.service.model_info import ModelInfo
+    from ringserve.workers.artifact import load_manifest
+
+    threads: list[threading.Thread] = []
+
+    def recording(path: str) -> Any:
+        threads.append(threading.current_thread())
+        return load_manifest(path)  # the real check: read and hash the real artifact
+
+    monkeypatch.setattr(lifecycle, "load_manifest", recording)
+    model = ModelInfo(load_manifest(default_model), default_model, None, "cpu", "torch", {}, (), ())
+    front: Any = SimpleNamespace(model=model, keys=None, draining=False)
+    supervisor: Any = Rolls()
+    server = lifecycle.Reloader(EventLog("error"), front, supervisor)
+
+    async def two_asks() -> list[str | None]:
+        return list(await asyncio.gather(server.reload("a"), server.reload("b")))
+
+    assert asyncio.run(two_asks()) == [None, None]
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    assert supervisor.generation == 1  # one verification, one roll

@@ -1,0 +1,87 @@
+"""service/settings.py: every option declared once, read from the command line, the
+environment (RINGSERVE_<NAME>) or its default, and the machine facts the defaults follow."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+from ringserve.service.settings import (
+    SETTINGS,
+    Config,
+    add_arguments,
+    cgroup_cpu_limit,
+    from_namespace,
+    parse_buckets,
+    parse_flag,
+    parse_start_method,
+)
+
+
+def parsed(*argv: str) -> Config:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return from_namespace(parser.parse_args(list(argv)))
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No RINGSERVE_ variable of the shell reaches the parser."""
+    for name in list(os.environ):
+        if name.startswith("RINGSERVE_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_defaults_are_the_configs_own(clean_env: pytest.MonkeyPatch) -> None:
+    assert parsed() == Config()
+
+
+def test_the_environment_sets_a_default_and_the_command_line_wins(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv("RINGSERVE_MAX_BATCH", "7")
+    clean_env.setenv("RINGSERVE_REUSE_PORT", "1")
+    clean_env.setenv("RINGSERVE_BUCKETS", "64,16")
+    env = parsed()
+    assert (env.max_batch, env.reuse_port, env.buckets) == (7, True, (16, 64))
+    argv = parsed("--max-batch", "9", "--reuse-port", "0", "--buckets", "32")
+    assert (argv.max_batch, argv.reuse_port, argv.buckets) == (9, False, (32,))
+    assert parsed("--reuse-port").reuse_port is True  # a flag may stand alone
+
+
+def test_every_setting_names_its_environment_variable() -> None:
+    for s in SETTINGS:
+        assert s.env == "RINGSERVE_" + s.name.upper().replace("-", "_")
+        assert s.help and s.attr in Config.__dataclass_fields__
+
+
+def test_values_outside_the_contract_are_refused() -> None:
+    assert parse_buckets("32,16,16") == (16, 32) and parse_buckets("") == ()
+    with pytest.raises(ValueError, match="above 2"):
+        parse_buckets("2,16")
+    assert parse_flag("on") is True and parse_flag("") is False
+    with pytest.raises(ValueError):
+        parse_flag("maybe")
+    assert parse_start_method("fork") == "zygote"  # fork is the zygote's way of starting
+    with pytest.raises(ValueError):
+        parse_start_method("thread")
+
+
+def test_cgroup_cpu_limit_formats(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2"
+    (v2 / "pod").mkdir(parents=True)
+    (v2 / "pod" / "cpu.max").write_text("150000 100000\n")
+    proc = tmp_path / "cgroup-v2"
+    proc.write_text("0::/pod\n")
+    assert cgroup_cpu_limit(str(v2), str(proc)) == 1.5
+    (v2 / "pod" / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(str(v2), str(proc)) is None
+    v1 = tmp_path / "v1" / "cpu,cpuacct" / "pod"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    proc.write_text("4:cpu,cpuacct:/pod\n1:name=systemd:/pod\n")
+    assert cgroup_cpu_limit(str(tmp_path / "v1"), str(proc)) == 3.0
