@@ -1,6 +1,6 @@
 """Schemathesis checks of our own, loaded by `schemathesis run` through SCHEMATHESIS_HOOKS:
 what the built-in not_a_server_error and positive_data_acceptance check, with the exceptions
-the document itself states; and `fuzz`, the run tests/test_openapi.py and test_auth.py make."""
+the document itself states; and `fuzz`, the run test_openapi.py and test_auth.py make."""
 
 from __future__ import annotations
 

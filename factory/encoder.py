@@ -309,3 +309,17 @@ def copy_weights(
                     f"expected {list(target.shape)}{hint}"
                 )
             target.copy_(source.to(torch.float32))
+
+
+# A BERT layer's parts, by our names, under the checkpoint's (BERT, RoBERTa, XLM-R, ELECTRA and
+# the default encoder share them; DistilBERT names its own, factory/hf.py).
+BERT_LAYER_PARTS = {
+    "query": "attention.self.query",
+    "key": "attention.self.key",
+    "value": "attention.self.value",
+    "attn_out": "attention.output.dense",
+    "attn_norm": "attention.output.LayerNorm",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
+    "ffn_norm": "output.LayerNorm",
+}

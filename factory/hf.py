@@ -16,7 +16,14 @@ from pathlib import Path
 
 import torch
 from ringserve.factory import encoder
-from ringserve.factory.encoder import Encoder, HfConfig, WeightError, activate, copy_weights
+from ringserve.factory.encoder import (
+    BERT_LAYER_PARTS,
+    Encoder,
+    HfConfig,
+    WeightError,
+    activate,
+    copy_weights,
+)
 from torch import Tensor, nn
 
 # Architecture (config.json "architectures") -> family; XLM-R has RoBERTa's layout and prefix.
@@ -61,16 +68,6 @@ class SequenceClassifier(Encoder):
         return self.out(activate(self.dense(x[:, 0]), self.head_act))
 
 
-_LAYER_PARTS = {
-    "query": "attention.self.query",
-    "key": "attention.self.key",
-    "value": "attention.self.value",
-    "attn_out": "attention.output.dense",
-    "attn_norm": "attention.output.LayerNorm",
-    "ffn_in": "intermediate.dense",
-    "ffn_out": "output.dense",
-    "ffn_norm": "output.LayerNorm",
-}
 _DISTIL_PARTS = {
     "query": "attention.q_lin",
     "key": "attention.k_lin",
@@ -104,7 +101,7 @@ def checkpoint_names(c: HfConfig) -> dict[str, str]:
     distil = c.family == "distilbert"
     layer_base = p + ("transformer.layer" if distil else "encoder.layer")
     for i in range(c.num_layers):
-        for ours, theirs in (_DISTIL_PARTS if distil else _LAYER_PARTS).items():
+        for ours, theirs in (_DISTIL_PARTS if distil else BERT_LAYER_PARTS).items():
             modules[f"layers.{i}.{ours}"] = f"{layer_base}.{i}.{theirs}"
     modules["dense"], modules["out"] = _HEAD_NAMES[c.family]
     names: dict[str, str] = {}

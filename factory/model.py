@@ -12,7 +12,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from ringserve.factory.encoder import Encoder, HfConfig, WeightError, copy_weights, read_config
+from ringserve.factory.encoder import (
+    BERT_LAYER_PARTS,
+    Encoder,
+    HfConfig,
+    WeightError,
+    copy_weights,
+    read_config,
+)
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
@@ -81,18 +88,8 @@ def _checkpoint_names(config: HfConfig) -> dict[str, str]:
         "embeddings.norm.weight": "embeddings.LayerNorm.weight",
         "embeddings.norm.bias": "embeddings.LayerNorm.bias",
     }
-    parts = {
-        "query": "attention.self.query",
-        "key": "attention.self.key",
-        "value": "attention.self.value",
-        "attn_out": "attention.output.dense",
-        "attn_norm": "attention.output.LayerNorm",
-        "ffn_in": "intermediate.dense",
-        "ffn_out": "output.dense",
-        "ffn_norm": "output.LayerNorm",
-    }
     for i in range(config.num_layers):
-        for ours, theirs in parts.items():
+        for ours, theirs in BERT_LAYER_PARTS.items():
             for kind in ("weight", "bias"):
                 names[f"layers.{i}.{ours}.{kind}"] = f"encoder.layer.{i}.{theirs}.{kind}"
     return names

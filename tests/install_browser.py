@@ -1,5 +1,5 @@
 """Installs what the tests need from Debian when it is missing: chromium (the dashboard browser
-test) and haproxy (tests/test_cluster.py, benchmarks/cluster.py)."""
+test) and haproxy (tests/system/test_cluster.py, benchmarks/cluster.py)."""
 
 from __future__ import annotations
 

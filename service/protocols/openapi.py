@@ -4,7 +4,7 @@ server at start instead of going undocumented.
 
 The schemas are written beside the validation they describe (service/protocols/routes.py, tasks.py,
 kserve.py) and read the same limits (Config) and model facts (labels, dimension, tasks, name);
-tests/test_openapi.py fuzzes a real server from this document with Schemathesis in both
+tests/system/test_openapi.py fuzzes a real server from this document with Schemathesis in both
 directions: a request the schemas allow is accepted, one they forbid is refused, and every
 answer matches its schema. What JSON Schema cannot say (a list as long as another, a shape
 that counts the data) is listed per route under `x-ringserve-400-beyond-schema`: the 400

@@ -219,7 +219,7 @@ def test_every_runtime_embeds(start_server: Any, want: Any, runtime: str) -> Non
 
 def test_windowed_embedding_is_the_mean_of_its_windows(start_server: Any) -> None:
     """--long-text window: a long text's embedding is the mean of its windows' pooled vectors
-    (then normalized as the model does); the windows are cut by hand in tests/test_longtext."""
+    (then normalized as the model does); the windows are cut by hand in test_longtext.py."""
     from ringserve.factory.build import default_artifact_dir
 
     from devkit.longtext import long_text, raw, windows_of

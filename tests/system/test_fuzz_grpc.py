@@ -1,4 +1,4 @@
-"""Fuzzing the gRPC port of one real server, with tests/test_fuzz.py's hypothesis settings: raw
+"""Fuzzing the gRPC port of one real server, with test_fuzz.py's hypothesis settings: raw
 HTTP/2 byte streams (valid frames, random frames, and mutations of both), and gRPC calls whose
 protobuf bytes are random or mutated. The server must answer every call with a status the
 contract allows (never INTERNAL or UNKNOWN), close or answer every connection, and afterwards

@@ -5,7 +5,7 @@ document allows is accepted (or refused only with a 400 the document lists for t
 one it forbids is refused, every answer matches its documented status, media type, headers and
 schema, no 5xx but a documented 503 or 504, and afterwards the server is healthy.
 
-RINGSERVE_FUZZ_EXAMPLES (as in tests/test_fuzz.py) sizes the run: a hundredth of it is the
+RINGSERVE_FUZZ_EXAMPLES (as in tests/system/test_fuzz.py) sizes the run: a hundredth of it is the
 examples per operation, at least 25 (`make fuzz`: 1,000).
 """
 

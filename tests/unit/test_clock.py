@@ -14,42 +14,7 @@ from ringserve.service.protocols.http import MAX_PIPELINE, Exchange, HttpProtoco
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 
-S = 1_000_000_000  # ns in a second
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10 * S  # any start will do; not 0, which the protocol reads as "unset"
-
-    def __call__(self) -> int:
-        return self.now
-
-
-class Transport:
-    """Records what the protocol writes and whether it closed, aborted or paused reading."""
-
-    def __init__(self) -> None:
-        self.written = b""
-        self.closed = False
-        self.aborted = False
-        self.reading = True
-
-    def write(self, data: bytes) -> None:
-        assert not self.closed, "write after close"
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.aborted = self.closed = True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
+from devkit.fakes import Clock, S, Transport
 
 # -- HTTP timeouts --------------------------------------------------------------------------------
 SETTINGS = Config(read_timeout_s=10.0, keepalive_timeout_s=100.0, write_timeout_s=30.0)

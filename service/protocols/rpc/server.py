@@ -4,7 +4,7 @@ where the dispatcher lives, and its thread waits for the answer.
 
 Not grpc.aio on the loop, though it measured faster (docs/design.md, "gRPC"): one request whose
 `:path` is not UTF-8 ends grpc.aio's server loop (grpcio 1.85: the listener closes, every later
-connection is refused), and tests/test_fuzz_grpc.py found it. The threaded server answers it.
+connection is refused), and tests/system/test_fuzz_grpc.py found it. The threaded server answers it.
 
 Every call goes through the one admission, deadline and API key the other protocols use (the
 methods are rpc/servicer.py's). Errors are the HTTP statuses of protocols/kserve.py's checks,
