@@ -11,11 +11,21 @@ methods are rpc/servicer.py's). Errors are the HTTP statuses of protocols/kserve
 mapped to gRPC codes once here. A drain stops the server with a
 grace: gRPC closes the listener and sends GOAWAY, the calls in flight finish, and whatever
 stream is left (a health Watch) is cancelled once nothing is owed.
+
+grpcio's threaded server asks gRPC core for one call at a time: a call that reaches core while
+that one request is used up (the server's poll thread not yet back for the next, a matter of
+the GIL) waits in core unmatched, and core's shutdown cancels every such call (`CANCELLED`,
+grpc/grpc#41785), so a --reuse-port upgrade lost one now and then. `request_slots` keeps as many
+requests outstanding as the queue admits, so core matches every call as it comes and the
+graceful stop serves it. Still lost, and out of our reach: a call that reaches core in the
+fraction of a millisecond between the stop's start and its GOAWAY (core cancels it too; grpcio
+has no GOAWAY without a stop).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -23,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import grpc._server as grpc_server  # request_slots: the threaded server's call requests
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from ringserve.service.engine.tenants import Tenant
@@ -88,6 +99,58 @@ class Health(health.HealthServicer):
             send(None)
 
 
+class Owed(set[object]):
+    """grpcio's `_ServerState.due` (the completions a server still waits for, as a set of tags)
+    made a multiset, so that one tag may be owed many times: one for each outstanding request.
+    Membership and truth are the set's: a tag stays in it while its count is above zero."""
+
+    def __init__(self, tags: set[object]) -> None:
+        super().__init__(tags)
+        self.counts: collections.Counter[object] = collections.Counter(tags)
+
+    def add(self, tag: object) -> None:
+        self.counts[tag] += 1
+        super().add(tag)
+
+    def remove(self, tag: object) -> None:
+        if self.counts[tag] <= 0:
+            raise KeyError(tag)
+        self.counts[tag] -= 1
+        if not self.counts[tag]:
+            del self.counts[tag]
+            super().remove(tag)
+
+    def discard(self, tag: object) -> None:
+        if self.counts[tag] > 0:
+            self.remove(tag)
+
+
+def request_slots(server: grpc.Server, calls: int, registered: int = 8) -> bool:
+    """Keep `calls` requests for a call outstanding in gRPC core (and `registered` for each
+    registered method: health's), where grpcio keeps one, so that no call waits in core
+    unmatched, where a stop cancels it. Call it right after `server.start()`; each matched call
+    is followed by a new request, as grpcio does for its one. False (nothing changed) where this
+    grpcio's server is not the one this was written against (grpcio 1.81 to 1.85)."""
+    state = getattr(server, "_state", None)
+    request = getattr(grpc_server, "_request_call", None)
+    request_registered = getattr(grpc_server, "_request_registered_call", None)
+    stage = getattr(grpc_server, "_ServerStage", None)
+    due = getattr(state, "due", None)
+    if state is None or request is None or request_registered is None or stage is None:
+        return False
+    if type(due) not in (set, Owed) or state.stage is not stage.STARTED:
+        return False
+    with state.lock:
+        if not isinstance(state.due, Owed):
+            state.due = Owed(state.due)
+        for _ in range(calls - 1):
+            request(state)
+        for method in state.registered_method_handlers:
+            for _ in range(registered - 1):
+                request_registered(state, method)
+    return True
+
+
 class GrpcPort:
     """One server's gRPC listener: its start and graceful stop, its health, and the calls it has
     in flight (key check, error mapping and counting, once for every method of `calls`)."""
@@ -131,6 +194,8 @@ class GrpcPort:
         if bound == 0:
             raise SystemExit(f"ringserve: cannot listen for gRPC on {target} (in use?)")
         server.start()
+        if not request_slots(server, s.max_queue):
+            self.host.log.warning("grpc_one_request", grpcio=grpc.__version__)
         self.server = server
         self.update_health()
         self.host.log.info("grpc_listening", port=bound)
