@@ -17,9 +17,11 @@ that one request is used up (the server's poll thread not yet back for the next,
 the GIL) waits in core unmatched, and core's shutdown cancels every such call (`CANCELLED`,
 grpc/grpc#41785), so a --reuse-port upgrade lost one now and then. `request_slots` keeps as many
 requests outstanding as the queue admits, so core matches every call as it comes and the
-graceful stop serves it. Still lost, and out of our reach: a call that reaches core in the
-fraction of a millisecond between the stop's start and its GOAWAY (core cancels it too; grpcio
-has no GOAWAY without a stop).
+graceful stop serves it. A call that reaches core in the fraction of a millisecond between the
+stop's start and its GOAWAY is cancelled too, and grpcio has no GOAWAY without a stop: so the
+drain holds answers for HOLD_S before the stop and until it has begun. A client with one call at
+a time on a connection (tritonclient's) sends nothing meanwhile, and hears the GOAWAY before its
+answer; a client with many calls on one connection may still lose one sent in that instant.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ CODES = {
 RETRY_TRAILERS = (("retry-after", "1"), ("grpc-retry-pushback-ms", "1000"))
 # Probes and metadata a kubelet or a load balancer reads without the key, as on HTTP.
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+# A drain holds answers this long before it stops the server (GrpcPort.begin_drain).
+HOLD_S = 0.02
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -167,6 +171,8 @@ class GrpcPort:
         self.server: grpc.Server | None = None
         self.stopped: threading.Event | None = None  # set when the graceful stop is over
         self.grace_s = 0.0  # the drain's timeout, from the stop's start
+        self.answers = threading.Event()  # clear while answers wait for the stop's GOAWAY
+        self.answers.set()
 
     # -- start and stop -------------------------------------------------------------------------
     async def start(self, address: str, port: int) -> None:
@@ -203,18 +209,33 @@ class GrpcPort:
     def begin_drain(self, grace_s: float) -> None:
         """Stop taking calls: gRPC closes the listener and sends GOAWAY; the calls in flight
         have `grace_s` to finish. Health says NOT_SERVING from now on."""
-        if self.server is None or self.stopped is not None:
+        if self.server is None or not self.answers.is_set() or self.stopped is not None:
             return
         self.health.enter_graceful_shutdown()  # every Watch hears NOT_SERVING first
         self.health.end_watches()  # so that only unary calls can hold the graceful stop
         self.grace_s = grace_s
-        self.stopped = self.server.stop(grace_s)
+        # Answers wait for the stop (HOLD_S and the stop's GOAWAY): a client with one call at a
+        # time sends its next only after an answer, and a call that reached core just after the
+        # stop began was cancelled there. Calls sent before the hold reach core before the stop,
+        # are matched (request_slots) and served; the answers held go out after the GOAWAY, on
+        # the same connection, so the client's next call goes elsewhere.
+        self.answers.clear()
+        assert self.loop is not None
+        self.loop.call_later(HOLD_S, self.stop_now)
+
+    def stop_now(self) -> None:
+        if self.server is None or self.stopped is not None:
+            return
+        self.stopped = self.server.stop(self.grace_s)
+        self.answers.set()
 
     async def close(self) -> None:
         """Nothing is owed any more: cancel what is left (health watches) and wait for the end."""
         if self.server is None:
             return
         loop = asyncio.get_running_loop()
+        if not self.answers.is_set():
+            self.stop_now()  # the drain ended within the hold
         until = time.monotonic() + 1.0  # after a drain timeout: the 500s on their way out
         while self.inflight and time.monotonic() < until:
             await asyncio.sleep(0.01)
@@ -309,6 +330,7 @@ class GrpcPort:
                     context.set_trailing_metadata(RETRY_TRAILERS)
                 context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
             finally:
+                self.answers.wait(HOLD_S + 1.0)
                 self.on_loop(self.host.count, "grpc", code, 1, tenant)
 
         return call
