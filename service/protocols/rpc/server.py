@@ -11,11 +11,23 @@ methods are rpc/servicer.py's). Errors are the HTTP statuses of protocols/kserve
 mapped to gRPC codes once here. A drain stops the server with a
 grace: gRPC closes the listener and sends GOAWAY, the calls in flight finish, and whatever
 stream is left (a health Watch) is cancelled once nothing is owed.
+
+grpcio's threaded server asks gRPC core for one call at a time: a call that reaches core while
+that one request is used up (the server's poll thread not yet back for the next, a matter of
+the GIL) waits in core unmatched, and core's shutdown cancels every such call (`CANCELLED`,
+grpc/grpc#41785), so a --reuse-port upgrade lost one now and then. `request_slots` keeps as many
+requests outstanding as the queue admits, so core matches every call as it comes and the
+graceful stop serves it. A call that reaches core in the fraction of a millisecond between the
+stop's start and its GOAWAY is cancelled too, and grpcio has no GOAWAY without a stop: so the
+drain holds answers for HOLD_S before the stop and until it has begun. A client with one call at
+a time on a connection (tritonclient's) sends nothing meanwhile, and hears the GOAWAY before its
+answer; a client with many calls on one connection may still lose one sent in that instant.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -23,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import grpc._server as grpc_server  # request_slots: the threaded server's call requests
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from ringserve.service.engine.tenants import Tenant
@@ -48,6 +61,8 @@ CODES = {
 RETRY_TRAILERS = (("retry-after", "1"), ("grpc-retry-pushback-ms", "1000"))
 # Probes and metadata a kubelet or a load balancer reads without the key, as on HTTP.
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+# A drain holds answers this long before it stops the server (GrpcPort.begin_drain).
+HOLD_S = 0.02
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -88,6 +103,58 @@ class Health(health.HealthServicer):
             send(None)
 
 
+class Owed(set[object]):
+    """grpcio's `_ServerState.due` (the completions a server still waits for, as a set of tags)
+    made a multiset, so that one tag may be owed many times: one for each outstanding request.
+    Membership and truth are the set's: a tag stays in it while its count is above zero."""
+
+    def __init__(self, tags: set[object]) -> None:
+        super().__init__(tags)
+        self.counts: collections.Counter[object] = collections.Counter(tags)
+
+    def add(self, tag: object) -> None:
+        self.counts[tag] += 1
+        super().add(tag)
+
+    def remove(self, tag: object) -> None:
+        if self.counts[tag] <= 0:
+            raise KeyError(tag)
+        self.counts[tag] -= 1
+        if not self.counts[tag]:
+            del self.counts[tag]
+            super().remove(tag)
+
+    def discard(self, tag: object) -> None:
+        if self.counts[tag] > 0:
+            self.remove(tag)
+
+
+def request_slots(server: grpc.Server, calls: int, registered: int = 8) -> bool:
+    """Keep `calls` requests for a call outstanding in gRPC core (and `registered` for each
+    registered method: health's), where grpcio keeps one, so that no call waits in core
+    unmatched, where a stop cancels it. Call it right after `server.start()`; each matched call
+    is followed by a new request, as grpcio does for its one. False (nothing changed) where this
+    grpcio's server is not the one this was written against (grpcio 1.81 to 1.85)."""
+    state = getattr(server, "_state", None)
+    request = getattr(grpc_server, "_request_call", None)
+    request_registered = getattr(grpc_server, "_request_registered_call", None)
+    stage = getattr(grpc_server, "_ServerStage", None)
+    due = getattr(state, "due", None)
+    if state is None or request is None or request_registered is None or stage is None:
+        return False
+    if type(due) not in (set, Owed) or state.stage is not stage.STARTED:
+        return False
+    with state.lock:
+        if not isinstance(state.due, Owed):
+            state.due = Owed(state.due)
+        for _ in range(calls - 1):
+            request(state)
+        for method in state.registered_method_handlers:
+            for _ in range(registered - 1):
+                request_registered(state, method)
+    return True
+
+
 class GrpcPort:
     """One server's gRPC listener: its start and graceful stop, its health, and the calls it has
     in flight (key check, error mapping and counting, once for every method of `calls`)."""
@@ -104,6 +171,8 @@ class GrpcPort:
         self.server: grpc.Server | None = None
         self.stopped: threading.Event | None = None  # set when the graceful stop is over
         self.grace_s = 0.0  # the drain's timeout, from the stop's start
+        self.answers = threading.Event()  # clear while answers wait for the stop's GOAWAY
+        self.answers.set()
 
     # -- start and stop -------------------------------------------------------------------------
     async def start(self, address: str, port: int) -> None:
@@ -131,6 +200,8 @@ class GrpcPort:
         if bound == 0:
             raise SystemExit(f"ringserve: cannot listen for gRPC on {target} (in use?)")
         server.start()
+        if not request_slots(server, s.max_queue):
+            self.host.log.warning("grpc_one_request", grpcio=grpc.__version__)
         self.server = server
         self.update_health()
         self.host.log.info("grpc_listening", port=bound)
@@ -138,18 +209,33 @@ class GrpcPort:
     def begin_drain(self, grace_s: float) -> None:
         """Stop taking calls: gRPC closes the listener and sends GOAWAY; the calls in flight
         have `grace_s` to finish. Health says NOT_SERVING from now on."""
-        if self.server is None or self.stopped is not None:
+        if self.server is None or not self.answers.is_set() or self.stopped is not None:
             return
         self.health.enter_graceful_shutdown()  # every Watch hears NOT_SERVING first
         self.health.end_watches()  # so that only unary calls can hold the graceful stop
         self.grace_s = grace_s
-        self.stopped = self.server.stop(grace_s)
+        # Answers wait for the stop (HOLD_S and the stop's GOAWAY): a client with one call at a
+        # time sends its next only after an answer, and a call that reached core just after the
+        # stop began was cancelled there. Calls sent before the hold reach core before the stop,
+        # are matched (request_slots) and served; the answers held go out after the GOAWAY, on
+        # the same connection, so the client's next call goes elsewhere.
+        self.answers.clear()
+        assert self.loop is not None
+        self.loop.call_later(HOLD_S, self.stop_now)
+
+    def stop_now(self) -> None:
+        if self.server is None or self.stopped is not None:
+            return
+        self.stopped = self.server.stop(self.grace_s)
+        self.answers.set()
 
     async def close(self) -> None:
         """Nothing is owed any more: cancel what is left (health watches) and wait for the end."""
         if self.server is None:
             return
         loop = asyncio.get_running_loop()
+        if not self.answers.is_set():
+            self.stop_now()  # the drain ended within the hold
         until = time.monotonic() + 1.0  # after a drain timeout: the 500s on their way out
         while self.inflight and time.monotonic() < until:
             await asyncio.sleep(0.01)
@@ -244,6 +330,7 @@ class GrpcPort:
                     context.set_trailing_metadata(RETRY_TRAILERS)
                 context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
             finally:
+                self.answers.wait(HOLD_S + 1.0)
                 self.on_loop(self.host.count, "grpc", code, 1, tenant)
 
         return call
