@@ -1,4 +1,4 @@
-"""rpc/server.py's request_slots: a call gRPC core has taken while grpcio's threaded server has
+"""rpc/slots.py's request_slots: a call gRPC core has taken while grpcio's threaded server has
 no request outstanding for it is cancelled by the server's stop (grpc/grpc#41785); with the
 requests kept outstanding, core matches every call at once and the graceful stop serves it."""
 
@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from ringserve.service.protocols.rpc.server import Owed, request_slots
+from ringserve.service.protocols.rpc.slots import Owed, request_slots
 
 
 def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -26,7 +26,7 @@ def test_a_stop_serves_every_call_core_has_taken() -> None:
     try:
         grpc.channel_ready_future(channel).result(5)
         call = channel.unary_unary("/t.S/M")
-        state = server._state  # type: ignore[attr-defined]
+        state = server._state  # grpcio's private state, as request_slots reads it
         # Holding the server's lock keeps its poll thread from asking core for another call:
         # with grpcio's one request, the second and third call would wait in core, and the stop
         # below cancelled them.

@@ -27,7 +27,6 @@ answer; a client with many calls on one connection may still lose one sent in th
 from __future__ import annotations
 
 import asyncio
-import collections
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -35,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-import grpc._server as grpc_server  # request_slots: the threaded server's call requests
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from ringserve.service.engine.tenants import Tenant
@@ -43,6 +41,7 @@ from ringserve.service.protocols.auth import DENIED
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.rpc.servicer import GrpcHost, RateLimited, Servicer
+from ringserve.service.protocols.rpc.slots import request_slots
 
 SERVICE = "inference.GRPCInferenceService"
 HEALTH = "grpc.health.v1.Health"
@@ -101,58 +100,6 @@ class Health(health.HealthServicer):
             callbacks = [cb for cbs in self._send_response_callbacks.values() for cb in cbs]
         for send in callbacks:
             send(None)
-
-
-class Owed(set[object]):
-    """grpcio's `_ServerState.due` (the completions a server still waits for, as a set of tags)
-    made a multiset, so that one tag may be owed many times: one for each outstanding request.
-    Membership and truth are the set's: a tag stays in it while its count is above zero."""
-
-    def __init__(self, tags: set[object]) -> None:
-        super().__init__(tags)
-        self.counts: collections.Counter[object] = collections.Counter(tags)
-
-    def add(self, tag: object) -> None:
-        self.counts[tag] += 1
-        super().add(tag)
-
-    def remove(self, tag: object) -> None:
-        if self.counts[tag] <= 0:
-            raise KeyError(tag)
-        self.counts[tag] -= 1
-        if not self.counts[tag]:
-            del self.counts[tag]
-            super().remove(tag)
-
-    def discard(self, tag: object) -> None:
-        if self.counts[tag] > 0:
-            self.remove(tag)
-
-
-def request_slots(server: grpc.Server, calls: int, registered: int = 8) -> bool:
-    """Keep `calls` requests for a call outstanding in gRPC core (and `registered` for each
-    registered method: health's), where grpcio keeps one, so that no call waits in core
-    unmatched, where a stop cancels it. Call it right after `server.start()`; each matched call
-    is followed by a new request, as grpcio does for its one. False (nothing changed) where this
-    grpcio's server is not the one this was written against (grpcio 1.81 to 1.85)."""
-    state = getattr(server, "_state", None)
-    request = getattr(grpc_server, "_request_call", None)
-    request_registered = getattr(grpc_server, "_request_registered_call", None)
-    stage = getattr(grpc_server, "_ServerStage", None)
-    due = getattr(state, "due", None)
-    if state is None or request is None or request_registered is None or stage is None:
-        return False
-    if type(due) not in (set, Owed) or state.stage is not stage.STARTED:
-        return False
-    with state.lock:
-        if not isinstance(state.due, Owed):
-            state.due = Owed(state.due)
-        for _ in range(calls - 1):
-            request(state)
-        for method in state.registered_method_handlers:
-            for _ in range(registered - 1):
-                request_registered(state, method)
-    return True
 
 
 class GrpcPort:
