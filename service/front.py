@@ -12,6 +12,7 @@ from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.engine.tenants import KeyRing
 from ringserve.service.logs import EventLog
 from ringserve.service.model_info import ModelInfo
+from ringserve.service.models import ModelSet
 from ringserve.service.ops.stats import Stats
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.ports import Ports
@@ -44,7 +45,8 @@ class RunState:
 
 class Front:
     """The one object the protocols are handed (routes' ModelView, binary's BinaryHost, gRPC's
-    GrpcHost). `model` is swapped whole by a reload; the rest never changes."""
+    GrpcHost). `models` holds every model (service/models.py); `model` is the first, swapped
+    whole by a reload; the rest never changes."""
 
     def __init__(
         self,
@@ -57,10 +59,19 @@ class Front:
     ) -> None:
         self.settings = settings
         self.log = log
-        self.model = model
+        self.models = ModelSet(model)  # every model; the lifecycle alone changes it
         self.admission = admission
         self.count = count  # every answer written: Stats.count(protocol, code, n, tenant)
         self.state = state
+
+    @property
+    def model(self) -> ModelInfo:
+        """The first model (the only one, in a one-model server)."""
+        return self.models.first
+
+    @model.setter
+    def model(self, info: ModelInfo) -> None:
+        self.models.replace(info)
 
     @property
     def keys(self) -> KeyRing | None:

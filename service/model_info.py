@@ -18,6 +18,7 @@ from ringserve.workers.artifact import ArtifactError, Manifest, default_cache_di
 from ringserve.workers.batcher import REPORT_GRID, length_grid, pad_grid
 from ringserve.workers.graphpick import choose
 from ringserve.workers.onnx_model import choose_runtime
+from ringserve.workers.spec import ModelRef
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class ModelInfo:
     graph: dict[str, Any]  # ONNX Runtime at fp32: the graph chosen, and why; else empty
     pad_grid: tuple[int, ...]  # empty: each CPU batch padded to its own longest text
     buckets: tuple[int, ...]  # the length classes latency is reported in
+    index: int = 0  # its index on the wire to the workers (shm.layout.with_model); 0: the first
+    version: int = 1  # the repository's version directory it came from (1 without versions)
 
     @property
     def name(self) -> str:
@@ -38,6 +41,11 @@ class ModelInfo:
     @property
     def labels(self) -> list[str]:
         return self.manifest.labels
+
+    @property
+    def ref(self) -> ModelRef:
+        """What a worker is told to load for this model (workers.spec)."""
+        return ModelRef(self.index, self.name, self.version, self.model_dir)
 
     def reloaded(self, manifest: Manifest) -> ModelInfo:
         """The same facts for a new artifact in the same place (a reload)."""

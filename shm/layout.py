@@ -84,6 +84,7 @@ STATUS_BAD_REQUEST = 1
 STATUS_OVERLOADED = 2
 STATUS_DEADLINE = 3
 STATUS_INTERNAL = 4
+STATUS_UNKNOWN_MODEL = 5  # a model not loaded (or unloaded): HTTP 404, binary status 5
 STATUS_RATE_LIMITED = 6  # front-end only: over the key's rate (HTTP 429)
 STATUS_TOO_LONG = 7  # worker-side only: HTTP 413; the binary protocol answers it as status 1
 
@@ -121,6 +122,26 @@ def with_bulk(payload: bytes) -> bytes:
     if payload[:1] == OPTIONS_MARK and len(payload) >= 2:
         return OPTIONS_MARK + bytes([payload[1] | OPT_BULK]) + payload[2:]
     return OPTIONS_MARK + bytes([OPT_BULK]) + payload
+
+
+# Many models: a request for any model but index 0 starts with MODEL_MARK and the model's index
+# (u16, little-endian), before any options byte; index 0 (the only model of a one-model server)
+# carries neither, so the one-model payload is unchanged. 0xFD never occurs in UTF-8.
+MODEL_MARK = b"\xfd"
+MODEL_INDEX = struct.Struct("<H")
+MAX_MODELS = 64  # model indexes 0..MAX_MODELS-1 (a worker's control block has a word for each)
+
+
+def with_model(payload: bytes, index: int) -> bytes:
+    """The payload addressed to model `index` (unchanged for index 0)."""
+    return MODEL_MARK + MODEL_INDEX.pack(index) + payload if index else payload
+
+
+def split_model(payload: bytes) -> tuple[int, bytes]:
+    """(model index, the rest of the payload): the inverse of with_model."""
+    if payload[:1] == MODEL_MARK and len(payload) >= 3:
+        return MODEL_INDEX.unpack_from(payload, 1)[0], payload[3:]
+    return 0, payload
 
 
 def pack_batch(rows: int, padded_length: int, start_ns: int) -> int:

@@ -39,6 +39,17 @@ def is_gpu_device(device: str) -> bool:
     return device.startswith("cuda") or device == FAKE_GPU
 
 
+@dataclass(frozen=True)
+class ModelRef:
+    """One model a worker loads: its index on the wire (shm.layout.with_model), its name and
+    version as clients name it, and where its artifact lies."""
+
+    index: int
+    name: str
+    version: int
+    model_dir: str
+
+
 @dataclass
 class WorkerSpec:
     serial: int  # unique per process the server starts; names its segments
@@ -61,3 +72,5 @@ class WorkerSpec:
     window_stride: int = 32  # --window-stride
     max_windows: int = 16  # --max-windows
     bulk_max_wait_ms: float = 2000.0  # --bulk-max-wait-ms: a bulk text's wait behind others
+    # Every model this worker serves; empty: the one model at model_dir, index 0.
+    models: tuple[ModelRef, ...] = ()

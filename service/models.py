@@ -1,0 +1,100 @@
+"""The models this server holds (`ModelSet`): by name and version, each a frozen ModelInfo with
+its state. Every protocol resolves a request's model here, once, before it admits the texts;
+the lifecycle alone adds, replaces and removes entries (load, unload, reload)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ringserve.service.model_info import ModelInfo
+
+# A model's states, as the KServe repository index and `ctl models` name them.
+LOADING = "LOADING"  # verified, its workers are being rolled onto it: not routable yet
+READY = "READY"  # serving
+UNLOADING = "UNLOADING"  # refusing new requests (404), answering what was admitted
+UNAVAILABLE = "UNAVAILABLE"  # known to the repository, not loaded (or its load failed)
+
+
+class UnknownModel(LookupError):
+    """No such model or version is loaded: HTTP 404, binary status 5. str() is the message."""
+
+
+class ModelRequired(ValueError):
+    """A request named no model while several are loaded: HTTP 400, naming them."""
+
+
+@dataclass
+class Entry:
+    info: ModelInfo
+    state: str = READY
+    reason: str = ""  # why the last load failed, or why it is unavailable
+
+
+class ModelSet:
+    """Loaded models by name; each name serves one version (the highest loaded) unless a
+    request names another. Indexes are unique while an entry lives and are never reused by a
+    later model, so a late answer can never be read as another model's."""
+
+    def __init__(self, first: ModelInfo) -> None:
+        self.entries: dict[tuple[str, int], Entry] = {(first.name, first.version): Entry(first)}
+        self.next_index = first.index + 1
+
+    # -- lookups (every protocol) ---------------------------------------------------------------
+    def find(self, name: str | None = None, version: int | str | None = None) -> ModelInfo:
+        """The model a request names (None: the only one loaded). Raises UnknownModel (404) or
+        ModelRequired (400); only a READY model is found."""
+        if name is None or name == "":
+            ready = self.ready()
+            if len(ready) == 1:
+                return ready[0]
+            if not ready:
+                raise UnknownModel("no model is loaded")
+            names = ", ".join(sorted({m.name for m in ready}))
+            raise ModelRequired(f'several models are loaded ({names}): name one in "model"')
+        if version is None or version == "":
+            versions = [e for (n, _), e in self.entries.items() if n == name and e.state == READY]
+            if not versions:
+                raise UnknownModel(f"unknown model: {name}")
+            return max(versions, key=lambda e: e.info.version).info
+        try:
+            v = int(version)
+        except (TypeError, ValueError):
+            raise UnknownModel(f"unknown version {version!r} of model {name}") from None
+        entry = self.entries.get((name, v))
+        if entry is None or entry.state != READY:
+            raise UnknownModel(f"unknown model or version: {name} version {v}")
+        return entry.info
+
+    def ready(self) -> list[ModelInfo]:
+        return [e.info for e in self.entries.values() if e.state == READY]
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(list(self.entries.values()))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def first(self) -> ModelInfo:
+        """The first loaded model: what /v1/model and the one-model paths read."""
+        ready = self.ready()
+        return ready[0] if ready else next(iter(self.entries.values())).info
+
+    def replace(self, info: ModelInfo) -> None:
+        """A reload's new facts for a loaded (name, version); its state stays."""
+        self.entries[(info.name, info.version)].info = info
+
+    def listing(self) -> list[dict[str, object]]:
+        """/v1/models and the repository index: one row a (name, version)."""
+        return [
+            {
+                "name": e.info.name,
+                "version": str(e.info.version),
+                "state": e.state,
+                "task": e.info.manifest.task,
+                "labels": e.info.labels,
+                "reason": e.reason,
+            }
+            for e in self.entries.values()
+        ]
