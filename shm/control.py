@@ -46,8 +46,29 @@ class ControlBlock:
     def batch_histogram(self) -> list[int]:
         return [self.words[L.CTL_BATCH_HIST + i] for i in range(len(L.BATCH_BOUNDS))]
 
+    def set_model_rss(self, index: int, rss_bytes: int) -> None:
+        """The bytes model `index` added to this worker's RSS (the worker, once, at load)."""
+        self.words[L.CTL_MODEL_RSS + _model_word(index)] = rss_bytes
+
+    def model_rss(self, index: int) -> int:
+        """The bytes model `index` added to the worker's RSS; 0 before it loaded, or if the
+        worker does not hold it."""
+        return self.words[L.CTL_MODEL_RSS + _model_word(index)]
+
     def snapshot(self) -> dict[str, int]:
         return {name: self.words[i] for name, i in L.CTL.items()}
 
     def close(self) -> None:
         self.words.release()
+
+
+def _model_word(index: int) -> int:
+    if not 0 <= index < L.MAX_MODELS:
+        raise ValueError(f"model index {index} outside 0..{L.MAX_MODELS - 1}")
+    return index
+
+
+def model_rss(ctl: ControlBlock, index: int) -> int:
+    """The front-end's reading: the bytes model `index` added to one worker's RSS (0: not
+    loaded there, or not yet)."""
+    return ctl.model_rss(index)

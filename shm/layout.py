@@ -12,8 +12,9 @@ would run past the last slot, the producer fills the rest of the ring with one P
 starts the message at slot 0. Each record starts with the record header below.
 
 Control block segment (one per worker): CONTROL_WORDS native int64 words, named by the CTL_*
-indices below; the heartbeat sits on a cache line of its own. All of it is written by the
-worker; the front-end only reads (one writer per word).
+indices below; the heartbeat sits on a cache line of its own, and words CTL_MODEL_RSS.. hold
+one word per model index (the bytes that model added to the worker's RSS). All of it is
+written by the worker; the front-end only reads (one writer per word).
 
 All integers inside payloads are little-endian (the wire contract's order); the counters are
 native int64 (x86-64: little-endian too) because they are stored through memoryview.cast("q").
@@ -207,14 +208,21 @@ CONTROL_FIELDS = (
     "graphs_expected",  # graphs a CUDA worker should have captured
     "capture_error",  # 0 none; 1 out of memory; 2 another error: the worker runs eagerly
     "rows",  # rows run through the model: a text's windows count one each
+    "unknown_model",  # requests for a model index this worker does not hold (STATUS_UNKNOWN_MODEL)
 )
 CTL = {name: i for i, name in enumerate(CONTROL_FIELDS)}
 # Batch-size histogram: counts of batches with size <= BATCH_BOUNDS[i].
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CTL_BATCH_HIST = 32
 CTL_HEARTBEAT = 48  # own cache line (words 48..55)
-CONTROL_WORDS = 64
+# Memory per model: word CTL_MODEL_RSS + i holds the bytes model index i added to the worker's
+# resident set when it loaded (its weights as the zygote measured them, when it preloaded them,
+# plus the worker's own delta: tokenizer, runner, warm-up); 0 for an index the worker does not
+# hold. Written once, before the worker reports W_READY.
+CTL_MODEL_RSS = 64
+CONTROL_WORDS = CTL_MODEL_RSS + MAX_MODELS
 CONTROL_BYTES = CONTROL_WORDS * 8
 
 assert len(CONTROL_FIELDS) <= CTL_BATCH_HIST
 assert CTL_BATCH_HIST + len(BATCH_BOUNDS) <= CTL_HEARTBEAT
+assert CTL_HEARTBEAT + 8 <= CTL_MODEL_RSS

@@ -527,11 +527,12 @@ class WorkerSink:
         return monitor
 
     def report(self, runner: CudaRunner, warm_s: float) -> None:
+        """Once per model's runner: a worker with many models counts all their graphs."""
         self.ctl.set("device_kind", 1 if runner.on_cuda else 0)
-        self.ctl.set("graphs", len(runner.graphs))
-        self.ctl.set("graphs_expected", runner.expected_graphs)
-        self.ctl.set("graph_bytes", runner.graph_bytes())
-        self.ctl.set("capture_error", runner.capture_code)
+        self.ctl.add("graphs", len(runner.graphs))
+        self.ctl.add("graphs_expected", runner.expected_graphs)
+        self.ctl.add("graph_bytes", runner.graph_bytes())
+        self.ctl.set("capture_error", max(self.ctl.get("capture_error"), runner.capture_code))
         fields: dict[str, Any] = {
             "serial": self.serial,
             "device": self.device,

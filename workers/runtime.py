@@ -172,13 +172,16 @@ class OrtRunner(CpuRunner):
 
 
 def ort_runner(
-    spec: Any, manifest: Any, activation: Callable[[np.ndarray], np.ndarray] = softmax
+    spec: Any,
+    manifest: Any,
+    activation: Callable[[np.ndarray], np.ndarray] = softmax,
+    model_dir: str | None = None,
 ) -> OrtRunner:
     """The ONNX Runtime runner of a worker: fp32 (plain or fused graph) or int8, from the
-    artifact's ONNX files."""
+    ONNX files of the artifact at `model_dir` (default: the spec's)."""
     from ringserve.workers.onnx_model import open_session
 
-    path = Path(spec.model_dir) / manifest.onnx_for(spec.precision, spec.graph)
+    path = Path(model_dir or spec.model_dir) / manifest.onnx_for(spec.precision, spec.graph)
     session = open_session(path, spec.threads)
     return OrtRunner(
         session,

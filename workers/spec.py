@@ -74,3 +74,7 @@ class WorkerSpec:
     bulk_max_wait_ms: float = 2000.0  # --bulk-max-wait-ms: a bulk text's wait behind others
     # Every model this worker serves; empty: the one model at model_dir, index 0.
     models: tuple[ModelRef, ...] = ()
+
+    def refs(self) -> tuple[ModelRef, ...]:
+        """The models to load: `models`, or the one at `model_dir` as index 0."""
+        return self.models or (ModelRef(0, "", 0, self.model_dir),)

@@ -1,4 +1,8 @@
-"""The worker process: attach rings, load the model, then tokenize, batch and answer.
+"""The worker process: attach rings, load its models, then tokenize, batch and answer.
+
+A worker serves every model of its spec (workers/served.py): each request names its model by
+index (shm.layout.split_model), each model batches its own texts, and Turns decides fairly
+whose batch runs next.
 
 Started with spawn, or forked from the zygote (workers/zygote.py), which hands over the imports
 (torch and the CPU weights too, for TorchScript workers) already loaded. Everything that
@@ -20,18 +24,11 @@ from typing import Any
 import numpy as np
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel
-from ringserve.workers.artifact import load_manifest, load_model, load_tokenizer
-from ringserve.workers.batcher import (
-    REPORT_GRID,
-    Batcher,
-    Item,
-    bucket_index,
-    length_grid,
-    pad_grid,
-)
-from ringserve.workers.longtext import LongText, Plan, Whole, combine, split_options
-from ringserve.workers.onnx_model import choose_runtime
-from ringserve.workers.runtime import ACTIVATIONS, Runner, joined, ort_runner
+from ringserve.workers.batcher import Item, bucket_index
+from ringserve.workers.longtext import Plan, Whole, combine, split_options
+from ringserve.workers.served import Loader, Preloaded, Served, Turns
+from ringserve.workers.served import check_answer_room as check_answer_room
+from ringserve.workers.served import set_graph_optimize as set_graph_optimize
 from ringserve.workers.spec import (
     EXIT_BOOT_ERROR,
     EXIT_DEVICE_ERROR,
@@ -40,7 +37,6 @@ from ringserve.workers.spec import (
     STOP_SIGNAL,
     WorkerSpec,
     ignore_group_signals,
-    is_gpu_device,
 )
 from ringserve.workers.testhooks import HOOKS
 
@@ -48,6 +44,7 @@ IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and ex
 READ_LIMIT = 1024  # messages taken from the ring per pass
 _PR_SET_PDEATHSIG = 1
 Answer = tuple[int, bytes, int]  # (msg id, response payload, aux) as the ring takes it
+Kept = tuple[int, int, int]  # msg id, deadline, options: a request admitted to a model
 
 
 def _die_with_parent() -> None:
@@ -56,19 +53,6 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # the loop's getppid check still catches a dead parent
-
-
-def set_graph_optimize(cpu: bool) -> None:
-    """On the CPU, run TorchScript without the profiling executor's graph optimisation.
-
-    Measured here on MiniLM, one thread: with it, a just-loaded model's first calls took 0.17,
-    0.07 and 0.013 s on 16 tokens (the profiling runs); without it, 0.027, 0.021, 0.020, and
-    steady batches (32 x 24 tokens, 256 x 1) ran at the same speed (0.66-0.73 s, 0.24-0.34 s)
-    with bit-identical logits, since nothing on the CPU is fused. So a worker is warm almost at
-    once, which is most of a forked worker's boot. CUDA keeps the optimising executor."""
-    import torch
-
-    torch._C._set_graph_executor_optimize(not cpu)
 
 
 class Worker:
@@ -84,75 +68,32 @@ class Worker:
         self.ctl.beat()
         self.grow: list[bytes] = []  # test-only memory growth hook
         self.gpu: Any = None  # workers.nvml.GpuMonitor on CUDA: NVML sampled from the loop
-        self.cpu_model_ok = False
+        self.loader = Loader(spec, self.ctl, self.responses.max_payload())
+        self.models: dict[int, Served] = {}  # model index (the wire's) -> its state
+        self.turns = Turns({})
 
-    def boot(self, model: Any = None, verified: bool = False) -> None:
-        """Load (or take the zygote's already loaded CPU model), then warm this worker's shapes."""
+    @property
+    def cpu_model_ok(self) -> bool:
+        """The model being loaded is fine: a boot failure now is the device's."""
+        return self.loader.model_ok
+
+    def boot(self, preloaded: dict[str, Preloaded] | None = None) -> None:
+        """Load every model of the spec (taking what the zygote preloaded, keyed by model
+        directory), warm each one's shapes, then say ready."""
         t0 = time.monotonic()
-        spec = self.spec
-        on_gpu = is_gpu_device(spec.device)
-        # The zygote verified the fingerprint before it loaded the weights it hands over.
-        manifest = load_manifest(spec.model_dir, verify=not verified)
-        max_len = manifest.max_length
-        grid = pad_grid(spec.buckets, on_gpu, max_len)
-        self.report_grid = length_grid(grid or REPORT_GRID, max_len)
-        self.tokenizer = load_tokenizer(spec.model_dir, max_len)
-        self.longtext = LongText(
-            self.tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows,
-            manifest.token_types,
-        )  # fmt: skip
-        self.activation = manifest.activation
-        self.ctl.beat()
-        runtime, _ = choose_runtime(spec.runtime, spec.precision, on_gpu, manifest)
-        activation = ACTIVATIONS[manifest.activation]
-        self.n_labels = len(manifest.labels)
-        self.dimension = manifest.dimension
-        if manifest.embeds:  # one output holds both answers: logits, then the embedding
-            activation = joined(activation, self.n_labels)
-            check_answer_room(self.responses.max_payload(), self.dimension)
-        self.token_types = manifest.token_types
-        started = None  # on a GPU: reports the graphs and returns the NVML monitor
-        if runtime == "onnx":  # the session is made here, after any fork: ORT keeps threads
-            self.runner: Runner = ort_runner(spec, manifest, activation)
-            self.cpu_model_ok = True
-        else:
-            self.runner, started = self._torch_runner(
-                model, manifest, grid or (max_len,), activation
-            )
-        self.ctl.beat()
-        warm_s = self.runner.warm()
-        if started is not None:  # GPU worker: report its graphs; the loop samples NVML from now on
-            self.gpu = started(warm_s)
-        # Rows and padded tokens per batch, resolved for the device by the front-end; on a GPU
-        # the runner captured one graph shape per (grid length, row count) they allow.
-        delay_ns = int(spec.max_delay_ms * 1e6)
-        overhead = self.runner.overhead_tokens
-        self.batcher = Batcher(spec.max_batch, spec.max_batch_tokens, delay_ns, grid, overhead)
-        self.batcher.bulk_wait_ns = int(spec.bulk_max_wait_ms * 1e6)
+        for ref in self.spec.refs():
+            served = self.loader.load(ref, (preloaded or {}).get(ref.model_dir))
+            self.models[ref.index] = served
+            self.ctl.set_model_rss(ref.index, served.rss_bytes)
+            self.ctl.beat()
+        self.turns = Turns({i: m.batcher for i, m in self.models.items()})
+        for started, warm_s in self.loader.started:  # GPU: report the graphs; sample NVML
+            monitor = started(warm_s)
+            self.gpu = self.gpu if self.gpu is not None else monitor
         self.ctl.set("boot_ms", int((time.monotonic() - t0) * 1000))
         self.ctl.set("state", L.W_READY)
         self.ctl.beat()
-        spec.eventfd.ring()  # tells the supervisor at once, without waiting for its tick
-
-    def _torch_runner(
-        self, model: Any, manifest: Any, grid: tuple[int, ...], activation: Any
-    ) -> tuple[Runner, Any]:
-        """The TorchScript runner (CPU, or CUDA graphs on a GPU) and, on a GPU, the callback
-        that reports its graphs; `model`: the zygote's, or None to load it here."""
-        import torch
-        from ringserve.workers.cuda import make_runner
-
-        spec = self.spec
-        torch.set_num_threads(spec.threads)
-        set_graph_optimize(not is_gpu_device(spec.device))  # before the model's first call
-        if model is None:
-            model = load_model(spec.model_dir, "cpu")
-        if manifest.embeds:
-            from ringserve.workers.joined import Joined
-
-            model = Joined(model)
-        self.cpu_model_ok = True  # a failure from here on is the device's, not the model's
-        return make_runner(spec, grid, model, self.ctl, activation)
+        self.spec.eventfd.ring()  # tells the supervisor at once, without waiting for its tick
 
     # -- serving loop -------------------------------------------------------------------------
     def serve(self) -> int:
@@ -168,50 +109,54 @@ class Worker:
             for _ in range(took):  # each request was posted once: keep the count honest
                 if not doorbell.acquire(False):
                     break
-            wait_ns = self.batcher.wait_ns(time.monotonic_ns())
-            if wait_ns == 0:
-                self.run_next()
+            index, wait_ns = self.turns.next(time.monotonic_ns())
+            if index is not None:
+                self.run_next(self.models[index])
             elif not took:
                 timeout = IDLE_WAIT_S if wait_ns < 0 else min(IDLE_WAIT_S, wait_ns / 1e9)
                 doorbell.acquire(True, timeout)
         return EXIT_OK
 
     def take_requests(self) -> int:
+        """Read what the ring holds and hand each text to its model's batcher."""
         msgs = self.requests.read(READ_LIMIT)
         if not msgs:
             return 0
         now = time.monotonic_ns()
-        texts: list[str | tuple[str, str]] = []
-        options: list[int] = []
-        keep: list[tuple[int, int, int]] = []  # msg id, deadline, options
+        texts: dict[int, list[str | tuple[str, str]]] = {}
+        keep: dict[int, list[Kept]] = {}
         bad: list[Answer] = []
+        unknown = 0
         for msg_id, deadline, payload in msgs:
+            index, payload = L.split_model(payload)
+            served = self.models.get(index)
+            if served is None:  # never loaded here, or unloaded: the front-end answers 404
+                bad.append(self.pack(msg_id, L.STATUS_UNKNOWN_MODEL))
+                unknown += 1
+                continue
             opts, payload = split_options(payload)
             text = decode_payload(payload)
-            embed = bool(opts & L.OPT_EMBED)
-            # The front-end checks first: a vector from a model without one, scores from a
-            # model without labels.
-            if text is None or (embed and not self.dimension) or not (embed or self.n_labels):
+            if text is None or served.refuses(bool(opts & L.OPT_EMBED)):
                 bad.append(self.pack(msg_id, L.STATUS_BAD_REQUEST))
                 continue
-            texts.append(text)
-            options.append(opts)
-            keep.append((msg_id, deadline, opts))
-        if texts:
-            # A pair goes through the tokenizer's own post-processor (special tokens, type ids);
-            # a text over max_length is cut, refused or windowed (workers/longtext.py).
-            plans = self.longtext.plan(texts, options)
-            refused = self.admit(keep, plans, now)
-            bad.extend(refused)
+            texts.setdefault(index, []).append(text)
+            keep.setdefault(index, []).append((msg_id, deadline, opts))
+        for index, some in texts.items():
+            served = self.models[index]
+            # A pair goes through the tokenizer's own post-processor (special tokens, type
+            # ids); a text over max_length is cut, refused or windowed (workers/longtext.py).
+            plans = served.longtext.plan(some, [opts for _, _, opts in keep[index]])
+            bad.extend(self.admit(served, keep[index], plans, now))
         if bad:
-            self.ctl.add("bad_requests", len(bad))
+            self.ctl.add("bad_requests", len(bad) - unknown)
+            self.ctl.add("unknown_model", unknown)
             self.send(bad)
         return len(msgs)
 
-    def admit(self, keep: list[tuple[int, int, int]], plans: list[Plan], now: int) -> list[Answer]:
-        """Each plan's rows into the batcher; returns the refusals of texts that are too long."""
+    def admit(self, served: Served, keep: list[Kept], plans: list[Plan], now: int) -> list[Answer]:
+        """Each plan's rows into the model's batcher; returns the refusals of texts too long."""
         refused: list[Answer] = []
-        add = self.batcher.add
+        add = served.batcher.add
         for (msg_id, deadline, opts), plan in zip(keep, plans, strict=True):
             embed, bulk = bool(opts & L.OPT_EMBED), bool(opts & L.OPT_BULK)
             if plan.refusal is not None:
@@ -233,34 +178,42 @@ class Worker:
                              bulk=bulk))  # fmt: skip
         return refused
 
-    def run_next(self) -> None:
-        late = self.batcher.expire(time.monotonic_ns())
+    def expire(self, now_ns: int) -> None:
+        """Answer every text, of any model, whose deadline passed before it ran."""
+        late: list[Item] = []
+        for served in self.models.values():
+            late.extend(served.batcher.expire(now_ns))
         if late:  # expired before it started: skip the work
             late = [it for it in late if it.whole is None or _settle(it.whole)]
             self.ctl.add("expired", len(late))
             self.send([self.pack(it.msg_id, L.STATUS_DEADLINE) for it in late])
-        batch, length = self.batcher.take()
+
+    def run_next(self, served: Served) -> None:
+        """Run the model's next batch and answer it."""
+        self.expire(time.monotonic_ns())
+        batch, length = served.batcher.take()
         if not batch:
             return
         self.maybe_grow()
-        tokens = self.runner.fill(length, batch)
+        runner = served.runner
+        tokens = runner.fill(length, batch)
         t0 = time.monotonic_ns()
-        probs = self.runner.forward(length, len(batch))
+        probs = runner.forward(length, len(batch))
         t1 = time.monotonic_ns()
         model_us = (t1 - t0) // 1000
-        grid = self.report_grid
+        grid = served.report_grid
         aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces
         out = []
         for row, it in enumerate(batch):
             if it.whole is not None:
-                answer = self.window_done(it, probs[row], t0, model_us, aux)
+                answer = self.window_done(served, it, probs[row], t0, model_us, aux)
                 if answer is not None:
                     out.append(answer)
                 continue
             queued_us = (t0 - it.arrived_ns) // 1000
             cls = bucket_index(grid, len(it.ids))  # latency is reported by the text's own length
             out.append(
-                self.pack(it.msg_id, L.STATUS_OK, cls, self.part(probs[row], it.embed),
+                self.pack(it.msg_id, L.STATUS_OK, cls, served.part(probs[row], it.embed),
                           queued_us, model_us, it.flags, it.tokens, embed=it.embed, aux=aux)
             )  # fmt: skip
         ctl = self.ctl  # counted before the answers go: whoever sees one sees its batch counted
@@ -274,7 +227,7 @@ class Worker:
         self.send(out)
 
     def window_done(
-        self, it: Item, probs: Any, t0: int, model_us: int, aux: int = 0
+        self, served: Served, it: Item, probs: Any, t0: int, model_us: int, aux: int = 0
     ) -> Answer | None:
         """Record one window's scores (a copy: the runner reuses its output buffer); the answer
         once the text's last window is in."""
@@ -287,19 +240,15 @@ class Worker:
         if whole.left:
             return None
         whole.done = True
-        parts = [self.part(row, whole.embed) for row in whole.scores]
+        parts = [served.part(row, whole.embed) for row in whole.scores]
         # Embeddings: the mean of the window vectors (the contract's --long-text window).
-        combined = combine(parts, "softmax" if whole.embed else self.activation)
-        cls = bucket_index(self.report_grid, self.longtext.max_length)
+        combined = combine(parts, "softmax" if whole.embed else served.activation)
+        cls = bucket_index(served.report_grid, served.longtext.max_length)
         queued_us = (t0 - whole.arrived_ns) // 1000 - whole.model_us + model_us
         return self.pack(
             whole.msg_id, L.STATUS_OK, cls, combined, max(0, queued_us), whole.model_us,
             L.RSP_WINDOWED, whole.tokens, len(whole.scores), embed=whole.embed, aux=aux,
         )  # fmt: skip
-
-    def part(self, row: Any, embed: bool) -> Any:
-        """A runner row's embedding (after the C scores) or its scores."""
-        return row[self.n_labels :] if embed else row[: self.n_labels]
 
     def pack(
         self,
@@ -349,16 +298,6 @@ class Worker:
             time.sleep(HOOKS.batch_delay_ms / 1000)
 
 
-def check_answer_room(max_payload: int, dimension: int) -> None:
-    """An embed model's answer (D floats) must fit the response ring, with room to wrap."""
-    need = L.RESPONSE_SIZE + 4 * dimension
-    if 2 * need > max_payload:
-        raise RuntimeError(
-            f"the model's {dimension}-float embeddings need {need} bytes an answer; the response "
-            f"ring holds {max_payload} (raise --ring-slots)"
-        )
-
-
 def _settle(whole: Whole) -> bool:
     """A windowed text's deadline passed: True for the first of its windows to see it (which
     answers), False for the rest."""
@@ -383,8 +322,9 @@ def decode_payload(payload: bytes) -> str | tuple[str, str] | None:
     return texts[0] if len(texts) == 1 else (texts[0], texts[1])
 
 
-def main(spec: WorkerSpec, model: Any = None, verified: bool = False) -> None:
-    """The worker's life; `model` is the zygote's preloaded CPU model when forked from it."""
+def main(spec: WorkerSpec, preloaded: dict[str, Preloaded] | None = None) -> None:
+    """The worker's life; `preloaded`: what the zygote loaded, by model directory, when forked
+    from it."""
     _die_with_parent()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA indices = the front-end's NVML ones
@@ -398,10 +338,12 @@ def main(spec: WorkerSpec, model: Any = None, verified: bool = False) -> None:
     ignore_group_signals()  # the front-end decides (workers.spec)
     signal.signal(STOP_SIGNAL, on_stop)
     try:
-        worker.boot(model, verified)
+        worker.boot(preloaded)
     except Exception as exc:  # noqa: BLE001 - any boot failure is reported the same way
         device_fault = worker.cpu_model_ok and spec.device != "cpu"
         what = f"cannot start on {spec.device}" if device_fault else "cannot load the model"
+        if worker.loader.current is not None:
+            what += f" at {worker.loader.current.model_dir}"
         print(f"ringserve worker {spec.serial}: {what}: {exc}", file=sys.stderr)
         traceback.print_exc()
         worker.ctl.set("state", L.W_EXITING)

@@ -1,4 +1,8 @@
-"""The zygote: a spawned process that holds torch and the model's CPU weights and forks workers.
+"""The zygote: a spawned process that holds torch and its models' CPU weights and forks workers.
+
+It preloads every model of its list (TorchScript ones; an ONNX Runtime model is only verified,
+its session is made in the worker after the fork) and hands each forked worker the lot, keyed
+by model directory (workers.served.Preloaded), with the RSS each load added to the zygote.
 
 Why forking from it is as safe as spawn, for CUDA and for OpenMP:
 - The zygote is started with spawn (a fresh interpreter). It imports torch and loads the
@@ -38,12 +42,12 @@ import struct
 import sys
 import time
 import traceback
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 from ringserve.shm.doorbell import EventFd, Semaphore
 from ringserve.workers.artifact import load_manifest, load_model
-from ringserve.workers.spec import EXIT_PARENT_GONE, WorkerSpec, ignore_group_signals
+from ringserve.workers.served import Preloaded, rss_bytes
+from ringserve.workers.spec import EXIT_PARENT_GONE, ModelRef, WorkerSpec, ignore_group_signals
 
 SPAWN = multiprocessing.get_context("spawn")
 _PR_SET_PDEATHSIG = 1
@@ -87,7 +91,10 @@ def check_forkable() -> str | None:
 
 # -- the zygote process ---------------------------------------------------------------------------
 def zygote_main(
-    sock: socket.socket, model_dir: str, parent_pid: int, torch_model: bool = True
+    sock: socket.socket,
+    model_dirs: tuple[str, ...],
+    parent_pid: int,
+    torch_models: tuple[bool, ...] = (True,),
 ) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     ignore_group_signals()  # the front-end decides; it stops us by closing the socket
@@ -95,7 +102,7 @@ def zygote_main(
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if os.getppid() != parent_pid:
         os._exit(EXIT_PARENT_GONE)
-    model = preload(model_dir, torch_model)
+    models = preload(model_dirs, torch_models)
     problem = check_forkable()
     if problem:
         print(f"ringserve zygote: will not fork: {problem}", file=sys.stderr)
@@ -108,38 +115,45 @@ def zygote_main(
             os._exit(0)
         if not data:  # the front-end closed its end: it is stopping or gone
             os._exit(0)
-        fork_worker(sock, data, fds, model)
+        fork_worker(sock, data, fds, models)
 
 
-def preload(model_dir: str, torch_model: bool) -> Any:
-    """Import everything a worker needs and load the CPU weights; run nothing.
+def preload(model_dirs: tuple[str, ...], torch_models: tuple[bool, ...]) -> dict[str, Preloaded]:
+    """Import everything a worker needs and load each model's CPU weights; run nothing.
 
-    Workers on ONNX Runtime (`torch_model` False) get no TorchScript copy, and no torch at all,
-    which they would not use (measured: the tree's PSS fell by about 100 MiB): their session is
-    created in the child and maps the artifact's weights (importing onnxruntime starts a
-    thread, so not even the import happens here)."""
-    if torch_model:
+    Models served on ONNX Runtime (their `torch_models` entry False) get no TorchScript copy,
+    and with none of those no torch at all, which the workers would not use (measured: the
+    tree's PSS fell by about 100 MiB): their session is created in the child and maps the
+    artifact's weights (importing onnxruntime starts a thread, so not even the import happens
+    here). Each model's entry carries the RSS its load added here, measured after the imports."""
+    if any(torch_models):
         import ringserve.workers.cuda
         import torch  # noqa: F401 - the point is to have it imported before the fork
     import ringserve.workers.worker  # noqa: F401
 
-    load_manifest(model_dir)  # the fingerprint, checked once here rather than in every child
-    model = load_model(model_dir, "cpu") if torch_model else None
+    models: dict[str, Preloaded] = {}
+    for model_dir, torch_model in zip(model_dirs, torch_models, strict=True):
+        before = rss_bytes()
+        load_manifest(model_dir)  # the fingerprint, checked once here rather than in every child
+        model = load_model(model_dir, "cpu") if torch_model else None
+        models[model_dir] = Preloaded(model, max(0, rss_bytes() - before))
     # Everything loaded so far lives as long as the zygote: move it out of the collector's
     # reach, so a child's collections never write to (and so copy) the shared pages. Measured
     # here: a child's first full collection took 0.15-0.39 s without this, ~0 with it.
     gc.collect()
     gc.freeze()
-    return model
+    return models
 
 
-def fork_worker(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> None:
+def fork_worker(
+    sock: socket.socket, data: bytes, fds: list[int], models: dict[str, Preloaded]
+) -> None:
     middle = os.fork()
     if middle == 0:
         try:
             pid = os.fork()
             if pid == 0:
-                _run_child(sock, data, fds, model)  # never returns
+                _run_child(sock, data, fds, models)  # never returns
             sock.send(_PID.pack(pid))
         finally:
             os._exit(0)
@@ -148,7 +162,9 @@ def fork_worker(sock: socket.socket, data: bytes, fds: list[int], model: Any) ->
     os.waitpid(middle, 0)
 
 
-def _run_child(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> None:
+def _run_child(
+    sock: socket.socket, data: bytes, fds: list[int], models: dict[str, Preloaded]
+) -> None:
     """The worker: wait to be the front-end's child, then boot and serve as a spawned one."""
     code = 1
     try:
@@ -162,7 +178,7 @@ def _run_child(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> 
             time.sleep(0.0005)
         from ringserve.workers.worker import main
 
-        main(spec, model, verified=True)
+        main(spec, models)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - report and leave with a code, never unwind the zygote
@@ -175,17 +191,37 @@ def _run_child(sock: socket.socket, data: bytes, fds: list[int], model: Any) -> 
 
 
 # -- the front-end's side -------------------------------------------------------------------------
-class Zygote:
-    """The front-end's handle on one zygote process (for one model generation)."""
+def model_dirs_of(models: str | Sequence[str | ModelRef]) -> tuple[str, ...]:
+    """Model directories from one directory, or a sequence of directories or ModelRefs."""
+    if isinstance(models, str):
+        return (models,)
+    return tuple(m.model_dir if isinstance(m, ModelRef) else m for m in models)
 
-    def __init__(self, model_dir: str, generation: int, torch_model: bool = True) -> None:
+
+class Zygote:
+    """The front-end's handle on one zygote process (for one model generation). `models`: the
+    model directory, or every model (ModelRefs or directories) its workers serve;
+    `torch_model`: whether each runs TorchScript (one bool for all, or one per model)."""
+
+    def __init__(
+        self,
+        models: str | Sequence[str | ModelRef],
+        generation: int,
+        torch_model: bool | Sequence[bool] = True,
+    ) -> None:
         become_subreaper()
-        self.model_dir = model_dir
+        self.model_dirs = model_dirs_of(models)
+        self.model_dir = self.model_dirs[0] if self.model_dirs else ""
+        flags = (
+            (torch_model,) * len(self.model_dirs)
+            if isinstance(torch_model, bool)
+            else tuple(torch_model)
+        )
         self.generation = generation
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.process = SPAWN.Process(
             target=zygote_main,
-            args=(child, model_dir, os.getpid(), torch_model),
+            args=(child, self.model_dirs, os.getpid(), flags),
             name="ringserve-zygote",
             daemon=False,
         )

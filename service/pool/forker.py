@@ -39,6 +39,7 @@ class Forker:
     ) -> None:
         self.settings = settings
         self.model_dir = model_dir
+        self.model_dirs: tuple[str, ...] = (model_dir,)  # every model the zygote preloads
         self.on_gpu = on_gpu
         self.clock = clock
         self.emit = emit  # Supervisor._event
@@ -48,8 +49,8 @@ class Forker:
         self.failures = 0  # zygotes in a row that died before they were ready
 
     def start(self, generation: int) -> None:
-        torch = workers_run_torch(self.settings, self.model_dir, self.on_gpu)
-        self.zygote = Zygote(self.model_dir, generation, torch)
+        torch = [workers_run_torch(self.settings, d, self.on_gpu) for d in self.model_dirs]
+        self.zygote = Zygote(self.model_dirs, generation, torch)
         self.zygote.started_at = self.clock()
         self.retry_at = self.clock() + ZYGOTE_RETRY_S
         self.emit("zygote_started", pid=self.zygote.process.pid, generation=generation)

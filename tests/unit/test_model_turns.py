@@ -1,0 +1,169 @@
+"""A worker's many models, without a model: the fair turn-taking among their batchers (on a
+fake clock), the payload's model mark, and the control block's word per model."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from ringserve.shm import layout as L
+from ringserve.shm.control import ControlBlock, model_rss
+from ringserve.shm.segment import Segment, segment_name
+from ringserve.workers.batcher import Batcher, Item
+from ringserve.workers.longtext import split_options
+from ringserve.workers.served import Turns
+
+MS = 1_000_000
+DELAY_NS = 5 * MS
+BATCH_COST_NS = 20 * MS  # what one batch takes on the fake clock
+
+
+def batcher() -> Batcher:
+    return Batcher(32, 512, DELAY_NS)
+
+
+def flood(b: Batcher, n: int, first_id: int, arrived_ns: int = 0) -> None:
+    for i in range(n):
+        b.add(Item(first_id + i, 0, arrived_ns, [7] * (8 + i % 24)))
+
+
+def run(turns: Turns, now: int, until: int) -> list[tuple[int, int, list[int]]]:
+    """Drive the worker's loop on a fake clock: (model, start ns, msg ids) per batch run."""
+    ran = []
+    while now < until:
+        index, wait = turns.next(now)
+        if index is None:
+            if wait < 0:
+                break
+            now += wait
+            continue
+        batch, _ = turns.batchers[index].take()
+        ran.append((index, now, [it.msg_id for it in batch]))
+        now += BATCH_COST_NS
+    return ran
+
+
+@pytest.mark.parametrize("b_arrives_ms", [0, 1, 7, 33, 150])
+def test_a_flood_on_one_model_delays_another_s_due_batch_by_at_most_one_batch(
+    b_arrives_ms: int,
+) -> None:
+    a, b = batcher(), batcher()
+    flood(a, 3000, 0)
+    turns = Turns({0: a, 5: b})
+    arrival = b_arrives_ms * MS
+    ran = run(turns, 0, arrival)  # A alone until B's text comes
+    assert {index for index, _, _ in ran} <= {0}
+    now = ran[-1][1] + BATCH_COST_NS if ran else 0
+    b.add(Item(99_999, 0, arrival, [7] * 12))
+    ran = run(turns, max(now, arrival), 10**12)
+    at = next(i for i, (index, _, _) in enumerate(ran) if index == 5)
+    due = arrival + DELAY_NS
+    # Batches of A that started once B's batch was due, before it ran: at most one.
+    late = [r for r in ran[:at] if r[1] >= due]
+    assert len(late) <= 1, late
+    assert ran[at][2] == [99_999]
+    # ... and A is not starved in turn: everything of A still runs, once each.
+    a_ids = [m for index, _, ids in ran if index == 0 for m in ids]
+    assert len(a_ids) == len(set(a_ids)) and not a.size
+
+
+def test_three_models_take_turns_and_a_lone_text_waits_one_batch_of_each_other() -> None:
+    a, b, c = batcher(), batcher(), batcher()
+    flood(a, 500, 0)
+    flood(c, 500, 10_000)
+    b.add(Item(99_999, 0, 3 * MS, [7] * 12))
+    ran = run(Turns({1: a, 2: b, 3: c}), 0, 10**12)
+    order = [index for index, _, _ in ran]
+    at = order.index(2)
+    due_from = next(i for i, (_, start, _) in enumerate(ran) if start >= 3 * MS + DELAY_NS)
+    assert at - due_from <= 2  # one batch each of A and C at most
+    busy = [i for i in order if i != 2]
+    # While both floods wait, they alternate: neither runs twice while the other waits.
+    both = min(len(busy) - busy[::-1].index(k) for k in (1, 3))
+    assert both > 20
+    assert all(x != y for x, y in itertools.pairwise(busy[:both]))
+
+
+def test_turns_wait_for_the_earliest_due_batch_and_idle_when_nothing_waits() -> None:
+    a, b = batcher(), batcher()
+    turns = Turns({0: a, 1: b})
+    assert turns.next(0) == (None, -1)
+    a.add(Item(1, 0, 2 * MS, [7] * 10))
+    b.add(Item(2, 0, 1 * MS, [7] * 10))
+    assert turns.next(2 * MS) == (None, 4 * MS)  # B's, due at 6 ms, is the earliest
+    assert turns.next(6 * MS) == (1, 0)
+    assert b.take()[0][0].msg_id == 2
+    assert turns.next(6 * MS) == (None, 1 * MS)
+    assert turns.next(7 * MS) == (0, 0)
+
+
+def test_one_model_turns_are_its_batcher_s_own_choices() -> None:
+    alone, paired = batcher(), batcher()
+    flood(alone, 100, 0)
+    flood(paired, 100, 0)
+    ran = run(Turns({0: paired}), 0, 10**12)
+    expected = []
+    while alone.size:
+        expected.append([it.msg_id for it in alone.take()[0]])
+    assert [ids for _, _, ids in ran] == expected
+
+
+# -- the payload's model mark ---------------------------------------------------------------------
+@given(
+    index=st.integers(0, 0xFFFF),
+    text=st.text(min_size=1),
+    opts=st.sampled_from([None, L.OPT_CUT, L.OPT_REFUSE | L.OPT_LEFT, L.OPT_EMBED]),
+    bulk=st.booleans(),
+    pair=st.booleans(),
+)
+def test_with_model_and_split_model_round_trip_around_the_options(
+    index: int, text: str, opts: int | None, bulk: bool, pair: bool
+) -> None:
+    body = text.encode()
+    if pair:
+        body = body + L.PAIR_SEPARATOR + body
+    inner = body if opts is None else L.OPTIONS_MARK + bytes([opts]) + body
+    if bulk:
+        inner = L.with_bulk(inner)
+    payload = L.with_model(inner, index)
+    got, rest = L.split_model(payload)
+    assert (got, rest) == (index, inner)
+    want_opts = (opts or 0) | (L.OPT_BULK if bulk else 0)
+    assert split_options(rest) == (want_opts, body)
+
+
+def test_index_zero_carries_nothing_and_plain_text_is_model_zero() -> None:
+    assert L.with_model(b"hello", 0) == b"hello"
+    assert L.split_model(b"hello") == (0, b"hello")
+    assert L.with_model(b"hi", 3) == b"\xfd\x03\x00hi"
+    assert L.split_model(b"\xfd\x03") == (0, b"\xfd\x03")  # too short to hold an index
+
+
+# -- the control block's word per model -----------------------------------------------------------
+def test_model_rss_has_one_word_per_index_apart_from_every_counter() -> None:
+    seg = Segment.create(segment_name(os.getpid(), 980_001, "ctl"), L.CONTROL_BYTES)
+    try:
+        ctl = ControlBlock(seg, create=True)
+        ctl.beat()
+        ctl.count_batch(3)
+        before = ctl.snapshot(), ctl.batch_histogram(), ctl.get("magic")
+        stamp = ctl.words[L.CTL_HEARTBEAT]
+        for i in range(L.MAX_MODELS):
+            ctl.set_model_rss(i, (i + 1) * 4096)
+        assert (ctl.snapshot(), ctl.batch_histogram(), ctl.get("magic")) == before
+        assert ctl.words[L.CTL_HEARTBEAT] == stamp
+        assert [model_rss(ctl, i) for i in range(L.MAX_MODELS)] == [
+            (i + 1) * 4096 for i in range(L.MAX_MODELS)
+        ]
+        for bad in (-1, L.MAX_MODELS):
+            with pytest.raises(ValueError, match="model index"):
+                ctl.set_model_rss(bad, 1)
+            with pytest.raises(ValueError, match="model index"):
+                model_rss(ctl, bad)
+        ctl.close()
+    finally:
+        seg.close()
+        seg.unlink()

@@ -1,0 +1,241 @@
+"""The models one worker serves: each model's own state (Served, built by Loader), and the fair
+turn-taking among them (Turns) that decides whose batch runs next.
+
+Every model keeps its own tokenizer, long-text planner, runner and Batcher, so a batch always
+holds one model's texts, formed by length under that model's token budget as before. The
+models share the worker's loop, its rings and its control block.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ringserve.shm import layout as L
+from ringserve.shm.control import ControlBlock
+from ringserve.workers.artifact import load_manifest, load_model, load_tokenizer
+from ringserve.workers.batcher import REPORT_GRID, Batcher, length_grid, pad_grid
+from ringserve.workers.longtext import LongText
+from ringserve.workers.onnx_model import choose_runtime
+from ringserve.workers.runtime import ACTIVATIONS, Runner, joined, ort_runner
+from ringserve.workers.spec import ModelRef, WorkerSpec, is_gpu_device
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    """This process's resident set, from /proc/self/statm (0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def weights_bytes(model_dir: str, name: str) -> int:
+    """The size of a model file and of its external weights (`NAME.data`), if any."""
+    total = 0
+    for path in (os.path.join(model_dir, name), os.path.join(model_dir, name + ".data")):
+        try:
+            total += os.path.getsize(path)
+        except OSError:
+            continue
+    return total
+
+
+@dataclass
+class Preloaded:
+    """What the zygote loaded of one model before forking: its CPU TorchScript model (None for
+    ONNX Runtime workers, whose session is made after the fork) and the bytes that load added
+    to the zygote's RSS, which a forked worker shares rather than measures. Its presence means
+    the zygote verified the artifact's fingerprint."""
+
+    model: Any
+    rss_bytes: int
+
+
+@dataclass
+class Served:
+    """One model in a worker: everything its texts need from request to answer."""
+
+    ref: ModelRef
+    longtext: LongText
+    runner: Runner
+    batcher: Batcher
+    n_labels: int
+    dimension: int  # embedding size; 0 for a model without embeddings
+    activation: str  # the manifest's: how window scores combine
+    report_grid: tuple[int, ...]  # the length classes latency is reported by
+    rss_bytes: int = 0  # what loading it added to the worker's resident set
+
+    def refuses(self, embed: bool) -> bool:
+        """A vector from a model without one, or scores from a model without labels (the
+        front-end checks first; this is the last guard)."""
+        return (embed and not self.dimension) or not (embed or self.n_labels)
+
+    def part(self, row: Any, embed: bool) -> Any:
+        """A runner row's embedding (after the C scores) or its scores."""
+        return row[self.n_labels :] if embed else row[: self.n_labels]
+
+
+def check_answer_room(max_payload: int, dimension: int) -> None:
+    """An embed model's answer (D floats) must fit the response ring, with room to wrap."""
+    need = L.RESPONSE_SIZE + 4 * dimension
+    if 2 * need > max_payload:
+        raise RuntimeError(
+            f"the model's {dimension}-float embeddings need {need} bytes an answer; the response "
+            f"ring holds {max_payload} (raise --ring-slots)"
+        )
+
+
+class Loader:
+    """Builds a worker's Served models one at a time. `model_ok` tells a device's failure from
+    a bad model: it is set once the current model's CPU weights are loaded; `started` holds,
+    on a GPU, each runner's callback that reports its graphs and returns the NVML monitor."""
+
+    def __init__(self, spec: WorkerSpec, ctl: ControlBlock, max_payload: int) -> None:
+        self.spec = spec
+        self.ctl = ctl
+        self.max_payload = max_payload  # the response ring's largest answer
+        self.model_ok = False
+        self.current: ModelRef | None = None  # the model being loaded (or the last one)
+        self.started: list[tuple[Any, float]] = []  # (callback, warm seconds)
+
+    def load(self, ref: ModelRef, pre: Preloaded | None) -> Served:
+        """Load (or take the zygote's CPU model for) one model, and warm its shapes."""
+        spec = self.spec
+        self.model_ok = False
+        self.current = ref
+        on_gpu = is_gpu_device(spec.device)
+        # The zygote verified the fingerprint before it loaded the weights it hands over.
+        manifest = load_manifest(ref.model_dir, verify=pre is None)
+        runtime, _ = choose_runtime(spec.runtime, spec.precision, on_gpu, manifest)
+        _import_runtime(runtime)  # so the first model's memory is its own, not the library's
+        before = rss_bytes()
+        max_len = manifest.max_length
+        grid = pad_grid(spec.buckets, on_gpu, max_len)
+        tokenizer = load_tokenizer(ref.model_dir, max_len)
+        longtext = LongText(
+            tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows,
+            manifest.token_types,
+        )  # fmt: skip
+        self.ctl.beat()
+        n_labels = len(manifest.labels)
+        activation = ACTIVATIONS[manifest.activation]
+        if manifest.embeds:  # one output holds both answers: logits, then the embedding
+            activation = joined(activation, n_labels)
+            check_answer_room(self.max_payload, manifest.dimension)
+        runner = self._runner(runtime, ref, manifest, grid or (max_len,), activation, pre)
+        self.ctl.beat()
+        delay_ns = int(spec.max_delay_ms * 1e6)
+        batcher = Batcher(
+            spec.max_batch, spec.max_batch_tokens, delay_ns, grid, runner.overhead_tokens
+        )
+        batcher.bulk_wait_ns = int(spec.bulk_max_wait_ms * 1e6)
+        grown = max(0, rss_bytes() - before) + (pre.rss_bytes if pre is not None else 0)
+        # The allocator may hand the load memory freed earlier, so the delta can read low; the
+        # weights it loaded are resident either way.
+        weights = manifest.onnx_for(spec.precision, spec.graph) if runtime == "onnx" else ""
+        grown = max(grown, weights_bytes(ref.model_dir, weights or manifest.model_file))
+        return Served(
+            ref, longtext, runner, batcher, n_labels, manifest.dimension, manifest.activation,
+            length_grid(grid or REPORT_GRID, max_len), grown,
+        )  # fmt: skip
+
+    def _runner(
+        self,
+        runtime: str,
+        ref: ModelRef,
+        manifest: Any,
+        grid: tuple[int, ...],
+        activation: Any,
+        pre: Preloaded | None,
+    ) -> Runner:
+        """The model's runner, warmed; on a GPU its report callback joins `started`."""
+        if runtime == "onnx":  # the session is made here, after any fork: ORT keeps threads
+            runner: Runner = ort_runner(self.spec, manifest, activation, ref.model_dir)
+            self.model_ok = True
+            runner.warm()
+            return runner
+        runner, started = self._torch_runner(ref, manifest, grid, activation, pre)
+        warm_s = runner.warm()
+        if started is not None:
+            self.started.append((started, warm_s))
+        return runner
+
+    def _torch_runner(
+        self,
+        ref: ModelRef,
+        manifest: Any,
+        grid: tuple[int, ...],
+        activation: Any,
+        pre: Preloaded | None,
+    ) -> tuple[Runner, Any]:
+        """The TorchScript runner (CPU, or CUDA graphs on a GPU) and, on a GPU, the callback
+        that reports its graphs; the zygote's CPU model when it preloaded one."""
+        import torch
+        from ringserve.workers.cuda import make_runner
+
+        spec = self.spec
+        torch.set_num_threads(spec.threads)
+        set_graph_optimize(not is_gpu_device(spec.device))  # before the model's first call
+        model = pre.model if pre is not None and pre.model is not None else None
+        if model is None:
+            model = load_model(ref.model_dir, "cpu")
+        if manifest.embeds:
+            from ringserve.workers.joined import Joined
+
+            model = Joined(model)
+        self.model_ok = True  # a failure from here on is the device's, not the model's
+        return make_runner(spec, grid, model, self.ctl, activation)
+
+
+def _import_runtime(runtime: str) -> None:
+    if runtime == "onnx":
+        import onnxruntime  # noqa: F401
+    else:
+        import ringserve.workers.cuda  # noqa: F401
+        import torch  # noqa: F401
+
+
+def set_graph_optimize(cpu: bool) -> None:
+    """On the CPU, run TorchScript without the profiling executor's graph optimisation.
+
+    Measured here on MiniLM, one thread: with it, a just-loaded model's first calls took 0.17,
+    0.07 and 0.013 s on 16 tokens (the profiling runs); without it, 0.027, 0.021, 0.020, and
+    steady batches (32 x 24 tokens, 256 x 1) ran at the same speed (0.66-0.73 s, 0.24-0.34 s)
+    with bit-identical logits, since nothing on the CPU is fused. So a worker is warm almost at
+    once, which is most of a forked worker's boot. CUDA keeps the optimising executor."""
+    import torch
+
+    torch._C._set_graph_executor_optimize(not cpu)
+
+
+class Turns:
+    """Whose batch runs next among a worker's models: round-robin over the models that have a
+    batch due, starting after the one that ran last. A model flooded with texts therefore
+    delays another model's due batch by at most one batch of its own (with k models, by at
+    most one batch of each other one). Time is a parameter (`now_ns`)."""
+
+    def __init__(self, batchers: Mapping[int, Batcher]) -> None:
+        self.batchers = dict(batchers)
+        self.order = sorted(self.batchers)
+        self.last = len(self.order) - 1  # position of the model that ran last
+
+    def next(self, now_ns: int) -> tuple[int | None, int]:
+        """(the model whose batch runs now, 0), or (None, wait): -1 when nothing waits, else
+        the nanoseconds until the earliest batch is due. Choosing a model is its turn."""
+        wait = -1
+        n = len(self.order)
+        for step in range(1, n + 1):
+            pos = (self.last + step) % n
+            index = self.order[pos]
+            left = self.batchers[index].wait_ns(now_ns)
+            if left == 0:
+                self.last = pos
+                return index, 0
+            if left > 0 and (wait < 0 or left < wait):
+                wait = left
+        return None, wait
