@@ -133,6 +133,8 @@ def preload(model_dirs: tuple[str, ...], torch_models: tuple[bool, ...]) -> dict
 
     models: dict[str, Preloaded] = {}
     for model_dir, torch_model in zip(model_dirs, torch_models, strict=True):
+        if model_dir in models:  # one artifact at two indexes: one copy, shared
+            continue
         before = rss_bytes()
         load_manifest(model_dir)  # the fingerprint, checked once here rather than in every child
         model = load_model(model_dir, "cpu") if torch_model else None

@@ -6,6 +6,7 @@ model's memory is in the control block."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells
 from ringserve.shm.control import model_rss
 from ringserve.workers.artifact import ArtifactError
-from ringserve.workers.spec import ModelRef, WorkerSpec
+from ringserve.workers.spec import STOP_SIGNAL, ModelRef, WorkerSpec
 from ringserve.workers.worker import Worker
+from ringserve.workers.zygote import Zygote
 
 from devkit.hfmodels import MAX_LENGTH, save_model
 
@@ -30,6 +32,7 @@ TEXTS = [
 ]
 PAIRS = [("a man sleeps", "a person rests"), ("it rains", "the sun shines")]
 SERIAL = iter(range(970_000, 980_000))
+DEADLINE_S = 120.0  # a forked worker's boot: seconds, on a loaded machine
 NLI = 2  # the tiny model's index: any index but 0 is marked on the wire
 
 
@@ -44,19 +47,52 @@ def nli(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
+def new_wire() -> tuple[int, Channel, Doorbells]:
+    """A worker's serial, channel and doorbells, as the front-end makes them."""
+    serial = next(SERIAL)
+    return serial, Channel.create(os.getpid(), serial, 64, 256), Doorbells()
+
+
+def worker_spec(
+    wire: tuple[int, Channel, Doorbells], model_dir: str, models: tuple[ModelRef, ...], runtime: str
+) -> WorkerSpec:
+    """What the front-end would tell a CPU worker of these models, with this process its parent."""
+    serial, channel, bells = wire
+    return WorkerSpec(
+        serial=serial, parent_pid=os.getpid(), cpus=[0],
+        threads=1, device="cpu", model_dir=model_dir, channel=channel.names, buckets=(),
+        max_batch=8, max_delay_ms=0.0, doorbell=bells.request, eventfd=bells.answer,
+        runtime=runtime, models=models,
+    )  # fmt: skip
+
+
+def payloads(requests: list[tuple[int, str | tuple[str, str]]]) -> list[tuple[int, bytes, int]]:
+    """Ring messages (msg id = position) for (model index, text or pair) requests."""
+    msgs = []
+    for msg_id, (index, text) in enumerate(requests):
+        parts = (text,) if isinstance(text, str) else text
+        body = L.PAIR_SEPARATOR.join(t.encode() for t in parts)
+        msgs.append((msg_id, L.with_model(body, index), 0))
+    return msgs
+
+
+def answers(messages: list[tuple[int, int, bytes]]) -> dict[int, tuple[int, int, bytes]]:
+    """Each msg id's (status, label, float32 scores as bytes)."""
+    out = {}
+    for msg_id, _, payload in messages:
+        status, _, label, n, *_ = L.RESPONSE.unpack_from(payload)
+        scores = np.frombuffer(payload[L.RESPONSE_SIZE :], dtype=np.float32)
+        out[msg_id] = (status, label, scores[:n].tobytes())
+    return out
+
+
 class InProcess:
     """A Worker booted in this process on a channel of its own; ask() plays the front-end."""
 
     def __init__(self, model_dir: str, models: tuple[ModelRef, ...], runtime: str) -> None:
-        serial = next(SERIAL)
-        self.channel = Channel.create(os.getpid(), serial, 64, 256)
-        self.bells = Doorbells()
-        spec = WorkerSpec(
-            serial=serial, parent_pid=os.getppid(), cpus=[0], threads=1, device="cpu",
-            model_dir=model_dir, channel=self.channel.names, buckets=(), max_batch=8,
-            max_delay_ms=0.0, doorbell=self.bells.request, eventfd=self.bells.answer,
-            runtime=runtime, models=models,
-        )  # fmt: skip
+        wire = new_wire()
+        _, self.channel, self.bells = wire
+        spec = worker_spec(wire, model_dir, models, runtime)
         self.worker = Worker(spec)
 
     @classmethod
@@ -70,15 +106,8 @@ class InProcess:
         return made
 
     def ask(self, requests: list[tuple[int, str | tuple[str, str]]]) -> dict[int, Any]:
-        """Send (model index, text or pair) requests at once; each msg id's (status, scores)."""
-        msgs = []
-        for msg_id, (index, text) in enumerate(requests):
-            body = (
-                text.encode()
-                if isinstance(text, str)
-                else L.PAIR_SEPARATOR.join(t.encode() for t in text)
-            )
-            msgs.append((msg_id, L.with_model(body, index), 0))
+        """Send (model index, text or pair) requests at once; each msg id's answer."""
+        msgs = payloads(requests)
         assert self.channel.requests.write_many(msgs) == len(msgs)
         w = self.worker
         assert w.take_requests() == len(msgs)
@@ -88,13 +117,9 @@ class InProcess:
                 assert wait == -1
                 break
             w.run_next(w.models[index])
-        answers = {}
-        for msg_id, _, payload in self.channel.responses.read():
-            status, _, label, n, *_ = L.RESPONSE.unpack_from(payload)
-            scores = np.frombuffer(payload[L.RESPONSE_SIZE :], dtype=np.float32)
-            answers[msg_id] = (status, label, scores[:n].tobytes())
-        assert sorted(answers) == list(range(len(msgs)))
-        return answers
+        got = answers(self.channel.responses.read())
+        assert sorted(got) == list(range(len(msgs)))
+        return got
 
     def close(self) -> None:
         self.worker.close()
@@ -185,3 +210,55 @@ def test_a_bad_second_model_names_itself_and_is_the_model_s_fault(
         assert made.worker.ctl.get("state") == L.W_STARTING
     finally:
         made.close()
+
+
+def wait_for(check: Any, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not check():
+        assert time.monotonic() < deadline, f"no {what} within {DEADLINE_S} s"
+        time.sleep(0.01)
+
+
+def test_a_worker_forked_from_a_two_model_zygote_answers_both(default_model: str, nli: str) -> None:
+    """The zygote preloads both TorchScript models; the worker it forks serves both, as the
+    in-process worker does, and finds both models' memory measured."""
+    refs = (ModelRef(0, "sst2", 1, default_model), ModelRef(NLI, "nli", 1, nli))
+    requests = mixed()
+    here = InProcess.booted(default_model, refs, "torch")
+    try:
+        want = here.ask(requests)
+    finally:
+        here.close()
+    zygote = Zygote(refs, 1, True)
+    wire = new_wire()
+    _, chan, bells = wire
+    pid = None
+    try:
+        wait_for(zygote.poll, "ready zygote")
+        pid = zygote.fork(worker_spec(wire, default_model, refs, "torch"))
+        assert pid is not None
+        wait_for(lambda: chan.ctl.get("state") == L.W_READY, "ready worker")
+        assert model_rss(chan.ctl, 0) > 4 << 20 and model_rss(chan.ctl, NLI) > 0
+        msgs = payloads(requests)
+        assert chan.requests.write_many(msgs) == len(msgs)
+        bells.request.release(len(msgs))
+        got: dict[int, Any] = {}
+
+        def all_answered() -> bool:
+            got.update(answers(chan.responses.read()))
+            return len(got) == len(msgs)
+
+        wait_for(all_answered, "answers")
+        for msg_id, (status, label, scores) in want.items():
+            assert got[msg_id][:2] == (status, label)
+            a, b = np.frombuffer(scores, np.float32), np.frombuffer(got[msg_id][2], np.float32)
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    finally:
+        if pid is not None:
+            os.kill(pid, STOP_SIGNAL)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        zygote.close()
+        chan.close()
+        chan.unlink()
+        bells.close()
