@@ -137,8 +137,29 @@ class Metrics:
                 "tasks": dict(server.dispatcher.answered_by_task),
             },
         }
+        doc["models"] = self.models(now_ns)
         doc.update(self.stats.last_minute())
         return doc
+
+    def models(self, now_ns: int) -> dict[str, Any]:
+        """Each model the dispatcher has opened, by name: its texts answered, a second, its
+        latency over the last minute, and its queue (admitted and unanswered, its limit, how
+        many wait, how many it refused). The first model may be unnamed there: it is the
+        server's model."""
+        d, server = self.server.dispatcher, self.server
+        out: dict[str, Any] = {}
+        for lane in sorted(d.models.values(), key=lambda lane: lane.index):
+            entry = self.stats.model_minute(lane.name, now_ns)
+            entry.update(
+                index=lane.index,
+                open=lane.open,
+                queue_depth=lane.depth,
+                max_queue=lane.max_queue or d.max_queue,
+                waiting=d.waiting.waiting_for(lane.index),
+                rejected=lane.rejected,
+            )
+            out[lane.name or server.model_name] = entry
+        return out
 
     def render(self) -> bytes:
         """The /metrics text, from one fresh reading."""
