@@ -50,6 +50,10 @@ log = logging.getLogger("ringserve.dispatcher")
 # holds less than one batch (routing.assign), so an interactive text waits behind one bulk batch
 # at most. A bulk text waits behind interactive texts at most `bulk_wait_ns` (Waiting).
 BULK_QUEUE_SHARE = 0.75
+# Many models: half of --max-queue is kept, in equal shares, for the open models that hold less
+# than their share, so that a flood of one model refuses only that model's texts (Dispatcher.
+# reserved); a model alone may fill all of it.
+MODEL_RESERVE_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,22 +176,36 @@ class Dispatcher:
             self.why = "server is draining"
             return 0
         total, mine = self.max_queue, lane.max_queue or self.max_queue
-        slots = min(total - len(self.inflight), mine - lane.depth)
+        free_total = total - len(self.inflight) - self.reserved(model)
+        free_mine = mine - lane.depth
         ahead = self.queued_cost
         if priority == BULK:
-            slots = min(
-                total - len(self.inflight) - (total - int(total * BULK_QUEUE_SHARE)),
-                mine - lane.depth - (mine - int(mine * BULK_QUEUE_SHARE)),
-            )
+            free_total -= total - int(total * BULK_QUEUE_SHARE)
+            free_mine -= mine - int(mine * BULK_QUEUE_SHARE)
         else:
             ahead -= self.waiting.bulk_cost
         # An empty model takes any batch within its limit and the total's free room.
-        empty, fits = not lane.depth, min(mine, total - len(self.inflight))
-        free = Free(slots, ahead, self.cost_limit(), empty, fits, self.max_queue_ms)
+        empty, fits = not lane.depth, min(mine, free_total)
+        free = Free(
+            min(free_total, free_mine), ahead, self.cost_limit(), empty, fits, self.max_queue_ms
+        )
         k, why = room(costs, whole, free)
         if why is not None:
             self.why = why
         return k
+
+    def reserved(self, model: int) -> int:
+        """The slots of the total that the other open models are still owed: each is owed its
+        share of MODEL_RESERVE_SHARE of --max-queue (or its own limit, if less) until it
+        holds that many, so one model's flood leaves room for every other."""
+        lanes = self.lanes
+        if len(lanes) < 2:
+            return 0
+        others = [lane for lane in lanes.values() if lane.open and lane.index != model]
+        if not others:
+            return 0
+        share = int(self.max_queue * MODEL_RESERVE_SHARE) // (len(others) + 1)
+        return sum(max(0, min(share, lane.max_queue or share) - lane.depth) for lane in others)
 
     def refuse(self, n: int, model: int = 0) -> None:
         """Count texts refused after room() said no (a protocol answers them itself)."""

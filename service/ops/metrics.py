@@ -149,7 +149,10 @@ class Metrics:
         d, server = self.server.dispatcher, self.server
         out: dict[str, Any] = {}
         for lane in sorted(d.models.values(), key=lambda lane: lane.index):
-            entry = self.stats.model_minute(lane.name, now_ns)
+            if lane.name:
+                entry = self.stats.model_minute(lane.name, now_ns)
+            else:  # never opened by name: the one model, whose numbers are the totals
+                entry = self.stats.overall_minute(sum(d.answered_by_task.values()), now_ns)
             entry.update(
                 index=lane.index,
                 open=lane.open,

@@ -203,14 +203,11 @@ class Stats:
     def observe(self, group: Group, result: Result, latency_ns: int) -> None:
         cur = self.cur
         cur.n += 1
-        ms = self.for_model(group.model_name)
-        ms.answered += 1
-        mine = ms.window(self.cur_sec)
-        mine.n += 1
+        if group is not None and group.model_name:  # a named model: its numbers too
+            self.observe_model(group.model_name, result, latency_ns)
         if result.status:  # not answered by a model: no bucket, no timings
             self.failed += 1
             cur.failed += 1
-            mine.failed += 1
             return
         b = result.bucket
         if b >= self.nb:  # read from shared memory: never trust it as an index
@@ -219,11 +216,6 @@ class Stats:
         self.lat[b][i] += 1
         cur.lat[b][i] += 1
         self.lat_sum_ns[b] += latency_ns
-        ms.lat[b][i] += 1
-        ms.lat_sum_ns[b] += latency_ns
-        mine.lat[0][i] += 1
-        if result.batch:
-            ms.batch(result)
         q = result.queued_us
         m = result.model_us
         self.queued[b][bisect_left(EDGES_US, q)] += 1
@@ -232,6 +224,24 @@ class Stats:
         self.model_sum_us[b] += m
         cur.queued_us += q
         cur.model_us += m
+
+    def observe_model(self, name: str, result: Result, latency_ns: int) -> None:
+        """One answer about a named model (the dispatcher's first model is unnamed until it is
+        opened by name: a one-model server's numbers are the totals)."""
+        ms = self.for_model(name)
+        ms.answered += 1
+        mine = ms.window(self.cur_sec)
+        mine.n += 1
+        if result.status:
+            mine.failed += 1
+            return
+        b = min(result.bucket, self.nb - 1)
+        i = bisect_left(EDGES_NS, latency_ns)
+        ms.lat[b][i] += 1
+        ms.lat_sum_ns[b] += latency_ns
+        mine.lat[0][i] += 1
+        if result.batch:
+            ms.batch(result)
 
     # -- on the tick --------------------------------------------------------------------------
     def rotate(self, now_ns: int) -> None:
@@ -267,14 +277,20 @@ class Stats:
         for w in ms.recent(self.cur_sec, WINDOW_S):
             if w.n > w.failed:
                 merged = list(map(add, merged, w.lat[0]))
-        p50, p99 = percentile(merged, 0.5), percentile(merged, 0.99)
+        rate = round(count / elapsed, 2) if elapsed > 0.05 else 0.0
+        return {"requests": ms.answered, "requests_per_s": rate, "latency_ms": quantiles(merged)}
+
+    def overall_minute(self, answered: int, now_ns: int) -> dict[str, Any]:
+        """model_minute's numbers over every answer (a one-model server's unnamed model)."""
+        merged = [0] * NBINS
+        for w in self.recent():
+            if w.n > w.failed:
+                for row in w.lat:
+                    merged = list(map(add, merged, row))
         return {
-            "requests": ms.answered,
-            "requests_per_s": round(count / elapsed, 2) if elapsed > 0.05 else 0.0,
-            "latency_ms": {
-                "p50": None if p50 is None else round(p50, 3),
-                "p99": None if p99 is None else round(p99, 3),
-            },
+            "requests": answered,
+            "requests_per_s": self.requests_per_s(now_ns),
+            "latency_ms": quantiles(merged),
         }
 
     def history(self) -> list[int]:
@@ -315,6 +331,15 @@ class Stats:
             },
             "failed": sum(w.failed for w in wins),
         }
+
+
+def quantiles(counts: list[int]) -> dict[str, float | None]:
+    """p50 and p99 (ms) of binned samples, None without any."""
+    p50, p99 = percentile(counts, 0.5), percentile(counts, 0.99)
+    return {
+        "p50": None if p50 is None else round(p50, 3),
+        "p99": None if p99 is None else round(p99, 3),
+    }
 
 
 def prom_buckets(fine: list[int]) -> list[int]:

@@ -63,11 +63,13 @@ class Calls:
         self.results.append(results)
 
 
-def models(*workers: Worker, max_queue: int = 1000, each: int = 0) -> tuple[Dispatcher, Clock]:
+def models(
+    *workers: Worker, max_queue: int = 1000, each: int = 0, names: str = "abc"
+) -> tuple[Dispatcher, Clock]:
     """A dispatcher with models a, b and c open (each up to `each` texts; 0: the total)."""
     clock = Clock()
     d = Dispatcher(max_queue, clock)
-    for index, name in ((A, "a"), (B, "b"), (C, "c")):
+    for index, name in enumerate(names):
         d.open_model(index, name, each)
     d.serving = list(workers)
     return d, clock
@@ -208,12 +210,34 @@ def test_one_models_full_queue_refuses_only_that_models_texts() -> None:
 
 
 def test_the_total_bounds_every_model_together() -> None:
-    d, _ = models(Worker(room=0, models=frozenset({A, B})), max_queue=6, each=4)
+    d, _ = models(Worker(room=0, models=frozenset({A, B})), max_queue=8, each=6, names="ab")
     a = admission(d)
-    for i in range(4):
+    for i in range(6):
         assert submit(a, b"a%d" % i, A) is None
     assert submit(a, b"b0", B) is None and submit(a, b"b1", B) is None
-    assert submit(a, b"b2", B) == Refusal(503, "queue is full", 1)  # 6 of the total's 6
+    assert submit(a, b"b2", B) == Refusal(503, "queue is full", 1)  # 8 of the total's 8
+
+
+def test_a_flood_of_one_model_leaves_every_other_its_reserve_of_the_total() -> None:
+    """No model has a limit of its own: the total alone. Half of it is kept, in equal shares,
+    for the models that hold less than their share: one model's flood is refused while the
+    others are still admitted."""
+    d, _ = models(Worker(room=0, models=frozenset({A, B, C})), max_queue=12)
+    a = admission(d)
+    taken = 0
+    while submit(a, b"a", A) is None:
+        taken += 1
+    assert taken == 8  # 12, less the 2 that each of b and c is owed (half of 12, in thirds)
+    assert submit(a, b"b", B) is None and submit(a, b"c", C) is None
+    assert submit(a, b"b", B) is None and submit(a, b"c", C) is None
+    assert submit(a, b"b", B) == Refusal(503, "queue is full", 1)  # the total is full
+    d.close_model(C)  # a closed model is owed nothing: b's share is 3 now, it holds 2
+    assert d.reserved(A) == 1
+
+
+def test_a_model_alone_may_fill_the_whole_total() -> None:
+    d, _ = models(Worker(room=0), max_queue=12, names="a")
+    assert sum(d.submit([b"x"], 0, Calls()) for _ in range(20)) == 12
 
 
 def test_a_batch_into_an_empty_model_fits_its_own_limit() -> None:
