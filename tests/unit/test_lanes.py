@@ -7,10 +7,13 @@ stats are the production code."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 from ringserve.service.engine.admission import Admission, Refusal
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
+from ringserve.service.ops import stats as S_
 from ringserve.service.ops.prometheus import request_rows
 from ringserve.service.ops.stats import Stats
 from ringserve.shm import layout as L
@@ -369,3 +372,49 @@ def test_requests_total_counts_each_answer_once_with_many_models() -> None:
         key=str,
     )
     assert sum(n for _, n in many) == sum(n for _, n in one)  # a sum() counts each once
+
+
+def exposition(d: Dispatcher, stats: Stats) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    """The labelled families, as /metrics writes them for this dispatcher and these stats."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from ringserve.service.ops import prometheus as P
+
+    server: Any = SimpleNamespace(
+        dispatcher=d, requests_total=stats.requests_total, api_key=None, keys=None,
+        model_name="first",
+    )  # fmt: skip
+    models = P.model_labels(server)
+    out = P.Exposition()
+    P.answers(out, server, stats, models)
+    P.timings(out, stats, stats.buckets, models)
+    P.worker_counters(out, [0] * (len(S_.WORKER_COUNTERS) + len(L.BATCH_BOUNDS)), stats, models)
+    return {
+        f.name: [(s.name, s.labels, s.value) for s in f.samples]
+        for f in text_string_to_metric_families(out.text().decode())
+    }
+
+
+def test_metrics_label_each_model_only_when_there_are_many() -> None:
+    d, _ = models(names="a")
+    stats = Stats((16,))
+    one = exposition(d, stats)
+    assert all("model" not in labels for f in one.values() for _, labels, _ in f)
+    d.open_model(B, "b", 0)
+    for index in (A, B):
+        d.submit([b"t"], 0, Calls(), model=index)
+    for group in {r.group for r in d.inflight.values()}:
+        name = group.model_name
+        stats.count("http", 200, model=name)
+        stats.observe(group, Result(L.STATUS_OK, batch=L.pack_batch(2, 16, S), read_ns=S), 10**6)
+    stats.count("http", 404)  # about no model
+    many = exposition(d, stats)
+    requests = {(lb.get("model"), lb["code"]): v for _, lb, v in many["ringserve_requests"]}
+    assert requests == {("a", "200"): 1, ("b", "200"): 1, (None, "404"): 1}
+    lat = {
+        lb["model"]: v
+        for n, lb, v in many["ringserve_request_latency_seconds"]
+        if n.endswith("_count")
+    }
+    assert lat == {"a": 1, "b": 1}
+    sizes = {lb["model"]: v for n, lb, v in many["ringserve_batch_size"] if n.endswith("_sum")}
+    assert sizes == {"a": 2, "b": 2}  # one batch of 2 rows each (answers name their batch)
