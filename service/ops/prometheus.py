@@ -115,6 +115,7 @@ def exposition(r: Reading) -> bytes:
     refusals(out, r)
     timings(out, r.stats, r.server.buckets, models)
     queue(out, r)
+    model_queues(out, r.server, models)
     server_facts(out, r.server)
     slots(out, r.server.supervisor)
     processes(out, r.server.supervisor)
@@ -311,6 +312,36 @@ def queue(out: Exposition, r: Reading) -> None:
     )
     for name, help_text, value in gauges:
         out.single(name, "gauge", help_text, value)
+
+
+def model_queues(out: Exposition, server: MetricsView, models: dict[str, str]) -> None:
+    """With many models: each model's queue, its limit and its refusals (lanes of one name,
+    an old and a new version, are added up)."""
+    if not models:
+        return
+    d = server.dispatcher
+    depth: dict[str, int] = {}
+    limit: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    for lane in d.models.values():
+        label = models.get(lane.name, lane.name)
+        depth[label] = depth.get(label, 0) + lane.depth
+        refused[label] = refused.get(label, 0) + lane.rejected
+        if lane.open:
+            limit[label] = lane.max_queue or d.max_queue
+    families = (
+        ("ringserve_model_queue_depth", "gauge", "Texts admitted and not yet answered.", depth),
+        ("ringserve_model_queue_limit", "gauge", "The model's queue limit (open models).", limit),
+        (
+            "ringserve_model_rejected_requests_total",
+            "counter",
+            "Texts refused at admission for lack of the model's queue room (503).",
+            refused,
+        ),
+    )
+    for name, kind, help_text, values in families:
+        rows = (({"model": m}, v) for m, v in sorted(values.items()))
+        out.labelled(name, kind, help_text + " Label model: the model's name.", rows)
 
 
 def server_facts(out: Exposition, server: MetricsView) -> None:

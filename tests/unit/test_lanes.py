@@ -388,6 +388,7 @@ def exposition(d: Dispatcher, stats: Stats) -> dict[str, list[tuple[str, dict[st
     P.answers(out, server, stats, models)
     P.timings(out, stats, stats.buckets, models)
     P.worker_counters(out, [0] * (len(S_.WORKER_COUNTERS) + len(L.BATCH_BOUNDS)), stats, models)
+    P.model_queues(out, server, models)
     return {
         f.name: [(s.name, s.labels, s.value) for s in f.samples]
         for f in text_string_to_metric_families(out.text().decode())
@@ -418,3 +419,33 @@ def test_metrics_label_each_model_only_when_there_are_many() -> None:
     assert lat == {"a": 1, "b": 1}
     sizes = {lb["model"]: v for n, lb, v in many["ringserve_batch_size"] if n.endswith("_sum")}
     assert sizes == {"a": 2, "b": 2}  # one batch of 2 rows each (answers name their batch)
+    depth = {lb["model"]: v for _, lb, v in many["ringserve_model_queue_depth"]}
+    assert depth == {"a": 1, "b": 1}  # admitted, not answered (the stats saw made-up answers)
+
+
+def test_stats_show_each_served_model_once_by_name() -> None:
+    """/v1/stats' models: a closed model shows while it owes answers; an old version and the
+    one that follows it (a new index, the same name) show as one."""
+    from ringserve.service.ops.metrics import Metrics
+
+    w = Worker(room=0, models=frozenset({A, B, C}))
+    d, clock = models(w, names="ab")
+    stats = Stats((16,))
+    server: Any = SimpleNamespace(
+        stats=stats, dispatcher=d, log=None, supervisor=SimpleNamespace(all={}),
+        model_name="first",
+    )  # fmt: skip
+    m = Metrics(server)
+    d.submit([b"old"], clock.now + S, Calls(), model=B)
+    d.open_model(C, "b", 4)  # b's next version
+    d.close_model(B)
+    d.submit([b"new"] * 2, clock.now + S, Calls(), model=C)
+    shown = m.models(clock.now)
+    assert set(shown) == {"a", "b"}
+    assert shown["b"]["index"] == C and shown["b"]["open"] and shown["b"]["max_queue"] == 4
+    assert shown["b"]["queue_depth"] == 3 and shown["b"]["waiting"] == 3
+    assert shown["a"]["max_queue"] == 1000 and shown["a"]["queue_depth"] == 0
+    d.close_model(C)
+    clock.now += 2 * S
+    d.expire(clock.now)  # every b text answered (504): closed and owing nothing
+    assert set(m.models(clock.now)) == {"a"}
