@@ -153,6 +153,7 @@ class Dispatcher:
         for r in reqs:
             self.inflight[r.id] = r
         lane.depth += len(reqs)
+        lane.cost += sum(costs)
         self.queued_cost += sum(costs)
         if deadline_ns:
             self.expiry.arm()
@@ -178,12 +179,10 @@ class Dispatcher:
         total, mine = self.max_queue, lane.max_queue or self.max_queue
         free_total = total - len(self.inflight) - self.reserved(model)
         free_mine = mine - lane.depth
-        ahead = self.queued_cost
         if priority == BULK:
             free_total -= total - int(total * BULK_QUEUE_SHARE)
             free_mine -= mine - int(mine * BULK_QUEUE_SHARE)
-        else:
-            ahead -= self.waiting.bulk_cost
+        ahead = self.ahead(model, priority)
         # An empty model takes any batch within its limit and the total's free room.
         empty, fits = not lane.depth, min(mine, free_total)
         free = Free(
@@ -193,6 +192,25 @@ class Dispatcher:
         if why is not None:
             self.why = why
         return k
+
+    def ahead(self, model: int, priority: int) -> int:
+        """The queued cost a text admitted now waits for (bounded by --max-queue-ms).
+
+        An interactive text does not wait for the bulk texts waiting in the front-end. Many
+        models: the waiting lines take a text of each model in turn, so a text waits for its
+        own model's queue and, of each other model's, about as much again, not for all of a
+        flood of another model."""
+        lanes = self.lanes
+        if len(lanes) < 2:
+            ahead = self.queued_cost
+            return ahead if priority == BULK else ahead - self.waiting.bulk_cost
+
+        def queued(lane: Lane) -> int:
+            bulk = 0 if priority == BULK else self.waiting.bulk_cost_of(lane.index)
+            return lane.cost - bulk
+
+        mine = queued(lanes[model])
+        return sum(min(queued(lane), mine) for lane in lanes.values())
 
     def reserved(self, model: int) -> int:
         """The slots of the total that the other open models are still owed: each is owed its
@@ -335,7 +353,7 @@ class Dispatcher:
             return
         self.queued_cost -= req.cost
         group = req.group
-        self.lanes[group.model].answered()
+        self.lanes[group.model].answered(req.cost)
         group.results[req.index] = result
         group.remaining -= 1
         latency_ns = self.clock() - group.admitted_ns

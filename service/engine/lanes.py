@@ -20,7 +20,7 @@ from ringserve.service.engine.requests import Request, Waiting
 class Lane:
     """One model as the dispatcher admits it."""
 
-    __slots__ = ("depth", "index", "max_queue", "name", "open", "rejected", "waiters")
+    __slots__ = ("cost", "depth", "index", "max_queue", "name", "open", "rejected", "waiters")
 
     def __init__(self, index: int, name: str, max_queue: int) -> None:
         self.index = index  # the wire index (shm.layout.with_model), never reused
@@ -28,12 +28,14 @@ class Lane:
         self.max_queue = max_queue  # its own --max-queue, within the total (0: the total)
         self.open = True  # closed: new texts are refused as for an unknown model
         self.depth = 0  # admitted, not yet answered
+        self.cost = 0  # of those (requests.text_cost)
         self.rejected = 0  # texts refused for lack of room (503)
         self.waiters: list[asyncio.Future[None]] = []  # when_empty
 
-    def answered(self) -> None:
+    def answered(self, cost: int) -> None:
         """One of its texts was answered: wake who waits for none to be left."""
         self.depth -= 1
+        self.cost -= cost
         if not self.depth and self.waiters:
             waiters, self.waiters = self.waiters, []
             for fut in waiters:
@@ -98,6 +100,10 @@ class Lines:
     def bulk_cost(self) -> int:
         """Of the bulk texts waiting: interactive texts do not wait for them."""
         return sum(w.bulk_cost for w in self.lines.values())
+
+    def bulk_cost_of(self, model: int) -> int:
+        w = self.lines.get(model)
+        return w.bulk_cost if w is not None else 0
 
     def extend(self, reqs: Iterable[Request]) -> None:
         for r in reqs:

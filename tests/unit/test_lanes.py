@@ -238,6 +238,23 @@ def test_a_flood_of_one_model_leaves_every_other_its_reserve_of_the_total() -> N
     assert d.reserved(A) == 1
 
 
+def test_the_time_bound_of_one_models_text_counts_a_round_of_each_other_model() -> None:
+    """--max-queue-ms: a text waits for its own model's queue and, with the lines taken in
+    turn, about as much of each other model's; so a flood of one model that has used up the
+    time bound leaves another model's texts admitted."""
+    w = Worker(room=0, models=frozenset({A, B}))
+    d, _ = models(w, names="ab")
+    d.max_queue_ms = 1000
+    d.meter.flows[w] = f = d.meter.flow(w)
+    f.rate = 100.0  # cost units a second, as measured: the bound is 100 units
+    text = b"y" * 8  # cost 10
+    flood = sum(d.submit([text], 0, Calls(), model=A) for _ in range(20))
+    assert flood == 11 and "estimated wait over 1000 ms" in d.why  # as one model alone
+    other = sum(d.submit([text], 0, Calls(), model=B) for _ in range(20))
+    assert other == 6  # b queued, and as much of a: the 6th waits for 2 x 50 <= 100
+    assert d.models[A].rejected == 9 and d.models[B].rejected == 14
+
+
 def test_a_model_alone_may_fill_the_whole_total() -> None:
     d, _ = models(Worker(room=0), max_queue=12, names="a")
     assert sum(d.submit([b"x"], 0, Calls()) for _ in range(20)) == 12
