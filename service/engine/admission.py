@@ -74,8 +74,9 @@ def failure(failed: Result) -> tuple[int, str]:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why texts were not admitted: the HTTP code (429 over the key's rate, 503 the queue), its
-    message, and the seconds a client should wait (Retry-After)."""
+    """Why texts were not admitted: the HTTP code (404 a model that is not open, 429 over the
+    key's rate, 503 the queue), its message, and the seconds a client should wait (Retry-After;
+    0 for a 404)."""
 
     code: int
     message: str
@@ -83,8 +84,8 @@ class Refusal:
 
 
 class Admission:
-    """Admits texts to the dispatcher, or refuses them at once with the reason: the key's
-    rate (429), then the queue (503)."""
+    """Admits texts to the dispatcher, or refuses them at once with the reason: a model that is
+    not open (404), the key's rate (429), then the queue (503)."""
 
     def __init__(
         self,
@@ -114,10 +115,14 @@ class Admission:
         tenant: Tenant | None,
         level: int,
         trace: RequestTrace | None = None,
+        model: int = 0,
     ) -> Refusal | None:
         """Admit a request's texts whole, or refuse them at once (the Refusal). `done` gets
-        the results, whatever their status, once every text is answered."""
+        the results, whatever their status, once every text is answered. `model` is the
+        model's wire index (ModelInfo.index)."""
         d = self.dispatcher
+        if not d.is_open(model):
+            return self.unknown(model, trace)
         now = d.clock()
         if tenant is not None and not tenant.take(now):
             return self.over_rate(tenant, 1, now, trace)
@@ -125,7 +130,9 @@ class Admission:
             done = traced(done, trace, d.clock)
         name = tenant.name if tenant is not None else ""
         admitted = d.clock()  # before submit: a worker may start on the texts before it returns
-        if not d.submit(texts, deadline, done, protocol, task, level, name):
+        if not d.submit(texts, deadline, done, protocol, task, level, name, model):
+            if not d.is_open(model):  # closed meanwhile (never, on the one loop)
+                return self.unknown(model, trace)
             if trace is not None:
                 trace.refused(d.clock(), "overloaded")
             return Refusal(503, self.refusal(), 1)
@@ -144,12 +151,16 @@ class Admission:
         task: str,
         tenant: Tenant | None,
         prefix: bytes = b"",
-    ) -> tuple[int, int]:
+        model: int = 0,
+    ) -> tuple[int, int] | Refusal:
         """Independent texts (binary frames), in order: those within the key's rate and the
         queue's room are admitted as one group, each with `prefix` before it. `on_admit(k,
         level)` makes the group's callback, before a worker can start on it. Returns (k, within):
-        texts[:k] admitted, texts[k:within] refused by the queue, texts[within:] over the rate."""
+        texts[:k] admitted, texts[k:within] refused by the queue, texts[within:] over the rate;
+        or the 404 Refusal, none admitted, when the model is not open."""
         d = self.dispatcher
+        if not d.is_open(model):
+            return self.unknown(model)
         within = len(texts)
         if tenant is not None:
             within = tenant.take(d.clock(), within)
@@ -159,21 +170,28 @@ class Admission:
                 return 0, 0
         level = tenant.priority if tenant is not None else INTERACTIVE
         costs = [text_cost(t, d.max_tokens) for t in texts[:within]]
-        k = d.room(costs, whole=False, priority=level)
+        k = d.room(costs, whole=False, priority=level, model=model)
         if k:
             name = tenant.name if tenant is not None else ""
             sent = [prefix + t for t in texts[:k]] if prefix else texts[:k]
-            d.admit(sent, costs[:k], deadline, on_admit(k, level), protocol, task, level, name)
+            done = on_admit(k, level)
+            d.admit(sent, costs[:k], deadline, done, protocol, task, level, name, model)
             if tenant is not None and self.keys is not None:
                 self.keys.admitted(tenant.name, k, level)
         if k < within:
-            d.refuse(within - k)
+            d.refuse(within - k, model)
         return k, within
 
     def refuse(self, n: int) -> None:
         """Count texts a protocol refused itself (binary frames past a connection's bound of
         answers owed) with the queue's refusals."""
         self.dispatcher.refuse(n)
+
+    def unknown(self, model: int, trace: RequestTrace | None = None) -> Refusal:
+        """A model that is not open (never loaded, or unloaded): 404, as for a name not known."""
+        if trace is not None:
+            trace.refused(self.dispatcher.clock(), "unknown_model")
+        return Refusal(404, f"unknown model: {self.dispatcher.model_name(model)}", 0)
 
     def over_rate(
         self, tenant: Tenant, n: int, now: int, trace: RequestTrace | None = None

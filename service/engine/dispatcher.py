@@ -9,6 +9,11 @@ pool's measured tokens/s (service.engine.meter). The answers come back here too:
 reads each worker's answer doorbell, completes the requests, and tells the worker's owner (the
 supervisor) only that it became ready or that, draining, it holds nothing any more. A request's
 deadline is enforced here alone in the front-end, on a timer on this clock.
+
+Many models: each has a lane (service.engine.lanes) with its own queue limit within the total,
+its own waiting lines, flushed round-robin across models, and only workers that hold a model
+take its texts (routing.assign). Model 0 is open from the start with the total as its limit,
+so a one-model server behaves as it always has.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ringserve.service.engine.answers import Doorbells, Owner, read_answers
 from ringserve.service.engine.bounds import Free, room
 from ringserve.service.engine.expiry import Expiry
+from ringserve.service.engine.lanes import Lane, Lines
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import (
     BULK,
@@ -29,7 +35,6 @@ from ringserve.service.engine.requests import (
     Group,
     Request,
     Result,
-    Waiting,
     text_cost,
 )
 from ringserve.service.engine.routing import assign, take_back
@@ -45,6 +50,10 @@ log = logging.getLogger("ringserve.dispatcher")
 # holds less than one batch (routing.assign), so an interactive text waits behind one bulk batch
 # at most. A bulk text waits behind interactive texts at most `bulk_wait_ns` (Waiting).
 BULK_QUEUE_SHARE = 0.75
+# Many models: half of --max-queue is kept, in equal shares, for the open models that hold less
+# than their share, so that a flood of one model refuses only that model's texts (Dispatcher.
+# reserved); a model alone may fill all of it.
+MODEL_RESERVE_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +88,9 @@ class Dispatcher:
         self.max_tokens = max_tokens  # a text's tokens are cut there: so is its cost
         self.clock = clock  # monotonic ns; tests drive a fake one (deadlines are on it too)
         self.inflight: dict[int, Request] = {}  # admitted, not yet answered
-        self.waiting = Waiting(int(bulk_wait_ms * 1e6))  # admitted, not in any ring yet
+        self.waiting = Lines(int(bulk_wait_ms * 1e6))  # admitted, not in any ring yet
+        self.lanes: dict[int, Lane] = {0: Lane(0, "", 0)}  # one a model, open or not
+        self.names: dict[int, str] = {0: ""}  # every model ever opened, for refusals
         self.serving: list[WorkerHandle] = []  # set by the supervisor
         self.doorbells = Doorbells(self.on_answers)  # the workers whose answers are read here
         self.meter = Meter()
@@ -103,14 +114,17 @@ class Dispatcher:
         task: str = "classify",
         priority: int = INTERACTIVE,
         tenant: str = "",
+        model: int = 0,
     ) -> bool:
-        """Admit a group of texts whole, or refuse it at once (False): see room()."""
+        """Admit a group of texts whole, or refuse it at once (False): see room(). A model
+        that is not open refuses without counting (admission answers it 404)."""
         n = len(texts)
         costs = [text_cost(t, self.max_tokens) for t in texts]
-        if self.room(costs, whole=True, priority=priority) < n:
-            self.rejected += n
+        if self.room(costs, whole=True, priority=priority, model=model) < n:
+            if self.is_open(model):
+                self.refuse(n, model)
             return False
-        self.admit(texts, costs, deadline_ns, callback, protocol, task, priority, tenant)
+        self.admit(texts, costs, deadline_ns, callback, protocol, task, priority, tenant, model)
         return True
 
     def admit(
@@ -123,46 +137,151 @@ class Dispatcher:
         task: str = "classify",
         priority: int = INTERACTIVE,
         tenant: str = "",
+        model: int = 0,
     ) -> None:
         """Admit texts that room() allowed."""
-        group = Group(len(texts), callback, protocol, self.clock(), task, priority, tenant)
+        lane = self.lanes[model]
+        group = Group(
+            len(texts), callback, protocol, self.clock(), task, priority, tenant, model, lane.name
+        )
         if priority == BULK:  # the worker batches interactive texts first too
             texts = [L.with_bulk(t) for t in texts]
+        if model:  # outermost: a worker reads the model before anything else
+            texts = [L.with_model(t, model) for t in texts]
         reqs = group.requests(self.next_id, texts, costs, deadline_ns)
         self.next_id += len(reqs)
         for r in reqs:
             self.inflight[r.id] = r
+        lane.depth += len(reqs)
+        lane.cost += sum(costs)
         self.queued_cost += sum(costs)
         if deadline_ns:
             self.expiry.arm()
         self.place(reqs)
 
-    def room(self, costs: list[int], whole: bool, priority: int = INTERACTIVE) -> int:
+    def room(
+        self, costs: list[int], whole: bool, priority: int = INTERACTIVE, model: int = 0
+    ) -> int:
         """How many of these texts, taken in order, may be admitted now (bounds.room).
 
         Priority: an interactive text counts only the work it will wait for (not the bulk
         texts waiting in the front-end, which it goes before); bulk texts may fill only
-        BULK_QUEUE_SHARE of --max-queue, so interactive ones always find room."""
+        BULK_QUEUE_SHARE of --max-queue, so interactive ones always find room. Many models:
+        the model's own limit holds as well as the total, so one model's flood refuses only
+        that model's texts."""
+        lane = self.lanes.get(model)
+        if lane is None or not lane.open:
+            self.why = f"unknown model: {self.model_name(model)}"
+            return 0
         if not self.accepting:
             self.why = "server is draining"
             return 0
-        slots = self.max_queue - len(self.inflight)
-        ahead = self.queued_cost
+        total, mine = self.max_queue, lane.max_queue or self.max_queue
+        free_total = total - len(self.inflight) - self.reserved(model)
+        free_mine = mine - lane.depth
         if priority == BULK:
-            slots -= self.max_queue - int(self.max_queue * BULK_QUEUE_SHARE)
-        else:
-            ahead -= self.waiting.bulk_cost
+            free_total -= total - int(total * BULK_QUEUE_SHARE)
+            free_mine -= mine - int(mine * BULK_QUEUE_SHARE)
+        ahead = self.ahead(model, priority)
+        # An empty model takes any batch within its limit and the total's free room.
+        empty, fits = not lane.depth, min(mine, free_total)
         free = Free(
-            slots, ahead, self.cost_limit(), not self.inflight, self.max_queue, self.max_queue_ms
+            min(free_total, free_mine), ahead, self.cost_limit(), empty, fits, self.max_queue_ms
         )
         k, why = room(costs, whole, free)
         if why is not None:
             self.why = why
         return k
 
-    def refuse(self, n: int) -> None:
+    def ahead(self, model: int, priority: int) -> int:
+        """The queued cost a text admitted now waits for (bounded by --max-queue-ms).
+
+        An interactive text does not wait for the bulk texts waiting in the front-end. Many
+        models: the waiting lines take a text of each model in turn, so a text waits for its
+        own model's queue and, of each other model's, about as much again, not for all of a
+        flood of another model."""
+        lanes = self.lanes
+        if len(lanes) < 2:
+            ahead = self.queued_cost
+            return ahead if priority == BULK else ahead - self.waiting.bulk_cost
+
+        def queued(lane: Lane) -> int:
+            bulk = 0 if priority == BULK else self.waiting.bulk_cost_of(lane.index)
+            return lane.cost - bulk
+
+        mine = queued(lanes[model])
+        return sum(min(queued(lane), mine) for lane in lanes.values())
+
+    def reserved(self, model: int) -> int:
+        """The slots of the total that the other open models are still owed: each is owed its
+        share of MODEL_RESERVE_SHARE of --max-queue (or its own limit, if less) until it
+        holds that many, so one model's flood leaves room for every other."""
+        lanes = self.lanes
+        if len(lanes) < 2:
+            return 0
+        others = [lane for lane in lanes.values() if lane.open and lane.index != model]
+        if not others:
+            return 0
+        share = int(self.max_queue * MODEL_RESERVE_SHARE) // (len(others) + 1)
+        return sum(max(0, min(share, lane.max_queue or share) - lane.depth) for lane in others)
+
+    def refuse(self, n: int, model: int = 0) -> None:
         """Count texts refused after room() said no (a protocol answers them itself)."""
         self.rejected += n
+        lane = self.lanes.get(model)
+        if lane is not None:
+            lane.rejected += n
+
+    # -- models ---------------------------------------------------------------------------------
+    def open_model(self, index: int, name: str, max_queue: int) -> None:
+        """Admit texts for the model from now on, up to `max_queue` of them at once (within
+        the total; 0: the total alone); open again, it keeps what it had admitted."""
+        if not 0 <= index < L.MAX_MODELS:
+            raise ValueError(f"model index {index} is outside 0..{L.MAX_MODELS - 1}")
+        lane = self.lanes.get(index)
+        if lane is None:
+            lane = self.lanes[index] = Lane(index, name, max_queue)
+        lane.name, lane.max_queue, lane.open = name, max_queue, True
+        self.names[index] = name
+
+    def close_model(self, index: int) -> None:
+        """Refuse the model's new texts as unknown from now on; what it admitted is still
+        answered (when_empty says when)."""
+        lane = self.lanes.get(index)
+        if lane is not None:
+            lane.open = False
+
+    def is_open(self, index: int) -> bool:
+        lane = self.lanes.get(index)
+        return lane is not None and lane.open
+
+    def model_name(self, index: int) -> str:
+        """The model's name as it was opened (its index, for one never opened)."""
+        return self.names.get(index) or str(index)
+
+    def model_depth(self, index: int) -> int:
+        """Texts admitted for the model and not yet answered."""
+        lane = self.lanes.get(index)
+        return lane.depth if lane is not None else 0
+
+    def when_empty(self, index: int) -> asyncio.Future[None]:
+        """Resolves once nothing admitted for the model is unanswered (at once if nothing is)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        lane = self.lanes.get(index)
+        if lane is None or not lane.depth:
+            fut.set_result(None)
+        else:
+            lane.waiters.append(fut)
+        return fut
+
+    @property
+    def many(self) -> bool:
+        """More than one model was ever opened: metrics label what they count by model."""
+        return len(self.names) > 1
+
+    @property
+    def models(self) -> Mapping[int, Lane]:
+        return self.lanes
 
     # -- the pool's speed ---------------------------------------------------------------------
     def rate(self) -> float | None:
@@ -197,10 +316,14 @@ class Dispatcher:
             return
         now = self.clock()
         while waiting:
-            rest = assign(waiting.take(256, now), self.serving, self.hold_cost, self.meter, now)
+            taken = waiting.take(256, now)
+            rest = assign(taken, self.serving, self.hold_cost, self.meter, now)
             if rest:
                 waiting.push_front(rest)
-                return
+                # Another model's texts may still fit where this one's did not: go on while
+                # some were placed and more than one model was left.
+                if len(rest) == len(taken) or len({r.group.model for r in rest}) == 1:
+                    return
 
     # -- workers and their answers --------------------------------------------------------------
     def add_worker(
@@ -230,6 +353,7 @@ class Dispatcher:
             return
         self.queued_cost -= req.cost
         group = req.group
+        self.lanes[group.model].answered(req.cost)
         group.results[req.index] = result
         group.remaining -= 1
         latency_ns = self.clock() - group.admitted_ns

@@ -10,8 +10,9 @@ import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
+from ringserve.service.engine.lanes import Lines
 from ringserve.service.engine.meter import Meter
-from ringserve.service.engine.requests import Request, Result, Waiting
+from ringserve.service.engine.requests import Request, Result
 from ringserve.shm import layout as L
 
 EXPIRE_EVERY_S = 0.05
@@ -21,7 +22,7 @@ class Owed(Protocol):
     """What the dispatcher owes, as expiry reads it (service.engine.dispatcher.Dispatcher)."""
 
     inflight: dict[int, Request]
-    waiting: Waiting
+    waiting: Lines
     meter: Meter
     clock: Callable[[], int]
 

@@ -67,6 +67,8 @@ class Group:
     __slots__ = (
         "admitted_ns",
         "callback",
+        "model",
+        "model_name",
         "priority",
         "protocol",
         "remaining",
@@ -84,6 +86,8 @@ class Group:
         task: str = "classify",
         priority: int = INTERACTIVE,
         tenant: str = "",
+        model: int = 0,
+        model_name: str = "",
     ) -> None:
         self.results: list[Result | None] = [None] * n
         self.remaining = n
@@ -93,6 +97,8 @@ class Group:
         self.task = task  # classify, embed or rerank: what /v1/stats and /metrics count
         self.priority = priority  # INTERACTIVE or BULK (service.tenants)
         self.tenant = tenant  # the caller's tenant name ("" without --api-keys)
+        self.model = model  # the model's wire index (shm.layout.with_model): its lane
+        self.model_name = model_name  # what metrics label it with
 
     def requests(
         self, first_id: int, texts: list[bytes], costs: list[int], deadline_ns: int
@@ -118,6 +124,11 @@ class Request:
         self.cost = cost
         self.worker: Holder | None = None
         self.rerouted = False  # its worker died: its wait says nothing of admission
+
+    @property
+    def model(self) -> int:
+        """The model's wire index: only workers that hold it may take the text."""
+        return self.group.model
 
 
 class Waiting:
@@ -163,15 +174,26 @@ class Waiting:
     def take(self, n: int, now_ns: int) -> list[Request]:
         """Up to n requests in the order they should go to workers."""
         out: list[Request] = []
-        inter, bulk = self.interactive, self.bulk
-        while len(out) < n and (inter or bulk):
-            if bulk and (not inter or now_ns - bulk[0].group.admitted_ns >= self.max_wait_ns):
-                r = bulk.popleft()
-                self.bulk_cost -= r.cost
-            else:
-                r = inter.popleft()
-            out.append(r)
+        while len(out) < n and self:
+            out.append(self.pop(now_ns))
         return out
+
+    def bulk_due(self, now_ns: int) -> bool:
+        """The oldest bulk text has waited its bound: it goes before interactive ones."""
+        bulk = self.bulk
+        return bool(bulk) and now_ns - bulk[0].group.admitted_ns >= self.max_wait_ns
+
+    def urgent(self, now_ns: int) -> bool:
+        """Holds a text that goes before any other's bulk text (service.engine.lanes)."""
+        return bool(self.interactive) or self.bulk_due(now_ns)
+
+    def pop(self, now_ns: int) -> Request:
+        """The request that should go to a worker next (raises IndexError when empty)."""
+        if self.bulk and (not self.interactive or self.bulk_due(now_ns)):
+            r = self.bulk.popleft()
+            self.bulk_cost -= r.cost
+            return r
+        return self.interactive.popleft()
 
     def remove(self, r: Request) -> None:
         """Raises ValueError when it is not waiting."""

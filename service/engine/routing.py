@@ -1,5 +1,6 @@
-"""Which worker gets which text: the least-loaded serving worker, while it holds less than
-`hold_cost` (about two batches of work), so what waits, waits in the front-end."""
+"""Which worker gets which text: the least-loaded serving worker that holds the text's model,
+while it holds less than `hold_cost` (about two batches of work), so what waits, waits in the
+front-end."""
 
 from __future__ import annotations
 
@@ -13,23 +14,34 @@ from ringserve.service.pool.handle import WorkerHandle
 def assign(
     reqs: list[Request], workers: Sequence[WorkerHandle], hold: int, meter: Meter, now_ns: int
 ) -> list[Request]:
-    """Give each request, in order, to the serving worker holding the least, while one has
-    room under `hold` (a worker holding nothing takes any one text); the rest, in order."""
+    """Give each request, in order, to the serving worker holding the least among those that
+    hold its model (WorkerHandle.models), while one has room under `hold` (a worker holding
+    nothing takes any one text); the rest, in order. Once a model's text finds no room, none
+    of that model's later texts is placed (none overtakes it); other models' still may be."""
     if not workers:
         return reqs
     flows = [meter.flow(w) for w in workers]
     loads = [f.held for f in flows]
     by_worker: list[list[Request]] = [[] for _ in workers]
-    taken = 0
+    holders: dict[int, list[int]] = {}  # model -> the workers that hold it
+    blocked: set[int] = set()  # models whose next text found no room
+    rest: list[Request] = []
     for r in reqs:
-        k = min(range(len(workers)), key=loads.__getitem__)
+        m = r.group.model
+        ks = holders.get(m)
+        if ks is None:
+            ks = holders[m] = [k for k, w in enumerate(workers) if m in w.models]
+        if m in blocked or not ks:
+            rest.append(r)
+            continue
+        k = min(ks, key=loads.__getitem__)
         limit = hold // 2 if r.group.priority else hold  # bulk: one batch of the two
         if hold and loads[k] and loads[k] + r.cost > limit:
-            break  # the least-loaded worker is full: so is every other
+            blocked.add(m)  # its least-loaded worker is full: so is every other
+            rest.append(r)
+            continue
         loads[k] += r.cost
         by_worker[k].append(r)
-        taken += 1
-    rest = reqs[taken:]
     refused: list[Request] = []
     for w, f, batch in zip(workers, flows, by_worker, strict=True):
         if not batch:

@@ -137,8 +137,37 @@ class Metrics:
                 "tasks": dict(server.dispatcher.answered_by_task),
             },
         }
+        doc["models"] = self.models(now_ns)
         doc.update(self.stats.last_minute())
         return doc
+
+    def models(self, now_ns: int) -> dict[str, Any]:
+        """Each model the dispatcher serves, by name: its texts answered, a second, its
+        latency over the last minute, and its queue (admitted and unanswered, its limit, how
+        many wait, how many it refused). A closed model shows while it still owes answers; two
+        of one name (an old version and its successor) show as one. The first model may be
+        unnamed there: it is the server's model."""
+        d, server = self.server.dispatcher, self.server
+        out: dict[str, Any] = {}
+        for lane in sorted(d.models.values(), key=lambda lane: lane.index):
+            if not lane.open and not lane.depth:
+                continue
+            name = lane.name or server.model_name
+            entry = out.get(name)
+            if entry is None:
+                if lane.name:
+                    entry = self.stats.model_minute(lane.name, now_ns)
+                else:  # never opened by name: the one model, whose numbers are the totals
+                    entry = self.stats.overall_minute(sum(d.answered_by_task.values()), now_ns)
+                entry.update(open=False, queue_depth=0, waiting=0, rejected=0)
+                out[name] = entry
+            if lane.open or not entry["open"]:  # an open one's index and limit go first
+                limit = lane.max_queue or d.max_queue
+                entry.update(open=lane.open, index=lane.index, max_queue=limit)
+            entry["queue_depth"] += lane.depth
+            entry["waiting"] += d.waiting.waiting_for(lane.index)
+            entry["rejected"] += lane.rejected
+        return out
 
     def render(self) -> bytes:
         """The /metrics text, from one fresh reading."""

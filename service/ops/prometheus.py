@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ringserve.service.engine.tenants import KeyRing
@@ -110,30 +110,41 @@ class Reading:
 
 def exposition(r: Reading) -> bytes:
     out = Exposition()
-    answers(out, r.server)
+    models = model_labels(r.server)
+    answers(out, r.server, r.stats, models)
     refusals(out, r)
-    timings(out, r.stats, r.server.buckets)
+    timings(out, r.stats, r.server.buckets, models)
     queue(out, r)
+    model_queues(out, r.server, models)
     server_facts(out, r.server)
     slots(out, r.server.supervisor)
     processes(out, r.server.supervisor)
-    worker_counters(out, r.totals)
+    worker_counters(out, r.totals, r.stats, models)
     gpus(out, r.server.supervisor)
     return out.text()
 
 
+def model_labels(server: MetricsView) -> dict[str, str]:
+    """Stats' model name -> its `model` label, for every model ever opened; empty while the
+    server has only ever held one, whose series carry no model label (as before there were
+    many). The first model may be unnamed in the dispatcher: it is the server's model."""
+    d = server.dispatcher
+    if not d.many:
+        return {}
+    return {lane.name: lane.name or server.model_name for lane in d.models.values()}
+
+
 # -- the families, in the order they are written ---------------------------------------------------
-def answers(out: Exposition, server: MetricsView) -> None:
-    """What was answered, by protocol, status and tenant, and what no key could open."""
+def answers(out: Exposition, server: MetricsView, stats: Stats, models: dict[str, str]) -> None:
+    """What was answered, by protocol, status and tenant (and model, with many), and what no
+    key could open."""
     out.labelled(
         "ringserve_requests_total",
         "counter",
         "Client requests answered, by protocol and status code (and tenant, with "
-        "--api-keys: the tenant of the request's key).",
-        (
-            ({"protocol": p, "code": str(c), **({"tenant": t} if t else {})}, n)
-            for (p, c, t), n in sorted(server.requests_total.items())
-        ),
+        "--api-keys: the tenant of the request's key; and model, with many models: answers "
+        "about no model carry none).",
+        request_rows(server.requests_total, stats.requests_by_model, models),
     )
     refused = dict.fromkeys(AUTH_PROTOCOLS, 0)  # all present from the start, for rate()
     for source in (server.api_key, server.keys):
@@ -148,6 +159,28 @@ def answers(out: Exposition, server: MetricsView) -> None:
     )
     if server.keys is not None and server.keys.named:
         tenants(out, server.keys)
+
+
+def request_rows(
+    total: Mapping[tuple[str, int, str], int],
+    by_model: Mapping[tuple[str, int, str, str], int],
+    models: dict[str, str],
+) -> list[tuple[dict[str, str], int]]:
+    """requests_total's samples: with many models, each answer in exactly one of them (about a
+    model: labelled with it; about none: the rest, unlabelled), so a sum() counts it once."""
+
+    def labels(p: str, c: int, t: str) -> dict[str, str]:
+        return {"protocol": p, "code": str(c), **({"tenant": t} if t else {})}
+
+    if not models:
+        return [(labels(p, c, t), n) for (p, c, t), n in sorted(total.items())]
+    rest = dict(total)
+    rows: list[tuple[dict[str, str], int]] = []
+    for (p, c, t, m), n in sorted(by_model.items()):
+        rest[(p, c, t)] = rest.get((p, c, t), 0) - n
+        rows.append(({**labels(p, c, t), "model": models.get(m, m)}, n))
+    rows += [(labels(p, c, t), n) for (p, c, t), n in sorted(rest.items()) if n > 0]
+    return rows
 
 
 def tenants(out: Exposition, keys: KeyRing) -> None:
@@ -203,7 +236,7 @@ def refusals(out: Exposition, r: Reading) -> None:
     )
 
 
-def timings(out: Exposition, s: Stats, buckets: tuple[int, ...]) -> None:
+def timings(out: Exposition, s: Stats, buckets: tuple[int, ...], models: dict[str, str]) -> None:
     families = (
         ("ringserve_request_latency_seconds", "Admission to answer, per text.", s.lat, 1e-9),
         (
@@ -225,6 +258,9 @@ def timings(out: Exposition, s: Stats, buckets: tuple[int, ...]) -> None:
         "ringserve_request_model_seconds": s.model_sum_us,
     }
     for name, help_text, bins, scale in families:
+        if models and name == "ringserve_request_latency_seconds":
+            latency_by_model(out, s, buckets, models, help_text)
+            continue
         out.family(name, "histogram", help_text + " Label bucket: the length bucket (tokens).")
         for b, length in enumerate(buckets):
             out.histogram(
@@ -233,6 +269,27 @@ def timings(out: Exposition, s: Stats, buckets: tuple[int, ...]) -> None:
                 PROM_BOUNDS_S,
                 prom_buckets(bins[b]),
                 sums[name][b] * scale,
+            )
+
+
+def latency_by_model(
+    out: Exposition, s: Stats, buckets: tuple[int, ...], models: dict[str, str], help_text: str
+) -> None:
+    name = "ringserve_request_latency_seconds"
+    out.family(
+        name,
+        "histogram",
+        help_text + " Labels bucket: the length bucket (tokens); model: the model's name.",
+    )
+    for key, label in sorted(models.items(), key=lambda kv: kv[1]):
+        ms = s.for_model(key)
+        for b, length in enumerate(buckets):
+            out.histogram(
+                name,
+                {"bucket": str(length), "model": label},
+                PROM_BOUNDS_S,
+                prom_buckets(ms.lat[b]),
+                ms.lat_sum_ns[b] * 1e-9,
             )
 
 
@@ -255,6 +312,36 @@ def queue(out: Exposition, r: Reading) -> None:
     )
     for name, help_text, value in gauges:
         out.single(name, "gauge", help_text, value)
+
+
+def model_queues(out: Exposition, server: MetricsView, models: dict[str, str]) -> None:
+    """With many models: each model's queue, its limit and its refusals (lanes of one name,
+    an old and a new version, are added up)."""
+    if not models:
+        return
+    d = server.dispatcher
+    depth: dict[str, int] = {}
+    limit: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    for lane in d.models.values():
+        label = models.get(lane.name, lane.name)
+        depth[label] = depth.get(label, 0) + lane.depth
+        refused[label] = refused.get(label, 0) + lane.rejected
+        if lane.open:
+            limit[label] = lane.max_queue or d.max_queue
+    families = (
+        ("ringserve_model_queue_depth", "gauge", "Texts admitted and not yet answered.", depth),
+        ("ringserve_model_queue_limit", "gauge", "The model's queue limit (open models).", limit),
+        (
+            "ringserve_model_rejected_requests_total",
+            "counter",
+            "Texts refused at admission for lack of the model's queue room (503).",
+            refused,
+        ),
+    )
+    for name, kind, help_text, values in families:
+        rows = (({"model": m}, v) for m, v in sorted(values.items()))
+        out.labelled(name, kind, help_text + " Label model: the model's name.", rows)
 
 
 def server_facts(out: Exposition, server: MetricsView) -> None:
@@ -325,19 +412,32 @@ def processes(out: Exposition, pool: PoolView) -> None:
     )
 
 
-def worker_counters(out: Exposition, totals: list[int]) -> None:
+def worker_counters(
+    out: Exposition, totals: list[int], stats: Stats, models: dict[str, str]
+) -> None:
     named = WorkerTotals.named(totals)
-    hist = WorkerTotals.batch_hist(totals)
-    cumulative = [sum(hist[: i + 1]) for i in range(len(hist))]
-    cumulative.append(cumulative[-1])  # sizes above the top bound count in the top bin
-    out.family("ringserve_batch_size", "histogram", "Texts per model batch, all workers.")
-    out.histogram(
-        "ringserve_batch_size",
-        {},
-        [float(b) for b in L.BATCH_BOUNDS],
-        cumulative,
-        named["rows"],  # rows, not answers: a windowed text's windows are rows of batches
-    )
+    bounds = [float(b) for b in L.BATCH_BOUNDS]
+    if models:  # a worker counts its models' batches together: each model's, from its answers
+        out.family(
+            "ringserve_batch_size",
+            "histogram",
+            "Texts per model batch, all workers; label model: the model's name (its batches as "
+            "its answers name them).",
+        )
+        for key, label in sorted(models.items(), key=lambda kv: kv[1]):
+            ms = stats.for_model(key)
+            out.histogram(
+                "ringserve_batch_size", {"model": label}, bounds, cumulate(ms.batch_hist), ms.rows
+            )
+    else:
+        out.family("ringserve_batch_size", "histogram", "Texts per model batch, all workers.")
+        out.histogram(
+            "ringserve_batch_size",
+            {},
+            bounds,
+            cumulate(WorkerTotals.batch_hist(totals)),
+            named["rows"],  # rows, not answers: a windowed text's windows are rows of batches
+        )
     counters = (
         ("ringserve_tokens_total", "Real tokens run through the model.", "tokens", 1),
         (
@@ -374,6 +474,14 @@ def worker_counters(out: Exposition, totals: list[int]) -> None:
     for name, help_text, key, scale in counters:
         value = named[key] * scale if scale != 1 else named[key]
         out.single(name, "counter", help_text, value)
+
+
+def cumulate(hist: list[int]) -> list[int]:
+    """A batch histogram's bins, cumulative, with +Inf last (sizes above the top bound count
+    in the top bin)."""
+    cumulative = [sum(hist[: i + 1]) for i in range(len(hist))]
+    cumulative.append(cumulative[-1])
+    return cumulative
 
 
 def gpus(out: Exposition, pool: PoolView) -> None:

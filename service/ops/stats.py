@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_left
+from collections import deque
 from operator import add
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,7 @@ WORKER_COUNTERS = (
     "rows",
 )
 NCOUNTERS = len(WORKER_COUNTERS)
+SEEN_BATCHES = 256  # a model's most recent batches, each counted once in its batch sizes
 
 
 class Window:
@@ -84,6 +86,51 @@ class Window:
         self.model_us = 0
         for row in self.lat:
             row[:] = [0] * NBINS
+
+
+class ModelStats:
+    """One model's answers, when a server holds many (the `model` label): latency bins per
+    length bucket, the sizes of the batches its answers came from, and one-second windows.
+
+    A worker counts batches for all its models together, so a model's batch sizes are read
+    from its answers instead: each answer names its batch (Result.batch: rows, padded length,
+    start), and a batch is counted the first time one of its answers is seen. (A windowed
+    text's answer names one of its batches: batches of nothing but other windows go uncounted.)
+    """
+
+    __slots__ = ("answered", "batch_hist", "lat", "lat_sum_ns", "rows", "seen", "seen_set", "win")
+
+    def __init__(self, nbuckets: int) -> None:
+        self.answered = 0  # texts, any status
+        self.lat = [[0] * NBINS for _ in range(nbuckets)]
+        self.lat_sum_ns = [0] * nbuckets
+        self.batch_hist = [0] * len(L.BATCH_BOUNDS)  # as a worker's: the first bound >= size
+        self.rows = 0
+        self.seen: deque[int] = deque()
+        self.seen_set: set[int] = set()
+        self.win = [Window(1) for _ in range(WINDOW_S)]  # latency over every bucket
+
+    def window(self, sec: int) -> Window:
+        w = self.win[sec % WINDOW_S]
+        if w.sec != sec:
+            w.reset(sec)
+        return w
+
+    def batch(self, result: Result) -> None:
+        word = result.batch
+        if word in self.seen_set:
+            return
+        if len(self.seen) >= SEEN_BATCHES:
+            self.seen_set.discard(self.seen.popleft())
+        self.seen.append(word)
+        self.seen_set.add(word)
+        rows = L.unpack_batch(word, result.read_ns)[0]
+        self.batch_hist[min(bisect_left(L.BATCH_BOUNDS, rows), len(L.BATCH_BOUNDS) - 1)] += 1
+        self.rows += rows
+
+    def recent(self, now_sec: int, span: int) -> list[Window]:
+        lo = now_sec - span
+        return [w for w in self.win if lo < w.sec <= now_sec]
 
 
 def percentile(counts: list[int], q: float) -> float | None:
@@ -113,6 +160,9 @@ class Stats:
         self.keys = keys  # with --api-keys: each tenant's codes too
         # (protocol, code, tenant): tenant is "" without --api-keys, and for answers to no key.
         self.requests_total: dict[tuple[str, int, str], int] = {}
+        # Of those, the answers about one model: (protocol, code, tenant, model).
+        self.requests_by_model: dict[tuple[str, int, str, str], int] = {}
+        self.models: dict[str, ModelStats] = {}  # by model name
         self.buckets = buckets
         nb = self.nb = max(1, len(buckets))
         self.lat = [[0] * NBINS for _ in range(nb)]
@@ -129,8 +179,10 @@ class Stats:
         self.cur.reset(self.cur_sec)
 
     # -- per request: keep it a handful of integer operations --------------------------------
-    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None:
-        """One more answer written (n more)."""
+    def count(
+        self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None, model: str = ""
+    ) -> None:
+        """One more answer written (n more); `model`: the model's name, when it was about one."""
         name = ""
         if tenant is not None and self.keys is not None and self.keys.named:
             name = tenant.name
@@ -138,10 +190,21 @@ class Stats:
             by[code] = by.get(code, 0) + n
         key = (protocol, code, name)
         self.requests_total[key] = self.requests_total.get(key, 0) + n
+        if model:
+            mkey = (protocol, code, name, model)
+            self.requests_by_model[mkey] = self.requests_by_model.get(mkey, 0) + n
+
+    def for_model(self, name: str) -> ModelStats:
+        ms = self.models.get(name)
+        if ms is None:
+            ms = self.models[name] = ModelStats(self.nb)
+        return ms
 
     def observe(self, group: Group, result: Result, latency_ns: int) -> None:
         cur = self.cur
         cur.n += 1
+        if group is not None and group.model_name:  # a named model: its numbers too
+            self.observe_model(group.model_name, result, latency_ns)
         if result.status:  # not answered by a model: no bucket, no timings
             self.failed += 1
             cur.failed += 1
@@ -161,6 +224,24 @@ class Stats:
         self.model_sum_us[b] += m
         cur.queued_us += q
         cur.model_us += m
+
+    def observe_model(self, name: str, result: Result, latency_ns: int) -> None:
+        """One answer about a named model (the dispatcher's first model is unnamed until it is
+        opened by name: a one-model server's numbers are the totals)."""
+        ms = self.for_model(name)
+        ms.answered += 1
+        mine = ms.window(self.cur_sec)
+        mine.n += 1
+        if result.status:
+            mine.failed += 1
+            return
+        b = min(result.bucket, self.nb - 1)
+        i = bisect_left(EDGES_NS, latency_ns)
+        ms.lat[b][i] += 1
+        ms.lat_sum_ns[b] += latency_ns
+        mine.lat[0][i] += 1
+        if result.batch:
+            ms.batch(result)
 
     # -- on the tick --------------------------------------------------------------------------
     def rotate(self, now_ns: int) -> None:
@@ -184,6 +265,33 @@ class Stats:
         elapsed = (RATE_S - 1) + (now_ns - self.cur_sec * 1_000_000_000) / 1e9
         elapsed = min(elapsed, (now_ns - self.started_ns) / 1e9)
         return round(count / elapsed, 2) if elapsed > 0.05 else 0.0
+
+    def model_minute(self, name: str, now_ns: int) -> dict[str, Any]:
+        """One model's numbers for /v1/stats: texts answered (any status), a second over the
+        last RATE_S seconds, and its latency percentiles over the last minute."""
+        ms = self.for_model(name)
+        count = sum(w.n for w in ms.recent(self.cur_sec, RATE_S))
+        elapsed = (RATE_S - 1) + (now_ns - self.cur_sec * 1_000_000_000) / 1e9
+        elapsed = min(elapsed, (now_ns - self.started_ns) / 1e9)
+        merged = [0] * NBINS
+        for w in ms.recent(self.cur_sec, WINDOW_S):
+            if w.n > w.failed:
+                merged = list(map(add, merged, w.lat[0]))
+        rate = round(count / elapsed, 2) if elapsed > 0.05 else 0.0
+        return {"requests": ms.answered, "requests_per_s": rate, "latency_ms": quantiles(merged)}
+
+    def overall_minute(self, answered: int, now_ns: int) -> dict[str, Any]:
+        """model_minute's numbers over every answer (a one-model server's unnamed model)."""
+        merged = [0] * NBINS
+        for w in self.recent():
+            if w.n > w.failed:
+                for row in w.lat:
+                    merged = list(map(add, merged, row))
+        return {
+            "requests": answered,
+            "requests_per_s": self.requests_per_s(now_ns),
+            "latency_ms": quantiles(merged),
+        }
 
     def history(self) -> list[int]:
         """Answers in each of the last WINDOW_S whole seconds, oldest first."""
@@ -223,6 +331,15 @@ class Stats:
             },
             "failed": sum(w.failed for w in wins),
         }
+
+
+def quantiles(counts: list[int]) -> dict[str, float | None]:
+    """p50 and p99 (ms) of binned samples, None without any."""
+    p50, p99 = percentile(counts, 0.5), percentile(counts, 0.99)
+    return {
+        "p50": None if p50 is None else round(p50, 3),
+        "p99": None if p99 is None else round(p99, 3),
+    }
 
 
 def prom_buckets(fine: list[int]) -> list[int]:

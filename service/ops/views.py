@@ -20,10 +20,29 @@ from ringserve.workers.artifact import Manifest
 
 
 class Waiting(Sized, Protocol):
-    """Texts admitted but in no ring yet: how many, and how many of them are bulk."""
+    """Texts admitted but in no ring yet: how many, how many of them are bulk, and how many
+    are one model's."""
 
     @property
     def bulk(self) -> Sized: ...
+    def waiting_for(self, model: int) -> int: ...
+
+
+class LaneView(Protocol):
+    """One model as the dispatcher admits it (service.engine.lanes.Lane)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def max_queue(self) -> int: ...  # 0: the total alone
+    @property
+    def open(self) -> bool: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def rejected(self) -> int: ...
 
 
 class QueueView(Protocol):
@@ -45,6 +64,10 @@ class QueueView(Protocol):
     def expired(self) -> int: ...
     @property
     def answered_by_task(self) -> Mapping[str, int]: ...
+    @property
+    def many(self) -> bool: ...  # more than one model was ever opened
+    @property
+    def models(self) -> Mapping[int, LaneView]: ...
     def wait_ms(self) -> float | None: ...
     def rate(self) -> float | None: ...
 

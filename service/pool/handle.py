@@ -138,6 +138,8 @@ class WorkerHandle:
         self.spec = worker_spec(
             settings, serial, pid, self.cpus, device, model_dir, self.bells, self.channel
         )
+        # The models' wire indexes it serves: only their texts are routed to it.
+        self.models = frozenset(m.index for m in self.spec.models) or frozenset({0})
         self.process: Any = None
         self.pidfd = -1  # the sentinel of a spawned worker (a forked one's is its own pidfd)
 

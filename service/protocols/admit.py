@@ -46,8 +46,11 @@ def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
 
 
 def respond_refusal(conn: HttpProtocol, ex: Exchange, refusal: Refusal) -> None:
-    """429 over the key's rate or 503 from the queue, with the seconds until a retry fits."""
-    extra = [latency_header(ex), (b"retry-after", str(refusal.retry_after_s).encode())]
+    """404 for a model not open, 429 over the key's rate or 503 from the queue, with the
+    seconds until a retry fits (none for a 404)."""
+    extra = [latency_header(ex)]
+    if refusal.retry_after_s:
+        extra.append((b"retry-after", str(refusal.retry_after_s).encode()))
     conn.respond_error(ex, refusal.code, refusal.message, extra)
 
 
@@ -94,11 +97,13 @@ def submit(
     deadline: int | None = None,
     task: str = "classify",
     priority: int | None = None,
+    model: int = 0,
 ) -> None:
-    """Admit texts for inference, or answer 429 or 503 at once. `deadline` overrides the
+    """Admit texts for inference, or answer 404, 429 or 503 at once. `deadline` overrides the
     header's, `priority` (a KServe parameter) the X-Priority header's; neither raises the
-    key's priority. `on_ok` gets the results when every text succeeded; any failure is
-    answered here."""
+    key's priority. `model` is the model's wire index (ModelInfo.index); a model that is not
+    open (unloaded) is answered 404. `on_ok` gets the results when every text succeeded; any
+    failure is answered here."""
     if deadline is None:
         deadline = deadline_ns(ex, admission.timeout_s)
     if priority is None:
@@ -116,7 +121,10 @@ def submit(
         else:
             respond_failure(conn, ex, failed)
 
-    refusal = admission.submit(texts, deadline, done, protocol, task, tenant, level, trace)
+    ex.model = admission.dispatcher.names.get(model, "")  # the answer is counted under it
+    refusal = admission.submit(
+        texts, deadline, done, protocol, task, tenant, level, trace, model=model
+    )
     if refusal is not None:
         respond_refusal(conn, ex, refusal)
 

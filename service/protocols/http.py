@@ -57,6 +57,7 @@ class Exchange:
         "headers",
         "keep_alive",
         "method",
+        "model",
         "request_id",
         "response",
         "status",
@@ -77,6 +78,7 @@ class Exchange:
         self.status = 0  # of the response, once there is one
         self.tenant: Any = None  # service.tenants.Tenant of the caller's key (None: no key)
         self.trace: Any = None  # service.tracing.RequestTrace while a sampled request is traced
+        self.model = ""  # the name of the model it was admitted for (metrics' model label)
 
 
 class HttpServerState:
@@ -92,8 +94,8 @@ class HttpServerState:
         self.settings = settings
         self.router = router
         self.clock = clock  # every timeout reads this one clock (tests drive a fake one)
-        # Every answer written, by protocol, status and tenant (requests_total): count(protocol,
-        # code, n=1, tenant=None).
+        # Every answer written, by protocol, status, tenant and model (requests_total):
+        # count(protocol, code, n=1, tenant=None, model="").
         self.count = count
         self.connections: set[HttpProtocol] = set()
         self.counter = 0
@@ -371,7 +373,7 @@ class HttpProtocol(asyncio.Protocol):
             ex = q.popleft()
             transport.write(ex.response)  # type: ignore[arg-type]
             # Counted once, where written; with the tenant of its key, when it had one.
-            self.state.count(protocol_of(ex.url), ex.status, 1, ex.tenant)
+            self.state.count(protocol_of(ex.url), ex.status, 1, ex.tenant, ex.model)
             if ex.trace is not None:
                 ex.trace.written(ex.status, self.clock())
             if not ex.keep_alive:

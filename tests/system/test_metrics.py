@@ -266,6 +266,12 @@ def test_stats_match_control_status(server: ServerProc) -> None:
     assert sum(hist["counts"]) == sum(v["count"] for v in stats["latency_ms"].values())
     assert len(stats["requests_per_s_history"]) == S.WINDOW_S
     assert stats["totals"]["answered"] >= 6 and 0 <= stats["totals"]["padding_waste"] < 1
+    # One model: its entry under `models` is the server's own numbers.
+    (name, model), *others = stats["models"].items()
+    assert not others and name == stats["model"]["name"] and model["open"]
+    assert model["requests"] == sum(stats["totals"]["tasks"].values()) >= 6
+    assert model["queue_depth"] == 0 and model["max_queue"] == stats["max_queue"]
+    assert 0 < model["latency_ms"]["p50"] <= model["latency_ms"]["p99"]
 
 
 def test_stats_show_the_estimated_queue_wait(server: ServerProc, sst2_texts: list[str]) -> None:

@@ -105,8 +105,9 @@ def test_client_that_never_reads_is_aborted_after_the_write_timeout() -> None:
 class Worker:
     """Stands in for a WorkerHandle: a request ring of `room` slots and its answers."""
 
-    def __init__(self, room: int = 1000) -> None:
+    def __init__(self, room: int = 1000, models: frozenset[int] = frozenset({0})) -> None:
         self.room = room
+        self.models = models  # the model indexes it serves (WorkerHandle.models)
         self.assigned: dict[int, object] = {}
         self.ring: list[tuple[int, bytes, int]] = []
         self.answers: list[tuple[int, int, bytes]] = []

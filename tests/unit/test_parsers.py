@@ -222,7 +222,13 @@ class Dispatcher:
     def __init__(self) -> None:
         self.owed: list[tuple[list[bytes], Any]] = []
 
-    def room(self, costs: list[int], whole: bool, priority: int = 0) -> int:
+    def is_open(self, model: int) -> bool:  # every model the protocol selects is open here
+        return True
+
+    def model_name(self, model: int) -> str:
+        return str(model)
+
+    def room(self, costs: list[int], whole: bool, priority: int = 0, model: int = 0) -> int:
         return len(costs)
 
     def admit(
@@ -230,7 +236,7 @@ class Dispatcher:
     ) -> None:
         self.owed.append((texts, done))
 
-    def refuse(self, n: int) -> None:
+    def refuse(self, n: int, model: int = 0) -> None:
         raise AssertionError(f"{n} frames refused: the fake has room for all")
 
     def answer(self) -> None:

@@ -72,6 +72,7 @@ class FakeHandle:
         self.slot: int | None = None
         self.draining = self.dead = self.forked = False
         self.assigned: dict[int, Any] = {}
+        self.models = frozenset({0})
         self.started_at = 0.0
         self.ready_at: float | None = None
         self.kill_sent_at: float | None = None

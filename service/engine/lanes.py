@@ -1,0 +1,162 @@
+"""One lane per model in the front-end: its queue limit, what it has admitted and not answered,
+and who waits for that to reach zero; and every lane's waiting texts as one queue (`Lines`),
+taken round-robin across models, so a flood of one model cannot starve another's texts.
+
+Within a model the order is the one-model order (requests.Waiting: interactive texts first, a
+bulk text once it has waited its bound; no newer text before an older one of its kind). Across
+models, each turn takes the oldest text of the next model in turn, preferring a model whose next
+text is interactive (or a bulk text past its bound) over one with only bulk texts waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from ringserve.service.engine.requests import Request, Waiting
+
+
+class Lane:
+    """One model as the dispatcher admits it."""
+
+    __slots__ = ("cost", "depth", "index", "max_queue", "name", "open", "rejected", "waiters")
+
+    def __init__(self, index: int, name: str, max_queue: int) -> None:
+        self.index = index  # the wire index (shm.layout.with_model), never reused
+        self.name = name
+        self.max_queue = max_queue  # its own --max-queue, within the total (0: the total)
+        self.open = True  # closed: new texts are refused as for an unknown model
+        self.depth = 0  # admitted, not yet answered
+        self.cost = 0  # of those (requests.text_cost)
+        self.rejected = 0  # texts refused for lack of room (503)
+        self.waiters: list[asyncio.Future[None]] = []  # when_empty
+
+    def answered(self, cost: int) -> None:
+        """One of its texts was answered: wake who waits for none to be left."""
+        self.depth -= 1
+        self.cost -= cost
+        if not self.depth and self.waiters:
+            waiters, self.waiters = self.waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+
+class Count:
+    """How many of one kind of text wait, over every lane (a Sized view, for metrics)."""
+
+    __slots__ = ("kind", "lines")
+
+    def __init__(self, lines: Lines, kind: str) -> None:
+        self.lines = lines
+        self.kind = kind  # "interactive" or "bulk"
+
+    def __len__(self) -> int:
+        return sum(len(getattr(w, self.kind)) for w in self.lines.lines.values())
+
+    def __bool__(self) -> bool:
+        return any(getattr(w, self.kind) for w in self.lines.lines.values())
+
+
+class Lines:
+    """Admitted texts in no ring yet, one Waiting a model, taken round-robin across models.
+
+    `turns` holds the models with texts waiting, the next turn first; a model whose texts were
+    taken but not placed (push_front) gets its turn back first, so room that frees up goes to
+    the model that was refused it."""
+
+    __slots__ = ("bulk", "interactive", "lines", "max_wait_ns", "turns")
+
+    def __init__(self, max_wait_ns: int) -> None:
+        self.max_wait_ns = max_wait_ns
+        self.lines: dict[int, Waiting] = {}
+        self.turns: deque[int] = deque()
+        self.bulk = Count(self, "bulk")
+        self.interactive = Count(self, "interactive")
+
+    def line(self, model: int) -> Waiting:
+        w = self.lines.get(model)
+        if w is None:
+            w = self.lines[model] = Waiting(self.max_wait_ns)
+        return w
+
+    def __len__(self) -> int:
+        return sum(len(w) for w in self.lines.values())
+
+    def __bool__(self) -> bool:
+        return bool(self.turns)
+
+    def __iter__(self) -> Iterator[Request]:
+        for m in self.turns:
+            yield from self.lines[m]
+
+    def waiting_for(self, model: int) -> int:
+        """How many of the model's texts wait."""
+        w = self.lines.get(model)
+        return len(w) if w is not None else 0
+
+    @property
+    def bulk_cost(self) -> int:
+        """Of the bulk texts waiting: interactive texts do not wait for them."""
+        return sum(w.bulk_cost for w in self.lines.values())
+
+    def bulk_cost_of(self, model: int) -> int:
+        w = self.lines.get(model)
+        return w.bulk_cost if w is not None else 0
+
+    def extend(self, reqs: Iterable[Request]) -> None:
+        for r in reqs:
+            w = self.line(r.group.model)
+            if not w:
+                self.turns.append(r.group.model)
+            w.extend((r,))
+
+    def push_front(self, reqs: list[Request]) -> None:
+        """Put requests back at the front of their lines, in their order; their models take
+        the next turns, in the order of their first request here."""
+        by_model: dict[int, list[Request]] = {}
+        for r in reqs:
+            by_model.setdefault(r.group.model, []).append(r)
+        for m, rs in by_model.items():
+            if self.lines.get(m):
+                self.turns.remove(m)
+            self.line(m).push_front(rs)
+        self.turns.extendleft(reversed(by_model))
+
+    def take(self, n: int, now_ns: int) -> list[Request]:
+        """Up to n requests in the order they should go to workers: one a model in turn."""
+        out: list[Request] = []
+        turns = self.turns
+        while len(out) < n and turns:
+            k = self.next_turn(now_ns)
+            m = turns[k]
+            del turns[k]
+            w = self.lines[m]
+            out.append(w.pop(now_ns))
+            if w:
+                turns.append(m)
+        return out
+
+    def next_turn(self, now_ns: int) -> int:
+        """The first model in turn whose next text is interactive or a bulk text past its
+        bound; with only bulk texts waiting, the first in turn."""
+        for k, m in enumerate(self.turns):
+            if self.lines[m].urgent(now_ns):
+                return k
+        return 0
+
+    def remove(self, r: Request) -> None:
+        """Raises ValueError when it is not waiting."""
+        m = r.group.model
+        w = self.lines.get(m)
+        if w is None:
+            raise ValueError("not waiting")
+        w.remove(r)
+        if not w:
+            self.turns.remove(m)
+
+    def clear(self) -> None:
+        for w in self.lines.values():
+            w.clear()
+        self.turns.clear()
