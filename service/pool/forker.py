@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ringserve.service.settings import Config
 from ringserve.workers.artifact import ArtifactError, load_manifest
 from ringserve.workers.onnx_model import choose_runtime
+from ringserve.workers.spec import ModelRef
 from ringserve.workers.zygote import Zygote
 
 ZYGOTE_RETRY_S = 5.0  # a dead zygote is replaced at most this often; workers spawn meanwhile
@@ -18,26 +19,32 @@ ZYGOTE_RETRY_MAX_S = 300.0  # ... doubling for each zygote in a row that died be
 ZYGOTE_WAIT_S = 120.0  # at start, workers wait this long for the zygote before spawning
 
 
-def workers_run_torch(settings: Config, model_dir: str, on_gpu: bool) -> bool:
-    """Whether workers run TorchScript (the zygote then holds the CPU weights to share)."""
-    try:
-        manifest = load_manifest(model_dir, verify=False)
-        runtime, _ = choose_runtime(settings.runtime, settings.precision, on_gpu, manifest)
-    except (ArtifactError, ValueError):
-        return True  # the workers will report the problem themselves
-    return runtime == "torch"
+def workers_run_torch(settings: Config, model_dirs: Sequence[str], on_gpu: bool) -> bool:
+    """Whether workers run TorchScript for any of their models (the zygote then holds the CPU
+    weights to share)."""
+    for model_dir in model_dirs:
+        try:
+            manifest = load_manifest(model_dir, verify=False)
+            runtime, _ = choose_runtime(settings.runtime, settings.precision, on_gpu, manifest)
+        except (ArtifactError, ValueError):
+            return True  # the workers will report the problem themselves
+        if runtime == "torch":
+            return True
+    return False
 
 
 class Forker:
     def __init__(
         self,
         settings: Config,
+        models: tuple[ModelRef, ...],
         model_dir: str,
         on_gpu: bool,
         clock: Callable[[], float],
         emit: Callable[..., None],
     ) -> None:
         self.settings = settings
+        self.models = models  # what the next zygote preloads (set_models; empty: model_dir's)
         self.model_dir = model_dir
         self.on_gpu = on_gpu
         self.clock = clock
@@ -48,7 +55,8 @@ class Forker:
         self.failures = 0  # zygotes in a row that died before they were ready
 
     def start(self, generation: int) -> None:
-        torch = workers_run_torch(self.settings, self.model_dir, self.on_gpu)
+        dirs = [m.model_dir for m in self.models] or [self.model_dir]
+        torch = workers_run_torch(self.settings, dirs, self.on_gpu)
         self.zygote = Zygote(self.model_dir, generation, torch)
         self.zygote.started_at = self.clock()
         self.retry_at = self.clock() + ZYGOTE_RETRY_S
