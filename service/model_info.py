@@ -125,12 +125,15 @@ class Wanted:
 def wanted_at_start(settings: Config, log: EventLog) -> list[Wanted]:
     """What --model, --model-repository and --model-control ask to serve from the start, in
     index order: the bare --model DIR (or the built-in default when nothing else is named),
-    each --model NAME=DIR, then the repository's models (with --model-control none)."""
+    each --model NAME=DIR, then the repository's models (with --model-control none; with
+    explicit they load on request)."""
     s = settings
     repo = scan_repository(s.model_repository) if s.model_repository else {}
     out: list[Wanted] = []
     bare, named = s.model, s.named_models  # a repository model's bare NAME is named (settings)
-    if bare is not None or (not named and not repo):
+    # No --model at all serves the built-in default, as before, unless the repository is the
+    # set (--model-control none); explicit control with nothing named starts with it too.
+    if bare is not None or (not named and (not repo or s.model_control == "explicit")):
         where = bare or str(default_in_child(s.cache_dir))
         out.append(one_wanted(s.model_name, where, True))
     out += [one_wanted(name, where, True) for name, where in named]
@@ -144,10 +147,7 @@ def wanted_at_start(settings: Config, log: EventLog) -> list[Wanted]:
                 continue
             out.append(Wanted(cand.name, picked[1], picked[0], False))
     if not out:
-        raise ArtifactError(
-            "--model-control explicit starts with the models --model names: give one "
-            "(--model NAME for a repository model, or --model NAME=DIR)"
-        )
+        raise ArtifactError(f"model repository {s.model_repository}: no model in it loads")
     return out
 
 

@@ -279,7 +279,8 @@ class Config:
     model_control: str = option(
         "none",
         "none: the models at start are the set; explicit: models load and unload on request "
-        "(`ctl load|unload`, KServe's repository extension), starting with those --model names",
+        "(`ctl load|unload`, KServe's repository extension), starting with those --model names "
+        "(none named: the built-in default)",
         parse_model_control,
     )
     memory_budget: int | None = option(

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devkit.launcher import ROOT
 from devkit.server import ServerProc, serving
 
 
@@ -60,6 +63,15 @@ def v1_names_models(srv: ServerProc) -> bool:
     """Whether /v1 takes "model" (the protocols' part of many models)."""
     status, _, data = srv.request("GET", "/openapi.json")
     return status == 200 and b'"model"' in data and b"/v1/models" in data
+
+
+def ctl_command(srv: ServerProc, *argv: str) -> tuple[int, dict[str, Any]]:
+    """`ringserve ctl ...` as an operator types it: its exit code and its answer."""
+    command = [sys.executable, "-m", "ringserve.service.cli", "ctl", "--control", srv.control]
+    out = subprocess.run(
+        [*command, *argv], capture_output=True, text=True, timeout=600, cwd=ROOT, check=False
+    )
+    return out.returncode, json.loads(out.stdout)
 
 
 def ctl(srv: ServerProc, **cmd: Any) -> dict[str, Any]:
@@ -151,3 +163,20 @@ def test_model_control_none_loads_the_repository_and_refuses_loads(
             reply = srv.ctl(cmd)
             assert (reply["ok"], reply.get("code")) == (False, 400), reply
             assert "explicit" in reply["error"]
+
+
+def test_a_load_past_the_memory_budget_is_refused(tmp_path: Path, repo: Path) -> None:
+    args = ["--model-repository", str(repo), "--model-control", "explicit", "--model", "alpha"]
+    args += ["--memory-budget", "64M", "--workers", "1", "--spares", "0"]
+    with serving(ServerProc(tmp_path, args), 1) as srv:
+        code, reply = ctl_command(srv, "load", "beta", "--version", "1")
+        assert code == 1 and (reply["ok"], reply["code"]) == (False, 409), reply
+        assert "--memory-budget" in reply["error"]
+        code, listed = ctl_command(srv, "models")
+        assert code == 0
+        beta = next(r for r in listed["models"] if r["name"] == "beta")
+        assert beta["state"] == "UNAVAILABLE" and "--memory-budget" in beta["reason"]
+        assert [m["name"] for m in srv.status()["models"]] == ["alpha"]
+        assert classify(srv, "alpha") == 200
+        code, reply = ctl_command(srv, "unload", "alpha")  # the only one: it stays
+        assert code == 1 and reply["code"] == 409, reply
