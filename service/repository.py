@@ -60,11 +60,12 @@ def when_empty(dispatcher: Dispatcher, index: int) -> Awaitable[None]:
 def measured_rss(ctls: Iterable[Any], index: int) -> int | None:
     """A model's memory in one worker, as the workers measured it when they loaded it (the
     largest of theirs); None when no worker says."""
-    read = getattr(L, "model_rss", None)
-    if read is None:
-        return None
-    seen = [int(read(ctl, index)) for ctl in ctls]
-    seen = [v for v in seen if v > 0]
+    seen = []
+    for ctl in ctls:
+        read = getattr(ctl, "model_rss", None)  # shm.control.ControlBlock's, with the workers'
+        value = read(index) if read is not None and 0 <= index < L.MAX_MODELS else 0
+        if value > 0:
+            seen.append(int(value))
     return max(seen) if seen else None
 
 

@@ -19,18 +19,20 @@ ZYGOTE_RETRY_MAX_S = 300.0  # ... doubling for each zygote in a row that died be
 ZYGOTE_WAIT_S = 120.0  # at start, workers wait this long for the zygote before spawning
 
 
+def runs_torch(settings: Config, model_dir: str, on_gpu: bool) -> bool:
+    """Whether workers run this model on TorchScript (the zygote then holds its CPU weights
+    to share)."""
+    try:
+        manifest = load_manifest(model_dir, verify=False)
+        runtime, _ = choose_runtime(settings.runtime, settings.precision, on_gpu, manifest)
+    except (ArtifactError, ValueError):
+        return True  # the workers will report the problem themselves
+    return runtime == "torch"
+
+
 def workers_run_torch(settings: Config, model_dirs: Sequence[str], on_gpu: bool) -> bool:
-    """Whether workers run TorchScript for any of their models (the zygote then holds the CPU
-    weights to share)."""
-    for model_dir in model_dirs:
-        try:
-            manifest = load_manifest(model_dir, verify=False)
-            runtime, _ = choose_runtime(settings.runtime, settings.precision, on_gpu, manifest)
-        except (ArtifactError, ValueError):
-            return True  # the workers will report the problem themselves
-        if runtime == "torch":
-            return True
-    return False
+    """Whether workers run any of these models on TorchScript."""
+    return any(runs_torch(settings, d, on_gpu) for d in model_dirs)
 
 
 class Forker:
