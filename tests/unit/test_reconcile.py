@@ -69,7 +69,7 @@ class FakeHandle:
     def __init__(self, serial: int, cpus: list[int], device: str, *rest: Any) -> None:
         self.serial, self.cpus, self.device = serial, list(cpus), device
         self.generation = rest[1]
-        self.models = rest[3] if len(rest) > 3 else ()  # the ModelRefs it was told to serve
+        self.refs = rest[3] if len(rest) > 3 else ()  # the ModelRefs it was told to serve
         self.slot: int | None = None
         self.draining = self.dead = self.forked = False
         self.assigned: dict[int, Any] = {}
@@ -313,13 +313,13 @@ def test_set_models_rolls_every_worker_onto_the_new_list(pool) -> None:
     generation = sup.set_models(refs)
     assert not sup.roll_done(generation)
     sup.reconcile()  # somewhere to roll to: a spare of the new generation
-    assert len(sup.spares) == 1 and sup.spares[0].models == refs
+    assert len(sup.spares) == 1 and sup.spares[0].refs == refs
     sup.reconcile()
     assert sup.slots[0] is old, "the old worker left before its replacement was ready"
     sup.spares[0].boot()
     sup.reconcile()
     new = serving_handle(sup)
-    assert new is not old and new.models == refs and old.draining
+    assert new is not old and new.refs == refs and old.draining
     assert sup.roll_done(generation)
     done = asyncio.run(sup.rolled(generation))
     assert done is None
