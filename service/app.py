@@ -2,8 +2,8 @@
 place (`App.prepare`), and starts them (`App.run`). The lifecycle that follows (signals, drain,
 stop, reload, sweep) is service/lifecycle.py's.
 
-Start: remove segments of dead servers, resolve the model and device (service/model_info.py),
-start the control socket, the supervisor and the listeners.
+Start: remove segments of dead servers, resolve every model and the device
+(service/model_info.py), start the control socket, the supervisor and the listeners.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ringserve.service.engine.tenants import KeyFileError, KeyRing
 from ringserve.service.front import Front, MetricsHost, RunState
 from ringserve.service.lifecycle import Admin, Lifecycle
 from ringserve.service.logs import EventLog
-from ringserve.service.model_info import ModelInfo, resolve_model
+from ringserve.service.model_info import ModelInfo, resolve_models
 from ringserve.service.notify import sd_notify
 from ringserve.service.ops import metrics, tracing
 from ringserve.service.ops.stats import Stats
@@ -34,7 +34,8 @@ from ringserve.service.protocols.handover import fetch_listeners, listen, live_p
 from ringserve.service.protocols.http import HttpProtocol, HttpServerState
 from ringserve.service.protocols.routes import Router, v1_routes
 from ringserve.service.protocols.tasks import task_routes
-from ringserve.service.settings import Config
+from ringserve.service.repository import Repository, open_model
+from ringserve.service.settings import Config, default_memory_budget
 from ringserve.shm import segment
 
 
@@ -54,16 +55,23 @@ class App:
         removed = segment.remove_stale(keep_pid=os.getpid())
         if removed:
             log.warning("stale_segments_removed", count=len(removed), names=removed[:20])
-        model = resolve_model(s, log)
-        self.dispatcher = dispatcher = engine_dispatcher(s, model)
-        self.supervisor = Supervisor(s, dispatcher, model.model_dir, model.device, log)
+        if s.memory_budget is None:  # read before any worker holds memory (settings.py)
+            s.memory_budget = default_memory_budget()
+        problems: dict[str, str] = {}
+        models = resolve_models(s, log, problems)
+        model = models[0]
+        self.dispatcher = dispatcher = engine_dispatcher(s, models)
+        refs = [m.ref for m in models]
+        self.supervisor = Supervisor(s, dispatcher, refs, model.device, log)
         self.stats = Stats(model.buckets, self.keys)
         if s.metrics:  # 0: nothing is counted per request (the overhead baseline)
             dispatcher.on_result = self.stats.observe
         state = RunState(dispatcher, self.supervisor, self.started)
         spans = start_tracing(s, model.runtime)
         admission = Admission(dispatcher, state.refusal, s.request_timeout_s, self.keys, spans)
-        self.front = Front(s, log, model, admission, self.stats.count, state)
+        self.front = Front(s, log, models, admission, self.stats.count, state)
+        self.front.repository = Repository(s, log, self.front, dispatcher, self.supervisor)
+        self.front.repository.problems.update(problems)
         self.ports = Ports(s, log)
         self.life = Lifecycle(s, log, self.front, dispatcher, self.supervisor, self.ports)
         parts = (self.stats, dispatcher, self.supervisor, self.keys, self.api_key)
@@ -173,6 +181,8 @@ class App:
             reuse_port=s.reuse_port,
             model=model.name,
             fingerprint=model.manifest.fingerprint,
+            models=[m.name for m in self.front.models.infos()],
+            memory_budget=s.memory_budget,
             device=model.device,
             workers=self.supervisor.target,
             spares=s.spares,
@@ -195,18 +205,21 @@ class App:
         return True
 
 
-def engine_dispatcher(settings: Config, model: ModelInfo) -> Dispatcher:
-    """The dispatcher, tuned for the device; a text's cost is cut where its tokens are: at
-    max_length, or its windows' worth."""
+def engine_dispatcher(settings: Config, models: list[ModelInfo]) -> Dispatcher:
+    """The dispatcher, tuned for the device, each model opened on it; a text's cost is cut
+    where its tokens are: at the longest max_length, or its windows' worth."""
     s = settings
     windows = s.max_windows if s.long_text == "window" else 1
-    return Dispatcher(
+    dispatcher = Dispatcher(
         s.max_queue,
         max_queue_ms=s.max_queue_ms,
-        hold_cost=s.hold_cost(model.device),
-        max_tokens=model.manifest.max_length * windows,
+        hold_cost=s.hold_cost(models[0].device),
+        max_tokens=max(m.manifest.max_length for m in models) * windows,
         bulk_wait_ms=s.bulk_max_wait_ms,
     )
+    for m in models:
+        open_model(dispatcher, m, s.max_queue)
+    return dispatcher
 
 
 def start_tracing(settings: Config, runtime: str) -> tracing.Tracing | None:

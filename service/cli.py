@@ -16,7 +16,8 @@ USAGE = """ringserve <command> [options]
 
 commands:
   serve      start the server (see `ringserve serve --help`)
-  ctl        control a running server: status | restart ID | scale N | drain | reload
+  ctl        control a running server: status | restart ID | scale N | drain | reload |
+             models | load NAME [--version V] | unload NAME
   export     build a model artifact from an encoder directory and a classifier head
   train      fit a classifier head on frozen encoder embeddings from a labelled TSV
   evaluate   print the held-out accuracy of a model artifact (default: the built-in model)
@@ -74,16 +75,28 @@ def ctl_main(argv: list[str]) -> int:
     parser.add_argument(
         "--control", default=os.environ.get("RINGSERVE_CONTROL", "./ringserve.sock")
     )
-    parser.add_argument("command", choices=["status", "restart", "scale", "drain", "reload"])
-    parser.add_argument("arg", nargs="?", type=int, help="worker id (restart) or count (scale)")
+    commands = ["status", "restart", "scale", "drain", "reload", "models", "load", "unload"]
+    parser.add_argument("command", choices=commands)
+    parser.add_argument(
+        "arg", nargs="?", help="worker id (restart), count (scale) or model name (load, unload)"
+    )
+    parser.add_argument("--version", type=int, help="load: this version (default: the highest)")
     args = parser.parse_args(argv)
     request: dict[str, object] = {"cmd": args.command}
     if args.command in ("restart", "scale"):
-        if args.arg is None:
+        if args.arg is None or not args.arg.lstrip("-").isdigit():
             parser.error(f"{args.command} needs a number")
-        request["worker" if args.command == "restart" else "workers"] = args.arg
+        request["worker" if args.command == "restart" else "workers"] = int(args.arg)
+    if args.command in ("load", "unload"):
+        if not args.arg:
+            parser.error(f"{args.command} needs a model name")
+        request["model"] = args.arg
+        if args.version is not None and args.command == "load":
+            request["version"] = args.version
+    # A load or unload answers once the workers are rolled: seconds each, more on a busy host.
+    timeout = 900.0 if args.command in ("load", "unload", "reload") else 30.0
     try:
-        reply = ctl_request(args.control, request)
+        reply = ctl_request(args.control, request, timeout)
     except OSError as exc:
         print(f"ringserve ctl: cannot reach {args.control}: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@ or stops anything: service/lifecycle.py does."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Dispatcher
@@ -20,6 +21,9 @@ from ringserve.service.protocols.auth import ApiKey
 from ringserve.service.protocols.http import HttpServerState
 from ringserve.service.settings import Config
 from ringserve.workers.artifact import Manifest
+
+if TYPE_CHECKING:
+    from ringserve.service.repository import Repository
 
 
 class RunState:
@@ -52,14 +56,16 @@ class Front:
         self,
         settings: Config,
         log: EventLog,
-        model: ModelInfo,
+        models: ModelInfo | Sequence[ModelInfo],
         admission: Admission,
         count: Callable[..., None],
         state: RunState,
     ) -> None:
         self.settings = settings
         self.log = log
-        self.models = ModelSet(model)  # every model; the lifecycle alone changes it
+        every = (models,) if isinstance(models, ModelInfo) else tuple(models)
+        self.models = ModelSet(*every)  # every model; the lifecycle alone changes it
+        self.repository: Repository | None = None  # load, unload, index (service/repository.py)
         self.admission = admission
         self.count = count  # every answer written: Stats.count(protocol, code, n, tenant)
         self.state = state

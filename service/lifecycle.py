@@ -24,6 +24,7 @@ from ringserve.service.logs import EventLog
 from ringserve.service.notify import sd_notify
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.ports import Ports
+from ringserve.service.repository import Repository
 from ringserve.service.settings import Config
 from ringserve.shm import segment
 from ringserve.workers.artifact import ArtifactError, load_manifest
@@ -196,6 +197,16 @@ class Reloader:
                 self.log.error("reload_refused", reason=error, by=reason)
                 return f"reload refused: {error}"
             self.log.info("keys_reloaded", keys=len(keys.entries), by=reason)
+        repository = self.front.repository
+        if repository is not None:  # every model re-verified, one roll (service/repository.py)
+            error = await repository.reload(reason)
+            if error is not None:
+                self.log.error("reload_refused", reason=error, by=reason)
+            return error
+        return await self.reload_one(reason)
+
+    async def reload_one(self, reason: str) -> str | None:
+        """The one model, without a repository (a Front built alone)."""
         model = self.front.model
         try:
             manifest = await asyncio.to_thread(load_manifest, model.model_dir)
@@ -238,8 +249,23 @@ class Admin:
             "draining": self.state.draining,
             "restarts_total": self.supervisor.restarts_total,
             "model": {"name": model.name, "fingerprint": model.manifest.fingerprint},
+            "models": repo.status_rows() if (repo := self.life.front.repository) else [],
             "workers": self.supervisor.status_rows(),
         }
+
+    def repository(self) -> Repository:
+        repository = self.life.front.repository
+        assert repository is not None  # App.prepare builds it
+        return repository
+
+    def models(self) -> list[dict[str, str]]:
+        return self.repository().index()
+
+    async def load(self, name: str, version: int | str | None) -> tuple[int, str] | None:
+        return await self.repository().load(name, version)
+
+    async def unload(self, name: str) -> tuple[int, str] | None:
+        return await self.repository().unload(name)
 
     def restart(self, slot: int) -> str | None:
         if self.state.draining:

@@ -1,6 +1,8 @@
 """The model facts every protocol reads, as one frozen value: the artifact's manifest and where
 it lies, the device, runtime and fp32 graph it serves on, and the length grids. Resolved once
-at start (`resolve_model`); a reload swaps in a new value, never edits this one."""
+at start (`resolve_models`: every model --model and --model-repository name) or by a load
+(service/repository.py); a reload swaps in a new value, never edits this one. Here too: what a
+model directory holds (an artifact, or numbered versions) and a repository's scan."""
 
 from __future__ import annotations
 
@@ -14,7 +16,13 @@ from ringserve.factory.build import default_in_child
 from ringserve.service.device import resolve_device
 from ringserve.service.logs import EventLog
 from ringserve.service.settings import Config
-from ringserve.workers.artifact import ArtifactError, Manifest, default_cache_dir, load_manifest
+from ringserve.workers.artifact import (
+    MANIFEST_FILE,
+    ArtifactError,
+    Manifest,
+    default_cache_dir,
+    load_manifest,
+)
 from ringserve.workers.batcher import REPORT_GRID, length_grid, pad_grid
 from ringserve.workers.graphpick import choose
 from ringserve.workers.onnx_model import choose_runtime
@@ -52,32 +60,176 @@ class ModelInfo:
         return dataclasses.replace(self, manifest=manifest)
 
 
-def resolve_model(settings: Config, log: EventLog) -> ModelInfo:
-    """Read and verify the artifact, then resolve the device, the runtime (and its graph) and
-    the length grids; a problem stops the start with one sentence."""
+# -- where models are: an artifact, or numbered versions, and a repository of them ----------------
+def artifact_versions(path: str | Path) -> tuple[dict[int, str], str]:
+    """The versions a model directory holds: itself when it is an artifact (version 1), else
+    its numbered subdirectories holding one. Returns ({version: dir}, the problem or "")."""
+    where = Path(path)
+    if (where / MANIFEST_FILE).is_file():
+        return {1: str(where)}, ""
     try:
-        model_dir = settings.model or str(default_in_child(settings.cache_dir))
-        manifest = load_manifest(model_dir)
+        children = list(where.iterdir())
+    except OSError as exc:
+        return {}, f"{where}: {exc.strerror or exc}"
+    versions = {
+        int(c.name): str(c)
+        for c in children
+        if c.name.isdigit() and int(c.name) > 0 and (c / MANIFEST_FILE).is_file()
+    }
+    if not versions:
+        return {}, f"{where} holds no artifact ({MANIFEST_FILE}) and no numbered version with one"
+    return versions, ""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One model of the repository as its directory shows it (nothing read but names)."""
+
+    name: str
+    versions: dict[int, str]  # version -> artifact directory
+    problem: str = ""  # why it cannot be loaded as it stands, or ""
+
+    def pick(self, version: int | None = None) -> tuple[int, str] | None:
+        """(version, directory): the one asked for, or the highest; None when absent."""
+        if not self.versions:
+            return None
+        v = max(self.versions) if version is None else version
+        return (v, self.versions[v]) if v in self.versions else None
+
+
+def scan_repository(root: str | Path) -> dict[str, Candidate]:
+    """Every subdirectory NAME/ of the repository (hidden ones and files aside), by name."""
+    found: dict[str, Candidate] = {}
+    try:
+        children = sorted(Path(root).iterdir())
+    except OSError as exc:
+        raise ArtifactError(f"model repository {root}: {exc.strerror or exc}") from None
+    for child in children:
+        if child.name.startswith(".") or not child.is_dir():
+            continue
+        versions, problem = artifact_versions(child)
+        found[child.name] = Candidate(child.name, versions, problem)
+    return found
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A model the server starts with: its name (None: the artifact's) and where it lies."""
+
+    served_as: str | None
+    model_dir: str
+    version: int
+    named: bool  # given by --model (a problem stops the start) or found in the repository
+
+
+def wanted_at_start(settings: Config, log: EventLog) -> list[Wanted]:
+    """What --model, --model-repository and --model-control ask to serve from the start, in
+    index order: the bare --model DIR (or the built-in default when nothing else is named),
+    each --model NAME=DIR, then the repository's models (with --model-control none; with
+    explicit they load on request)."""
+    s = settings
+    repo = scan_repository(s.model_repository) if s.model_repository else {}
+    out: list[Wanted] = []
+    bare, named = s.model, s.named_models  # a repository model's bare NAME is named (settings)
+    # No --model at all serves the built-in default, as before, unless the repository is the
+    # set (--model-control none); explicit control with nothing named starts with it too.
+    if bare is not None or (not named and (not repo or s.model_control == "explicit")):
+        where = bare or str(default_in_child(s.cache_dir))
+        out.append(one_wanted(s.model_name, where, True))
+    out += [one_wanted(name, where, True) for name, where in named]
+    if s.model_control == "none":
+        for cand in repo.values():
+            if any(w.served_as == cand.name for w in out):
+                continue
+            picked = cand.pick()
+            if picked is None:
+                log.warning("model_skipped", model=cand.name, reason=cand.problem)
+                continue
+            out.append(Wanted(cand.name, picked[1], picked[0], False))
+    if not out:
+        raise ArtifactError(f"model repository {s.model_repository}: no model in it loads")
+    return out
+
+
+def one_wanted(served_as: str | None, where: str, named: bool) -> Wanted:
+    versions, problem = artifact_versions(where)
+    if not versions:
+        raise ArtifactError(f"model artifact {problem}")
+    v = max(versions)
+    return Wanted(served_as, versions[v], v, named)
+
+
+def resolve_models(
+    settings: Config, log: EventLog, problems: dict[str, str] | None = None
+) -> list[ModelInfo]:
+    """Every model the server starts with, read and verified, indexes 0, 1, ... The device is
+    resolved once, and --graph auto timed on the first model only: the others use its choice
+    (one CPU, one kind of encoder: timing each would only lengthen the start). A problem with
+    a model --model names stops the start with one sentence; a repository model that fails
+    its check is skipped (logged, and its reason put in `problems`)."""
+    try:
+        wanted = wanted_at_start(settings, log)
     except ArtifactError as exc:
         raise SystemExit(f"ringserve: {exc}") from None
-    max_len = manifest.max_length
     device = resolve_device(settings.device, log)
+    out: list[ModelInfo] = []
+    for w in wanted:
+        try:
+            manifest = load_manifest(w.model_dir)
+        except ArtifactError as exc:
+            if w.named:
+                raise SystemExit(f"ringserve: {exc}") from None
+            log.warning("model_skipped", model=w.served_as, reason=str(exc))
+            if problems is not None:
+                problems[str(w.served_as)] = str(exc)
+            continue
+        info = describe(settings, log, manifest, w, len(out), device, out[0] if out else None)
+        if any(m.name == info.name for m in out):
+            raise SystemExit(f"ringserve: two models are named {info.name}")
+        out.append(info)
+    if not out:
+        raise SystemExit("ringserve: no model of the repository could be loaded; see the log")
+    return out
+
+
+def resolve_model(settings: Config, log: EventLog) -> ModelInfo:
+    """The first model alone (a one-model caller)."""
+    return resolve_models(settings, log)[0]
+
+
+def describe(
+    settings: Config,
+    log: EventLog,
+    manifest: Manifest,
+    wanted: Wanted,
+    index: int,
+    device: str,
+    first: ModelInfo | None,
+) -> ModelInfo:
+    """The facts of one verified artifact on `device`: its runtime (and fp32 graph) and length
+    grids. Raises SystemExit (at start) when --runtime cannot serve it."""
+    max_len = manifest.max_length
     on_gpu = device != "cpu"
     grid = pad_grid(settings.buckets, on_gpu, max_len)
     runtime = pick_runtime(settings, manifest, on_gpu, log)
     graph: dict[str, Any] = {}
     if runtime == "onnx" and settings.precision == "fp32":
-        graph = pick_graph(settings, model_dir, manifest, log)
+        if first is None:
+            graph = pick_graph(settings, wanted.model_dir, manifest, log)
+        else:  # the first model's timing decides for all (resolve_models says why)
+            graph = {"graph": settings.graph, "chosen_by": f"as for {first.name}"}
     return ModelInfo(
         manifest=manifest,
-        model_dir=model_dir,
-        served_as=settings.model_name,
+        model_dir=wanted.model_dir,
+        served_as=wanted.served_as,
         device=device,
         runtime=runtime,
         graph=graph,
         pad_grid=grid,
         # Latency is reported per length class: the padding grid's, or a fixed one without it.
         buckets=length_grid(grid or REPORT_GRID, max_len),
+        index=index,
+        version=wanted.version,
     )
 
 
@@ -88,7 +240,7 @@ def pick_runtime(settings: Config, manifest: Manifest, on_gpu: bool, log: EventL
     try:
         runtime, note = choose_runtime(s.runtime, s.precision, on_gpu, manifest)
     except ValueError as exc:
-        raise SystemExit(f"ringserve: {exc}") from None
+        raise SystemExit(f"ringserve: {exc}") from None  # a load catches it (repository.py)
     if note:
         log.warning("runtime_fallback", runtime=runtime, reason=note)
     if s.precision == "int8" and not on_gpu:

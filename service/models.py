@@ -36,9 +36,42 @@ class ModelSet:
     request names another. Indexes are unique while an entry lives and are never reused by a
     later model, so a late answer can never be read as another model's."""
 
-    def __init__(self, first: ModelInfo) -> None:
-        self.entries: dict[tuple[str, int], Entry] = {(first.name, first.version): Entry(first)}
-        self.next_index = first.index + 1
+    def __init__(self, first: ModelInfo, *more: ModelInfo) -> None:
+        self.entries: dict[tuple[str, int], Entry] = {}
+        self.next_index = 0
+        for info in (first, *more):
+            self.add(info, READY)
+
+    # -- changes (the lifecycle only) -----------------------------------------------------------
+    def new_index(self) -> int:
+        """An index no model of this server has had: a late answer can never be misread."""
+        return self.next_index
+
+    def add(self, info: ModelInfo, state: str = LOADING) -> Entry:
+        key = (info.name, info.version)
+        if key in self.entries:
+            raise ValueError(f"model {info.name} version {info.version} is already loaded")
+        if info.index < self.next_index:
+            raise ValueError(f"model index {info.index} was used before")
+        self.next_index = info.index + 1
+        entry = self.entries[key] = Entry(info, state)
+        return entry
+
+    def set_state(self, info: ModelInfo, state: str, reason: str = "") -> None:
+        entry = self.entries[(info.name, info.version)]
+        entry.state, entry.reason = state, reason
+
+    def remove(self, info: ModelInfo) -> None:
+        self.entries.pop((info.name, info.version), None)
+
+    def state_of(self, name: str) -> Entry | None:
+        """The entry of `name` (its highest version) in any state, or None."""
+        found = [e for (n, _), e in self.entries.items() if n == name]
+        return max(found, key=lambda e: e.info.version) if found else None
+
+    def infos(self) -> tuple[ModelInfo, ...]:
+        """Every model the workers hold (LOADING and UNLOADING too), by index."""
+        return tuple(sorted((e.info for e in self.entries.values()), key=lambda m: m.index))
 
     # -- lookups (every protocol) ---------------------------------------------------------------
     def find(self, name: str | None = None, version: int | str | None = None) -> ModelInfo:

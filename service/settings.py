@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar, cast
@@ -121,6 +122,99 @@ parse_precision = one_of(
 parse_runtime = one_of("runtime", "auto", "torch", "onnx")
 parse_graph = one_of("graph", "auto", "plain", "fused")
 parse_long_text = one_of("long-text", "truncate", "refuse", "window")
+parse_model_control = one_of("model-control", "none", "explicit")
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count: digits, optionally with K, M, G or T (powers of 1024; `KiB`, `GB` too)."""
+    found = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
+    if found is None:
+        raise ValueError(f"expected a byte count such as 8589934592 or 8G, got {text!r}")
+    return int(found.group(1)) * _UNITS[found.group(2)]
+
+
+def split_models(
+    values: list[str] | tuple[str, ...], repository: str | None = None
+) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """--model values: at most one bare DIR (the model of a one-model server, as before) and any
+    number of NAME=DIR (a NAME is letters, digits, `_.-`; a path with `/` before its `=` is a
+    bare DIR). With a repository, a bare NAME of one of its models (and no directory of that
+    name here) is that model: --model-control explicit starts with it. Returns (bare DIR or
+    None, ((NAME, DIR), ...)); a repeated NAME is refused."""
+    bare: str | None = None
+    named: list[tuple[str, str]] = []
+    for value in values:
+        name, eq, where = str(value).partition("=")
+        in_repo = repository is not None and _NAME.fullmatch(value) and not os.path.isdir(value)
+        if in_repo and os.path.isdir(os.path.join(str(repository), value)):
+            name, eq, where = value, "=", os.path.join(str(repository), value)
+        if eq and _NAME.fullmatch(name) and where:
+            if any(n == name for n, _ in named):
+                raise ValueError(f"--model {name}= is given twice")
+            named.append((name, where))
+        elif bare is not None:
+            raise ValueError(f"--model {value}: only one model may be unnamed (use NAME=DIR)")
+        else:
+            bare = str(value)
+    return bare, tuple(named)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def cgroup_memory_limit(
+    root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup"
+) -> int | None:
+    """The tightest memory limit on this process's cgroup: v2 `memory.max` or v1
+    `memory.limit_in_bytes` (a huge v1 value means none); None when unlimited or unknown."""
+    places = [
+        os.path.join(root, "memory.max"),
+        os.path.join(root, "memory", "memory.limit_in_bytes"),
+    ]
+    try:
+        with open(proc) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    places.insert(0, os.path.join(root, path.lstrip("/"), "memory.max"))
+                elif "memory" in controllers.split(","):
+                    here = os.path.join(root, controllers, path.lstrip("/"))
+                    places.insert(0, os.path.join(here, "memory.limit_in_bytes"))
+    except (OSError, ValueError):
+        pass
+    limits = [v for p in places if (v := _read_int(p)) is not None and v < 1 << 60]
+    return min(limits) if limits else None
+
+
+def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_memory_budget() -> int:
+    """--memory-budget when not given, read once at start, before any worker: the cgroup's limit
+    when one is set (the OOM killer acts at that line, whatever the host has free), else the
+    host's MemAvailable (what can be used without swapping). Compared with what the server's
+    processes hold, so it is the whole server's allowance."""
+    limit = cgroup_memory_limit()
+    if limit is not None:
+        return limit
+    return mem_available() or 1 << 62  # unknown: no refusal on memory grounds
 
 
 # Batch limits per device. CPU: measured by benchmarks/serving.py (README), 2 x 1-thread
@@ -170,8 +264,30 @@ class Config:
     """The resolved settings of one server, each declared once here with its default and its
     reason; picklable, handed to workers as needed. A field made with option() is an option."""
 
+    # --model is repeatable: the one bare DIR lands here (a one-model server, as before), each
+    # NAME=DIR in `named_models` (split_models).
     model: str | None = option(
-        None, "model artifact directory (default: the built-in default model)"
+        None,
+        "model artifact directory (default: the built-in default model); repeatable as "
+        "NAME=DIR, one more model served under NAME (a DIR of numbered versions: the highest)",
+    )
+    model_repository: str | None = option(
+        None,
+        "a directory whose every subdirectory NAME/ is a model: an artifact, or numbered "
+        "versions NAME/1/, NAME/2/ (the highest serves unless a request names one)",
+    )
+    model_control: str = option(
+        "none",
+        "none: the models at start are the set; explicit: models load and unload on request "
+        "(`ctl load|unload`, KServe's repository extension), starting with those --model names "
+        "(none named: the built-in default)",
+        parse_model_control,
+    )
+    memory_budget: int | None = option(
+        None,
+        "bytes the server's processes may hold; a load that would go past it is refused (409) "
+        "(default: the cgroup's memory limit, else the host's MemAvailable at start)",
+        parse_bytes,
     )
     model_name: str | None = option(
         None,
@@ -350,6 +466,7 @@ class Config:
     binary_max_owed: int = option(256, "answers a binary connection owes before it pauses", int)
     binary_group: int = option(32, "most binary frames admitted (and answered) as one group", int)
     binary_linger_s: float = option(2.0, "oversize frame: drop input this long, then close", float)
+    named_models: tuple[tuple[str, str], ...] = ()  # --model NAME=DIR, in order (split_models)
 
     def batch_rows(self, device: str) -> int:
         """--max-batch, or its default for the device ("cuda..." is a GPU; the test-only fake
@@ -383,6 +500,14 @@ BY_NAME = {s.name: s for s in SETTINGS}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
         default = os.environ.get(s.env, s.default)
+        if s.name == "model":  # repeatable; the environment may hold several, comma-separated
+            many = [v for v in str(default).split(",") if v] if default is not None else []
+            parser.add_argument(
+                "--model", dest="model", action="append", default=None, type=str,
+                help=f"{s.help} [env {s.env}, comma-separated, default built-in]",
+            )  # fmt: skip
+            parser.set_defaults(model_from_env=many)
+            continue
         # A flag (`--reuse-port`) may stand alone or take a value (`--reuse-port 0`).
         flag: dict[str, Any] = {"nargs": "?", "const": True} if s.type is parse_flag else {}
         parser.add_argument(
@@ -399,6 +524,14 @@ def from_namespace(ns: argparse.Namespace) -> Config:
     values: dict[str, Any] = {}
     for s in SETTINGS:
         value = getattr(ns, s.attr)
+        if s.name == "model":
+            given = value if value is not None else getattr(ns, "model_from_env", [])
+            try:
+                repository = getattr(ns, "model_repository", None)
+                values["model"], values["named_models"] = split_models(given or [], repository)
+            except ValueError as exc:
+                raise SystemExit(f"ringserve: {exc}") from None
+            continue
         if isinstance(value, str) and s.type is not str:
             value = s.type(value)  # a default taken from the environment arrives as text
         values[s.attr] = value

@@ -30,6 +30,7 @@ from ringserve.service.device import resolve_device
 from ringserve.service.engine.admission import too_long
 from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.logs import EventLog
+from ringserve.service.model_info import scan_repository
 from ringserve.service.offline import corpus as C
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.protocols.routes import long_text_fields
@@ -37,7 +38,7 @@ from ringserve.service.protocols.tasks import float_json
 from ringserve.service.settings import BY_NAME, Config
 from ringserve.shm import layout as L
 from ringserve.shm import segment
-from ringserve.workers.artifact import load_manifest
+from ringserve.workers.artifact import ArtifactError, load_manifest
 
 PENDING = 0
 DONE_OK = 1
@@ -284,7 +285,7 @@ class BatchJob:
         self.args = args
         self.settings = settings
         self.log = EventLog(settings.log_level)
-        self.model_dir = settings.model or str(default_in_child(settings.cache_dir))
+        self.model_dir = batch_model_dir(settings)
         self.manifest = load_manifest(self.model_dir)
         self.device = resolve_device(settings.device, self.log)
         self.source = C.open_texts(args.input)
@@ -454,11 +455,41 @@ def _max_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def batch_model_dir(settings: Config) -> str:
+    """The artifact a batch run scores with: --model's directory (default: the built-in model),
+    or with --model-repository the highest version of the model --model names (it may be left
+    out when the repository holds one model). Raises ValueError naming what is wrong."""
+    if not settings.model_repository:
+        return settings.model or str(default_in_child(settings.cache_dir))
+    try:
+        found = scan_repository(settings.model_repository)
+    except ArtifactError as exc:
+        raise ValueError(str(exc)) from None
+    name = settings.model
+    if name is None and len(found) == 1:
+        name = next(iter(found))
+    if name is None or name not in found:
+        names = ", ".join(found) or "none"
+        said = f"no model {name!r} in" if name else "name a model (--model NAME) of"
+        raise ValueError(f"{said} the repository {settings.model_repository} (it holds: {names})")
+    picked = found[name].pick()
+    if picked is None:
+        raise ValueError(found[name].problem)
+    return picked[1]
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     p = argparse.ArgumentParser(prog="ringserve batch", description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, help=".txt, .tsv (first column), .jsonl or corpus")
     p.add_argument("--output", required=True, help="JSONL: one result per input line, in order")
-    p.add_argument("--model", default=os.environ.get("RINGSERVE_MODEL"))
+    p.add_argument(
+        "--model", default=os.environ.get("RINGSERVE_MODEL"),
+        help="artifact directory, or with --model-repository a model's NAME (its highest version)",
+    )  # fmt: skip
+    p.add_argument(
+        "--model-repository", default=os.environ.get("RINGSERVE_MODEL_REPOSITORY"),
+        help="a model repository, as for serve (--model names one of its models)",
+    )  # fmt: skip
     p.add_argument(
         "--task", choices=("classify", "embed"), default="classify",
         help="classify: labels and scores; embed: {\"embedding\": [...]} a line",
@@ -481,6 +512,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     args = p.parse_args(argv)
     settings = Config(
         model=args.model,
+        model_repository=args.model_repository,
         workers=args.workers,
         threads=args.threads,
         device=args.device,

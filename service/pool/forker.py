@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ringserve.service.settings import Config
 from ringserve.workers.artifact import ArtifactError, load_manifest
 from ringserve.workers.onnx_model import choose_runtime
+from ringserve.workers.spec import ModelRef
 from ringserve.workers.zygote import Zygote
 
 ZYGOTE_RETRY_S = 5.0  # a dead zygote is replaced at most this often; workers spawn meanwhile
@@ -18,8 +19,9 @@ ZYGOTE_RETRY_MAX_S = 300.0  # ... doubling for each zygote in a row that died be
 ZYGOTE_WAIT_S = 120.0  # at start, workers wait this long for the zygote before spawning
 
 
-def workers_run_torch(settings: Config, model_dir: str, on_gpu: bool) -> bool:
-    """Whether workers run TorchScript (the zygote then holds the CPU weights to share)."""
+def runs_torch(settings: Config, model_dir: str, on_gpu: bool) -> bool:
+    """Whether workers run this model on TorchScript (the zygote then holds its CPU weights
+    to share)."""
     try:
         manifest = load_manifest(model_dir, verify=False)
         runtime, _ = choose_runtime(settings.runtime, settings.precision, on_gpu, manifest)
@@ -28,18 +30,24 @@ def workers_run_torch(settings: Config, model_dir: str, on_gpu: bool) -> bool:
     return runtime == "torch"
 
 
+def workers_run_torch(settings: Config, model_dirs: Sequence[str], on_gpu: bool) -> bool:
+    """Whether workers run any of these models on TorchScript."""
+    return any(runs_torch(settings, d, on_gpu) for d in model_dirs)
+
+
 class Forker:
     def __init__(
         self,
         settings: Config,
+        models: tuple[ModelRef, ...],
         model_dir: str,
         on_gpu: bool,
         clock: Callable[[], float],
         emit: Callable[..., None],
     ) -> None:
         self.settings = settings
+        self.models = models  # what the next zygote preloads (set_models; empty: model_dir's)
         self.model_dir = model_dir
-        self.model_dirs: tuple[str, ...] = (model_dir,)  # every model the zygote preloads
         self.on_gpu = on_gpu
         self.clock = clock
         self.emit = emit  # Supervisor._event
@@ -49,8 +57,9 @@ class Forker:
         self.failures = 0  # zygotes in a row that died before they were ready
 
     def start(self, generation: int) -> None:
-        torch = [workers_run_torch(self.settings, d, self.on_gpu) for d in self.model_dirs]
-        self.zygote = Zygote(self.model_dirs, generation, torch)
+        dirs = tuple(m.model_dir for m in self.models) or (self.model_dir,)
+        torch = tuple(runs_torch(self.settings, d, self.on_gpu) for d in dirs)
+        self.zygote = Zygote(dirs, generation, torch)
         self.zygote.started_at = self.clock()
         self.retry_at = self.clock() + ZYGOTE_RETRY_S
         self.emit("zygote_started", pid=self.zygote.process.pid, generation=generation)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells, request_ring_slots, response_ring_slots
-from ringserve.workers.spec import STOP_SIGNAL, WorkerSpec
+from ringserve.workers.spec import STOP_SIGNAL, ModelRef, WorkerSpec
 from ringserve.workers.zygote import Zygote
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ def worker_spec(
     model_dir: str,
     bells: Doorbells,
     channel: Channel,
+    models: tuple[ModelRef, ...] = (),
 ) -> WorkerSpec:
     """What the worker process is told at start (workers.spec): small and picklable."""
     return WorkerSpec(
@@ -94,6 +95,7 @@ def worker_spec(
         window_stride=settings.window_stride,
         max_windows=settings.max_windows,
         bulk_max_wait_ms=settings.bulk_max_wait_ms,
+        models=models,
     )
 
 
@@ -108,6 +110,7 @@ class WorkerHandle:
         model_dir: str,
         generation: int,
         settings: Config,
+        models: tuple[ModelRef, ...] = (),
     ) -> None:
         pid = os.getpid()
         self.serial = serial
@@ -136,7 +139,7 @@ class WorkerHandle:
         self.doorbell = self.bells.request
         self.eventfd = self.bells.answer
         self.spec = worker_spec(
-            settings, serial, pid, self.cpus, device, model_dir, self.bells, self.channel
+            settings, serial, pid, self.cpus, device, model_dir, self.bells, self.channel, models
         )
         # The models' wire indexes it serves: only their texts are routed to it.
         self.models = frozenset(m.index for m in self.spec.models) or frozenset({0})

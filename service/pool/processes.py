@@ -13,6 +13,7 @@ from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.pool.watch import stop_all
 from ringserve.service.settings import Config
+from ringserve.workers.spec import ModelRef
 from ringserve.workers.zygote import Zygote
 
 
@@ -20,6 +21,7 @@ class Processes:
     def __init__(
         self,
         settings: Config,
+        models: tuple[ModelRef, ...],
         model_dir: str,
         dispatcher: Dispatcher,
         make_handle: Callable[..., WorkerHandle],
@@ -27,6 +29,7 @@ class Processes:
         clock: Callable[[], float],
     ) -> None:
         self.settings = settings
+        self.models = models  # what a worker started now serves (Supervisor.set_models)
         self.model_dir = model_dir
         self.dispatcher = dispatcher
         self.make_handle = make_handle  # WorkerHandle; tests give a fake
@@ -50,7 +53,9 @@ class Processes:
         """A new worker for `slot` (None: a spare), forked from `zygote` when one is given."""
         self.serial += 1
         s = self.settings
-        handle = self.make_handle(self.serial, cpus, device, self.model_dir, generation, s)
+        handle = self.make_handle(
+            self.serial, cpus, device, self.model_dir, generation, s, self.models
+        )
         handle.slot = slot
         handle.start(zygote)
         handle.started_at = self.clock()

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ringserve.service.engine.dispatcher import Dispatcher
@@ -27,10 +27,15 @@ from ringserve.service.pool.processes import Processes
 from ringserve.service.pool.roster import Roster
 from ringserve.service.pool.watch import Watch
 from ringserve.service.settings import Config
+from ringserve.workers.spec import ModelRef
 
 log = logging.getLogger("ringserve.supervisor")
 
 TICK_S = 0.05
+ROLL_POLL_S = 0.02  # how often a load or unload looks whether its roll has ended
+# A roll boots each worker in turn (seconds each from the zygote, a minute or more spawned
+# on a busy machine): ten minutes is far past any healthy one.
+ROLL_TIMEOUT_S = 600.0
 
 
 class Supervisor:
@@ -38,7 +43,7 @@ class Supervisor:
         self,
         settings: Config,
         dispatcher: Dispatcher,
-        model_dir: str,
+        models: str | Sequence[ModelRef],
         device: str,
         events: EventLog | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -46,11 +51,16 @@ class Supervisor:
     ) -> None:
         self.clock = clock  # time is a parameter (STYLE.md 19): tests drive it by hand
         self.dispatcher = dispatcher
+        # Every model a worker serves (a bare directory: the one model there, as before).
+        self.models: tuple[ModelRef, ...] = () if isinstance(models, str) else tuple(models)
+        model_dir = models if isinstance(models, str) else self.models[0].model_dir
         self.model_dir = model_dir
         self.events = events  # structured event log (service.logs), optional
         self.placement = Placement(device, settings.threads)
         self.policy = RestartPolicy(clock, self._event)
-        self.forker = Forker(settings, model_dir, self.placement.on_gpu(), clock, self._event)
+        self.forker = Forker(
+            settings, self.models, model_dir, self.placement.on_gpu(), clock, self._event
+        )
         self.watch = Watch(settings, self._failed, self.restart, self._event)
         self.target = settings.serving_workers()
         if self.placement.gpus and settings.workers is None:  # on CUDA: sized by the GPUs
@@ -58,7 +68,9 @@ class Supervisor:
         self.target_spares = settings.spares
         self.generation = 0
         self.roster = Roster(dispatcher, clock, self._event)  # who holds which place now
-        self.procs = Processes(settings, model_dir, dispatcher, make_handle, self.on_exit, clock)
+        self.procs = Processes(
+            settings, self.models, model_dir, dispatcher, make_handle, self.on_exit, clock
+        )
         # The same containers, under the names the control status and metrics read.
         self.slots, self.spares = self.roster.slots, self.roster.spares
         self.retiring, self.restarts = self.roster.retiring, self.roster.restarts
@@ -92,6 +104,39 @@ class Supervisor:
             self.roster.retire(h)
         self._event("reload", generation=self.generation)
         self.wake.set()
+
+    def set_models(self, models: Sequence[ModelRef]) -> int:
+        """Serve `models` from now on: a new zygote preloads them and every worker is replaced
+        by one that holds them, one at a time, dropping nothing (reload). Answers the roll's
+        generation, for rolled()."""
+        refs = tuple(models)
+        if not refs:
+            raise ValueError("a pool serves at least one model")
+        self.models = self.forker.models = self.procs.models = refs
+        self.model_dir = self.forker.model_dir = self.procs.model_dir = refs[0].model_dir
+        self.reload()
+        return self.generation
+
+    def roll_done(self, generation: int) -> bool:
+        """Every serving slot holds a loaded worker of `generation` (or later)."""
+        for slot in range(self.target):
+            handle = self.slots.get(slot)
+            if handle is None or handle.generation < generation or not handle.loaded():
+                return False
+        return True
+
+    async def rolled(self, generation: int, timeout: float = ROLL_TIMEOUT_S) -> str | None:
+        """Wait for the roll onto `generation` to end; the reason when it cannot."""
+        deadline = self.clock() + timeout
+        while not self.roll_done(generation):
+            if self.fatal:
+                return self.fatal
+            if self.stopping or self.draining:
+                return "server is draining"
+            if self.clock() > deadline:
+                return f"the workers did not all restart within {timeout:.0f} s"
+            await asyncio.sleep(ROLL_POLL_S)
+        return None
 
     # -- processes ------------------------------------------------------------------------------
     def device_for(self, slot: int | None) -> str:

@@ -25,6 +25,9 @@ class Admin(Protocol):
     async def reload(self, reason: str) -> str | None: ...
     def generation(self) -> int: ...
     def handover_sockets(self) -> tuple[list[str], list[int]] | str: ...
+    def models(self) -> list[dict[str, str]]: ...  # the repository index
+    async def load(self, name: str, version: int | str | None) -> tuple[int, str] | None: ...
+    async def unload(self, name: str) -> tuple[int, str] | None: ...
 
 
 class ControlProtocol(asyncio.Protocol):
@@ -139,6 +142,9 @@ def answer_code(reply: dict[str, Any]) -> int:
     """The HTTP-like code a control answer is counted under in requests_total."""
     if reply.get("ok"):
         return 200
+    code = reply.get("code")
+    if isinstance(code, int):
+        return code
     return 401 if reply.get("error") == DENIED else 400
 
 
@@ -179,6 +185,40 @@ async def cmd_reload(admin: Admin, doc: Reply) -> Reply:
     return {"ok": True, "generation": admin.generation()}
 
 
+def cmd_models(admin: Admin, doc: Reply) -> Reply:
+    return {"ok": True, "models": admin.models()}
+
+
+def _name_arg(doc: Reply) -> str:
+    name = doc.get("model")
+    if not isinstance(name, str) or not name:
+        raise ValueError('"model" must name a model')
+    return name
+
+
+def _version_arg(doc: Reply) -> int | str | None:
+    version = doc.get("version")
+    if version is None or (isinstance(version, int | str) and not isinstance(version, bool)):
+        return version
+    raise ValueError('"version" must be a number')
+
+
+def refused(error: tuple[int, str]) -> Reply:
+    return {"ok": False, "code": error[0], "error": error[1]}
+
+
+async def cmd_load(admin: Admin, doc: Reply) -> Reply:
+    name, version = _name_arg(doc), _version_arg(doc)
+    error = await admin.load(name, version)
+    return refused(error) if error else {"ok": True, "model": name, "models": admin.models()}
+
+
+async def cmd_unload(admin: Admin, doc: Reply) -> Reply:
+    name = _name_arg(doc)
+    error = await admin.unload(name)
+    return refused(error) if error else {"ok": True, "model": name, "models": admin.models()}
+
+
 def cmd_listeners(admin: Admin, doc: Reply) -> Reply:
     """Hand the listening sockets to a server upgrading beside this one (service.handover)."""
     found = admin.handover_sockets()
@@ -196,6 +236,9 @@ COMMANDS: dict[str, Command] = {
     "drain": cmd_drain,
     "reload": cmd_reload,
     "listeners": cmd_listeners,
+    "models": cmd_models,
+    "load": cmd_load,
+    "unload": cmd_unload,
 }
 FDS = "_fds"  # a reply's descriptors, sent beside its line (never part of the JSON)
 

@@ -21,7 +21,7 @@ from ringserve.service.pool.watch import BOOT_TIMEOUT_S, KILL_AFTER_S
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.doorbell import EventFd
-from ringserve.workers.spec import EXIT_BOOT_ERROR, EXIT_DEVICE_ERROR
+from ringserve.workers.spec import EXIT_BOOT_ERROR, EXIT_DEVICE_ERROR, ModelRef
 
 
 class Clock:
@@ -69,6 +69,7 @@ class FakeHandle:
     def __init__(self, serial: int, cpus: list[int], device: str, *rest: Any) -> None:
         self.serial, self.cpus, self.device = serial, list(cpus), device
         self.generation = rest[1]
+        self.refs = rest[3] if len(rest) > 3 else ()  # the ModelRefs it was told to serve
         self.slot: int | None = None
         self.draining = self.dead = self.forked = False
         self.assigned: dict[int, Any] = {}
@@ -301,3 +302,27 @@ def test_a_sentinel_that_fires_before_the_exit_status_waits_for_it(pool, monkeyp
     sup.on_exit(other)  # reaped elsewhere: no status will ever come
     assert other.dead
     assert [f["exit_code"] for e, f in events.seen if e == "worker_died"] == [-9, None]
+
+
+def test_set_models_rolls_every_worker_onto_the_new_list(pool) -> None:
+    sup, _clock = pool
+    sup.reconcile()
+    old = serving_handle(sup)
+    old.boot()
+    sup.check()
+    refs = (ModelRef(0, "a", 1, "/a"), ModelRef(1, "b", 1, "/b"))
+    generation = sup.set_models(refs)
+    assert not sup.roll_done(generation)
+    sup.reconcile()  # somewhere to roll to: a spare of the new generation
+    assert len(sup.spares) == 1 and sup.spares[0].refs == refs
+    sup.reconcile()
+    assert sup.slots[0] is old, "the old worker left before its replacement was ready"
+    sup.spares[0].boot()
+    sup.reconcile()
+    new = serving_handle(sup)
+    assert new is not old and new.refs == refs and old.draining
+    assert sup.roll_done(generation)
+    done = asyncio.run(sup.rolled(generation))
+    assert done is None
+    with pytest.raises(ValueError):
+        sup.set_models(())

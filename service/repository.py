@@ -1,0 +1,388 @@
+"""The model repository while the server runs (`Repository`, on Front.repository): its index,
+and loading and unloading models (--model-control explicit), and the per-model reload.
+
+A load is verified off the loop (fingerprint and tokenizer), checked against --memory-budget,
+added to the ModelSet as LOADING under a new index, opened on the dispatcher, and the pool is
+rolled onto the new list (Supervisor.set_models: a new zygote, then worker by worker, dropping
+nothing); then it is READY. An unload turns UNLOADING (requests for it get 404), answers what
+was admitted for it, is removed, and the pool is rolled again, which frees its memory. One
+operation at a time (a lock), so rolls never overlap; a failed load changes nothing else and
+leaves its reason in the index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ringserve.service import models as M
+from ringserve.service.engine.dispatcher import Dispatcher
+from ringserve.service.logs import EventLog
+from ringserve.service.model_info import ModelInfo, Wanted, describe, scan_repository
+from ringserve.service.pool.supervisor import Supervisor
+from ringserve.service.settings import Config
+from ringserve.shm import layout as L
+from ringserve.workers.artifact import ArtifactError, Manifest, load_manifest, load_tokenizer
+
+Error = tuple[int, str]  # (HTTP-like code, message)
+DRAINING: Error = (503, "server is draining")
+
+
+# -- the dispatcher's and the workers' model calls, tolerant of a part that lacks them -------------
+# (the engine's open_model/close_model/when_empty and the workers' per-model RSS reader arrive
+# with their own changes; until then a one-model dispatcher and no measurement are assumed)
+def open_model(dispatcher: Dispatcher, info: ModelInfo, max_queue: int) -> None:
+    opener = getattr(dispatcher, "open_model", None)
+    if opener is not None:
+        opener(info.index, info.name, max_queue)
+
+
+def close_model(dispatcher: Dispatcher, index: int) -> None:
+    closer = getattr(dispatcher, "close_model", None)
+    if closer is not None:
+        closer(index)
+
+
+def when_empty(dispatcher: Dispatcher, index: int) -> Awaitable[None]:
+    waiter = getattr(dispatcher, "when_empty", None)
+    if waiter is not None:
+        done: Awaitable[None] = waiter(index)
+        return done
+    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    ready.set_result(None)
+    return ready
+
+
+def measured_rss(ctls: Iterable[Any], index: int) -> int | None:
+    """A model's memory in one worker, as the workers measured it when they loaded it (the
+    largest of theirs); None when no worker says."""
+    seen = []
+    for ctl in ctls:
+        read = getattr(ctl, "model_rss", None)  # shm.control.ControlBlock's, with the workers'
+        value = read(index) if read is not None and 0 <= index < L.MAX_MODELS else 0
+        if value > 0:
+            seen.append(int(value))
+    return max(seen) if seen else None
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def weights_bytes(
+    model_dir: str, manifest: Manifest, runtime: str, precision: str, graph: str = "plain"
+) -> int:
+    """The size of the weight files a worker loads for this model on `runtime`: TorchScript's
+    file, or the ONNX graph it runs and that graph's own .data files."""
+    names = [manifest.model_file]
+    if runtime == "onnx":
+        graph_file = manifest.onnx_for(precision, graph)
+        names = [graph_file, *(f for f in manifest.data_files if f.startswith(graph_file + "."))]
+    total = 0
+    for name in names:
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(Path(model_dir) / name) if name else 0
+    return total
+
+
+def per_worker_estimate(weights: int, known: list[tuple[int, int]]) -> int:
+    """A new model's memory in each worker: its weights' size, times what the loaded models
+    measured against their own weights (`known`: (measured RSS, weights) pairs); the size
+    alone when nothing was measured."""
+    measured = sum(r for r, _ in known)
+    sized = sum(w for _, w in known)
+    if measured <= 0 or sized <= 0:
+        return weights
+    return int(weights * measured / sized)
+
+
+def memory_refusal(budget: int, used: int, per_worker: int, processes: int) -> str | None:
+    """Why a load needing `per_worker` bytes in each of `processes` processes does not fit in
+    `budget` beside the `used` bytes the server's processes hold now; None when it fits."""
+    need = used + per_worker * processes
+    if need <= budget:
+        return None
+    mib = 1 << 20
+    return (
+        f"over --memory-budget: it would take about {per_worker // mib} MiB in each of "
+        f"{processes} processes, {need // mib} MiB in all with the {used // mib} MiB held "
+        f"now, and the budget is {budget // mib} MiB"
+    )
+
+
+def pid_rss(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def verify(model_dir: str) -> Manifest:
+    """Everything a worker would refuse, checked first (in a thread: it hashes the files)."""
+    manifest = load_manifest(model_dir)
+    try:
+        load_tokenizer(model_dir, manifest.max_length)
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises its own kinds
+        raise ArtifactError(f"model artifact {model_dir}: unreadable tokenizer: {exc}") from None
+    return manifest
+
+
+class Refused(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.error: Error = (code, message)
+
+
+class Repository:
+    def __init__(
+        self,
+        settings: Config,
+        log: EventLog,
+        front: Any,  # service.front.Front (which imports this module)
+        dispatcher: Dispatcher,
+        supervisor: Supervisor,
+    ) -> None:
+        self.settings = settings
+        self.log = log
+        self.front = front
+        self.models: M.ModelSet = front.models
+        self.dispatcher = dispatcher
+        self.supervisor = supervisor
+        self.root = settings.model_repository
+        self.problems: dict[str, str] = {}  # name -> why its last load failed
+        self.lock = asyncio.Lock()  # one load, unload or reload (one roll) at a time
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    # -- views -------------------------------------------------------------------------------------
+    def index(self) -> list[dict[str, str]]:
+        """Every model of the repository, loaded or not, and every loaded one: name, version,
+        state and reason (KServe's repository index)."""
+        rows: list[dict[str, str]] = []
+        found = scan_repository(self.root) if self.root else {}
+        names = list(found) + sorted({e.info.name for e in self.models} - set(found))
+        for name in names:
+            loaded = sorted((e for e in self.models if e.info.name == name), key=version_of)
+            for e in loaded:
+                row = {"name": name, "version": str(e.info.version), "state": e.state}
+                rows.append({**row, "reason": e.reason or self.problems.get(name, "")})
+            if not loaded:
+                cand = found[name]
+                version = str(max(cand.versions)) if cand.versions else ""
+                reason = self.problems.get(name) or cand.problem
+                rows.append({"name": name, "version": version, "state": M.UNAVAILABLE,
+                             "reason": reason})  # fmt: skip
+        return rows
+
+    def status_rows(self) -> list[dict[str, Any]]:
+        """`ctl status`'s models: each loaded one with its fingerprint and measured memory."""
+        ctls = [h.ctl for h in self.supervisor.all.values() if h.loaded()]
+        return [
+            {
+                "name": e.info.name,
+                "version": str(e.info.version),
+                "state": e.state,
+                "fingerprint": e.info.manifest.fingerprint,
+                "rss_bytes_per_worker": measured_rss(ctls, e.info.index),
+            }
+            for e in self.models
+        ]
+
+    # -- load --------------------------------------------------------------------------------------
+    async def load(self, name: str, version: int | str | None = None) -> Error | None:
+        """Load `name` (its highest version, or `version`) from the repository; the error as
+        (code, message), or None once its workers serve it."""
+        if self.settings.model_control != "explicit":
+            return 400, "models load and unload on request only with --model-control explicit"
+        if self.front.draining:
+            return DRAINING
+        async with self.lock:
+            if self.front.draining:
+                return DRAINING
+            try:
+                v, where = self.find(name, version)
+                error = await self.load_verified(name, v, where)
+            except Refused as exc:
+                error = exc.error
+        if error is not None and error[0] != 404:
+            self.problems[name] = error[1]
+            self.log.warning("model_load_refused", model=name, code=error[0], reason=error[1])
+        return error
+
+    def find(self, name: str, version: int | str | None) -> tuple[int, str]:
+        """(version, directory) of the repository's model; raises Refused."""
+        found = scan_repository(self.root) if self.root else {}
+        cand = found.get(name)
+        if cand is None:
+            raise Refused(404, f"unknown model: {name} (not in the model repository)")
+        if not cand.versions:
+            raise Refused(400, cand.problem)
+        try:
+            want = None if version is None or version == "" else int(str(version))
+        except ValueError:
+            raise Refused(400, f"version must be a number, got {version!r}") from None
+        picked = cand.pick(want)
+        if picked is None:
+            raise Refused(404, f"unknown version {want} of model {name}")
+        return picked
+
+    async def load_verified(self, name: str, version: int, where: str) -> Error | None:
+        entry = self.models.entries.get((name, version))
+        if entry is not None and entry.state == M.READY:
+            return None  # already serving: loading it again changes nothing
+        if len(self.models) >= L.MAX_MODELS or self.models.new_index() >= L.MAX_MODELS:
+            return 409, f"no model index left ({L.MAX_MODELS} loads per server run)"
+        try:
+            manifest = await asyncio.to_thread(verify, where)
+        except ArtifactError as exc:
+            return 400, str(exc)
+        first = self.models.first
+        wanted = Wanted(name, where, version, True)
+        try:
+            info = describe(
+                self.settings, self.log, manifest, wanted, self.models.new_index(),
+                first.device, first,
+            )  # fmt: skip
+        except SystemExit as exc:  # --runtime cannot serve it (describe is the start's too)
+            return 400, str(exc.code).removeprefix("ringserve: ")
+        refusal = self.memory_check(info)
+        if refusal is not None:
+            return 409, refusal
+        if self.front.draining:
+            return DRAINING
+        return await self.admit(info)
+
+    async def admit(self, info: ModelInfo) -> Error | None:
+        """Add it as LOADING, open it on the dispatcher, roll, and mark it READY."""
+        self.models.add(info, M.LOADING)
+        self.problems.pop(info.name, None)
+        open_model(self.dispatcher, info, self.settings.max_queue)
+        error = await self.roll()
+        if error is not None:  # take it back out: nothing else changes
+            close_model(self.dispatcher, info.index)
+            self.models.remove(info)
+            if not self.front.draining:
+                self.supervisor.set_models([m.ref for m in self.models.infos()])
+            return (503, error) if error == DRAINING[1] else (500, error)
+        self.models.set_state(info, M.READY)
+        self.log.info("model_loaded", model=info.name, version=info.version, index=info.index,
+                      fingerprint=info.manifest.fingerprint)  # fmt: skip
+        return None
+
+    def memory_check(self, info: ModelInfo) -> str | None:
+        s, sup = self.settings, self.supervisor
+        ctls = [h.ctl for h in sup.all.values() if h.loaded()]
+        known: list[tuple[int, int]] = []
+        for m in self.models.infos():
+            rss = measured_rss(ctls, m.index)
+            if rss is not None:
+                sized = weights_bytes(m.model_dir, m.manifest, m.runtime, s.precision, s.graph)
+                known.append((rss, sized))
+        weights = weights_bytes(info.model_dir, info.manifest, info.runtime, s.precision, s.graph)
+        per_worker = per_worker_estimate(weights, known)
+        # Every serving worker and spare, the one more a roll starts, and the zygote.
+        processes = sup.target + max(1, sup.target_spares) + (1 if sup.forker.wanted else 0)
+        used = pid_rss(os.getpid()) + sum(h.rss_bytes() for h in sup.all.values())
+        zygote = sup.forker.zygote
+        used += pid_rss(zygote.process.pid) if zygote is not None else 0
+        budget = s.memory_budget if s.memory_budget is not None else 1 << 62
+        return memory_refusal(budget, used, per_worker, processes)
+
+    # -- unload ------------------------------------------------------------------------------------
+    async def unload(self, name: str) -> Error | None:
+        """Stop serving `name` (every version): new requests for it get 404 at once, what was
+        admitted is answered, then the pool rolls onto the others (its memory is freed)."""
+        if self.settings.model_control != "explicit":
+            return 400, "models load and unload on request only with --model-control explicit"
+        if self.front.draining:
+            return DRAINING
+        async with self.lock:
+            going = [e.info for e in self.models if e.info.name == name]
+            if not going:
+                return 404, f"unknown model: {name} (not loaded)"
+            if len(going) == len(self.models):
+                return 409, f"{name} is the only model loaded: a server serves at least one"
+            for info in going:
+                self.models.set_state(info, M.UNLOADING)
+                close_model(self.dispatcher, info.index)
+            await self.answered([info.index for info in going])
+            for info in going:
+                self.models.remove(info)
+            self.log.info("model_unloaded", model=name, versions=[i.version for i in going])
+            error = await self.roll()
+        return None if error is None else ((503, error) if error == DRAINING[1] else (500, error))
+
+    async def answered(self, indexes: list[int]) -> None:
+        """What was admitted for these models is answered (or the drain timeout passed)."""
+        waits = [when_empty(self.dispatcher, i) for i in indexes]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), self.settings.drain_timeout_s)
+        except TimeoutError:
+            self.log.warning(
+                "unload_timeout", models=indexes, waited_s=self.settings.drain_timeout_s
+            )
+
+    async def roll(self) -> str | None:
+        """The pool onto every model the set holds now; the reason when it did not finish."""
+        generation = self.supervisor.set_models([m.ref for m in self.models.infos()])
+        return await self.supervisor.rolled(generation)
+
+    # -- reload (SIGHUP, ctl reload) ---------------------------------------------------------------
+    async def reload(self, reason: str) -> str | None:
+        """Re-read and verify every model (off the loop); refused whole when one fails or
+        changes its labels, task or dimension; else one roll onto them all (the lock is held
+        until it ends, so no load or unload rolls meanwhile)."""
+        await self.lock.acquire()
+        try:
+            fresh = await self.reverified()
+        except BaseException:
+            self.lock.release()
+            raise
+        if isinstance(fresh, str):
+            self.lock.release()
+            return fresh
+        for info in fresh:
+            self.models.replace(info)
+        generation = self.supervisor.set_models([m.ref for m in self.models.infos()])
+        task = asyncio.create_task(self.hold_until_rolled(generation, reason))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return None
+
+    async def reverified(self) -> list[ModelInfo] | str:
+        """Every model re-read from its directory, or why the reload is refused."""
+        fresh: list[ModelInfo] = []
+        for info in self.models.infos():
+            try:
+                manifest = await asyncio.to_thread(load_manifest, info.model_dir)
+            except ArtifactError as exc:
+                return str(exc)
+            if shape(manifest) != shape(info.manifest):
+                return (
+                    f"reload refused: {info.name}: the new artifact's labels, tasks or "
+                    "dimension differ (restart the server, or unload and load it)"
+                )
+            fresh.append(info.reloaded(manifest))
+        if self.front.draining:  # began while the artifacts were being read
+            return DRAINING[1]
+        return fresh
+
+    async def hold_until_rolled(self, generation: int, reason: str) -> None:
+        try:
+            error = await self.supervisor.rolled(generation)
+            if error is not None:
+                self.log.warning("reload_roll", by=reason, reason=error)
+        finally:
+            self.lock.release()
+
+
+def version_of(entry: M.Entry) -> int:
+    return entry.info.version
+
+
+def shape(m: Manifest) -> tuple[list[str], list[str], int]:
+    """What a reload may not change (the protocols answer by it)."""
+    return (m.labels, m.task, m.dimension)
