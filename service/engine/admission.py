@@ -114,9 +114,12 @@ class Admission:
         tenant: Tenant | None,
         level: int,
         trace: RequestTrace | None = None,
+        model: int = 0,
     ) -> Refusal | None:
         """Admit a request's texts whole, or refuse them at once (the Refusal). `done` gets
-        the results, whatever their status, once every text is answered."""
+        the results, whatever their status, once every text is answered. `model`: the wire
+        index of the model the protocol resolved (service/models.py); taken, not used yet (the
+        engine's per-model queues replace this pass-through)."""
         d = self.dispatcher
         now = d.clock()
         if tenant is not None and not tenant.take(now):
@@ -144,6 +147,7 @@ class Admission:
         task: str,
         tenant: Tenant | None,
         prefix: bytes = b"",
+        model: int = 0,
     ) -> tuple[int, int]:
         """Independent texts (binary frames), in order: those within the key's rate and the
         queue's room are admitted as one group, each with `prefix` before it. `on_admit(k,

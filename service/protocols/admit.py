@@ -94,11 +94,12 @@ def submit(
     deadline: int | None = None,
     task: str = "classify",
     priority: int | None = None,
+    model: int = 0,
 ) -> None:
     """Admit texts for inference, or answer 429 or 503 at once. `deadline` overrides the
     header's, `priority` (a KServe parameter) the X-Priority header's; neither raises the
-    key's priority. `on_ok` gets the results when every text succeeded; any failure is
-    answered here."""
+    key's priority; `model` is the resolved model's wire index. `on_ok` gets the results when
+    every text succeeded; any failure is answered here."""
     if deadline is None:
         deadline = deadline_ns(ex, admission.timeout_s)
     if priority is None:
@@ -116,7 +117,9 @@ def submit(
         else:
             respond_failure(conn, ex, failed)
 
-    refusal = admission.submit(texts, deadline, done, protocol, task, tenant, level, trace)
+    refusal = admission.submit(
+        texts, deadline, done, protocol, task, tenant, level, trace, model=model
+    )
     if refusal is not None:
         respond_refusal(conn, ex, refusal)
 
