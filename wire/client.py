@@ -3,6 +3,7 @@
 with BinaryClient("127.0.0.1", 8001) as client:          # key: RINGSERVE_API_KEY, or api_key=
     answer = client.classify("a gripping film")        # Answer(tag, status, label_id, scores)
     answers = client.classify_many(texts)               # pipelined, in the order of `texts`
+    client.select_model("nli")                          # the frames after it are for model nli
 
 async with await AsyncBinaryClient.connect("127.0.0.1", 8001) as client:
     answers = await asyncio.gather(*(client.classify(t) for t in texts))  # one connection
@@ -19,9 +20,16 @@ import time
 from collections.abc import Iterable
 from types import TracebackType
 
-from ringserve.wire.frames import OK, Answer, AnswerParser, auth_frame, encode_frame
+from ringserve.wire.frames import OK, Answer, AnswerParser, auth_frame, encode_frame, model_frame
 
-__all__ = ["Answer", "AsyncBinaryClient", "AuthError", "BinaryClient", "ProtocolError"]
+__all__ = [
+    "Answer",
+    "AsyncBinaryClient",
+    "AuthError",
+    "BinaryClient",
+    "ProtocolError",
+    "UnknownModelError",
+]
 API_KEY_ENV = "RINGSERVE_API_KEY"
 
 
@@ -31,6 +39,20 @@ class ProtocolError(ConnectionError):
 
 class AuthError(ConnectionError):
     """The server closed the connection on our `AUTH KEY` frame: no key, or the wrong one."""
+
+
+class UnknownModelError(LookupError):
+    """The server holds no such model (its answer to `MODEL name[:version]` was status 5); the
+    connection's frames answer status 5 until another model is selected."""
+
+
+def selected(answer: Answer, name: str, version: int | str | None) -> Answer:
+    if answer.tag != 0:
+        raise ProtocolError(f"unexpected answer to MODEL: {answer}")
+    if not answer.ok:
+        which = name if version is None else f"{name} version {version}"
+        raise UnknownModelError(f"the server holds no model {which} ({answer.status_name})")
+    return answer
 
 
 def resolve_key(given: str | None) -> str | None:
@@ -71,6 +93,11 @@ class BinaryClient:
             answers = self.parser.feed(chunk)
         if answers[0].tag != 0 or answers[0].status != OK:
             raise ProtocolError(f"unexpected answer to AUTH: {answers[0]}")
+
+    def select_model(self, name: str, version: int | str | None = None) -> Answer:
+        """Send `MODEL name[:version]`: the frames after it are for that model (else the only
+        one loaded). Raises UnknownModelError when the server holds no such model."""
+        return selected(self._exchange(model_frame(name, version), {0})[0], name, version)
 
     def classify(self, text: str | bytes) -> Answer:
         return self.classify_many([text])[0]
@@ -211,6 +238,17 @@ class AsyncBinaryClient:
             if answer.status != OK:
                 raise ProtocolError(f"unexpected answer to AUTH: {answer}")
         return cls(conn)
+
+    async def select_model(self, name: str, version: int | str | None = None) -> Answer:
+        """As BinaryClient.select_model: the frames written after it are for that model (the
+        server reads the stream in order); one selection at a time."""
+        conn = self.conn
+        if conn.lost is not None or conn.transport is None:
+            raise ConnectionError("connection is closed") from conn.lost
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        conn.pending[0] = future
+        conn.transport.write(model_frame(name, version))
+        return selected(await future, name, version)
 
     async def classify(self, text: str | bytes) -> Answer:
         conn = self.conn

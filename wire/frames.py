@@ -21,6 +21,7 @@ from ringserve.shm.layout import (
     STATUS_OK,
     STATUS_OVERLOADED,
     STATUS_RATE_LIMITED,
+    STATUS_UNKNOWN_MODEL,
 )
 
 LENGTH = struct.Struct("<I")
@@ -31,12 +32,13 @@ WINDOWED = 2  # flags bit 1: the text was scored in windows
 SCORE = struct.Struct("<f")
 
 # The statuses an answer may carry are the worker's own, so none needs translating.
-OK, BAD_REQUEST, OVERLOADED, DEADLINE, INTERNAL, RATE_LIMITED = (
+OK, BAD_REQUEST, OVERLOADED, DEADLINE, INTERNAL, UNKNOWN_MODEL, RATE_LIMITED = (
     STATUS_OK,
     STATUS_BAD_REQUEST,
     STATUS_OVERLOADED,
     STATUS_DEADLINE,
     STATUS_INTERNAL,
+    STATUS_UNKNOWN_MODEL,
     STATUS_RATE_LIMITED,
 )
 STATUS_NAMES = {
@@ -45,6 +47,7 @@ STATUS_NAMES = {
     OVERLOADED: "overloaded",
     DEADLINE: "deadline passed",
     INTERNAL: "internal error",
+    UNKNOWN_MODEL: "unknown or unloaded model",
     RATE_LIMITED: "over the key's rate",
 }
 
@@ -78,6 +81,32 @@ def auth_frame(key: str) -> bytes:
     """The frame a client sends first to a server started with --api-key; answered tag 0,
     status 0, no scores, or the connection closes."""
     return encode_frame(AUTH_PREFIX + key.encode("ascii"), 0)
+
+
+MODEL_PREFIX = b"MODEL "  # `MODEL name[:version]`, tag 0: selects the connection's model
+
+
+def model_frame(name: str, version: int | str | None = None) -> bytes:
+    """The frame that selects the connection's model for the frames after it; answered tag 0,
+    status 0, or status 5 for a model the server does not hold."""
+    text = name if version is None else f"{name}:{version}"
+    return encode_frame(MODEL_PREFIX + text.encode("utf-8"), 0)
+
+
+def parse_model_selection(text: bytes) -> tuple[str, str | None] | None:
+    """(name, version or None) of a `MODEL name[:version]` frame's text (the name "" when it
+    names none, or not in UTF-8: no model has it); None when the text is no selection. A
+    version is the digits after the last colon."""
+    if not text.startswith(MODEL_PREFIX):
+        return None
+    try:
+        rest = text[len(MODEL_PREFIX) :].decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return "", None
+    name, colon, version = rest.rpartition(":")
+    if not colon or not version.isdigit() or not name:
+        name, version = rest, ""
+    return name, version or None
 
 
 def encode_answer(

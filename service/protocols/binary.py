@@ -7,6 +7,11 @@ a frame past that is read and answered status 2 (overloaded) at once, as is one 
 no room for, so no frame waits unseen in the socket. Reading pauses only while the transport's
 write buffer is full: a client that does not read its answers. A length over `max_frame` ends
 the connection once the answers already owed have been written.
+
+A frame with tag 0 and the text `MODEL name[:version]` selects the connection's model for the
+frames after it (status 0, or 5 for a model the server does not hold); without one, the only
+loaded model serves. Each group of frames resolves its model when it is admitted, so frames for
+a model unloaded since answer status 5.
 """
 
 from __future__ import annotations
@@ -22,12 +27,19 @@ from ringserve.service.engine.admission import STATUS_HTTP, Admission, Refusal
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
 from ringserve.service.model_info import ModelInfo
+from ringserve.service.models import ModelRequired, ModelSet, UnknownModel
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
 from ringserve.service.protocols.handover import Listeners, listen
 from ringserve.service.protocols.texts import checked
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
-from ringserve.wire.frames import LENGTH, TAG, encode_answer, status_answer
+from ringserve.wire.frames import (
+    LENGTH,
+    TAG,
+    encode_answer,
+    parse_model_selection,
+    status_answer,
+)
 
 
 class BinaryHost(Protocol):
@@ -40,6 +52,8 @@ class BinaryHost(Protocol):
     @property
     def model(self) -> ModelInfo: ...
     @property
+    def models(self) -> ModelSet: ...
+    @property
     def keys(self) -> KeyRing | None: ...
     @property
     def draining(self) -> bool: ...
@@ -50,7 +64,14 @@ class BinaryPorts(Listeners, Protocol):
     binary_state: BinaryServerState | None  # set here: the drain closes these connections
 
 
-STATUSES = (L.STATUS_OK, L.STATUS_BAD_REQUEST, L.STATUS_OVERLOADED, L.STATUS_DEADLINE)
+STATUSES = (
+    L.STATUS_OK,
+    L.STATUS_BAD_REQUEST,
+    L.STATUS_OVERLOADED,
+    L.STATUS_DEADLINE,
+    L.STATUS_UNKNOWN_MODEL,
+)
+CODES = {**STATUS_HTTP, L.STATUS_UNKNOWN_MODEL: 404}  # what each status is counted under
 EMBED = L.OPTIONS_MARK + bytes([L.OPT_EMBED])  # ask the worker for the text's vector
 
 
@@ -97,6 +118,7 @@ class BinaryProtocol(asyncio.Protocol):
         self.partial_since = 0.0  # when an incomplete frame began waiting for its rest
         self.keys = state.server.keys  # None once the AUTH frame passed (or no key set)
         self.tenant: Tenant | None = None  # the key of the AUTH frame, for rate and priority
+        self.selected: tuple[str, str | None] | None = None  # the MODEL frame's (name, version)
 
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -214,7 +236,13 @@ class BinaryProtocol(asyncio.Protocol):
                 text = view[pos + 4 : pos + 4 + n].tobytes()
                 (tag,) = TAG.unpack_from(buf, stop - 8)
                 pos = stop
-                if checked(text)[1]:
+                selection = parse_model_selection(text) if tag == 0 else None
+                if selection is not None:
+                    if texts:  # the frames before it are for the model selected before
+                        self.admit(texts, tags)
+                        texts, tags = [], []
+                    self.select(selection)
+                elif checked(text)[1]:
                     bad.append(status_answer(tag, L.STATUS_BAD_REQUEST))
                 elif self.owed + len(tags) >= self.max_owed:
                     over.append(tag)
@@ -235,13 +263,41 @@ class BinaryProtocol(asyncio.Protocol):
             buf.clear()
         self.close_when_done()
 
+    def select(self, selection: tuple[str, str | None]) -> None:
+        """A MODEL frame: the frames after it are for that model, held or not (a model it
+        does not hold answers them status 5, as it answers this frame)."""
+        self.selected = selection
+        found = self.model_of() is not None
+        status = L.STATUS_OK if found else L.STATUS_UNKNOWN_MODEL
+        self.send(status_answer(0, status), 200 if found else 404)
+
+    def model_of(self, tags: list[int] | None = None) -> ModelInfo | None:
+        """The connection's model now; None (after answering `tags` status 5, or 1 when
+        several models are loaded and none was selected) when none serves."""
+        name, version = self.selected or (None, None)
+        try:
+            if name == "":
+                raise UnknownModel("a MODEL frame names no model")
+            return self.server.models.find(name, version)
+        except UnknownModel:
+            status = L.STATUS_UNKNOWN_MODEL
+        except ModelRequired:
+            status = L.STATUS_BAD_REQUEST
+        if tags:
+            answers = b"".join([status_answer(t, status) for t in tags])
+            self.send(answers, CODES[status], len(tags))
+        return None
+
     def admit(self, texts: list[bytes], tags: list[int]) -> None:
         """One admission for the frames that fit; the rest answer status 2 (or 6, over the
         key's rate). Each frame is a request of its own, so the group is admitted in part
         rather than refused whole."""
         now = time.monotonic_ns()
         deadline = now + self.timeout_ns  # from the frame's arrival
-        m = self.server.model.manifest
+        info = self.model_of(tags)
+        if info is None:
+            return
+        m = info.manifest
         embed = m.embed_only  # the contract: an embed model answers n = D floats
         task = "embed" if embed else "classify"
 
@@ -253,7 +309,7 @@ class BinaryProtocol(asyncio.Protocol):
         admission = self.server.admission
         prefix = EMBED if embed else b""
         admitted = admission.submit_each(
-            texts, deadline, on_admit, "binary", task, self.tenant, prefix
+            texts, deadline, on_admit, "binary", task, self.tenant, prefix, model=info.index
         )
         if isinstance(admitted, Refusal):  # the model is not open: status 5 (404)
             answers = b"".join([status_answer(t, L.STATUS_UNKNOWN_MODEL) for t in tags])
@@ -314,7 +370,7 @@ class BinaryProtocol(asyncio.Protocol):
                 if r.status == L.STATUS_TOO_LONG:  # the contract's "bad request" (status 1)
                     status = L.STATUS_BAD_REQUEST
                 out.append(status_answer(tag, status))
-                failed.append(STATUS_HTTP.get(status, 500))
+                failed.append(CODES.get(status, 500))
         self.owed -= len(tags)
         if traces is not None:
             self.end_traces(traces, results)

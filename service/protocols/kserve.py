@@ -1,6 +1,8 @@
 """KServe v2 / Open Inference Protocol over HTTP, as Triton serves it, so tritonclient just works.
 
-One model (the manifest's), version "1": input `text` (BYTES, shape [N] or [N, 1]) and the
+Every loaded model by name, and by version under `/versions/{v}` (service/models.py finds it;
+the repository extension lists, loads and unloads them through `front.repository`). Each takes
+input `text` (BYTES, shape [N] or [N, 1]) and the
 optional `text_pair` (as many texts, for models that classify a pair), outputs
 `scores` (FP32 [N, C]) and `label` (BYTES [N]). Tensors travel as JSON or through the binary
 tensor data extension, in both directions. An infer call's N texts are one dispatcher group: one
@@ -9,16 +11,19 @@ admission, one callback, one answer.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import numpy as np
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.model_info import ModelInfo
+from ringserve.service.models import READY, ModelSet
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import asked_priority, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
@@ -26,13 +31,16 @@ from ringserve.service.protocols.routes import (
     ModelView,
     Router,
     as_integer,
+    find_model,
     long_text_prefix,
+    parse_json,
 )
 from ringserve.service.protocols.tasks import vectors
 from ringserve.service.protocols.texts import require
 from ringserve.shm import layout as L
 
-VERSION = "1"
+VERSION = "1"  # a model's version without numbered version directories
+EXTENSIONS = ["binary_tensor_data", "model_repository"]
 PLATFORM = "pytorch_libtorch"  # Triton's name for TorchScript models
 OUTPUTS = ("scores", "label")  # answered when a request names none
 EMBEDDING = "embedding"  # an embed model's output, FP32 [N, D], asked for by name
@@ -57,6 +65,9 @@ def register(router: Router) -> None:
         router.add("GET", base + "/ready", guard(server, model_ready))
         router.add("GET", base + "/config", guard(server, model_config))
         router.add("POST", base + "/infer", guard(server, infer, inference=True))
+    router.add("POST", "/v2/repository/index", guard(server, repository_index))
+    router.add("POST", "/v2/repository/models/{model}/load", guard(server, repository_load))
+    router.add("POST", "/v2/repository/models/{model}/unload", guard(server, repository_unload))
 
 
 def guard(
@@ -74,14 +85,12 @@ def guard(
     return run
 
 
-def check_model(server: ModelView, params: dict[str, str]) -> str:
-    name = unquote(params["model"])
-    if name != server.model.name:
-        raise HttpError(404, f"unknown model {name!r}")
+def check_model(server: ModelView, params: dict[str, str]) -> ModelInfo:
+    """The loaded model a path names (and its version, under /versions/{v}), else 404."""
     version = params.get("version")
-    if version is not None and unquote(version) != VERSION:
-        raise HttpError(404, f"unknown version {unquote(version)!r} of model {name!r}")
-    return name
+    return find_model(
+        server, unquote(params["model"]), None if version is None else unquote(version)
+    )
 
 
 def respond_json(conn: HttpProtocol, ex: Exchange, doc: Any, status: int = 200) -> None:
@@ -90,7 +99,7 @@ def respond_json(conn: HttpProtocol, ex: Exchange, doc: Any, status: int = 200) 
 
 # -- metadata and health --------------------------------------------------------------------------
 def server_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
-    doc = {"name": "ringserve", "version": server_version(), "extensions": ["binary_tensor_data"]}
+    doc = {"name": "ringserve", "version": server_version(), "extensions": EXTENSIONS}
     respond_json(conn, ex, doc)
 
 
@@ -98,29 +107,35 @@ def model_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[
     respond_json(conn, ex, metadata_doc(server, check_model(server, p)))
 
 
-def metadata_doc(server: ModelView, name: str) -> dict[str, Any]:
+def versions(models: ModelSet, name: str) -> list[str]:
+    """The loaded versions of a model's name, lowest first."""
+    found = sorted(e.info.version for e in models if e.info.name == name and e.state == READY)
+    return [str(v) for v in found]
+
+
+def metadata_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
     """The model's KServe metadata, as HTTP and gRPC (service/protocols/rpc) answer it."""
     return {
-        "name": name,
-        "versions": [VERSION],
+        "name": info.name,
+        "versions": versions(server.models, info.name) or [str(info.version)],
         "platform": PLATFORM,
         "inputs": [
             {"name": "text", "datatype": "BYTES", "shape": [-1]},
             {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True},
         ],
         "outputs": [
-            *class_outputs(server, "datatype", ("FP32", "BYTES"), "shape"),
-            *embedding_output(server, "datatype", "FP32", "shape"),
+            *class_outputs(info, "datatype", ("FP32", "BYTES"), "shape"),
+            *embedding_output(info, "datatype", "FP32", "shape"),
         ],
-        "parameters": task_parameters(server) | {"activation": server.model.manifest.activation},
+        "parameters": task_parameters(info) | {"activation": info.manifest.activation},
     }
 
 
 def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     """Triton's model configuration view, which tools such as perf_analyzer read."""
-    name = check_model(server, p)
+    info = check_model(server, p)
     doc = {
-        "name": name,
+        "name": info.name,
         "platform": PLATFORM,
         "max_batch_size": 0,  # the batch is the first dimension of `text`, named in full below
         "input": [
@@ -128,43 +143,43 @@ def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[st
             {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
         ],
         "output": [
-            *class_outputs(server, "data_type", ("TYPE_FP32", "TYPE_STRING"), "dims"),
-            *embedding_output(server, "data_type", "TYPE_FP32", "dims"),
+            *class_outputs(info, "data_type", ("TYPE_FP32", "TYPE_STRING"), "dims"),
+            *embedding_output(info, "data_type", "TYPE_FP32", "dims"),
         ],
-        "parameters": {k: {"string_value": str(v)} for k, v in task_parameters(server).items()}
+        "parameters": {k: {"string_value": str(v)} for k, v in task_parameters(info).items()}
         | {
-            "labels": {"string_value": ",".join(server.model.labels)},
-            "activation": {"string_value": server.model.manifest.activation},
+            "labels": {"string_value": ",".join(info.labels)},
+            "activation": {"string_value": info.manifest.activation},
         },
     }
     respond_json(conn, ex, doc)
 
 
 def class_outputs(
-    server: ModelView, kind: str, types: tuple[str, str], dims: str
+    info: ModelInfo, kind: str, types: tuple[str, str], dims: str
 ) -> list[dict[str, Any]]:
     """`scores` and `label`, for a model that classifies (an embed-only one gives neither)."""
-    if server.model.manifest.embed_only:
+    if info.manifest.embed_only:
         return []
     return [
-        {"name": "scores", kind: types[0], dims: [-1, len(server.model.labels)]},
+        {"name": "scores", kind: types[0], dims: [-1, len(info.labels)]},
         {"name": "label", kind: types[1], dims: [-1]},
     ]
 
 
-def embedding_output(server: ModelView, kind: str, fp32: str, dims: str) -> list[dict[str, Any]]:
-    m = server.model.manifest
+def embedding_output(info: ModelInfo, kind: str, fp32: str, dims: str) -> list[dict[str, Any]]:
+    m = info.manifest
     return [{"name": EMBEDDING, kind: fp32, dims: [-1, m.dimension]}] if m.embeds else []
 
 
-def task_parameters(server: ModelView) -> dict[str, Any]:
+def task_parameters(info: ModelInfo) -> dict[str, Any]:
     """The model's tasks (comma list: KServe parameters are scalars) and its dimension."""
-    m = server.model.manifest
+    m = info.manifest
     return {"task": ",".join(m.task), "dimension": m.dimension}
 
 
 def model_ready(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
-    name = check_model(server, p)
+    name = check_model(server, p).name
     if server.ready():
         respond_json(conn, ex, {"name": name, "ready": True})
     else:
@@ -456,7 +471,8 @@ def encoder_for(labels: list[str], normalize: bool = False) -> OutputEncoder:
     key = (*labels, str(normalize))
     encoder = _encoders.get(key)
     if encoder is None:
-        _encoders.clear()  # one model at a time: keep only the current labels' encoder
+        if len(_encoders) >= L.MAX_MODELS:  # bounded: reloads with new labels come and go
+            _encoders.clear()
         encoder = _encoders[key] = OutputEncoder(labels, normalize)
     return encoder
 
@@ -474,21 +490,22 @@ def long_text_parameters(results: list[Result]) -> dict[str, Any]:
 
 
 def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    name = check_model(server, params)
+    info = check_model(server, params)
+    name, version = info.name, str(info.version)
     doc, blob = split_body(server, ex)
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise HttpError(400, "id must be a string")
     texts = read_texts(server, doc, blob)
-    m = server.model.manifest
+    m = info.manifest
     wanted = read_outputs(doc, m.embeds, m.embed_only)
     texts, task = with_options(texts, as_dict(doc.get("parameters"), "parameters"), wanted)
     deadline = request_deadline(server, ex, doc)
-    encoder = encoder_for(server.model.labels, m.normalize)
+    encoder = encoder_for(info.labels, m.normalize)
 
     def done(results: list[Result]) -> None:
         tensors, blobs = encoder.tensors(results, wanted)
-        answer: dict[str, Any] = {"model_name": name, "model_version": VERSION}
+        answer: dict[str, Any] = {"model_name": name, "model_version": version}
         if request_id is not None:
             answer["id"] = request_id
         if any(r.flags for r in results):
@@ -505,4 +522,121 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
 
     asked = as_dict(doc.get("parameters"), "parameters").get("priority")
     priority = asked_priority(asked, "parameters.priority")  # never above the key's
-    admit.submit(server.admission, conn, ex, texts, done, "kserve", deadline, task, priority)
+    admit.submit(
+        server.admission, conn, ex, texts, done, "kserve", deadline, task, priority, info.index
+    )
+
+
+# -- the repository extension ---------------------------------------------------------------------
+Failure = tuple[int, str] | None  # a repository call's error: the HTTP code and its message
+
+
+class Repository(Protocol):
+    """What the repository extension calls (service/repository.py's, on Front.repository)."""
+
+    def index(self) -> list[dict[str, Any]]: ...
+    def load(self, name: str, version: str | None = None) -> Awaitable[Failure]: ...
+    def unload(self, name: str) -> Awaitable[Failure]: ...
+
+
+class FixedModels:
+    """The repository of a server without one: the models it started with, which it neither
+    loads nor unloads (loading one of them is a success, as Triton answers it)."""
+
+    def __init__(self, models: ModelSet) -> None:
+        self.models = models
+
+    def index(self) -> list[dict[str, Any]]:
+        keys = ("name", "version", "state", "reason")
+        return [{k: row[k] for k in keys} for row in self.models.listing()]
+
+    async def load(self, name: str, version: str | None = None) -> Failure:
+        rows = [r for r in self.index() if r["name"] == name]
+        if version is not None:
+            rows = [r for r in rows if r["version"] == version]
+        if not rows:
+            return 404, f"unknown model: {name} (this server has no model repository)"
+        if any(r["state"] == READY for r in rows):
+            return None
+        return 400, f"model {name} is not loaded, and --model-control none loads nothing"
+
+    async def unload(self, name: str) -> Failure:
+        if not any(e.info.name == name for e in self.models):
+            return 404, f"unknown model: {name}"
+        return 400, f"--model-control none: model {name} stays loaded"
+
+
+def repository_of(server: ModelView) -> Repository:
+    repository: Repository | None = getattr(server, "repository", None)
+    return repository if repository is not None else FixedModels(server.models)
+
+
+_pending: set[asyncio.Task[None]] = set()  # repository calls in progress (kept from the GC)
+
+
+def repository_index(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]
+) -> None:
+    """POST /v2/repository/index: tritonclient sends an empty body; `{"ready": true}` keeps
+    the models that serve."""
+    doc = parse_json(ex) if b"".join(ex.body).strip() else {}
+    if not isinstance(doc, dict):
+        raise HttpError(400, "body must be a JSON object")
+    ready = doc.get("ready", False)
+    if not isinstance(ready, bool):
+        raise HttpError(400, "ready must be true or false")
+    if not isinstance(doc.get("repository_name", ""), str):
+        raise HttpError(400, "repository_name must be a string")
+    rows = repository_of(server).index()
+    respond_json(conn, ex, [r for r in rows if r.get("state") == READY] if ready else rows)
+
+
+def repository_params(ex: Exchange) -> dict[str, Any]:
+    """A load or unload body's `parameters`, as tritonclient sends them (`{}` or
+    `{"parameters": {...}}`)."""
+    doc = parse_json(ex) if b"".join(ex.body).strip() else {}
+    if not isinstance(doc, dict):
+        raise HttpError(400, "body must be a JSON object")
+    return as_dict(doc.get("parameters"), "parameters")
+
+
+def repository_load(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    """POST /v2/repository/models/{name}/load; parameter `version` names one (else the
+    highest); Triton's `config` and `file:` overrides are not taken."""
+    params = repository_params(ex)
+    if "config" in params or any(k.startswith("file:") for k in params):
+        raise HttpError(400, "load parameters config and file: are not supported")
+    version = params.get("version")
+    if version is not None:
+        number = as_integer(version)
+        if number is None and not isinstance(version, str):
+            raise HttpError(400, "parameters.version must be a string or an integer")
+        version = str(version if number is None else number)
+    run_repository(conn, ex, repository_of(server).load(unquote(p["model"]), version))
+
+
+def repository_unload(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]
+) -> None:
+    """POST /v2/repository/models/{name}/unload (`unload_dependents` has nothing to do here)."""
+    if not isinstance(repository_params(ex).get("unload_dependents", False), bool):
+        raise HttpError(400, "parameters.unload_dependents must be true or false")
+    run_repository(conn, ex, repository_of(server).unload(unquote(p["model"])))
+
+
+def run_repository(conn: HttpProtocol, ex: Exchange, call: Awaitable[Failure]) -> None:
+    """Answer a load or unload when it ends: 200 `{}`, or its error."""
+
+    async def run() -> None:
+        try:
+            failed = await call
+        except Exception as exc:  # noqa: BLE001 - answered, never left hanging
+            failed = 500, f"repository call failed: {exc}"
+        if failed is None:
+            conn.respond(ex, 200, b"{}")
+        else:
+            conn.respond_error(ex, failed[0], failed[1])
+
+    task = asyncio.get_running_loop().create_task(run())
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)

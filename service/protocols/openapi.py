@@ -53,6 +53,8 @@ class Route:
     body: Schema | None = None  # the JSON request body's schema; None: no body is read
     inference: bool = False  # admitted for a worker: deadlines, 503 and 504, x-latency-ms
     model_path: bool = False  # has {model} (and maybe {version}): 404 for another
+    model_body: bool = False  # takes "model" and "version" in its body: 404 for another
+    repository_path: bool = False  # {model} is any name: the repository's, loaded or not
     beyond_schema: tuple[str, ...] = ()  # regexes of 400 messages the schema cannot rule out
     description: str = ""
     examples: dict[str, Any] = field(default_factory=dict)
@@ -72,10 +74,15 @@ class Facts:
     version: str  # the model's one KServe version
     server_version: str
     key: bool  # --api-key is set: every route but the probes needs it
+    models: tuple[str, ...] = ()  # every loaded model's name (empty: `model` alone)
 
     @property
     def embeds(self) -> bool:
         return "embed" in self.tasks
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.models) or [self.model]
 
 
 # -- pieces ---------------------------------------------------------------------------------------
@@ -159,6 +166,19 @@ def error(description: str, *headers: str) -> Answer:
     return Answer(description, ERROR, headers=headers)
 
 
+def model_fields(f: Facts, vendor: bool = False) -> dict[str, Schema]:
+    """A /v1 body's optional "model" and "version" (routes.request_model): a loaded model's
+    name, or (OpenAI's and Cohere's, `vendor`) any string: a name the server never held means
+    its only model."""
+    return {
+        "model": nullable(STRING if vendor else {"enum": f.names}),
+        "version": nullable({"enum": [f.version, int(f.version)]}),
+    }
+
+
+MODEL_404 = error('unknown model or version ("model", "version")', *LATENCY)
+
+
 # Answers any route can give: the connection's limits, before routing.
 EVERY_ROUTE: dict[int, Answer] = {
     400: error("malformed HTTP request, or a body or header the route refuses"),
@@ -195,9 +215,10 @@ def classify_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v1/classify (routes.classify)."""
     n = len(f.labels)
     texts = array(TEXT, 1, f.max_texts)
-    one = obj(["text"], closed=False, text=TEXT, text_pair=TEXT, **LONG_TEXT)
+    named = model_fields(f)
+    one = obj(["text"], closed=False, text=TEXT, text_pair=TEXT, **LONG_TEXT, **named)
     one["not"] = {"anyOf": [{"required": ["texts"]}, {"required": ["text_pairs"]}]}
-    many = obj(["texts"], closed=False, texts=texts, text_pairs=texts, **LONG_TEXT)
+    many = obj(["texts"], closed=False, texts=texts, text_pairs=texts, **LONG_TEXT, **named)
     many["not"] = {"anyOf": [{"required": ["text"]}, {"required": ["text_pair"]}]}
     result = obj(
         ["label", "label_id", "scores"],
@@ -219,7 +240,7 @@ def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
         ["input"],
         closed=False,
         input={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
-        model=STRING,
+        **model_fields(f, vendor=True),
         encoding_format={"enum": ["float", "base64"]},
         dimensions=nullable({"type": "integer", "minimum": 1, "maximum": d}),
         **LONG_TEXT,
@@ -236,7 +257,7 @@ def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
         ["object", "data", "model", "usage"],
         object={"const": "list"},
         data=array(item, 1, f.max_texts),
-        model={"const": f.model},
+        model={"enum": f.names},
         usage=usage,
     )
     return request, answer
@@ -261,6 +282,7 @@ def tei_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
         inputs={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
         normalize=BOOL,
         **LONG_TEXT,
+        **model_fields(f),
     )
     rerank = obj(
         ["query", "texts"],
@@ -269,6 +291,7 @@ def tei_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
         raw_scores=BOOL,
         return_text=BOOL,
         **rerank_common(f),
+        **model_fields(f),
     )
     hit = obj(["index", "score"], index=COUNT, score=NUMBER, text=STRING)
     return {
@@ -283,9 +306,9 @@ def cohere_schemas(f: Facts) -> tuple[Schema, Schema]:
         ["query", "documents"],
         closed=False,
         documents=document_list(f),
-        model=STRING,
         return_documents=BOOL,
         **rerank_common(f),
+        **model_fields(f, vendor=True),
     )
     hit = obj(
         ["index", "relevance_score"],
@@ -314,7 +337,7 @@ def model_info_schema(f: Facts) -> Schema:
             "task",
             "dimension",
         ],
-        name={"const": f.model},
+        name={"enum": f.names},
         labels={"const": f.labels},
         max_length=COUNT,
         fingerprint=STRING,
@@ -334,6 +357,41 @@ def model_info_schema(f: Facts) -> Schema:
             "what chose it and the start-up timings (--graph)",
         },
     )
+
+
+STATES = ["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]  # service/models.py
+
+
+def models_schema() -> Schema:
+    """GET /v1/models (routes.list_models)."""
+    row = obj(
+        ["name", "version", "state", "task", "labels"],
+        name=STRING,
+        version=STRING,
+        state={"enum": STATES},
+        task=array(STRING),
+        labels=array(STRING),
+    )
+    return obj(["models"], models=array(row))
+
+
+def repository_schemas() -> dict[str, Schema]:
+    """The KServe repository extension's bodies and answers (kserve.repository_*)."""
+    row = obj(["name", "state"], name=STRING, version=STRING, state={"enum": STATES}, reason=STRING)
+    version = {"type": ["string", "integer"], "description": "a version (else the highest)"}
+    load = {
+        "type": "object",
+        "properties": {"version": version, "config": False},
+        "patternProperties": {"^file:": False},
+        "description": "Triton's config and file: overrides are not taken",
+    }
+    return {
+        "index": obj([], closed=False, ready=BOOL, repository_name=STRING),
+        "rows": array(row),
+        "load": obj([], closed=False, parameters=load),
+        "unload": obj([], closed=False, parameters=obj([], closed=False, unload_dependents=BOOL)),
+        "done": obj([]),
+    }
 
 
 def stats_schema() -> Schema:
@@ -386,7 +444,7 @@ def tensor_meta(kind: str, dims: str) -> Schema:
 
 def kserve_metadata_schemas(f: Facts) -> dict[str, Schema]:
     """GET /v2, /v2/models/{model}, its /ready and /config (kserve.py)."""
-    names = [f.model]
+    names = f.names
     meta = tensor_meta("datatype", "shape")
     config = tensor_meta("data_type", "dims")
     return {
@@ -473,7 +531,7 @@ def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
     long_text = obj(["truncated", "tokens"], truncated=BOOL, tokens=STRING, windows=STRING)
     answer = obj(
         ["model_name", "model_version", "outputs"],
-        model_name={"enum": [f.model]},
+        model_name={"enum": f.names},
         model_version={"const": f.version},
         id=STRING,
         parameters=long_text,
@@ -489,6 +547,7 @@ def needs(f: Facts, task: str) -> tuple[str, ...]:
 
 
 PAIRS_RULE = r"^text_pairs must be a list as long as texts$"
+MODEL_REQUIRED = (r"^several models are loaded \(",)  # no "model" while several are loaded
 INFER_RULES = (  # what kserve.read_texts and read_outputs check across fields
     r"^inputs must be a list of one input",  # "text" present, each name once
     r"^input \w+ has shape .* but \d+ elements$",
@@ -532,11 +591,21 @@ def v1_routes(f: Facts) -> dict[tuple[str, str], Route]:
             ok("scores in label order", classify_out, "application/json", *LATENCY),
             classify_in,
             inference=True,
-            beyond_schema=(PAIRS_RULE, *needs(f, "classify")),
+            beyond_schema=(PAIRS_RULE, *needs(f, "classify"), *MODEL_REQUIRED),
             examples={"one": {"text": "a fine film"}, "batch": {"texts": ["good", "bad"]}},
+            model_body=True,
         ),
         ("GET", "/v1/model"): Route(
-            "The served model", "v1", ok("the model", model_info_schema(f))
+            "The served model (the first, with many)", "v1", ok("the model", model_info_schema(f))
+        ),
+        ("GET", "/v1/models"): Route(
+            "Every model the server holds, with its state", "v1", ok("the models", models_schema())
+        ),
+        ("GET", "/v1/models/{model}"): Route(
+            "One loaded model, as /v1/model gives it",
+            "v1",
+            ok("the model", model_info_schema(f)),
+            model_path=True,
         ),
     }
 
@@ -605,8 +674,9 @@ def task_route(
         ok(description, response, "application/json", *LATENCY),
         request,
         inference=True,
-        beyond_schema=needs(f, task),
+        beyond_schema=(*needs(f, task), *MODEL_REQUIRED),
         examples={"one": example},
+        model_body=True,
     )
 
 
@@ -651,7 +721,53 @@ def kserve_routes(f: Facts) -> dict[tuple[str, str], Route]:
     }
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         table.update(kserve_model_routes(f, k, base))
+    table.update(repository_routes())
     return table
+
+
+REPOSITORY_ERRORS = {
+    400: error("a bad body, a bad artifact (the reason), or --model-control none refuses"),
+    404: error("no such model in the repository"),
+    405: error("--model-control none: the server's models are fixed"),
+    409: error("the load would exceed --memory-budget (the reason)"),
+    503: error("the server is draining", "retry-after?"),
+}
+
+
+# What a well-formed load or unload can still be refused with (400): the server's model control,
+# or an artifact that fails its checks.
+REPOSITORY_RULES = (r"--model-control", r"^bad artifact", r"fingerprint")
+
+
+def repository_routes() -> dict[tuple[str, str], Route]:
+    """The KServe repository extension, as tritonclient's get_model_repository_index,
+    load_model and unload_model call it."""
+    r = repository_schemas()
+    done = ok("done: the model serves (load) or is gone (unload)", r["done"])
+    return {
+        ("POST", "/v2/repository/index"): Route(
+            "Every model of the repository, loaded or not (an empty body is taken)",
+            "kserve",
+            ok("one row a (name, version)", r["rows"]),
+            r["index"],
+        ),
+        ("POST", "/v2/repository/models/{model}/load"): Route(
+            "Load a model (answered once it serves)",
+            "kserve",
+            {**REPOSITORY_ERRORS, **done},
+            r["load"],
+            repository_path=True,
+            beyond_schema=REPOSITORY_RULES,
+        ),
+        ("POST", "/v2/repository/models/{model}/unload"): Route(
+            "Unload a model (answered once what was admitted for it is answered)",
+            "kserve",
+            {**REPOSITORY_ERRORS, **done},
+            r["unload"],
+            repository_path=True,
+            beyond_schema=REPOSITORY_RULES,
+        ),
+    }
 
 
 def kserve_model_routes(f: Facts, k: dict[str, Schema], base: str) -> dict[tuple[str, str], Route]:
@@ -722,6 +838,8 @@ def answers_of(route: Route, path: str, f: Facts) -> dict[int, Answer]:
             out[429] = error("over the key's rate (--api-keys)", "retry-after", "x-latency-ms?")
     if route.model_path:
         out[404] = error("unknown model or version", *(LATENCY if route.inference else ()))
+    if route.model_body:
+        out[404] = MODEL_404
     out.update(route.answers)
     return dict(sorted(out.items()))
 
@@ -739,12 +857,11 @@ def response_doc(answer: Answer) -> Schema:
     return {"description": answer.description, "headers": headers, "content": content}
 
 
-def path_parameters(path: str, f: Facts) -> list[Schema]:
+def path_parameters(path: str, route: Route, f: Facts) -> list[Schema]:
     params = []
     if "{model}" in path:
-        params.append(
-            {"name": "model", "in": "path", "required": True, "schema": {"enum": [f.model]}}
-        )
+        schema = STRING if route.repository_path else {"enum": f.names}
+        params.append({"name": "model", "in": "path", "required": True, "schema": schema})
     if "{version}" in path:
         params.append(
             {"name": "version", "in": "path", "required": True, "schema": {"enum": [f.version]}}
@@ -767,7 +884,7 @@ def operation(method: str, path: str, route: Route, f: Facts) -> Schema:
     }
     if route.description:
         op["description"] = route.description
-    params = path_parameters(path, f) + (INFERENCE_HEADERS if route.inference else [])
+    params = path_parameters(path, route, f) + (INFERENCE_HEADERS if route.inference else [])
     if params:
         op["parameters"] = params
     if route.body is not None:
@@ -824,6 +941,7 @@ def facts(server: ModelView, key: bool) -> Facts:
         version=VERSION,
         server_version=server_version(),
         key=key,
+        models=tuple(sorted({info.name for info in server.models.ready()})),
     )
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
+from ringserve.service.models import ModelRequired, ModelSet, UnknownModel
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
@@ -19,7 +21,8 @@ from ringserve.shm import layout as L
 
 class ModelView(Protocol):
     """What the /v1 and KServe routes read of the server (service/front.py's Front): a
-    read-only view. `model` is one frozen value, swapped whole by a reload."""
+    read-only view. `models` holds every model, each one frozen value a request resolves once
+    (`find`); `model` is the first, what /v1/model gives."""
 
     @property
     def settings(self) -> Config: ...
@@ -27,6 +30,8 @@ class ModelView(Protocol):
     def admission(self) -> Admission: ...
     @property
     def model(self) -> ModelInfo: ...
+    @property
+    def models(self) -> ModelSet: ...
     def ready(self) -> bool: ...
 
 
@@ -102,21 +107,69 @@ def result_doc(labels: list[str], r: Result) -> dict[str, Any]:
     return doc
 
 
-def needs_task(server: ModelView, task: str) -> None:
+def find_model(server: ModelView, name: str | None, version: int | str | None = None) -> ModelInfo:
+    """The loaded model a request names (service/models.py): 404 unknown, 400 when it names
+    none while several are loaded."""
+    try:
+        return server.models.find(name, version)
+    except UnknownModel as exc:
+        raise HttpError(404, str(exc)) from None
+    except ModelRequired as exc:
+        raise HttpError(400, str(exc)) from None
+
+
+def request_model(server: ModelView, doc: dict[str, Any], vendor: bool = False) -> ModelInfo:
+    """The model of a /v1 body's optional "model" and "version". With `vendor` (OpenAI's and
+    Cohere's routes, whose clients always send their own service's model name), a name this
+    server has never held, without a "version", means the only loaded model, as before many
+    models; a name it holds or held (an unloaded one: 404) is resolved as on every route."""
+    name = doc.get("model")
+    if name is not None and not isinstance(name, str):
+        raise HttpError(400, "model must be a string")
+    version = doc.get("version")
+    if version is not None:
+        if isinstance(version, str):
+            pass
+        elif (v := as_integer(version)) is not None:
+            version = v
+        else:
+            raise HttpError(400, "version must be a string or an integer")
+    try:
+        return server.models.find(name, version)
+    except UnknownModel as exc:
+        if vendor and version is None and name and not known_name(server, name):
+            ready = server.models.ready()
+            if len(ready) == 1:
+                return ready[0]
+        raise HttpError(404, str(exc)) from None
+    except ModelRequired as exc:
+        raise HttpError(400, str(exc)) from None
+
+
+def known_name(server: ModelView, name: str) -> bool:
+    """Whether the server holds `name` in any state, or its repository lists it."""
+    if any(e.info.name == name for e in server.models):
+        return True
+    repository = getattr(server, "repository", None)
+    if repository is None:
+        return False
+    return any(row.get("name") == name for row in repository.index())
+
+
+def needs_task(info: ModelInfo, task: str) -> None:
     """400 naming the model's tasks when it does not do `task`."""
-    tasks = server.model.manifest.task
+    tasks = info.manifest.task
     if task not in tasks:
-        raise HttpError(
-            400, f"model {server.model.name} does not {task}; its tasks: {', '.join(tasks)}"
-        )
+        raise HttpError(400, f"model {info.name} does not {task}; its tasks: {', '.join(tasks)}")
 
 
 def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = parse_json(ex)
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
-    needs_task(server, "classify")
-    labels = server.model.labels
+    info = request_model(server, doc)
+    needs_task(info, "classify")
+    labels = info.labels
     if "text" in doc and "texts" not in doc:
         if "text_pairs" in doc:
             raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
@@ -150,11 +203,31 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
         body = json.dumps(items[0] if single else {"results": items}).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 
-    admit.submit(server.admission, conn, ex, texts, done, "http")
+    admit.submit(server.admission, conn, ex, texts, done, "http", model=info.index)
 
 
 def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    info = server.model
+    conn.respond(ex, 200, json.dumps(model_doc(server, server.model)).encode())
+
+
+def named_model(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
+    """GET /v1/models/{model}: what /v1/model gives, for the version that serves that name."""
+    info = find_model(server, unquote(params["model"]))
+    conn.respond(ex, 200, json.dumps(model_doc(server, info)).encode())
+
+
+def list_models(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
+    """GET /v1/models: every model the server holds, with its state."""
+    keys = ("name", "version", "state", "task", "labels")
+    rows = [{k: row[k] for k in keys} for row in server.models.listing()]
+    conn.respond(ex, 200, json.dumps({"models": rows}).encode())
+
+
+def model_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
     m = info.manifest
     body = {
         "name": info.name,
@@ -175,7 +248,7 @@ def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
         body["graph"] = info.graph
     if server.settings.precision == "int8" and info.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built
-    conn.respond(ex, 200, json.dumps(body).encode())
+    return body
 
 
 def health_live(
@@ -276,5 +349,7 @@ def v1_routes(router: Router) -> None:
     s = router.server
     router.add("POST", "/v1/classify", inference(s, classify))
     router.add("GET", "/v1/model", lambda c, e, p: model_info(s, c, e, p))
+    router.add("GET", "/v1/models", lambda c, e, p: list_models(s, c, e, p))
+    router.add("GET", "/v1/models/{model}", lambda c, e, p: named_model(s, c, e, p))
     router.add("GET", "/v2/health/live", lambda c, e, p: health_live(s, c, e, p))
     router.add("GET", "/v2/health/ready", lambda c, e, p: health_ready(s, c, e, p))

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
@@ -28,6 +29,7 @@ from ringserve.service.protocols.routes import (
     needs_task,
     pair_payloads,
     parse_json,
+    request_model,
 )
 from ringserve.service.protocols.texts import require
 from ringserve.shm import layout as L
@@ -37,8 +39,6 @@ def _object(ex: Exchange) -> dict[str, Any]:
     doc = parse_json(ex)
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
-    if not isinstance(doc.get("model", ""), str):  # OpenAI's and Cohere's name the model
-        raise HttpError(400, "model must be a string")
     return doc
 
 
@@ -71,13 +71,14 @@ def _submit(
     payloads: list[bytes],
     answer: Callable[[list[Result]], Any],
     task: str,
+    info: ModelInfo,
 ) -> None:
     def done(results: list[Result]) -> None:
         doc = answer(results)
         body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         conn.respond(ex, 200, body, extra=[latency_header(ex)])
 
-    admit.submit(server.admission, conn, ex, payloads, done, "http", task=task)
+    admit.submit(server.admission, conn, ex, payloads, done, "http", task=task, model=info.index)
 
 
 # -- embeddings ----------------------------------------------------------------------------------
@@ -119,17 +120,18 @@ def openai_embeddings(
     server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = _object(ex)
-    needs_task(server, "embed")
+    info = request_model(server, doc, vendor=True)  # OpenAI's "model"
+    needs_task(info, "embed")
     if "input" not in doc:
         raise HttpError(400, 'body must have "input": a string or a list of strings')
     texts = text_list(doc["input"], "input", server.settings.max_texts)
     fmt = doc.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise HttpError(400, 'encoding_format must be "float" or "base64"')
-    keep = _dimensions(doc, server.model.manifest.dimension)
-    name = server.model.name
+    keep = _dimensions(doc, info.manifest.dimension)
+    name = info.name
     # A cut vector is renormalized (OpenAI's `dimensions`); a whole one as the model does.
-    normalize = server.model.manifest.normalize or bool(keep)
+    normalize = info.manifest.normalize or bool(keep)
 
     def answer(results: list[Result]) -> bytes:
         vecs = vectors(results, normalize, keep)
@@ -142,7 +144,7 @@ def openai_embeddings(
         tail = f'"model":{json.dumps(name)},"usage":{json.dumps(usage)}}}'.encode()
         return b'{"object":"list","data":[%s],%s' % (data, tail)
 
-    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer, "embed")
+    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer, "embed", info)
 
 
 def _encode(vec: np.ndarray, fmt: str) -> bytes:
@@ -155,7 +157,8 @@ def _encode(vec: np.ndarray, fmt: str) -> bytes:
 
 def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = _object(ex)
-    needs_task(server, "embed")
+    info = request_model(server, doc)
+    needs_task(info, "embed")
     if "inputs" not in doc:
         raise HttpError(400, 'body must have "inputs": a string or a list of strings')
     texts = text_list(doc["inputs"], "inputs", server.settings.max_texts)
@@ -166,7 +169,7 @@ def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[
     def answer(results: list[Result]) -> bytes:
         return float_json(vectors(results, normalize))  # the [N, D] matrix in one call
 
-    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer, "embed")
+    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer, "embed", info)
 
 
 # -- rerank --------------------------------------------------------------------------------------
@@ -198,8 +201,8 @@ def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int
     return [(i, float(probs[i])) for i in order]
 
 
-def _pairs(server: ModelView, doc: dict[str, Any], docs: list[Any], where: str) -> list[bytes]:
-    needs_task(server, "rerank")
+def _pairs(info: ModelInfo, doc: dict[str, Any], docs: list[Any], where: str) -> list[bytes]:
+    needs_task(info, "rerank")
     query = require(doc.get("query"), "query")
     queries = [query] * len(docs)
     return _with_options(doc, pair_payloads(queries, docs, where), embed=False)
@@ -217,8 +220,9 @@ def _documents(doc: dict[str, Any], key: str, limit: int) -> list[str]:
 
 def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = _object(ex)
+    info = request_model(server, doc)
     docs = _documents(doc, "texts", server.settings.max_documents)
-    payloads = _pairs(server, doc, docs, "texts")
+    payloads = _pairs(info, doc, docs, "texts")
     top, raw, with_text = (
         _top_n(doc, len(docs)),
         _flag(doc, "raw_scores"),
@@ -234,15 +238,16 @@ def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
             out.append(item)
         return out
 
-    _submit(server, conn, ex, payloads, answer, "rerank")
+    _submit(server, conn, ex, payloads, answer, "rerank", info)
 
 
 def cohere_rerank(
     server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = _object(ex)
+    info = request_model(server, doc, vendor=True)  # Cohere's "model"
     docs = _documents(doc, "documents", server.settings.max_documents)
-    payloads = _pairs(server, doc, docs, "documents")
+    payloads = _pairs(info, doc, docs, "documents")
     top, with_docs = _top_n(doc, len(docs)), _flag(doc, "return_documents")
 
     def answer(results: list[Result]) -> dict[str, Any]:
@@ -254,7 +259,7 @@ def cohere_rerank(
             out.append(item)
         return {"results": out}
 
-    _submit(server, conn, ex, payloads, answer, "rerank")
+    _submit(server, conn, ex, payloads, answer, "rerank", info)
 
 
 def task_routes(router: Router) -> None:

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from ringserve.wire.client import AsyncBinaryClient, BinaryClient
+from ringserve.wire.client import AsyncBinaryClient, BinaryClient, UnknownModelError
 from ringserve.wire.frames import (
     BAD_REQUEST,
     DEADLINE,
     LENGTH,
     OK,
     OVERLOADED,
+    UNKNOWN_MODEL,
     Answer,
     AnswerParser,
     encode_frame,
+    model_frame,
 )
 
 from devkit.server import ServerProc
@@ -143,6 +146,41 @@ def test_async_client_many_tasks_one_connection(server: ServerProc, sst2_texts: 
             return [a.label_id for a in answers if a.ok]
 
     assert asyncio.run(main()) == want
+
+
+def test_model_selection(server: ServerProc, sst2_texts: list[str]) -> None:
+    """`MODEL name[:version]` (tag 0): the only model by name serves as no selection does; an
+    unknown one answers status 5, and so do the frames after it, until a model it holds."""
+    name = json.loads(server.request("GET", "/v1/model")[2])["name"]
+    text = sst2_texts[0]
+    want = server.classify([text])["results"][0]
+    with connect(server) as client:
+        assert client.select_model(name).status == OK
+        assert client.select_model(name, 1).status == OK
+        answer = client.classify(text)
+        assert answer.ok and answer.label_id == want["label_id"]
+        np.testing.assert_allclose(answer.scores, want["scores"], atol=1e-5)
+        with pytest.raises(UnknownModelError):
+            client.select_model("no-such-model")
+        assert [a.status for a in client.classify_many([text, text])] == [UNKNOWN_MODEL] * 2
+        with pytest.raises(UnknownModelError):
+            client.select_model(name, 2)
+        assert client.classify(text).status == UNKNOWN_MODEL
+        client.select_model(name)
+        assert client.classify(text).ok
+
+    async def pipelined() -> list[int]:
+        async with await AsyncBinaryClient.connect("127.0.0.1", server.binary_port) as client:
+            await client.select_model(name)
+            return [a.status for a in await client.classify_many([text] * 4)]
+
+    assert asyncio.run(pipelined()) == [OK] * 4
+    with socket.create_connection(("127.0.0.1", server.binary_port), timeout=60) as sock:
+        # One write: a frame, a selection of an unknown model, a frame (status 5), then EOF.
+        sock.sendall(encode_frame(text, 1) + model_frame("nope") + encode_frame(text, 2))
+        sock.shutdown(socket.SHUT_WR)
+        answers = {a.tag: a.status for a in AnswerParser().feed(recv_all(sock))}
+    assert answers == {1: OK, 0: UNKNOWN_MODEL, 2: UNKNOWN_MODEL}
 
 
 def test_overload_and_deadline(start_server: Callable[..., ServerProc]) -> None:

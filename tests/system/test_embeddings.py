@@ -182,6 +182,26 @@ def test_model_states_task_and_dimension(server: ServerProc) -> None:
     assert status == 200 and doc["task"] == ["classify", "embed"] and doc["dimension"] == 384
 
 
+def test_the_model_field(server: ServerProc, want: Any) -> None:
+    """ "model" names a loaded model (404 otherwise) on TEI's route; on OpenAI's, where every
+    client sends its own service's model name, a name the server never held means its only
+    model (as before many models), and a "version" makes the name count."""
+    for path, key in (("/v1/embeddings", "input"), ("/embed", "inputs")):
+        status, doc = post(server, path, {key: TEXTS[0], "model": "sst2-minilm", "version": 1})
+        assert status == 200, doc
+        status, doc = post(server, path, {key: TEXTS[0], "model": "sst2-minilm", "version": "2"})
+        assert status == 404 and "unknown" in doc["error"], doc
+    status, doc = post(server, "/embed", {"inputs": TEXTS[0], "model": "text-embedding-3-small"})
+    assert status == 404 and "unknown model" in doc["error"], doc
+    status, doc = post(
+        server, "/v1/embeddings", {"input": TEXTS[0], "model": "other", "version": 1}
+    )
+    assert status == 404, doc
+    status, doc = post(server, "/v1/embeddings", {"input": TEXTS[0], "model": "other"})
+    assert status == 200 and doc["model"] == "sst2-minilm", doc
+    np.testing.assert_allclose(doc["data"][0]["embedding"], want[1][0], atol=TOL, rtol=0)
+
+
 BAD = [
     ("/v1/embeddings", {"input": []}, "1 to 256"),
     ("/v1/embeddings", {"input": ["x"] * 257}, "1 to 256"),

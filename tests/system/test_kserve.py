@@ -301,6 +301,69 @@ def test_unknown_paths(server: ServerProc, model: str) -> None:
     assert status == 405 and "POST" in headers["allow"]
 
 
+# -- models by name (CONTRACT "Many models"), on a one-model server -----------------------------
+def test_v1_names_the_model(server: ServerProc, model: str) -> None:
+    """ "model" (and "version") naming the only model works, as leaving it out does; another
+    name or version is 404; /v1/models lists the one model and /v1/models/{name} is /v1/model."""
+    plain = server.classify("a fine film")
+    for extra in (
+        {"model": model},
+        {"model": model, "version": "1"},
+        {"model": model, "version": 1},
+    ):
+        status, _, body = server.request("POST", "/v1/classify", {"text": "a fine film", **extra})
+        assert status == 200 and json.loads(body)["scores"] == plain["scores"], (extra, body)
+    for extra in ({"model": "nope"}, {"model": model, "version": "2"}, {"version": "2"}):
+        status, headers, body = server.request("POST", "/v1/classify", {"text": "x", **extra})
+        assert status == 404 and "x-latency-ms" in headers, (extra, body)
+        assert "unknown" in json.loads(body)["error"]
+    assert server.request("POST", "/v1/classify", {"text": "x", "model": 3})[0] == 400
+    status, _, body = server.request("GET", "/v1/models")
+    assert status == 200
+    (row,) = json.loads(body)["models"]
+    labels = json.loads(server.request("GET", "/v1/model")[2])["labels"]
+    assert row == {
+        "name": model, "version": "1", "state": "READY", "task": ["classify", "embed"],
+        "labels": labels,
+    }  # fmt: skip
+    one = server.request("GET", f"/v1/models/{model}")
+    assert one[0] == 200 and json.loads(one[2]) == json.loads(server.request("GET", "/v1/model")[2])
+    assert server.request("GET", "/v1/models/nope")[0] == 404
+
+
+def test_repository_extension(client: httpclient.InferenceServerClient, model: str) -> None:
+    """tritonclient's get_model_repository_index, load_model and unload_model on a server with
+    no repository: its one model is listed READY; loading it is a success (it serves), loading
+    another is 404, unloading it is refused (--model-control none)."""
+    assert "model_repository" in client.get_server_metadata()["extensions"]
+    index = client.get_model_repository_index()
+    assert index == [{"name": model, "version": "1", "state": "READY", "reason": ""}]
+    client.load_model(model)
+    assert client.is_model_ready(model)
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model("no-such-model")
+    assert err.value.status() == "404"
+    with pytest.raises(InferenceServerException) as err:
+        client.unload_model(model)
+    assert err.value.status() == "400" and "--model-control" in err.value.message()
+    assert client.is_model_ready(model)
+
+
+def test_repository_bodies(server: ServerProc, model: str) -> None:
+    """The bodies Triton's protocol allows: `ready` on the index; a load's `version`."""
+    status, _, body = server.request("POST", "/v2/repository/index", {"ready": True})
+    assert status == 200 and [r["name"] for r in json.loads(body)] == [model]
+    for bad in ({"ready": "yes"}, [1]):
+        assert server.request("POST", "/v2/repository/index", json.dumps(bad))[0] == 400
+    path = f"/v2/repository/models/{model}/load"
+    assert server.request("POST", path, {"parameters": {"version": "1"}})[0] == 200
+    assert server.request("POST", path, {"parameters": {"version": 2}})[0] == 404
+    assert server.request("POST", path, {"parameters": {"config": "{}"}})[0] == 400
+    assert server.request("POST", "/v2/repository/models/nope/unload", {})[0] == 404
+    status, headers, _ = server.request("GET", "/v2/repository/index")
+    assert status == 405 and "POST" in headers["allow"]
+
+
 def test_deadline(server: ServerProc, model: str) -> None:
     status, headers, body = server.request(
         "POST",

@@ -125,6 +125,20 @@ def test_cohere_rerank(reranker: Any, rserver: ServerProc) -> None:
     assert status == 200 and all(set(r) == {"index", "relevance_score"} for r in doc["results"])
 
 
+def test_the_model_field(rserver: ServerProc) -> None:
+    """TEI's /rerank: "model" names a loaded model or is 404; Cohere's /v1/rerank takes any
+    name it never held (its clients send theirs) as its only model, and a loaded one's name."""
+    name = json.loads(rserver.request("GET", "/v1/model")[2])["name"]
+    body = {"query": QUERY, "texts": DOCS[:2]}
+    assert post(rserver, "/rerank", {**body, "model": name})[0] == 200
+    status, doc = post(rserver, "/rerank", {**body, "model": "nope"})
+    assert status == 404 and "unknown model" in doc["error"], doc
+    cohere = {"query": QUERY, "documents": DOCS[:2]}
+    for model in (name, "rerank-v3.5"):
+        assert post(rserver, "/v1/rerank", {**cohere, "model": model})[0] == 200
+    assert post(rserver, "/v1/rerank", {**cohere, "model": name, "version": "7"})[0] == 404
+
+
 def test_the_docs_bodies(reranker: Any, rserver: ServerProc) -> None:
     """The request bodies that TEI's README and Cohere's API reference show, as written."""
     tei = '{"query":"What is Deep Learning?", "texts": ["Deep Learning is not...", "Deep learning is..."]}'  # noqa: E501

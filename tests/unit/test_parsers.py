@@ -24,11 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.models import UNLOADING, Entry, ModelSet
 from ringserve.service.protocols.binary import BinaryProtocol, BinaryServerState
 from ringserve.service.protocols.http import Exchange, HttpProtocol, HttpServerState
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
-from ringserve.wire.frames import LENGTH, AnswerParser, encode_frame
+from ringserve.wire.frames import LENGTH, AnswerParser, encode_frame, model_frame
 
 from devkit.fakes import Transport
 
@@ -250,16 +251,31 @@ def score(text: bytes) -> Result:
     return Result(L.STATUS_OK, label_id=len(text) % 3, scores=scores)
 
 
-def exchange_binary(cuts: list[int] | str) -> dict[int, tuple[int, int, list[float]]]:
-    dispatcher = Dispatcher()
-    host = SimpleNamespace(
+def fake_model(name: str, index: int, embed_only: bool = False) -> Any:
+    """What the binary protocol reads of a ModelInfo: its name, version, index and manifest."""
+    manifest = SimpleNamespace(embed_only=embed_only, normalize=False)
+    return SimpleNamespace(name=name, version=1, index=index, manifest=manifest)
+
+
+def binary_host(dispatcher: Dispatcher, *more: Any) -> SimpleNamespace:
+    """The binary protocol's server: the real admission and a real ModelSet (model `sst2`,
+    and any `more`)."""
+    models = ModelSet(fake_model("sst2", 0))
+    for info in more:
+        models.entries[(info.name, info.version)] = Entry(info)
+    return SimpleNamespace(
         settings=Config(),
         draining=False,
         keys=None,
-        model=SimpleNamespace(manifest=SimpleNamespace(embed_only=False, normalize=False)),
+        models=models,
         admission=Admission(dispatcher, lambda: "queue is full", 30.0),  # the real admission
         count=lambda *_: None,
     )
+
+
+def exchange_binary(cuts: list[int] | str) -> dict[int, tuple[int, int, list[float]]]:
+    dispatcher = Dispatcher()
+    host = binary_host(dispatcher)
     conn, transport = BinaryProtocol(BinaryServerState(host)), Transport()
     conn.connection_made(transport)
     for piece in pieces(binary_stream(), cuts):
@@ -293,3 +309,103 @@ def test_binary_random_chunks(
     size = len(binary_stream())
     cuts = data.draw(st.lists(st.integers(1, size - 1), max_size=40))
     assert same(exchange_binary(cuts), binary_reference)
+
+
+# -- MODEL frames ---------------------------------------------------------------------------------
+EMBED = fake_model("minilm", 1, embed_only=True)  # its frames reach the worker marked OPT_EMBED
+
+
+def model_stream() -> bytes:
+    """With two models loaded: a frame before any selection (status 1: name one), a selection
+    and its frames, an unknown model (its frames status 5), a selection with a version, and a
+    tag that is not 0 (its text an ordinary one); then the oversize length."""
+    return b"".join(
+        [
+            encode_frame("before", 1),
+            model_frame("minilm"),
+            encode_frame("for minilm", 2),
+            model_frame("nope"),
+            encode_frame("for nope", 3),
+            model_frame("sst2", 1),
+            encode_frame("for sst2", 4),
+            encode_frame(b"MODEL minilm", 5),
+            OVERSIZE,
+        ]
+    )
+
+
+def exchange_models(cuts: list[int] | str) -> tuple[list[int], dict[int, Any]]:
+    """(the statuses of the tag-0 answers in order, the other answers by tag)."""
+    dispatcher = Dispatcher()
+    conn, transport = BinaryProtocol(BinaryServerState(binary_host(dispatcher, EMBED))), Transport()
+    conn.connection_made(transport)
+    for piece in pieces(model_stream(), cuts):
+        conn.data_received(piece)
+        dispatcher.answer()
+    assert transport.closed
+    answers = AnswerParser().feed(transport.written)
+    selections = [a.status for a in answers if a.tag == 0]
+    got = {a.tag: (a.status, a.label_id, a.scores) for a in answers if a.tag}
+    assert len(got) + len(selections) == len(answers), "each frame answered exactly once"
+    return selections, got
+
+
+@pytest.fixture(scope="module")
+def model_reference() -> tuple[list[int], dict[int, Any]]:
+    selections, got = exchange_models("whole")
+    assert selections == [L.STATUS_OK, L.STATUS_UNKNOWN_MODEL, L.STATUS_OK]
+    assert {t: a[0] for t, a in got.items()} == {
+        1: L.STATUS_BAD_REQUEST,  # two models loaded and none selected
+        2: L.STATUS_OK,
+        3: L.STATUS_UNKNOWN_MODEL,
+        4: L.STATUS_OK,
+        5: L.STATUS_OK,
+    }
+    embed_mark = L.OPTIONS_MARK + bytes([L.OPT_EMBED])
+    assert got[2][2] == pytest.approx(score(embed_mark + b"for minilm").scores.tolist())
+    assert got[4][2] == pytest.approx(score(b"for sst2").scores.tolist())
+    assert got[5][2] == pytest.approx(score(b"MODEL minilm").scores.tolist())
+    return selections, got
+
+
+def test_model_frames_one_byte_at_a_time(model_reference: Any) -> None:
+    assert same(exchange_models("bytes"), model_reference)
+
+
+@CHUNKED
+@given(data=st.data())
+def test_model_frames_random_chunks(model_reference: Any, data: Any) -> None:
+    cuts = data.draw(st.lists(st.integers(1, len(model_stream()) - 1), max_size=40))
+    assert same(exchange_models(cuts), model_reference)
+
+
+def test_a_model_unloaded_since_its_selection_answers_5() -> None:
+    """Selected, then unloading (service/models.py: find() stops returning it): the frames
+    after answer status 5 at once; with one model no selection is needed."""
+    dispatcher = Dispatcher()
+    host = binary_host(dispatcher, EMBED)
+    conn, transport = BinaryProtocol(BinaryServerState(host)), Transport()
+    conn.connection_made(transport)
+    conn.data_received(model_frame("minilm") + encode_frame("one", 1))
+    dispatcher.answer()
+    host.models.entries[("minilm", 1)].state = UNLOADING
+    conn.data_received(encode_frame("two", 2))
+    assert not dispatcher.owed, "nothing admitted for an unloaded model"
+    del host.models.entries[("minilm", 1)]  # gone: one model left, but minilm stays selected
+    conn.data_received(encode_frame("three", 3))
+    conn.data_received(model_frame("sst2") + encode_frame("four", 4))
+    dispatcher.answer()
+    answers = {a.tag: a.status for a in AnswerParser().feed(transport.written) if a.tag}
+    assert answers == {1: L.STATUS_OK, 2: 5, 3: 5, 4: L.STATUS_OK}
+
+
+def test_one_model_needs_no_selection() -> None:
+    dispatcher = Dispatcher()
+    conn, transport = BinaryProtocol(BinaryServerState(binary_host(dispatcher))), Transport()
+    conn.connection_made(transport)
+    conn.data_received(encode_frame("one", 1) + model_frame("sst2") + encode_frame("two", 2))
+    conn.data_received(model_frame("sst2", 2) + encode_frame("three", 3))  # no version 2
+    dispatcher.answer()
+    answers = AnswerParser().feed(transport.written)
+    assert [a.status for a in answers if a.tag == 0] == [L.STATUS_OK, L.STATUS_UNKNOWN_MODEL]
+    assert {a.tag: a.status for a in answers if a.tag} == {1: 0, 2: 0, 3: 5}

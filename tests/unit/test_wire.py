@@ -20,7 +20,9 @@ from ringserve.wire.frames import (
     encode_answer,
     encode_frame,
     iter_frames,
+    model_frame,
     parse_answers,
+    parse_model_selection,
     status_answer,
 )
 
@@ -76,3 +78,16 @@ def test_the_answer_parser_gives_the_same_answers_however_the_bytes_are_cut(
     assert got == parse_answers(data)[0]
     assert [(a.tag, a.status, len(a.scores)) for a in got] == answers
     assert parser.buffer == b""
+
+
+def test_a_model_frame_is_tag_0_model_name_version() -> None:
+    assert model_frame("nli") == encode_frame("MODEL nli", 0)
+    assert model_frame("nli", 2) == encode_frame("MODEL nli:2", 0)
+    assert parse_model_selection(b"MODEL nli:2") == ("nli", "2")
+    assert parse_model_selection(b"MODEL  nli ") == ("nli", None)
+    assert parse_model_selection(b"MODEL org:nli") == ("org:nli", None)  # a version is digits
+    assert parse_model_selection(b"MODEL org:nli:3") == ("org:nli", "3")
+    assert parse_model_selection(b"MODEL ") == ("", None)  # names nothing: no model has it
+    assert parse_model_selection(b"MODEL \xff") == ("", None)
+    assert parse_model_selection(b"MODELS nli") is None  # an ordinary text
+    assert parse_model_selection(b"a film") is None

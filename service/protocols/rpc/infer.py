@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.routes import ModelView
+from ringserve.service.protocols.routes import ModelView, find_model
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.texts import require
 
@@ -36,6 +37,7 @@ def params_dict(params: Any) -> dict[str, Any]:
 class InferJob:
     """One parsed ModelInfer: the payloads for the dispatcher and how to answer them."""
 
+    info: ModelInfo  # the model it names, as found when it arrived
     texts: list[bytes]
     task: str
     wanted: list[tuple[str, bool]]  # (output, raw), in the order asked for
@@ -44,11 +46,11 @@ class InferJob:
     priority: int | None  # the `priority` parameter: lower than the key's, never higher
 
 
-def check_model(server: ModelView, name: str, version: str) -> None:
-    if name != server.model.name:
-        raise HttpError(404, f"unknown model {name!r}")
-    if version and version != kserve.VERSION:
-        raise HttpError(404, f"unknown version {version!r} of model {name!r}")
+def check_model(server: ModelView, name: str, version: str) -> ModelInfo:
+    """The loaded model a call names (an empty version: the one that serves), else 404."""
+    if not name:
+        raise HttpError(404, "unknown model: a call must name one")
+    return find_model(server, name, version or None)
 
 
 def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> list[bytes]:
@@ -72,7 +74,7 @@ def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
 
 
 def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
-    check_model(server, req.model_name, req.model_version)
+    info = check_model(server, req.model_name, req.model_version)
     kserve.check_input_names([spec.name for spec in req.inputs])
     raws = req.raw_input_contents
     if raws and len(raws) != len(req.inputs):
@@ -84,7 +86,7 @@ def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
     params = params_dict(req.parameters)
     outputs = [{"name": o.name, "parameters": params_dict(o.parameters)} for o in req.outputs]
     default = {"binary_data_output": bool(params.get("binary_data_output", True))}
-    m = server.model.manifest
+    m = info.manifest
     asked = kserve.read_outputs({"parameters": default, "outputs": outputs}, m.embeds, m.embed_only)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     wanted = [(name, raw_out) for name, _ in asked]
@@ -93,7 +95,7 @@ def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
     if timeout is not None and (isinstance(timeout, bool | str | float) or timeout <= 0):
         raise HttpError(400, "parameters.timeout must be a positive integer (microseconds)")
     priority = asked_priority(params.get("priority"), "parameters.priority")
-    return InferJob(texts, task, wanted, req.id, timeout, priority)
+    return InferJob(info, texts, task, wanted, req.id, timeout, priority)
 
 
 def set_param(p: pb.InferParameter, value: Any) -> None:
@@ -105,11 +107,12 @@ def set_param(p: pb.InferParameter, value: Any) -> None:
         p.string_param = str(value)
 
 
-def answer(server: ModelView, job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
-    encoder = kserve.encoder_for(server.model.labels, server.model.manifest.normalize)
+def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
+    info = job.info
+    encoder = kserve.encoder_for(info.labels, info.manifest.normalize)
     tensors, blobs = encoder.tensors(results, job.wanted)
     rsp = pb.ModelInferResponse(
-        model_name=server.model.name, model_version=kserve.VERSION, id=job.request_id
+        model_name=info.name, model_version=str(info.version), id=job.request_id
     )
     if any(r.flags for r in results):
         for key, value in kserve.long_text_parameters(results).items():

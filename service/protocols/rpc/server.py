@@ -49,6 +49,8 @@ CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.FAILED_PRECONDITION,  # a repository call --model-control refuses
+    409: grpc.StatusCode.FAILED_PRECONDITION,  # a load over --memory-budget
     413: grpc.StatusCode.INVALID_ARGUMENT,  # the contract's mapping: gRPC has no "too large"
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -219,13 +221,15 @@ class GrpcPort:
             ),
             "ModelInfer": (c.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
             "RepositoryIndex": (
-                c.repository, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
+                c.repository_index, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
             ),
             "RepositoryModelLoad": (
-                c.repository, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
+                c.repository_load, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
             ),
             "RepositoryModelUnload": (
-                c.repository, pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse
+                c.repository_unload,
+                pb.RepositoryModelUnloadRequest,
+                pb.RepositoryModelUnloadResponse,
             ),
         }  # fmt: skip
         limit = self.settings.max_body

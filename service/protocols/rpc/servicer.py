@@ -15,6 +15,7 @@ from ringserve.service.engine.admission import failure, first_failure
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
 from ringserve.service.logs import EventLog
+from ringserve.service.models import READY
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import ModelView
@@ -67,14 +68,13 @@ class Servicer:
         self, req: Any, context: Any, tenant: Tenant | None = None
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
-            name="ringserve", version=kserve.server_version(), extensions=["binary_tensor_data"]
+            name="ringserve", version=kserve.server_version(), extensions=kserve.EXTENSIONS
         )
 
     async def model_metadata(
         self, req: pb.ModelMetadataRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.ModelMetadataResponse:
-        infer.check_model(self.host, req.name, req.version)
-        doc = kserve.metadata_doc(self.host, self.host.model.name)
+        doc = kserve.metadata_doc(self.host, infer.check_model(self.host, req.name, req.version))
         rsp = pb.ModelMetadataResponse(
             name=doc["name"], versions=doc["versions"], platform=doc["platform"]
         )
@@ -84,11 +84,49 @@ class Servicer:
             rsp.outputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
         return rsp
 
-    async def repository(self, req: Any, context: Any, tenant: Tenant | None = None) -> Any:
-        # The repository extension comes with many models in one server (CONTRACT.md); until
-        # then there is nothing to index, load or unload.
-        msg = "the model repository extension is not served yet: this server holds one model"
-        raise HttpError(501, msg)
+    # -- the repository extension (protocols/kserve.py's repository_of, as HTTP) ---------------
+    async def repository_index(
+        self, req: pb.RepositoryIndexRequest, context: Any, tenant: Tenant | None = None
+    ) -> pb.RepositoryIndexResponse:
+        rsp = pb.RepositoryIndexResponse()
+        for row in kserve.repository_of(self.host).index():
+            if req.ready and row.get("state") != READY:
+                continue
+            rsp.models.add(
+                name=str(row.get("name", "")),
+                version=str(row.get("version", "")),
+                state=str(row.get("state", "")),
+                reason=str(row.get("reason", "")),
+            )
+        return rsp
+
+    async def repository_load(
+        self, req: pb.RepositoryModelLoadRequest, context: Any, tenant: Tenant | None = None
+    ) -> pb.RepositoryModelLoadResponse:
+        """Parameter `version` (string or int64) names a version; Triton's `config` and
+        `file:` overrides are not taken."""
+        params = req.parameters
+        if "config" in params or any(k.startswith("file:") for k in params):
+            raise HttpError(400, "load parameters config and file: are not supported")
+        version: str | None = None
+        if "version" in params:
+            p = params["version"]
+            kind = p.WhichOneof("parameter_choice")
+            if kind not in ("string_param", "int64_param"):
+                raise HttpError(400, "parameters.version must be a string or an integer")
+            version = str(getattr(p, kind))
+        failed = await kserve.repository_of(self.host).load(req.model_name, version)
+        if failed is not None:
+            raise HttpError(*failed)
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_unload(
+        self, req: pb.RepositoryModelUnloadRequest, context: Any, tenant: Tenant | None = None
+    ) -> pb.RepositoryModelUnloadResponse:
+        failed = await kserve.repository_of(self.host).unload(req.model_name)
+        if failed is not None:
+            raise HttpError(*failed)
+        return pb.RepositoryModelUnloadResponse()
 
     async def model_infer(
         self, req: pb.ModelInferRequest, context: grpc.ServicerContext, tenant: Tenant | None
@@ -116,7 +154,7 @@ class Servicer:
             if trace is not None:
                 trace.written(exc.status, time.monotonic_ns())
             raise
-        answer = infer.answer(self.host, job, results)
+        answer = infer.answer(job, results)
         if trace is not None:
             trace.written(200, time.monotonic_ns())
         return answer
@@ -133,7 +171,7 @@ class Servicer:
 
         admission = self.host.admission
         refusal = admission.submit(
-            job.texts, deadline, done, "grpc", job.task, tenant, level, trace
+            job.texts, deadline, done, "grpc", job.task, tenant, level, trace, model=job.info.index
         )
         if refusal is not None and refusal.code == 429:
             raise RateLimited(refusal.retry_after_s)
