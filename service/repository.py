@@ -260,7 +260,7 @@ class Repository:
         self.models.add(info, M.LOADING)
         self.problems.pop(info.name, None)
         open_model(self.dispatcher, info, self.settings.max_queue)
-        error = await self.roll()
+        error = await self.roll(tentative=True)
         if error is not None:  # take it back out: nothing else changes
             close_model(self.dispatcher, info.index)
             self.models.remove(info)
@@ -325,9 +325,10 @@ class Repository:
                 "unload_timeout", models=indexes, waited_s=self.settings.drain_timeout_s
             )
 
-    async def roll(self) -> str | None:
+    async def roll(self, tentative: bool = False) -> str | None:
         """The pool onto every model the set holds now; the reason when it did not finish."""
-        generation = self.supervisor.set_models([m.ref for m in self.models.infos()])
+        refs = [m.ref for m in self.models.infos()]
+        generation = self.supervisor.set_models(refs, tentative)
         return await self.supervisor.rolled(generation)
 
     # -- reload (SIGHUP, ctl reload) ---------------------------------------------------------------
