@@ -22,7 +22,13 @@ from typing import Any
 from ringserve.service import models as M
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
-from ringserve.service.model_info import ModelInfo, Wanted, describe, scan_repository
+from ringserve.service.model_info import (
+    Candidate,
+    ModelInfo,
+    Wanted,
+    describe,
+    scan_repository,
+)
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
@@ -157,12 +163,22 @@ class Repository:
         self.lock = asyncio.Lock()  # one load, unload or reload (one roll) at a time
         self.tasks: set[asyncio.Task[Any]] = set()
 
+    def scan(self) -> dict[str, Candidate]:
+        """The repository's models now (none when it is gone or unreadable: logged)."""
+        if not self.root:
+            return {}
+        try:
+            return scan_repository(self.root)
+        except ArtifactError as exc:
+            self.log.warning("repository_unreadable", reason=str(exc))
+            return {}
+
     # -- views -------------------------------------------------------------------------------------
     def index(self) -> list[dict[str, str]]:
         """Every model of the repository, loaded or not, and every loaded one: name, version,
         state and reason (KServe's repository index)."""
         rows: list[dict[str, str]] = []
-        found = scan_repository(self.root) if self.root else {}
+        found = self.scan()
         names = list(found) + sorted({e.info.name for e in self.models} - set(found))
         for name in names:
             loaded = sorted((e for e in self.models if e.info.name == name), key=version_of)
@@ -214,8 +230,7 @@ class Repository:
 
     def find(self, name: str, version: int | str | None) -> tuple[int, str]:
         """(version, directory) of the repository's model; raises Refused."""
-        found = scan_repository(self.root) if self.root else {}
-        cand = found.get(name)
+        cand = self.scan().get(name)
         if cand is None:
             raise Refused(404, f"unknown model: {name} (not in the model repository)")
         if not cand.versions:
@@ -260,7 +275,7 @@ class Repository:
         self.models.add(info, M.LOADING)
         self.problems.pop(info.name, None)
         open_model(self.dispatcher, info, self.settings.max_queue)
-        error = await self.roll()
+        error = await self.roll(tentative=True)
         if error is not None:  # take it back out: nothing else changes
             close_model(self.dispatcher, info.index)
             self.models.remove(info)
@@ -325,9 +340,10 @@ class Repository:
                 "unload_timeout", models=indexes, waited_s=self.settings.drain_timeout_s
             )
 
-    async def roll(self) -> str | None:
+    async def roll(self, tentative: bool = False) -> str | None:
         """The pool onto every model the set holds now; the reason when it did not finish."""
-        generation = self.supervisor.set_models([m.ref for m in self.models.infos()])
+        refs = [m.ref for m in self.models.infos()]
+        generation = self.supervisor.set_models(refs, tentative)
         return await self.supervisor.rolled(generation)
 
     # -- reload (SIGHUP, ctl reload) ---------------------------------------------------------------

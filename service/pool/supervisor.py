@@ -67,6 +67,8 @@ class Supervisor:
             self.target = len(self.placement.gpus) * max(1, settings.workers_per_gpu)
         self.target_spares = settings.spares
         self.generation = 0
+        self.tentative: int | None = None  # a load's generation: its boot errors fail the load
+        self.roll_failed: dict[int, str] = {}  # generation -> why its roll cannot finish
         self.roster = Roster(dispatcher, clock, self._event)  # who holds which place now
         self.procs = Processes(
             settings, self.models, model_dir, dispatcher, make_handle, self.on_exit, clock
@@ -105,16 +107,19 @@ class Supervisor:
         self._event("reload", generation=self.generation)
         self.wake.set()
 
-    def set_models(self, models: Sequence[ModelRef]) -> int:
+    def set_models(self, models: Sequence[ModelRef], tentative: bool = False) -> int:
         """Serve `models` from now on: a new zygote preloads them and every worker is replaced
         by one that holds them, one at a time, dropping nothing (reload). Answers the roll's
-        generation, for rolled()."""
+        generation, for rolled(). `tentative` (a load): a worker that cannot load the new list
+        fails the roll (rolled() says why; the caller rolls back) instead of stopping the
+        server, while the previous list's workers still serve."""
         refs = tuple(models)
         if not refs:
             raise ValueError("a pool serves at least one model")
         self.models = self.forker.models = self.procs.models = refs
         self.model_dir = self.forker.model_dir = self.procs.model_dir = refs[0].model_dir
         self.reload()
+        self.tentative = self.generation if tentative else None
         return self.generation
 
     def roll_done(self, generation: int) -> bool:
@@ -131,11 +136,15 @@ class Supervisor:
         while not self.roll_done(generation):
             if self.fatal:
                 return self.fatal
+            if generation in self.roll_failed:
+                return self.roll_failed.pop(generation)
             if self.stopping or self.draining:
                 return "server is draining"
             if self.clock() > deadline:
                 return f"the workers did not all restart within {timeout:.0f} s"
             await asyncio.sleep(ROLL_POLL_S)
+        if self.tentative == generation:  # it loaded: its workers' failures mean what they did
+            self.tentative = None
         return None
 
     # -- processes ------------------------------------------------------------------------------
@@ -186,7 +195,14 @@ class Supervisor:
         handle.dead = True
         key = self.roster.take_out(handle, self.stopping)
         if self.policy.died(handle, key, code, loaded) and not self.stopping:
-            self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
+            if handle.generation == self.tentative:  # a load's new list: that load fails
+                self.roll_failed[handle.generation] = (
+                    f"a worker could not load the models (exit code {code}); see its error"
+                )
+            else:
+                self.fatal = (
+                    f"a worker could not load the model from {self.model_dir}; see its error"
+                )
         self.roster.update_serving()  # before rerouting, so nothing goes back to the dead worker
         if not self.fatal:
             self.reconcile()  # a warm spare takes the slot now, not at the next tick

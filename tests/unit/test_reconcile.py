@@ -326,3 +326,21 @@ def test_set_models_rolls_every_worker_onto_the_new_list(pool) -> None:
     assert done is None
     with pytest.raises(ValueError):
         sup.set_models(())
+
+
+def test_a_load_whose_workers_cannot_boot_fails_the_load_not_the_server(pool) -> None:
+    sup, _clock = pool
+    sup.reconcile()
+    old = serving_handle(sup)
+    old.boot()
+    sup.check()
+    generation = sup.set_models((ModelRef(0, "a", 1, "/a"), ModelRef(1, "b", 1, "/b")), True)
+    sup.reconcile()
+    spare = sup.spares[0]
+    spare.exit(EXIT_BOOT_ERROR)
+    sup.on_exit(spare)
+    assert sup.fatal is None and sup.slots[0] is old and not old.draining
+    why = asyncio.run(sup.rolled(generation))
+    assert why is not None and "could not load" in why
+    back = sup.set_models((ModelRef(0, "a", 1, "/a"),))  # the caller rolls back
+    assert sup.tentative is None and back > generation
