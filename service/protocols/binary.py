@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
-from ringserve.service.engine.admission import STATUS_HTTP, Admission
+from ringserve.service.engine.admission import STATUS_HTTP, Admission, Refusal
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
 from ringserve.service.model_info import ModelInfo
@@ -308,9 +308,14 @@ class BinaryProtocol(asyncio.Protocol):
 
         admission = self.server.admission
         prefix = EMBED if embed else b""
-        k, within = admission.submit_each(
+        admitted = admission.submit_each(
             texts, deadline, on_admit, "binary", task, self.tenant, prefix, model=info.index
         )
+        if isinstance(admitted, Refusal):  # the model is not open: status 5 (404)
+            answers = b"".join([status_answer(t, L.STATUS_UNKNOWN_MODEL) for t in tags])
+            self.send(answers, 404, len(tags))
+            return
+        k, within = admitted
         if within < len(tags):
             self.limit(tags[within:])
         if k < within:

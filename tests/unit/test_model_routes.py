@@ -32,9 +32,16 @@ class Dispatcher:
     """Answers each group at once: label 0, as many scores as the text's first byte says."""
 
     max_tokens = 512
+    names = {0: "sst2", 1: "nli"}  # the engine's open models, by wire index
 
     def __init__(self) -> None:
         self.groups: list[list[bytes]] = []
+
+    def is_open(self, model: int) -> bool:
+        return model in self.names
+
+    def model_name(self, model: int) -> str:
+        return self.names.get(model, str(model))
 
     def clock(self) -> int:
         return 0
