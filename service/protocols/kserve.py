@@ -540,8 +540,10 @@ class Repository(Protocol):
 
 
 class FixedModels:
-    """The repository of a server without one: the models it started with, which it neither
-    loads nor unloads (loading one of them is a success, as Triton answers it)."""
+    """The repository of a server that has none (front.repository unset): the models it
+    started with, listed; it loads and unloads nothing, as --model-control none refuses."""
+
+    REFUSAL = (400, "models load and unload on request only with --model-control explicit")
 
     def __init__(self, models: ModelSet) -> None:
         self.models = models
@@ -551,19 +553,10 @@ class FixedModels:
         return [{k: row[k] for k in keys} for row in self.models.listing()]
 
     async def load(self, name: str, version: str | None = None) -> Failure:
-        rows = [r for r in self.index() if r["name"] == name]
-        if version is not None:
-            rows = [r for r in rows if r["version"] == version]
-        if not rows:
-            return 404, f"unknown model: {name} (this server has no model repository)"
-        if any(r["state"] == READY for r in rows):
-            return None
-        return 400, f"model {name} is not loaded, and --model-control none loads nothing"
+        return self.REFUSAL
 
     async def unload(self, name: str) -> Failure:
-        if not any(e.info.name == name for e in self.models):
-            return 404, f"unknown model: {name}"
-        return 400, f"--model-control none: model {name} stays loaded"
+        return self.REFUSAL
 
 
 def repository_of(server: ModelView) -> Repository:

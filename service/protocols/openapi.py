@@ -55,6 +55,7 @@ class Route:
     model_path: bool = False  # has {model} (and maybe {version}): 404 for another
     model_body: bool = False  # takes "model" and "version" in its body: 404 for another
     repository_path: bool = False  # {model} is any name: the repository's, loaded or not
+    body_optional: bool = False  # an empty body is taken as {} (tritonclient sends none)
     beyond_schema: tuple[str, ...] = ()  # regexes of 400 messages the schema cannot rule out
     description: str = ""
     examples: dict[str, Any] = field(default_factory=dict)
@@ -378,7 +379,7 @@ def models_schema() -> Schema:
 def repository_schemas() -> dict[str, Schema]:
     """The KServe repository extension's bodies and answers (kserve.repository_*)."""
     row = obj(["name", "state"], name=STRING, version=STRING, state={"enum": STATES}, reason=STRING)
-    version = {"type": ["string", "integer"], "description": "a version (else the highest)"}
+    version = nullable({"type": ["string", "integer"], "description": "else the highest"})
     load = {
         "type": "object",
         "properties": {"version": version, "config": False},
@@ -388,8 +389,10 @@ def repository_schemas() -> dict[str, Schema]:
     return {
         "index": obj([], closed=False, ready=BOOL, repository_name=STRING),
         "rows": array(row),
-        "load": obj([], closed=False, parameters=load),
-        "unload": obj([], closed=False, parameters=obj([], closed=False, unload_dependents=BOOL)),
+        "load": obj([], closed=False, parameters=nullable(load)),
+        "unload": obj(
+            [], closed=False, parameters=nullable(obj([], closed=False, unload_dependents=BOOL))
+        ),
         "done": obj([]),
     }
 
@@ -750,6 +753,7 @@ def repository_routes() -> dict[tuple[str, str], Route]:
             "kserve",
             ok("one row a (name, version)", r["rows"]),
             r["index"],
+            body_optional=True,
         ),
         ("POST", "/v2/repository/models/{model}/load"): Route(
             "Load a model (answered once it serves)",
@@ -758,6 +762,7 @@ def repository_routes() -> dict[tuple[str, str], Route]:
             r["load"],
             repository_path=True,
             beyond_schema=REPOSITORY_RULES,
+            body_optional=True,
         ),
         ("POST", "/v2/repository/models/{model}/unload"): Route(
             "Unload a model (answered once what was admitted for it is answered)",
@@ -766,6 +771,7 @@ def repository_routes() -> dict[tuple[str, str], Route]:
             r["unload"],
             repository_path=True,
             beyond_schema=REPOSITORY_RULES,
+            body_optional=True,
         ),
     }
 
@@ -891,7 +897,8 @@ def operation(method: str, path: str, route: Route, f: Facts) -> Schema:
         media: Schema = {"schema": route.body}
         if route.examples:
             media["examples"] = {k: {"value": v} for k, v in route.examples.items()}
-        op["requestBody"] = {"required": True, "content": {"application/json": media}}
+        content = {"application/json": media}
+        op["requestBody"] = {"required": not route.body_optional, "content": content}
     if route.beyond_schema:
         op["x-ringserve-400-beyond-schema"] = list(route.beyond_schema)
     if f.key and not OPEN_PATH.match(example_path(path, f)):

@@ -111,11 +111,21 @@ def find_model(server: ModelView, name: str | None, version: int | str | None = 
     """The loaded model a request names (service/models.py): 404 unknown, 400 when it names
     none while several are loaded."""
     try:
-        return server.models.find(name, version)
+        return server.models.find(name, canonical(version))
     except UnknownModel as exc:
         raise HttpError(404, str(exc)) from None
     except ModelRequired as exc:
         raise HttpError(400, str(exc)) from None
+
+
+def canonical(version: int | str | None) -> int | str | None:
+    """A version as the server writes them ("1", 1), else 404: not " 1" or "01", which int()
+    would take for the same version."""
+    if isinstance(version, str) and version:
+        written = version.isascii() and version.isdigit() and str(int(version)) == version
+        if not written:
+            raise HttpError(404, f"unknown version {version!r}")
+    return version
 
 
 def request_model(server: ModelView, doc: dict[str, Any], vendor: bool = False) -> ModelInfo:
@@ -135,7 +145,9 @@ def request_model(server: ModelView, doc: dict[str, Any], vendor: bool = False) 
         else:
             raise HttpError(400, "version must be a string or an integer")
     try:
-        return server.models.find(name, version)
+        if not name and version is not None:  # a version of the only model
+            name = server.models.find().name
+        return server.models.find(name, canonical(version))
     except UnknownModel as exc:
         if vendor and version is None and name and not known_name(server, name):
             ready = server.models.ready()

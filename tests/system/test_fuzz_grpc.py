@@ -37,7 +37,7 @@ ALLOWED = {
     grpc.StatusCode.OK,
     grpc.StatusCode.INVALID_ARGUMENT,  # 400 and 413
     grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.UNIMPLEMENTED,  # the repository calls, unknown methods
+    grpc.StatusCode.UNIMPLEMENTED,  # methods not served (ModelConfig), unknown methods
     grpc.StatusCode.UNAVAILABLE,  # 503: a full queue
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.RESOURCE_EXHAUSTED,  # over gRPC's own message limit

@@ -333,10 +333,10 @@ def test_errors_have_their_status_and_the_channel_stays_usable(
         "expired deadline": (lambda: client.infer(model, [text_input(TEXTS * 64)], headers=AUTH,
                                                   client_timeout=0.002),
                              "StatusCode.DEADLINE_EXCEEDED"),
-        "load an unknown model": (lambda: client.load_model("no-such-model", headers=AUTH),
-                                  "StatusCode.NOT_FOUND"),
-        "unload a fixed model": (lambda: client.unload_model(model, headers=AUTH),
-                                 "StatusCode.INVALID_ARGUMENT"),
+        "load with --model-control none": (lambda: client.load_model(model, headers=AUTH),
+                                           "StatusCode.INVALID_ARGUMENT"),
+        "unload with --model-control none": (lambda: client.unload_model(model, headers=AUTH),
+                                             "StatusCode.INVALID_ARGUMENT"),
         "metadata of an unknown model": (lambda: client.get_model_metadata("no-such-model",
                                                                            headers=AUTH),
                                          "StatusCode.NOT_FOUND"),
@@ -354,12 +354,11 @@ def test_errors_have_their_status_and_the_channel_stays_usable(
 def test_the_repository_of_a_one_model_server(
     client: grpcclient.InferenceServerClient, model: str
 ) -> None:
-    """tritonclient.grpc's repository calls: the index lists the one model, READY; loading it
-    is a success (it serves already); readiness and metadata by name and version."""
+    """tritonclient.grpc's repository index lists the one model, READY (loads and unloads are
+    refused above: --model-control none); readiness and metadata by name and version."""
     index = client.get_model_repository_index(headers=AUTH, as_json=True)
     assert index == {"models": [{"name": model, "version": "1", "state": "READY"}]}
     assert [m.name for m in client.get_model_repository_index(headers=AUTH).models] == [model]
-    client.load_model(model, headers=AUTH)
     assert client.is_model_ready(model, headers=AUTH)
     assert client.is_model_ready(model, "1", headers=AUTH)
     assert client.get_model_metadata(model, "1", headers=AUTH).versions == ["1"]
