@@ -17,6 +17,13 @@ class Rolls:
     def reload(self) -> None:
         self.generation += 1
 
+    def set_models(self, models: Any, tentative: bool = False) -> int:
+        self.reload()
+        return self.generation
+
+    async def rolled(self, generation: int) -> str | None:
+        return None
+
 
 def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
     default_model: str, monkeypatch: Any
@@ -24,9 +31,11 @@ def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
     import asyncio
     import threading
 
-    from ringserve.service import lifecycle
+    from ringserve.service import lifecycle, repository
     from ringserve.service.logs import EventLog
     from ringserve.service.model_info import ModelInfo
+    from ringserve.service.models import ModelSet
+    from ringserve.service.settings import Config
     from ringserve.workers.artifact import load_manifest
 
     threads: list[threading.Thread] = []
@@ -35,11 +44,15 @@ def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
         threads.append(threading.current_thread())
         return load_manifest(path)  # the real check: read and hash the real artifact
 
-    monkeypatch.setattr(lifecycle, "load_manifest", recording)
+    monkeypatch.setattr(repository, "load_manifest", recording)
     model = ModelInfo(load_manifest(default_model), default_model, None, "cpu", "torch", {}, (), ())
-    front: Any = SimpleNamespace(model=model, keys=None, draining=False)
+    front: Any = SimpleNamespace(models=ModelSet(model), keys=None, draining=False)
     supervisor: Any = Rolls()
-    server = lifecycle.Reloader(EventLog("error"), front, supervisor)
+    log = EventLog("error")
+    # The server's own path: the Reloader asks the Repository, which re-verifies every model.
+    dispatcher: Any = None  # a reload uses none
+    front.repository = repository.Repository(Config(), log, front, dispatcher, supervisor)
+    server = lifecycle.Reloader(log, front, supervisor)
 
     async def two_asks() -> list[str | None]:
         return list(await asyncio.gather(server.reload("a"), server.reload("b")))
