@@ -215,7 +215,7 @@ def worker_rss(srv: Launched) -> dict[str, Any]:
     models = {
         m["name"]: round(m["rss_bytes_per_worker"] / MIB, 1)
         for m in status.get("models", [])
-        if isinstance(m, dict) and "rss_bytes_per_worker" in m
+        if isinstance(m, dict) and isinstance(m.get("rss_bytes_per_worker"), int)
     }
     return {
         "worker_rss_mib": round(sum(rows) / len(rows) / MIB, 1),
