@@ -29,6 +29,8 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -243,7 +245,9 @@ class Run:
         self.tmp = tempfile.mkdtemp(prefix="ringserve-many-")
         self.busy = Path(default_artifact_dir())
         self.light = light_artifact(light, self.busy, Path(self.tmp))
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True)
         self.out: dict[str, Any] = {
+            "code": head.stdout.decode().strip(),
             "seconds": seconds,
             "light": light,
             "cpus": sorted(os.sched_getaffinity(0)),
@@ -418,11 +422,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="results JSON (default: results/)")
     args = p.parse_args(argv)
     run = Run(args.seconds, args.light)
-    run.phase("a_alone", run.alone)
-    run.phase("b_shared", run.shared)
-    run.phase("c_light_alone", run.light_alone)
-    run.phase("d_static_split", run.static_split)
-    run.phase("e_memory", run.memory)
+    try:
+        run.phase("a_alone", run.alone)
+        run.phase("b_shared", run.shared)
+        run.phase("c_light_alone", run.light_alone)
+        run.phase("d_static_split", run.static_split)
+        run.phase("e_memory", run.memory)
+    finally:
+        shutil.rmtree(run.tmp, ignore_errors=True)  # the servers' logs and the built artifact
     report(run.out)
     path = (
         args.out or RESULTS / f"many_models-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
