@@ -432,6 +432,7 @@ def stats_schema() -> Schema:
         time_ms=obj(["queued", "model"], queued=maybe, model=maybe),
         failed=COUNT,
         tenants=array(nested),  # --api-keys: tenants.KeyRing.table
+        models={"type": "object", "additionalProperties": nested},  # by name (ops/metrics.py)
     )  # fmt: skip
 
 
