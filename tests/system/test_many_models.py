@@ -525,6 +525,39 @@ def test_sigkill_a_worker_under_traffic_to_all_three(many: ServerProc) -> None:
     print(f"pool whole {elapsed:.3f} s after SIGKILL")
 
 
+def test_sighup_reloads_every_model_under_traffic(many: ServerProc, want: dict[str, Want]) -> None:
+    """SIGHUP re-verifies every model and rolls every worker onto them, dropping nothing: 0
+    failed on any model, new worker pids, and every model READY with the same scores."""
+    many.wait_spares(1)
+    before = set(serving_pids(many).values())
+    loads = loads_on(many, MODELS, 6)
+    for load in loads:
+        load.__enter__()
+    try:
+        for load in loads:
+            load.wait_ok(20)
+        many.proc.send_signal(signal.SIGHUP)
+
+        def rolled() -> bool:
+            pids = set(serving_pids(many).values())
+            return len(pids) == 2 and not pids & before
+
+        wait_for(rolled, 90, "every worker replaced by the reload")
+        for load in loads:
+            load.wait_ok(20)
+    finally:
+        for load in loads:
+            load.stop()
+    for load in loads:
+        assert load.failed() == 0, (load.model, dict(load.outcomes), load.errors[:5])
+    states = {n: r["state"] for n, r in ready_models(many).items()}
+    assert states == dict.fromkeys(MODELS, "READY"), states
+    for name in MODELS:
+        np.testing.assert_allclose(
+            v1_scores(many, name, False)[0], want[name].texts, atol=TOL, rtol=0
+        )
+
+
 # -- `--model NAME=DIR`, fixed set ---------------------------------------------------------------
 def test_models_named_on_the_command_line_are_a_fixed_set(
     tmp_path: Path, artifacts: dict[str, Path], want: dict[str, Want]
