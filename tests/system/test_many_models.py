@@ -248,20 +248,24 @@ def test_the_task_routes_take_the_model(many: ServerProc, want: dict[str, Want])
     assert status == 400, data  # many models loaded: the model must be named
 
 
+@pytest.mark.parametrize("proto", ["http", "grpc"])
 @pytest.mark.parametrize("name", MODELS)
 def test_kserve_scores_equal_a_single_model_servers(
-    many: ServerProc, want: dict[str, Want], name: str
+    many: ServerProc, want: dict[str, Want], name: str, proto: str
 ) -> None:
-    client = triton(many)
+    """tritonclient, HTTP and gRPC: ready, metadata and infer by name and by version."""
+    lib: Any = httpclient if proto == "http" else grpcclient
+    client = triton(many) if proto == "http" else triton_grpc(many)
     assert client.is_model_ready(name) and client.is_model_ready(name, "1")
-    assert client.get_model_metadata(name)["name"] == name
+    meta = client.get_model_metadata(name)
+    assert (meta["name"] if proto == "http" else meta.name) == name
 
     def infer(texts: list[str], pairs: list[str] | None, version: str = "") -> np.ndarray:
         inputs = []
         for input_name, values in (("text", texts), ("text_pair", pairs)):
             if values is None:
                 continue
-            inp = httpclient.InferInput(input_name, [len(values)], "BYTES")
+            inp = lib.InferInput(input_name, [len(values)], "BYTES")
             inp.set_data_from_numpy(np.array([v.encode() for v in values], dtype=object))
             inputs.append(inp)
         result = client.infer(name, inputs, model_version=version)
