@@ -157,7 +157,8 @@ def test_model_set_indexes_are_never_reused() -> None:
     assert models.new_index() == 2
     c = model("c", models.new_index())
     models.add(c)
-    assert models.state_of("c") is not None and models.state_of("c").state == LOADING  # type: ignore[union-attr]
+    entry = models.state_of("c")
+    assert entry is not None and entry.state == LOADING
     with pytest.raises(UnknownModel):
         models.find("c")  # LOADING: not routable yet
     models.set_state(c, READY)
