@@ -124,9 +124,11 @@ class Load:
         batch: int = 1,
         pause_s: float = 0.0,
         fresh: bool = False,
+        model: str | None = None,
     ) -> None:
         self.port = port
         self.fresh = fresh
+        self.model = model  # the request's "model" (a server holding many); None: leave it out
         self.texts = texts
         self.batch = batch
         self.pause_s = pause_s  # after each answer: a paced load rather than flat out
@@ -154,11 +156,7 @@ class Load:
         i = index
         while not self.stop_event.is_set():
             i += len(self.threads)
-            if self.batch == 1:
-                body = json.dumps({"text": self.texts[i % len(self.texts)]})
-            else:
-                chunk = [self.texts[(i + k) % len(self.texts)] for k in range(self.batch)]
-                body = json.dumps({"texts": chunk})
+            body = self.body(i)
             try:
                 reused = conn is not None
                 if conn is None:
@@ -202,6 +200,16 @@ class Load:
                 self.stop_event.wait(self.pause_s)
         if conn is not None:
             conn.close()
+
+    def body(self, i: int) -> str:
+        doc: dict[str, object]
+        if self.batch == 1:
+            doc = {"text": self.texts[i % len(self.texts)]}
+        else:
+            doc = {"texts": [self.texts[(i + k) % len(self.texts)] for k in range(self.batch)]}
+        if self.model is not None:
+            doc["model"] = self.model
+        return json.dumps(doc)
 
     def ok(self) -> int:
         with self.lock:
