@@ -19,7 +19,7 @@ real models of one size); `--light nli` makes it the tiny NLI BERT instead. A ph
 cannot start (an option this checkout lacks) is reported as not run, with the reason. Only
 127.0.0.1. Results JSON under benchmarks/results/.
 
-    python -m benchmarks.many_models [--seconds 10] [--light copy|nli]
+    python -m benchmarks.many_models [--seconds 10] [--light copy|nli] [--phases abcde]
 """
 
 from __future__ import annotations
@@ -420,14 +420,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds a phase")
     p.add_argument("--light", choices=("copy", "nli"), default="copy")
     p.add_argument("--out", type=Path, default=None, help="results JSON (default: results/)")
+    p.add_argument(
+        "--phases", default="abcde", help="which phases to run, in order (default: abcde, all)"
+    )
     args = p.parse_args(argv)
     run = Run(args.seconds, args.light)
+    run.out["phases"] = args.phases
+    phases = {
+        "a": ("a_alone", run.alone),
+        "b": ("b_shared", run.shared),
+        "c": ("c_light_alone", run.light_alone),
+        "d": ("d_static_split", run.static_split),
+        "e": ("e_memory", run.memory),
+    }
     try:
-        run.phase("a_alone", run.alone)
-        run.phase("b_shared", run.shared)
-        run.phase("c_light_alone", run.light_alone)
-        run.phase("d_static_split", run.static_split)
-        run.phase("e_memory", run.memory)
+        for key in args.phases:
+            run.phase(*phases[key])
     finally:
         shutil.rmtree(run.tmp, ignore_errors=True)  # the servers' logs and the built artifact
     report(run.out)
