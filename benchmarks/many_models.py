@@ -7,7 +7,8 @@
             throughput (target >= 0.9 x a), and the light model's P99.
 (c) light alone: the light model on a single-model server of its own, offered the light rate
             (b) achieved (a tenth of (a)'s when (b) did not run), open loop (requests sent on a
-            clock, not when the last answer came): its P99 (target: b's light P99 within 2x).
+            clock, not when the last answer came), over the texts (b) sent the light model: its
+            P99 (target: b's light P99 within 2x).
 (d) static split: two single-model servers, `--workers 1` each, each pinned to its own CPU
             (the server pins its workers within the CPUs it is started on), the same 90/10 load.
 (e) memory: each serving worker's RSS at start (control `status`) with one model, two and three
@@ -294,8 +295,10 @@ class Run:
             rate, source = self.out.get("a_alone", {}).get("rps", 0) / SHARE, "a tenth of (a)"
         if not rate:
             raise RuntimeError("needs (b)'s light rate or (a)'s, and neither ran")
+        # The texts (b) sent the light model (mixed_plan), so both P99s are over the same texts.
+        texts = self.texts[SHARE - 1 :: SHARE]
         with server(self.tmp, ["--model", str(self.light)]) as srv:
-            r = uvloop.run(open_loop(Target(srv.port), self.texts, rate, self.seconds))
+            r = uvloop.run(open_loop(Target(srv.port), texts, rate, self.seconds))
         return {
             "rate": rate,
             "rate_from": source,
