@@ -217,12 +217,13 @@ def set_graph_optimize(cpu: bool) -> None:
 # had a text in the last LIGHT_RECENT_NS runs batches of at most 1/SHORT_SHARE of its token
 # budget, so that the lighter model's text, which comes while such a batch runs, waits behind a
 # short one: a batch cannot be stopped once it runs, so its length is the light model's wait.
-# benchmarks/many_models.py, 2 CPUs, c=32, 90/10 (8 s phases, one run each): light P99 78 ms
-# with whole batches, 69 with a quarter, 62 with an eighth; total throughput 0.91, 0.88 and 0.93
-# of one model alone (within the run-to-run noise).
+# benchmarks/many_models.py, 2 CPUs, c=32, 90/10, light sent on a clock, 8 s phases, runs
+# interleaved on a noisy shared machine: whole batches light P99 62 and 58 ms, (b)/(a) 0.91 and
+# 1.02; a quarter 54 and 48 ms, 0.91 and 1.00; an eighth 51 and 71 ms, but 0.83 and 0.83 (the
+# more, smaller batches cost the busy model a tenth of its throughput): a quarter.
 LIGHT_RATIO = 2.0
 LIGHT_RECENT_NS = 1_000_000_000
-SHORT_SHARE = 8
+SHORT_SHARE = 4
 
 
 class Turns:

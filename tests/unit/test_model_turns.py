@@ -149,7 +149,7 @@ def test_a_lighter_model_s_text_waits_behind_a_short_batch_of_the_flooded_one() 
     arrivals = light_and_flood(2000, 25, 40)
     waits = run_costed(Turns({0: a, 1: b}), arrivals, 10**12)
     full = 2.65 * MS + 0.2 * MS * 512  # a whole batch of the flood: about 105 ms
-    short = 2.65 * MS + 0.2 * MS * 64  # an eighth of its tokens: about 16 ms
+    short = 2.65 * MS + 0.2 * MS * 128  # a quarter of its tokens: about 28 ms
     light = {item.msg_id: t for t, index, item in arrivals if index == 1}
     assert set(light) <= set(waits)
     # The first light text comes while a whole batch runs (the worker had seen no other model):
@@ -171,7 +171,7 @@ def test_the_flood_s_batches_are_whole_again_once_the_lighter_model_goes_quiet()
         a.add(Item(i, 0, 0, [7] * 32))
     b.add(Item(9_999, 0, 0, [7] * 20))
     turns.next(1 * MS)
-    assert (a.cap_tokens, b.cap_tokens) == (64, 0)  # 400 texts of recent work against 1
+    assert (a.cap_tokens, b.cap_tokens) == (128, 0)  # 400 texts of recent work against 1
     turns.next(2 * 10**9)  # B's last text is 2 s old: no one is owed short batches now
     assert (a.cap_tokens, b.cap_tokens) == (0, 0)
     assert a.take()[0] and len(a.take()[0]) == 16  # 512 tokens of 32
