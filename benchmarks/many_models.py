@@ -2,12 +2,20 @@
 
 (a) alone:  a single-model server on the busy model (the default SST-2 artifact), closed loop at
             c=32: its throughput, the reference.
-(b) shared: one two-model server (`--model busy=DIR --model light=DIR`), the same closed loop at
-            c=32 with 90% of the requests for the busy model and 10% for the light one: total
-            throughput (target >= 0.9 x a), and the light model's P99.
+(b) shared: one two-model server (`--model busy=DIR --model light=DIR`): the busy model's
+            closed loop at c=32 as in (a) and, beside it, the light model's requests sent on a
+            clock (open loop) at a tenth of the total ((a)'s throughput / 10), over every tenth
+            text: total throughput (target >= 0.9 x a), and the light model's P99.
+(b') mixed: (b) as first written: one closed loop of 32 clients, each sending the light model
+            every tenth request. Kept for comparison, but not the light model's P99 target: each
+            light request leaves the instant its client's last (busy) answer came, which is the
+            instant that worker started its next busy batch, so every light text lands at a
+            batch's start; (c) sends on a clock and cannot couple so. (b) gives the light model
+            the same client, texts and rate as (c), so the busy traffic is the one difference.
 (c) light alone: the light model on a single-model server of its own, offered the light rate
             (b) achieved (a tenth of (a)'s when (b) did not run), open loop (requests sent on a
-            clock, not when the last answer came): its P99 (target: b's light P99 within 2x).
+            clock, not when the last answer came, each latency counted from its due time), over
+            the texts (b) sent the light model: its P99 (target: b's light P99 within 2x).
 (d) static split: two single-model servers, `--workers 1` each, each pinned to its own CPU
             (the server pins its workers within the CPUs it is started on), the same 90/10 load.
 (e) memory: each serving worker's RSS at start (control `status`) with one model, two and three
@@ -19,7 +27,7 @@ real models of one size); `--light nli` makes it the tiny NLI BERT instead. A ph
 cannot start (an option this checkout lacks) is reported as not run, with the reason. Only
 127.0.0.1. Results JSON under benchmarks/results/.
 
-    python -m benchmarks.many_models [--seconds 10] [--light copy|nli]
+    python -m benchmarks.many_models [--seconds 10] [--light copy|nli] [--phases abcmde]
 """
 
 from __future__ import annotations
@@ -180,6 +188,23 @@ async def open_loop(target: Target, texts: list[str], rate: float, seconds: floa
     return out
 
 
+async def busy_and_light(
+    busy: Target, light: Target, texts: list[str], rate: float, seconds: float
+) -> Mixed:
+    """closed_loop() of the busy model alone and, once its warm-up is over, open_loop() of the
+    light model at `rate` over the texts mixed_plan() gives it (every SHARE-th)."""
+    warmup_s = 2.0
+
+    async def later() -> LoadResult:
+        await asyncio.sleep(warmup_s)
+        return await open_loop(light, texts[SHARE - 1 :: SHARE], rate, seconds)
+
+    m, lr = await asyncio.gather(closed_loop({"busy": busy}, texts, seconds, warmup_s), later())
+    lr.seconds = m.seconds  # both over the measured stretch
+    m.by["light"] = lr
+    return m
+
+
 # -- servers -------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def server(tmp: str, args: list[str], cpus: set[int] | None = None) -> Iterator[Launched]:
@@ -280,13 +305,40 @@ class Run:
             "memory": memory,
         }
 
+    def light_rate(self) -> tuple[float, str]:
+        """The light model's rate: a tenth of the total, the total taken as (a)'s throughput
+        (one in SHARE of what the pool serves); 40/s when (a) did not run."""
+        a = self.out.get("a_alone", {}).get("rps")
+        return (round(a / SHARE, 1), "(a)'s throughput / 10") if a else (40.0, "40/s")
+
     def shared(self) -> dict[str, Any]:
+        """The busy model's closed loop at c=32 and, beside it, the light model's requests sent
+        on a clock (open_loop) at a tenth of the total: the same client, texts and rate that
+        (c) measures the light model alone with, so that the busy traffic is the only
+        difference between (b)'s light P99 and (c)'s."""
+        rate, source = self.light_rate()
         args = ["--model", f"busy={self.busy}", "--model", f"light={self.light}"]
         with server(self.tmp, args) as srv:
             memory = worker_rss(srv)
+            m = uvloop.run(
+                busy_and_light(
+                    Target(srv.port, "busy"),
+                    Target(srv.port, "light"),
+                    self.texts,
+                    rate,
+                    self.seconds,
+                )
+            )
+        return mixed_row(m) | {"light_rate": rate, "rate_from": source, "memory": memory}
+
+    def shared_mixed(self) -> dict[str, Any]:
+        """(b) as it first was: one closed loop of 32 clients, each sending the light model
+        every tenth request, right when its last answer came (see the module's note)."""
+        args = ["--model", f"busy={self.busy}", "--model", f"light={self.light}"]
+        with server(self.tmp, args) as srv:
             targets = {"busy": Target(srv.port, "busy"), "light": Target(srv.port, "light")}
             m = uvloop.run(closed_loop(targets, self.texts, self.seconds))
-        return mixed_row(m) | {"memory": memory}
+        return mixed_row(m)
 
     def light_alone(self) -> dict[str, Any]:
         rate, source = self.out.get("b_shared", {}).get("light_rps"), "(b)'s light rate"
@@ -294,8 +346,10 @@ class Run:
             rate, source = self.out.get("a_alone", {}).get("rps", 0) / SHARE, "a tenth of (a)"
         if not rate:
             raise RuntimeError("needs (b)'s light rate or (a)'s, and neither ran")
+        # The texts (b) sent the light model (mixed_plan), so both P99s are over the same texts.
+        texts = self.texts[SHARE - 1 :: SHARE]
         with server(self.tmp, ["--model", str(self.light)]) as srv:
-            r = uvloop.run(open_loop(Target(srv.port), self.texts, rate, self.seconds))
+            r = uvloop.run(open_loop(Target(srv.port), texts, rate, self.seconds))
         return {
             "rate": rate,
             "rate_from": source,
@@ -383,6 +437,7 @@ def report(out: dict[str, Any]) -> None:
     for name, row in (
         ("(a) busy model alone", a),
         ("(b) both on one pool", b),
+        ("(b') both, the 90/10 mix from one closed loop", out.get("b_mixed", {})),
         ("(c) light model alone, (b)'s rate", c),
         ("(d) static split", d),
     ):
@@ -420,14 +475,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds a phase")
     p.add_argument("--light", choices=("copy", "nli"), default="copy")
     p.add_argument("--out", type=Path, default=None, help="results JSON (default: results/)")
+    p.add_argument(
+        "--phases",
+        default="abcmde",
+        help="which phases to run, in order (default: abcmde, all; m: (b) as one closed loop)",
+    )
     args = p.parse_args(argv)
     run = Run(args.seconds, args.light)
+    run.out["phases"] = args.phases
+    phases = {
+        "a": ("a_alone", run.alone),
+        "b": ("b_shared", run.shared),
+        "m": ("b_mixed", run.shared_mixed),
+        "c": ("c_light_alone", run.light_alone),
+        "d": ("d_static_split", run.static_split),
+        "e": ("e_memory", run.memory),
+    }
     try:
-        run.phase("a_alone", run.alone)
-        run.phase("b_shared", run.shared)
-        run.phase("c_light_alone", run.light_alone)
-        run.phase("d_static_split", run.static_split)
-        run.phase("e_memory", run.memory)
+        for key in args.phases:
+            run.phase(*phases[key])
     finally:
         shutil.rmtree(run.tmp, ignore_errors=True)  # the servers' logs and the built artifact
     report(run.out)

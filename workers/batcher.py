@@ -28,6 +28,8 @@ BATCH_OVERHEAD_TOKENS = 32  # for a runner that has not measured its own (CUDA)
 # whole (benchmarks/tenants.py measured what this costs bulk throughput).
 BULK_SHARE_WHILE_INTERACTIVE = 4
 INTERACTIVE_RECENT_NS = 1_000_000_000
+# Recent work (Batcher.work): texts arrived, each counted down by half every this long.
+WORK_HALF_LIFE_NS = 1_000_000_000
 
 
 @dataclass(slots=True)
@@ -139,6 +141,16 @@ class Batcher:
         self.size = 0
         self.seq = 0
         self.next_expiry = 0  # earliest deadline queued (a lower bound; 0 = none)
+        self.cap_tokens = 0  # a budget set from outside (workers.served.Turns); 0: none
+        self.recent = 0.0  # texts arrived, decayed (work()), as of recent_ns
+        self.recent_ns = 0
+
+    def work(self, now_ns: int) -> float:
+        """How much arrived lately: each text counts 1, halved every WORK_HALF_LIFE_NS."""
+        age = now_ns - self.recent_ns
+        if age <= 0 or not self.recent:
+            return self.recent
+        return self.recent * 0.5 ** (age / WORK_HALF_LIFE_NS)
 
     def padded(self, length: int) -> int:
         return self.grid[bucket_index(self.grid, length)] if self.grid else length
@@ -147,6 +159,8 @@ class Batcher:
         item.seq = self.seq
         self.seq += 1
         self.newest_ns = max(self.newest_ns, item.arrived_ns)
+        self.recent = self.work(self.newest_ns) + 1
+        self.recent_ns = self.newest_ns
         if item.bulk:
             self.fifo_bulk.append(item)
         else:
@@ -172,11 +186,14 @@ class Batcher:
     def budget(self, first: Item) -> int:
         """Padded tokens for the next batch (see BULK_SHARE_WHILE_INTERACTIVE): a quarter
         while bulk texts wait and interactive ones came in the last second, whichever the batch
-        is built around (an interactive text's batch would fill up with bulk texts)."""
+        is built around (an interactive text's batch would fill up with bulk texts); never
+        more than `cap_tokens` when that is set (another model of the worker is owed short
+        batches, workers.served.Turns)."""
+        budget = self.max_tokens
         recent = self.newest_ns - self.last_interactive_ns < INTERACTIVE_RECENT_NS
         if self.fifo_bulk and self.last_interactive_ns and recent:
-            return max(1, self.max_tokens // BULK_SHARE_WHILE_INTERACTIVE)
-        return self.max_tokens
+            budget = max(1, self.max_tokens // BULK_SHARE_WHILE_INTERACTIVE)
+        return min(budget, self.cap_tokens) if self.cap_tokens else budget
 
     def plan(self) -> tuple[int, int, int] | None:
         """(first, last, padded length) of the next batch in `by_length`, or None when empty:

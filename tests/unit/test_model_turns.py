@@ -111,6 +111,82 @@ def test_one_model_turns_are_its_batcher_s_own_choices() -> None:
     assert [ids for _, _, ids in ran] == expected
 
 
+def run_costed(turns: Turns, arrivals: list[tuple[int, int, Item]], until: int) -> dict[int, int]:
+    """The worker's loop on a fake clock where a batch costs what its padded tokens would (2.65
+    ms + 0.2 ms a token, MiniLM on one core), with `arrivals` (ns, model, item) added as the
+    clock passes them: each text's wait, arrival to the start of its batch, by msg id."""
+    now, k, waits = 0, 0, {}
+    while now < until:
+        while k < len(arrivals) and arrivals[k][0] <= now:
+            _, index, item = arrivals[k]
+            turns.batchers[index].add(item)
+            k += 1
+        index, wait = turns.next(now)
+        if index is None:
+            if k == len(arrivals) and wait < 0:
+                break
+            nxt = arrivals[k][0] if k < len(arrivals) else now + wait
+            now = max(now + 1, min(nxt, now + wait) if wait >= 0 else nxt)
+            continue
+        batch, length = turns.batchers[index].take()
+        for it in batch:
+            waits[it.msg_id] = now - it.arrived_ns
+        now += int(2.65 * MS + 0.2 * MS * len(batch) * length)
+    return waits
+
+
+def light_and_flood(flood_n: int, light_every_ms: int, light_n: int) -> list[tuple[int, int, Item]]:
+    """A flood of model 0 at time 0 and a text of model 1 every `light_every_ms` after 3 ms."""
+    out = [(0, 0, Item(i, 0, 0, [7] * (16 + i % 16))) for i in range(flood_n)]
+    for j in range(light_n):
+        t = 3 * MS + j * light_every_ms * MS
+        out.append((t, 1, Item(100_000 + j, 0, t, [7] * 20)))
+    return sorted(out, key=lambda a: a[0])
+
+
+def test_a_lighter_model_s_text_waits_behind_a_short_batch_of_the_flooded_one() -> None:
+    a, b = Batcher(64, 512, 0), Batcher(64, 512, 0)
+    arrivals = light_and_flood(2000, 25, 40)
+    waits = run_costed(Turns({0: a, 1: b}), arrivals, 10**12)
+    full = 2.65 * MS + 0.2 * MS * 512  # a whole batch of the flood: about 105 ms
+    short = 2.65 * MS + 0.2 * MS * 128  # a quarter of its tokens: about 28 ms
+    light = {item.msg_id: t for t, index, item in arrivals if index == 1}
+    assert set(light) <= set(waits)
+    # The first light text comes while a whole batch runs (the worker had seen no other model):
+    # it, and those that come before that batch ends, wait for it. Every later one waits behind
+    # at most one short batch of the flood (and the light batch running when it came: turns).
+    seen = full  # the first flood batch (from 0) ends: the worker sees the first light text
+    assert max(waits[m] for m in light) <= full
+    later = [waits[m] for m, t in light.items() if t > seen]
+    own = 2.65 * MS + 0.2 * MS * 20
+    assert len(later) >= 35 and max(later) <= short + own, later
+    flood_ids = [m for m in waits if m < 100_000]
+    assert len(flood_ids) == 2000 and not a.size  # the flood is not starved
+
+
+def test_the_flood_s_batches_are_whole_again_once_the_lighter_model_goes_quiet() -> None:
+    a, b = Batcher(64, 512, 0), Batcher(64, 512, 0)
+    turns = Turns({0: a, 1: b})
+    for i in range(400):
+        a.add(Item(i, 0, 0, [7] * 32))
+    b.add(Item(9_999, 0, 0, [7] * 20))
+    turns.next(1 * MS)
+    assert (a.cap_tokens, b.cap_tokens) == (128, 0)  # 400 texts of recent work against 1
+    turns.next(2 * 10**9)  # B's last text is 2 s old: no one is owed short batches now
+    assert (a.cap_tokens, b.cap_tokens) == (0, 0)
+    assert a.take()[0] and len(a.take()[0]) == 16  # 512 tokens of 32
+
+
+def test_two_equally_busy_models_keep_whole_batches() -> None:
+    a, b = Batcher(64, 512, 0), Batcher(64, 512, 0)
+    for i in range(300):
+        a.add(Item(i, 0, i * MS, [7] * 32))
+        b.add(Item(10_000 + i, 0, i * MS, [7] * 32))
+    turns = Turns({0: a, 1: b})
+    turns.next(300 * MS)
+    assert (a.cap_tokens, b.cap_tokens) == (0, 0)
+
+
 # -- the payload's model mark ---------------------------------------------------------------------
 @given(
     index=st.integers(0, 0xFFFF),
