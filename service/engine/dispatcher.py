@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ringserve.service.engine.answers import Doorbells, Owner, read_answers
 from ringserve.service.engine.bounds import Free, room
 from ringserve.service.engine.expiry import Expiry
-from ringserve.service.engine.lanes import Lane, Lines
+from ringserve.service.engine.lanes import Lane, Lanes, Lines
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import (
     BULK,
@@ -50,10 +50,6 @@ log = logging.getLogger("ringserve.dispatcher")
 # holds less than one batch (routing.assign), so an interactive text waits behind one bulk batch
 # at most. A bulk text waits behind interactive texts at most `bulk_wait_ns` (Waiting).
 BULK_QUEUE_SHARE = 0.75
-# Many models: half of --max-queue is kept, in equal shares, for the open models that hold less
-# than their share, so that a flood of one model refuses only that model's texts (Dispatcher.
-# reserved); a model alone may fill all of it.
-MODEL_RESERVE_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +85,8 @@ class Dispatcher:
         self.clock = clock  # monotonic ns; tests drive a fake one (deadlines are on it too)
         self.inflight: dict[int, Request] = {}  # admitted, not yet answered
         self.waiting = Lines(int(bulk_wait_ms * 1e6))  # admitted, not in any ring yet
-        self.lanes: dict[int, Lane] = {0: Lane(0, "", 0)}  # one a model, open or not
-        self.names: dict[int, str] = {0: ""}  # every model ever opened, for refusals
+        self.table = Lanes()  # the models' lanes (lanes.Lanes: open, close, when_empty)
+        self.lanes, self.names = self.table.lanes, self.table.names
         self.serving: list[WorkerHandle] = []  # set by the supervisor
         self.doorbells = Doorbells(self.on_answers)  # the workers whose answers are read here
         self.meter = Meter()
@@ -194,36 +190,10 @@ class Dispatcher:
         return k
 
     def ahead(self, model: int, priority: int) -> int:
-        """The queued cost a text admitted now waits for (bounded by --max-queue-ms).
-
-        An interactive text does not wait for the bulk texts waiting in the front-end. Many
-        models: the waiting lines take a text of each model in turn, so a text waits for its
-        own model's queue and, of each other model's, about as much again, not for all of a
-        flood of another model."""
-        lanes = self.lanes
-        if len(lanes) < 2:
-            ahead = self.queued_cost
-            return ahead if priority == BULK else ahead - self.waiting.bulk_cost
-
-        def queued(lane: Lane) -> int:
-            bulk = 0 if priority == BULK else self.waiting.bulk_cost_of(lane.index)
-            return lane.cost - bulk
-
-        mine = queued(lanes[model])
-        return sum(min(queued(lane), mine) for lane in lanes.values())
+        return self.table.ahead(model, priority, self.queued_cost, self.waiting)
 
     def reserved(self, model: int) -> int:
-        """The slots of the total that the other open models are still owed: each is owed its
-        share of MODEL_RESERVE_SHARE of --max-queue (or its own limit, if less) until it
-        holds that many, so one model's flood leaves room for every other."""
-        lanes = self.lanes
-        if len(lanes) < 2:
-            return 0
-        others = [lane for lane in lanes.values() if lane.open and lane.index != model]
-        if not others:
-            return 0
-        share = int(self.max_queue * MODEL_RESERVE_SHARE) // (len(others) + 1)
-        return sum(max(0, min(share, lane.max_queue or share) - lane.depth) for lane in others)
+        return self.table.reserved(model, self.max_queue)
 
     def refuse(self, n: int, model: int = 0) -> None:
         """Count texts refused after room() said no (a protocol answers them itself)."""
@@ -234,45 +204,22 @@ class Dispatcher:
 
     # -- models ---------------------------------------------------------------------------------
     def open_model(self, index: int, name: str, max_queue: int) -> None:
-        """Admit texts for the model from now on, up to `max_queue` of them at once (within
-        the total; 0: the total alone); open again, it keeps what it had admitted."""
-        if not 0 <= index < L.MAX_MODELS:
-            raise ValueError(f"model index {index} is outside 0..{L.MAX_MODELS - 1}")
-        lane = self.lanes.get(index)
-        if lane is None:
-            lane = self.lanes[index] = Lane(index, name, max_queue)
-        lane.name, lane.max_queue, lane.open = name, max_queue, True
-        self.names[index] = name
+        self.table.open(index, name, max_queue)
 
     def close_model(self, index: int) -> None:
-        """Refuse the model's new texts as unknown from now on; what it admitted is still
-        answered (when_empty says when)."""
-        lane = self.lanes.get(index)
-        if lane is not None:
-            lane.open = False
+        self.table.close(index)
 
     def is_open(self, index: int) -> bool:
-        lane = self.lanes.get(index)
-        return lane is not None and lane.open
+        return self.table.is_open(index)
 
     def model_name(self, index: int) -> str:
-        """The model's name as it was opened (its index, for one never opened)."""
-        return self.names.get(index) or str(index)
+        return self.table.name(index)
 
     def model_depth(self, index: int) -> int:
-        """Texts admitted for the model and not yet answered."""
-        lane = self.lanes.get(index)
-        return lane.depth if lane is not None else 0
+        return self.table.depth(index)
 
     def when_empty(self, index: int) -> asyncio.Future[None]:
-        """Resolves once nothing admitted for the model is unanswered (at once if nothing is)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        lane = self.lanes.get(index)
-        if lane is None or not lane.depth:
-            fut.set_result(None)
-        else:
-            lane.waiters.append(fut)
-        return fut
+        return self.table.when_empty(index)
 
     @property
     def many(self) -> bool:

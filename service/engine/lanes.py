@@ -14,7 +14,13 @@ import asyncio
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from ringserve.service.engine.requests import Request, Waiting
+from ringserve.service.engine.requests import BULK, Request, Waiting
+from ringserve.shm import layout as L
+
+# Many models: half of --max-queue is kept, in equal shares, for the open models that hold less
+# than their share, so that a flood of one model refuses only that model's texts (Lanes.
+# reserved); a model alone may fill all of it.
+MODEL_RESERVE_SHARE = 0.5
 
 
 class Lane:
@@ -41,6 +47,90 @@ class Lane:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+
+
+class Lanes:
+    """Every model's lane, open or not, and every name ever opened (for refusals): the
+    dispatcher's per-model bookkeeping. Model 0 is open from the start with the total as its
+    limit, so a one-model server behaves as it always has."""
+
+    __slots__ = ("lanes", "names")
+
+    def __init__(self) -> None:
+        self.lanes: dict[int, Lane] = {0: Lane(0, "", 0)}  # one a model, open or not
+        self.names: dict[int, str] = {0: ""}  # every model ever opened
+
+    def open(self, index: int, name: str, max_queue: int) -> None:
+        """Admit texts for the model from now on, up to `max_queue` of them at once (within
+        the total; 0: the total alone); open again, it keeps what it had admitted."""
+        if not 0 <= index < L.MAX_MODELS:
+            raise ValueError(f"model index {index} is outside 0..{L.MAX_MODELS - 1}")
+        lane = self.lanes.get(index)
+        if lane is None:
+            lane = self.lanes[index] = Lane(index, name, max_queue)
+        lane.name, lane.max_queue, lane.open = name, max_queue, True
+        self.names[index] = name
+
+    def close(self, index: int) -> None:
+        """Refuse the model's new texts as unknown from now on; what it admitted is still
+        answered (when_empty says when)."""
+        lane = self.lanes.get(index)
+        if lane is not None:
+            lane.open = False
+
+    def is_open(self, index: int) -> bool:
+        lane = self.lanes.get(index)
+        return lane is not None and lane.open
+
+    def name(self, index: int) -> str:
+        """The model's name as it was opened (its index, for one never opened)."""
+        return self.names.get(index) or str(index)
+
+    def depth(self, index: int) -> int:
+        """Texts admitted for the model and not yet answered."""
+        lane = self.lanes.get(index)
+        return lane.depth if lane is not None else 0
+
+    def when_empty(self, index: int) -> asyncio.Future[None]:
+        """Resolves once nothing admitted for the model is unanswered (at once if nothing is)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        lane = self.lanes.get(index)
+        if lane is None or not lane.depth:
+            fut.set_result(None)
+        else:
+            lane.waiters.append(fut)
+        return fut
+
+    def ahead(self, model: int, priority: int, queued_cost: int, waiting: Lines) -> int:
+        """The queued cost a text admitted now waits for (bounded by --max-queue-ms).
+
+        An interactive text does not wait for the bulk texts waiting in the front-end. Many
+        models: the waiting lines take a text of each model in turn, so a text waits for its
+        own model's queue and, of each other model's, about as much again, not for all of a
+        flood of another model."""
+        lanes = self.lanes
+        if len(lanes) < 2:
+            return queued_cost if priority == BULK else queued_cost - waiting.bulk_cost
+
+        def queued(lane: Lane) -> int:
+            bulk = 0 if priority == BULK else waiting.bulk_cost_of(lane.index)
+            return lane.cost - bulk
+
+        mine = queued(lanes[model])
+        return sum(min(queued(lane), mine) for lane in lanes.values())
+
+    def reserved(self, model: int, max_queue: int) -> int:
+        """The slots of the total (`max_queue`) that the other open models are still owed:
+        each is owed its share of MODEL_RESERVE_SHARE of it (or its own limit, if less) until
+        it holds that many, so one model's flood leaves room for every other."""
+        lanes = self.lanes
+        if len(lanes) < 2:
+            return 0
+        others = [lane for lane in lanes.values() if lane.open and lane.index != model]
+        if not others:
+            return 0
+        share = int(max_queue * MODEL_RESERVE_SHARE) // (len(others) + 1)
+        return sum(max(0, min(share, lane.max_queue or share) - lane.depth) for lane in others)
 
 
 class Count:
