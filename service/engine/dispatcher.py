@@ -37,7 +37,7 @@ from ringserve.service.engine.requests import (
     Result,
     text_cost,
 )
-from ringserve.service.engine.routing import assign, take_back
+from ringserve.service.engine.routing import take_back
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
@@ -249,28 +249,10 @@ class Dispatcher:
 
     # -- placement ------------------------------------------------------------------------------
     def place(self, reqs: list[Request]) -> None:
-        """Send requests to the least-loaded serving workers; keep the rest waiting, in order."""
-        if self.waiting:  # older requests go first
-            self.waiting.extend(reqs)
-            self.flush_waiting()
-            return
-        self.waiting.extend(assign(reqs, self.serving, self.hold_cost, self.meter, self.clock()))
+        self.waiting.place(reqs, self.serving, self.hold_cost, self.meter, self.clock())
 
     def flush_waiting(self) -> None:
-        """Hand the oldest waiting requests to workers with room, as many as they take."""
-        waiting = self.waiting
-        if not waiting or not self.serving:
-            return
-        now = self.clock()
-        while waiting:
-            taken = waiting.take(256, now)
-            rest = assign(taken, self.serving, self.hold_cost, self.meter, now)
-            if rest:
-                waiting.push_front(rest)
-                # Another model's texts may still fit where this one's did not: go on while
-                # some were placed and more than one model was left.
-                if len(rest) == len(taken) or len({r.group.model for r in rest}) == 1:
-                    return
+        self.waiting.flush(self.serving, self.hold_cost, self.meter, self.clock())
 
     # -- workers and their answers --------------------------------------------------------------
     def add_worker(

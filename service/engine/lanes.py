@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
+from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import BULK, Request, Waiting
+from ringserve.service.engine.routing import assign
+from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
 # Many models: half of --max-queue is kept, in equal shares, for the open models that hold less
@@ -245,6 +248,36 @@ class Lines:
         w.remove(r)
         if not w:
             self.turns.remove(m)
+
+    def place(
+        self,
+        reqs: list[Request],
+        serving: Sequence[WorkerHandle],
+        hold: int,
+        meter: Meter,
+        now_ns: int,
+    ) -> None:
+        """Send requests to the least-loaded serving workers (routing.assign, each holding up
+        to `hold`); keep the rest waiting, in order."""
+        if self:  # older requests go first
+            self.extend(reqs)
+            self.flush(serving, hold, meter, now_ns)
+            return
+        self.extend(assign(reqs, serving, hold, meter, now_ns))
+
+    def flush(self, serving: Sequence[WorkerHandle], hold: int, meter: Meter, now_ns: int) -> None:
+        """Hand the oldest waiting requests to workers with room, as many as they take."""
+        if not self or not serving:
+            return
+        while self:
+            taken = self.take(256, now_ns)
+            rest = assign(taken, serving, hold, meter, now_ns)
+            if rest:
+                self.push_front(rest)
+                # Another model's texts may still fit where this one's did not: go on while
+                # some were placed and more than one model was left.
+                if len(rest) == len(taken) or len({r.group.model for r in rest}) == 1:
+                    return
 
     def clear(self) -> None:
         for w in self.lines.values():
