@@ -45,12 +45,6 @@ __all__ = ["BULK", "INTERACTIVE", "Dispatcher", "Group", "Request", "Result", "t
 
 log = logging.getLogger("ringserve.dispatcher")
 
-# Priority (service.engine.tenants): bulk texts may fill the queue only up to this share of
-# --max-queue, so interactive texts always find room; and a worker takes bulk work only while it
-# holds less than one batch (routing.assign), so an interactive text waits behind one bulk batch
-# at most. A bulk text waits behind interactive texts at most `bulk_wait_ns` (Waiting).
-BULK_QUEUE_SHARE = 0.75
-
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -66,6 +60,13 @@ class Snapshot:
     max_queue_ms: float
     rate: float | None  # the pool's tokens/s
     answered_by_task: dict[str, int]
+
+    @classmethod
+    def of(cls, d: Dispatcher) -> Snapshot:
+        return cls(
+            d.depth, d.max_queue, len(d.waiting), len(d.waiting.bulk), d.rejected, d.expired,
+            d.wait_ms(), d.max_queue_ms, d.rate(), dict(d.answered_by_task),
+        )  # fmt: skip
 
 
 class Dispatcher:
@@ -162,28 +163,18 @@ class Dispatcher:
 
         Priority: an interactive text counts only the work it will wait for (not the bulk
         texts waiting in the front-end, which it goes before); bulk texts may fill only
-        BULK_QUEUE_SHARE of --max-queue, so interactive ones always find room. Many models:
+        lanes.BULK_QUEUE_SHARE of --max-queue, so interactive ones always find room. Many models:
         the model's own limit holds as well as the total, so one model's flood refuses only
         that model's texts."""
-        lane = self.lanes.get(model)
-        if lane is None or not lane.open:
+        if not self.is_open(model):
             self.why = f"unknown model: {self.model_name(model)}"
             return 0
         if not self.accepting:
             self.why = "server is draining"
             return 0
-        total, mine = self.max_queue, lane.max_queue or self.max_queue
-        free_total = total - len(self.inflight) - self.reserved(model)
-        free_mine = mine - lane.depth
-        if priority == BULK:
-            free_total -= total - int(total * BULK_QUEUE_SHARE)
-            free_mine -= mine - int(mine * BULK_QUEUE_SHARE)
+        n, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
         ahead = self.ahead(model, priority)
-        # An empty model takes any batch within its limit and the total's free room.
-        empty, fits = not lane.depth, min(mine, free_total)
-        free = Free(
-            min(free_total, free_mine), ahead, self.cost_limit(), empty, fits, self.max_queue_ms
-        )
+        free = Free(n, ahead, self.cost_limit(), empty, fits, self.max_queue_ms)
         k, why = room(costs, whole, free)
         if why is not None:
             self.why = why
@@ -325,10 +316,3 @@ class Dispatcher:
     @property
     def depth(self) -> int:
         return len(self.inflight)
-
-    def snapshot(self) -> Snapshot:
-        return Snapshot(
-            self.depth, self.max_queue, len(self.waiting), len(self.waiting.bulk), self.rejected,
-            self.expired, self.wait_ms(), self.max_queue_ms, self.rate(),
-            dict(self.answered_by_task),
-        )  # fmt: skip

@@ -20,6 +20,11 @@ from ringserve.service.engine.routing import assign
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
+# Priority (service.engine.tenants): bulk texts may fill the queue only up to this share of
+# --max-queue, so interactive texts always find room; and a worker takes bulk work only while it
+# holds less than one batch (routing.assign), so an interactive text waits behind one bulk batch
+# at most. A bulk text waits behind interactive texts at most `bulk_wait_ns` (Waiting).
+BULK_QUEUE_SHARE = 0.75
 # Many models: half of --max-queue is kept, in equal shares, for the open models that hold less
 # than their share, so that a flood of one model refuses only that model's texts (Lanes.
 # reserved); a model alone may fill all of it.
@@ -103,6 +108,21 @@ class Lanes:
         else:
             lane.waiters.append(fut)
         return fut
+
+    def free(self, model: int, priority: int, inflight: int, total: int) -> tuple[int, bool, int]:
+        """(free, empty, fits) for the open model's texts: the slots they may take now, within
+        the total (`total`, `inflight` of it taken, less what the other models are owed) and
+        the model's own limit, bulk texts only BULK_QUEUE_SHARE of each; whether it holds
+        none; and, empty, the most it takes at once (any batch within its limit and the
+        total's free room)."""
+        lane = self.lanes[model]
+        mine = lane.max_queue or total
+        free_total = total - inflight - self.reserved(model, total)
+        free_mine = mine - lane.depth
+        if priority == BULK:
+            free_total -= total - int(total * BULK_QUEUE_SHARE)
+            free_mine -= mine - int(mine * BULK_QUEUE_SHARE)
+        return min(free_total, free_mine), not lane.depth, min(mine, free_total)
 
     def ahead(self, model: int, priority: int, queued_cost: int, waiting: Lines) -> int:
         """The queued cost a text admitted now waits for (bounded by --max-queue-ms).
