@@ -217,12 +217,7 @@ class Supervisor:
             self.slots[slot] = self.spawn(slot)
 
     def _keep_spares(self) -> None:
-        want = self.target_spares
-        if any(h is not None and h.generation != self.generation for h in self.slots.values()):
-            want = max(1, want)  # a reload needs somewhere to roll to
-        booting = any(h is not None and not h.loaded() for h in self.slots.values())
-        if booting or self.forker.booting():  # serving workers boot first; spares wait for
-            want = min(want, len(self.spares))  # a booting zygote (fast forks)
+        want = self.roster.spares_wanted(self.target_spares, self.generation, self.forker.booting)
         if self.draining:
             want = 0
         while len(self.spares) < want and not self.policy.held(SPARE_KEY):
