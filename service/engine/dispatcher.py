@@ -149,8 +149,7 @@ class Dispatcher:
         self.next_id += len(reqs)
         for r in reqs:
             self.inflight[r.id] = r
-        lane.depth += len(reqs)
-        lane.cost += sum(costs)
+        lane.admitted(len(reqs), sum(costs))
         self.queued_cost += sum(costs)
         if deadline_ns:
             self.expiry.arm()
@@ -227,11 +226,8 @@ class Dispatcher:
         return self.meter.rate(self.serving, self.clock())
 
     def cost_limit(self) -> float | None:
-        """The queued cost that --max-queue-ms allows now, or None (no bound by time)."""
-        if self.max_queue_ms <= 0:
-            return None
-        rate = self.rate()
-        return None if rate is None else rate * self.max_queue_ms / 1000 * self.meter.tighten
+        """The queued cost that --max-queue-ms allows now, or None (Meter.cost_limit)."""
+        return self.meter.cost_limit(self.serving, self.clock(), self.max_queue_ms)
 
     def wait_ms(self) -> float | None:
         """The estimated wait of a text admitted now."""

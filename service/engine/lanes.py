@@ -46,6 +46,10 @@ class Lane:
         self.rejected = 0  # texts refused for lack of room (503)
         self.waiters: list[asyncio.Future[None]] = []  # when_empty
 
+    def admitted(self, n: int, cost: int) -> None:
+        self.depth += n
+        self.cost += cost
+
     def answered(self, cost: int) -> None:
         """One of its texts was answered: wake who waits for none to be left."""
         self.depth -= 1
