@@ -175,23 +175,8 @@ class Repository:
 
     # -- views -------------------------------------------------------------------------------------
     def index(self) -> list[dict[str, str]]:
-        """Every model of the repository, loaded or not, and every loaded one: name, version,
-        state and reason (KServe's repository index)."""
-        rows: list[dict[str, str]] = []
-        found = self.scan()
-        names = list(found) + sorted({e.info.name for e in self.models} - set(found))
-        for name in names:
-            loaded = sorted((e for e in self.models if e.info.name == name), key=version_of)
-            for e in loaded:
-                row = {"name": name, "version": str(e.info.version), "state": e.state}
-                rows.append({**row, "reason": e.reason or self.problems.get(name, "")})
-            if not loaded:
-                cand = found[name]
-                version = str(max(cand.versions)) if cand.versions else ""
-                reason = self.problems.get(name) or cand.problem
-                rows.append({"name": name, "version": version, "state": M.UNAVAILABLE,
-                             "reason": reason})  # fmt: skip
-        return rows
+        """KServe's repository index (repository_index)."""
+        return repository_index(self.scan(), self.models, self.problems)
 
     def status_rows(self) -> list[dict[str, Any]]:
         """`ctl status`'s models: each loaded one with its fingerprint and measured memory."""
@@ -219,7 +204,7 @@ class Repository:
             if self.front.draining:
                 return DRAINING
             try:
-                v, where = self.find(name, version)
+                v, where = find(self.scan().get(name), name, version)
                 error = await self.load_verified(name, v, where)
             except Refused as exc:
                 error = exc.error
@@ -227,22 +212,6 @@ class Repository:
             self.problems[name] = error[1]
             self.log.warning("model_load_refused", model=name, code=error[0], reason=error[1])
         return error
-
-    def find(self, name: str, version: int | str | None) -> tuple[int, str]:
-        """(version, directory) of the repository's model; raises Refused."""
-        cand = self.scan().get(name)
-        if cand is None:
-            raise Refused(404, f"unknown model: {name} (not in the model repository)")
-        if not cand.versions:
-            raise Refused(400, cand.problem)
-        try:
-            want = None if version is None or version == "" else int(str(version))
-        except ValueError:
-            raise Refused(400, f"version must be a number, got {version!r}") from None
-        picked = cand.pick(want)
-        if picked is None:
-            raise Refused(404, f"unknown version {want} of model {name}")
-        return picked
 
     async def load_verified(self, name: str, version: int, where: str) -> Error | None:
         entry = self.models.entries.get((name, version))
@@ -263,7 +232,7 @@ class Repository:
             )  # fmt: skip
         except SystemExit as exc:  # --runtime cannot serve it (describe is the start's too)
             return 400, str(exc.code).removeprefix("ringserve: ")
-        refusal = self.memory_check(info)
+        refusal = memory_check(self.settings, self.supervisor, self.models, info)
         if refusal is not None:
             return 409, refusal
         if self.front.draining:
@@ -286,25 +255,6 @@ class Repository:
         self.log.info("model_loaded", model=info.name, version=info.version, index=info.index,
                       fingerprint=info.manifest.fingerprint)  # fmt: skip
         return None
-
-    def memory_check(self, info: ModelInfo) -> str | None:
-        s, sup = self.settings, self.supervisor
-        ctls = [h.ctl for h in sup.all.values() if h.loaded()]
-        known: list[tuple[int, int]] = []
-        for m in self.models.infos():
-            rss = measured_rss(ctls, m.index)
-            if rss is not None:
-                sized = weights_bytes(m.model_dir, m.manifest, m.runtime, s.precision, s.graph)
-                known.append((rss, sized))
-        weights = weights_bytes(info.model_dir, info.manifest, info.runtime, s.precision, s.graph)
-        per_worker = per_worker_estimate(weights, known)
-        # Every serving worker and spare, the one more a roll starts, and the zygote.
-        processes = sup.target + max(1, sup.target_spares) + (1 if sup.forker.wanted else 0)
-        used = pid_rss(os.getpid()) + sum(h.rss_bytes() for h in sup.all.values())
-        zygote = sup.forker.zygote
-        used += pid_rss(zygote.process.pid) if zygote is not None else 0
-        budget = s.memory_budget if s.memory_budget is not None else 1 << 62
-        return memory_refusal(budget, used, per_worker, processes)
 
     # -- unload ------------------------------------------------------------------------------------
     async def unload(self, name: str) -> Error | None:
@@ -393,6 +343,65 @@ class Repository:
                 self.log.warning("reload_roll", by=reason, reason=error)
         finally:
             self.lock.release()
+
+
+def repository_index(
+    found: dict[str, Candidate], models: M.ModelSet, problems: dict[str, str]
+) -> list[dict[str, str]]:
+    """Every model of the repository (`found`), loaded or not, and every loaded one: name,
+    version, state and reason (KServe's repository index)."""
+    rows: list[dict[str, str]] = []
+    names = list(found) + sorted({e.info.name for e in models} - set(found))
+    for name in names:
+        loaded = sorted((e for e in models if e.info.name == name), key=version_of)
+        for e in loaded:
+            row = {"name": name, "version": str(e.info.version), "state": e.state}
+            rows.append({**row, "reason": e.reason or problems.get(name, "")})
+        if not loaded:
+            cand = found[name]
+            version = str(max(cand.versions)) if cand.versions else ""
+            reason = problems.get(name) or cand.problem
+            rows.append({"name": name, "version": version, "state": M.UNAVAILABLE,
+                         "reason": reason})  # fmt: skip
+    return rows
+
+
+def find(cand: Candidate | None, name: str, version: int | str | None) -> tuple[int, str]:
+    """(version, directory) of the repository's model `name` (`cand`, as scanned); raises
+    Refused."""
+    if cand is None:
+        raise Refused(404, f"unknown model: {name} (not in the model repository)")
+    if not cand.versions:
+        raise Refused(400, cand.problem)
+    try:
+        want = None if version is None or version == "" else int(str(version))
+    except ValueError:
+        raise Refused(400, f"version must be a number, got {version!r}") from None
+    picked = cand.pick(want)
+    if picked is None:
+        raise Refused(404, f"unknown version {want} of model {name}")
+    return picked
+
+
+def memory_check(s: Config, sup: Supervisor, models: M.ModelSet, info: ModelInfo) -> str | None:
+    """Why loading `info` would pass --memory-budget (None: it fits), from what the loaded
+    models' workers measure."""
+    ctls = [h.ctl for h in sup.all.values() if h.loaded()]
+    known: list[tuple[int, int]] = []
+    for m in models.infos():
+        rss = measured_rss(ctls, m.index)
+        if rss is not None:
+            sized = weights_bytes(m.model_dir, m.manifest, m.runtime, s.precision, s.graph)
+            known.append((rss, sized))
+    weights = weights_bytes(info.model_dir, info.manifest, info.runtime, s.precision, s.graph)
+    per_worker = per_worker_estimate(weights, known)
+    # Every serving worker and spare, the one more a roll starts, and the zygote.
+    processes = sup.target + max(1, sup.target_spares) + (1 if sup.forker.wanted else 0)
+    used = pid_rss(os.getpid()) + sum(h.rss_bytes() for h in sup.all.values())
+    zygote = sup.forker.zygote
+    used += pid_rss(zygote.process.pid) if zygote is not None else 0
+    budget = s.memory_budget if s.memory_budget is not None else 1 << 62
+    return memory_refusal(budget, used, per_worker, processes)
 
 
 def version_of(entry: M.Entry) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ringserve.service.engine.answers import Doorbells, Owner, read_answers
 from ringserve.service.engine.bounds import Free, room
 from ringserve.service.engine.expiry import Expiry
-from ringserve.service.engine.lanes import Lane, Lines
+from ringserve.service.engine.lanes import Lane, Lanes, Lines
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import (
     BULK,
@@ -37,23 +37,13 @@ from ringserve.service.engine.requests import (
     Result,
     text_cost,
 )
-from ringserve.service.engine.routing import assign, take_back
+from ringserve.service.engine.routing import take_back
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
 __all__ = ["BULK", "INTERACTIVE", "Dispatcher", "Group", "Request", "Result", "text_cost"]
 
 log = logging.getLogger("ringserve.dispatcher")
-
-# Priority (service.engine.tenants): bulk texts may fill the queue only up to this share of
-# --max-queue, so interactive texts always find room; and a worker takes bulk work only while it
-# holds less than one batch (routing.assign), so an interactive text waits behind one bulk batch
-# at most. A bulk text waits behind interactive texts at most `bulk_wait_ns` (Waiting).
-BULK_QUEUE_SHARE = 0.75
-# Many models: half of --max-queue is kept, in equal shares, for the open models that hold less
-# than their share, so that a flood of one model refuses only that model's texts (Dispatcher.
-# reserved); a model alone may fill all of it.
-MODEL_RESERVE_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +60,13 @@ class Snapshot:
     max_queue_ms: float
     rate: float | None  # the pool's tokens/s
     answered_by_task: dict[str, int]
+
+    @classmethod
+    def of(cls, d: Dispatcher) -> Snapshot:
+        return cls(
+            d.depth, d.max_queue, len(d.waiting), len(d.waiting.bulk), d.rejected, d.expired,
+            d.wait_ms(), d.max_queue_ms, d.rate(), dict(d.answered_by_task),
+        )  # fmt: skip
 
 
 class Dispatcher:
@@ -89,8 +86,8 @@ class Dispatcher:
         self.clock = clock  # monotonic ns; tests drive a fake one (deadlines are on it too)
         self.inflight: dict[int, Request] = {}  # admitted, not yet answered
         self.waiting = Lines(int(bulk_wait_ms * 1e6))  # admitted, not in any ring yet
-        self.lanes: dict[int, Lane] = {0: Lane(0, "", 0)}  # one a model, open or not
-        self.names: dict[int, str] = {0: ""}  # every model ever opened, for refusals
+        self.table = Lanes()  # the models' lanes (lanes.Lanes: open, close, when_empty)
+        self.lanes, self.names = self.table.lanes, self.table.names
         self.serving: list[WorkerHandle] = []  # set by the supervisor
         self.doorbells = Doorbells(self.on_answers)  # the workers whose answers are read here
         self.meter = Meter()
@@ -152,8 +149,7 @@ class Dispatcher:
         self.next_id += len(reqs)
         for r in reqs:
             self.inflight[r.id] = r
-        lane.depth += len(reqs)
-        lane.cost += sum(costs)
+        lane.admitted(len(reqs), sum(costs))
         self.queued_cost += sum(costs)
         if deadline_ns:
             self.expiry.arm()
@@ -166,64 +162,28 @@ class Dispatcher:
 
         Priority: an interactive text counts only the work it will wait for (not the bulk
         texts waiting in the front-end, which it goes before); bulk texts may fill only
-        BULK_QUEUE_SHARE of --max-queue, so interactive ones always find room. Many models:
+        lanes.BULK_QUEUE_SHARE of --max-queue, so interactive ones always find room. Many models:
         the model's own limit holds as well as the total, so one model's flood refuses only
         that model's texts."""
-        lane = self.lanes.get(model)
-        if lane is None or not lane.open:
+        if not self.is_open(model):
             self.why = f"unknown model: {self.model_name(model)}"
             return 0
         if not self.accepting:
             self.why = "server is draining"
             return 0
-        total, mine = self.max_queue, lane.max_queue or self.max_queue
-        free_total = total - len(self.inflight) - self.reserved(model)
-        free_mine = mine - lane.depth
-        if priority == BULK:
-            free_total -= total - int(total * BULK_QUEUE_SHARE)
-            free_mine -= mine - int(mine * BULK_QUEUE_SHARE)
+        n, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
         ahead = self.ahead(model, priority)
-        # An empty model takes any batch within its limit and the total's free room.
-        empty, fits = not lane.depth, min(mine, free_total)
-        free = Free(
-            min(free_total, free_mine), ahead, self.cost_limit(), empty, fits, self.max_queue_ms
-        )
+        free = Free(n, ahead, self.cost_limit(), empty, fits, self.max_queue_ms)
         k, why = room(costs, whole, free)
         if why is not None:
             self.why = why
         return k
 
     def ahead(self, model: int, priority: int) -> int:
-        """The queued cost a text admitted now waits for (bounded by --max-queue-ms).
-
-        An interactive text does not wait for the bulk texts waiting in the front-end. Many
-        models: the waiting lines take a text of each model in turn, so a text waits for its
-        own model's queue and, of each other model's, about as much again, not for all of a
-        flood of another model."""
-        lanes = self.lanes
-        if len(lanes) < 2:
-            ahead = self.queued_cost
-            return ahead if priority == BULK else ahead - self.waiting.bulk_cost
-
-        def queued(lane: Lane) -> int:
-            bulk = 0 if priority == BULK else self.waiting.bulk_cost_of(lane.index)
-            return lane.cost - bulk
-
-        mine = queued(lanes[model])
-        return sum(min(queued(lane), mine) for lane in lanes.values())
+        return self.table.ahead(model, priority, self.queued_cost, self.waiting)
 
     def reserved(self, model: int) -> int:
-        """The slots of the total that the other open models are still owed: each is owed its
-        share of MODEL_RESERVE_SHARE of --max-queue (or its own limit, if less) until it
-        holds that many, so one model's flood leaves room for every other."""
-        lanes = self.lanes
-        if len(lanes) < 2:
-            return 0
-        others = [lane for lane in lanes.values() if lane.open and lane.index != model]
-        if not others:
-            return 0
-        share = int(self.max_queue * MODEL_RESERVE_SHARE) // (len(others) + 1)
-        return sum(max(0, min(share, lane.max_queue or share) - lane.depth) for lane in others)
+        return self.table.reserved(model, self.max_queue)
 
     def refuse(self, n: int, model: int = 0) -> None:
         """Count texts refused after room() said no (a protocol answers them itself)."""
@@ -234,45 +194,22 @@ class Dispatcher:
 
     # -- models ---------------------------------------------------------------------------------
     def open_model(self, index: int, name: str, max_queue: int) -> None:
-        """Admit texts for the model from now on, up to `max_queue` of them at once (within
-        the total; 0: the total alone); open again, it keeps what it had admitted."""
-        if not 0 <= index < L.MAX_MODELS:
-            raise ValueError(f"model index {index} is outside 0..{L.MAX_MODELS - 1}")
-        lane = self.lanes.get(index)
-        if lane is None:
-            lane = self.lanes[index] = Lane(index, name, max_queue)
-        lane.name, lane.max_queue, lane.open = name, max_queue, True
-        self.names[index] = name
+        self.table.open(index, name, max_queue)
 
     def close_model(self, index: int) -> None:
-        """Refuse the model's new texts as unknown from now on; what it admitted is still
-        answered (when_empty says when)."""
-        lane = self.lanes.get(index)
-        if lane is not None:
-            lane.open = False
+        self.table.close(index)
 
     def is_open(self, index: int) -> bool:
-        lane = self.lanes.get(index)
-        return lane is not None and lane.open
+        return self.table.is_open(index)
 
     def model_name(self, index: int) -> str:
-        """The model's name as it was opened (its index, for one never opened)."""
-        return self.names.get(index) or str(index)
+        return self.table.name(index)
 
     def model_depth(self, index: int) -> int:
-        """Texts admitted for the model and not yet answered."""
-        lane = self.lanes.get(index)
-        return lane.depth if lane is not None else 0
+        return self.table.depth(index)
 
     def when_empty(self, index: int) -> asyncio.Future[None]:
-        """Resolves once nothing admitted for the model is unanswered (at once if nothing is)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        lane = self.lanes.get(index)
-        if lane is None or not lane.depth:
-            fut.set_result(None)
-        else:
-            lane.waiters.append(fut)
-        return fut
+        return self.table.when_empty(index)
 
     @property
     def many(self) -> bool:
@@ -289,11 +226,8 @@ class Dispatcher:
         return self.meter.rate(self.serving, self.clock())
 
     def cost_limit(self) -> float | None:
-        """The queued cost that --max-queue-ms allows now, or None (no bound by time)."""
-        if self.max_queue_ms <= 0:
-            return None
-        rate = self.rate()
-        return None if rate is None else rate * self.max_queue_ms / 1000 * self.meter.tighten
+        """The queued cost that --max-queue-ms allows now, or None (Meter.cost_limit)."""
+        return self.meter.cost_limit(self.serving, self.clock(), self.max_queue_ms)
 
     def wait_ms(self) -> float | None:
         """The estimated wait of a text admitted now."""
@@ -302,28 +236,10 @@ class Dispatcher:
 
     # -- placement ------------------------------------------------------------------------------
     def place(self, reqs: list[Request]) -> None:
-        """Send requests to the least-loaded serving workers; keep the rest waiting, in order."""
-        if self.waiting:  # older requests go first
-            self.waiting.extend(reqs)
-            self.flush_waiting()
-            return
-        self.waiting.extend(assign(reqs, self.serving, self.hold_cost, self.meter, self.clock()))
+        self.waiting.place(reqs, self.serving, self.hold_cost, self.meter, self.clock())
 
     def flush_waiting(self) -> None:
-        """Hand the oldest waiting requests to workers with room, as many as they take."""
-        waiting = self.waiting
-        if not waiting or not self.serving:
-            return
-        now = self.clock()
-        while waiting:
-            taken = waiting.take(256, now)
-            rest = assign(taken, self.serving, self.hold_cost, self.meter, now)
-            if rest:
-                waiting.push_front(rest)
-                # Another model's texts may still fit where this one's did not: go on while
-                # some were placed and more than one model was left.
-                if len(rest) == len(taken) or len({r.group.model for r in rest}) == 1:
-                    return
+        self.waiting.flush(self.serving, self.hold_cost, self.meter, self.clock())
 
     # -- workers and their answers --------------------------------------------------------------
     def add_worker(
@@ -396,10 +312,3 @@ class Dispatcher:
     @property
     def depth(self) -> int:
         return len(self.inflight)
-
-    def snapshot(self) -> Snapshot:
-        return Snapshot(
-            self.depth, self.max_queue, len(self.waiting), len(self.waiting.bulk), self.rejected,
-            self.expired, self.wait_ms(), self.max_queue_ms, self.rate(),
-            dict(self.answered_by_task),
-        )  # fmt: skip

@@ -12,9 +12,23 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
-from ringserve.service.engine.requests import Request, Waiting
+from ringserve.service.engine.meter import Meter
+from ringserve.service.engine.requests import BULK, Request, Waiting
+from ringserve.service.engine.routing import assign
+from ringserve.service.pool.handle import WorkerHandle
+from ringserve.shm import layout as L
+
+# Priority (service.engine.tenants): bulk texts may fill the queue only up to this share of
+# --max-queue, so interactive texts always find room; and a worker takes bulk work only while it
+# holds less than one batch (routing.assign), so an interactive text waits behind one bulk batch
+# at most. A bulk text waits behind interactive texts at most `bulk_wait_ns` (Waiting).
+BULK_QUEUE_SHARE = 0.75
+# Many models: half of --max-queue is kept, in equal shares, for the open models that hold less
+# than their share, so that a flood of one model refuses only that model's texts (Lanes.
+# reserved); a model alone may fill all of it.
+MODEL_RESERVE_SHARE = 0.5
 
 
 class Lane:
@@ -32,6 +46,10 @@ class Lane:
         self.rejected = 0  # texts refused for lack of room (503)
         self.waiters: list[asyncio.Future[None]] = []  # when_empty
 
+    def admitted(self, n: int, cost: int) -> None:
+        self.depth += n
+        self.cost += cost
+
     def answered(self, cost: int) -> None:
         """One of its texts was answered: wake who waits for none to be left."""
         self.depth -= 1
@@ -41,6 +59,105 @@ class Lane:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+
+
+class Lanes:
+    """Every model's lane, open or not, and every name ever opened (for refusals): the
+    dispatcher's per-model bookkeeping. Model 0 is open from the start with the total as its
+    limit, so a one-model server behaves as it always has."""
+
+    __slots__ = ("lanes", "names")
+
+    def __init__(self) -> None:
+        self.lanes: dict[int, Lane] = {0: Lane(0, "", 0)}  # one a model, open or not
+        self.names: dict[int, str] = {0: ""}  # every model ever opened
+
+    def open(self, index: int, name: str, max_queue: int) -> None:
+        """Admit texts for the model from now on, up to `max_queue` of them at once (within
+        the total; 0: the total alone); open again, it keeps what it had admitted."""
+        if not 0 <= index < L.MAX_MODELS:
+            raise ValueError(f"model index {index} is outside 0..{L.MAX_MODELS - 1}")
+        lane = self.lanes.get(index)
+        if lane is None:
+            lane = self.lanes[index] = Lane(index, name, max_queue)
+        lane.name, lane.max_queue, lane.open = name, max_queue, True
+        self.names[index] = name
+
+    def close(self, index: int) -> None:
+        """Refuse the model's new texts as unknown from now on; what it admitted is still
+        answered (when_empty says when)."""
+        lane = self.lanes.get(index)
+        if lane is not None:
+            lane.open = False
+
+    def is_open(self, index: int) -> bool:
+        lane = self.lanes.get(index)
+        return lane is not None and lane.open
+
+    def name(self, index: int) -> str:
+        """The model's name as it was opened (its index, for one never opened)."""
+        return self.names.get(index) or str(index)
+
+    def depth(self, index: int) -> int:
+        """Texts admitted for the model and not yet answered."""
+        lane = self.lanes.get(index)
+        return lane.depth if lane is not None else 0
+
+    def when_empty(self, index: int) -> asyncio.Future[None]:
+        """Resolves once nothing admitted for the model is unanswered (at once if nothing is)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        lane = self.lanes.get(index)
+        if lane is None or not lane.depth:
+            fut.set_result(None)
+        else:
+            lane.waiters.append(fut)
+        return fut
+
+    def free(self, model: int, priority: int, inflight: int, total: int) -> tuple[int, bool, int]:
+        """(free, empty, fits) for the open model's texts: the slots they may take now, within
+        the total (`total`, `inflight` of it taken, less what the other models are owed) and
+        the model's own limit, bulk texts only BULK_QUEUE_SHARE of each; whether it holds
+        none; and, empty, the most it takes at once (any batch within its limit and the
+        total's free room)."""
+        lane = self.lanes[model]
+        mine = lane.max_queue or total
+        free_total = total - inflight - self.reserved(model, total)
+        free_mine = mine - lane.depth
+        if priority == BULK:
+            free_total -= total - int(total * BULK_QUEUE_SHARE)
+            free_mine -= mine - int(mine * BULK_QUEUE_SHARE)
+        return min(free_total, free_mine), not lane.depth, min(mine, free_total)
+
+    def ahead(self, model: int, priority: int, queued_cost: int, waiting: Lines) -> int:
+        """The queued cost a text admitted now waits for (bounded by --max-queue-ms).
+
+        An interactive text does not wait for the bulk texts waiting in the front-end. Many
+        models: the waiting lines take a text of each model in turn, so a text waits for its
+        own model's queue and, of each other model's, about as much again, not for all of a
+        flood of another model."""
+        lanes = self.lanes
+        if len(lanes) < 2:
+            return queued_cost if priority == BULK else queued_cost - waiting.bulk_cost
+
+        def queued(lane: Lane) -> int:
+            bulk = 0 if priority == BULK else waiting.bulk_cost_of(lane.index)
+            return lane.cost - bulk
+
+        mine = queued(lanes[model])
+        return sum(min(queued(lane), mine) for lane in lanes.values())
+
+    def reserved(self, model: int, max_queue: int) -> int:
+        """The slots of the total (`max_queue`) that the other open models are still owed:
+        each is owed its share of MODEL_RESERVE_SHARE of it (or its own limit, if less) until
+        it holds that many, so one model's flood leaves room for every other."""
+        lanes = self.lanes
+        if len(lanes) < 2:
+            return 0
+        others = [lane for lane in lanes.values() if lane.open and lane.index != model]
+        if not others:
+            return 0
+        share = int(max_queue * MODEL_RESERVE_SHARE) // (len(others) + 1)
+        return sum(max(0, min(share, lane.max_queue or share) - lane.depth) for lane in others)
 
 
 class Count:
@@ -155,6 +272,36 @@ class Lines:
         w.remove(r)
         if not w:
             self.turns.remove(m)
+
+    def place(
+        self,
+        reqs: list[Request],
+        serving: Sequence[WorkerHandle],
+        hold: int,
+        meter: Meter,
+        now_ns: int,
+    ) -> None:
+        """Send requests to the least-loaded serving workers (routing.assign, each holding up
+        to `hold`); keep the rest waiting, in order."""
+        if self:  # older requests go first
+            self.extend(reqs)
+            self.flush(serving, hold, meter, now_ns)
+            return
+        self.extend(assign(reqs, serving, hold, meter, now_ns))
+
+    def flush(self, serving: Sequence[WorkerHandle], hold: int, meter: Meter, now_ns: int) -> None:
+        """Hand the oldest waiting requests to workers with room, as many as they take."""
+        if not self or not serving:
+            return
+        while self:
+            taken = self.take(256, now_ns)
+            rest = assign(taken, serving, hold, meter, now_ns)
+            if rest:
+                self.push_front(rest)
+                # Another model's texts may still fit where this one's did not: go on while
+                # some were placed and more than one model was left.
+                if len(rest) == len(taken) or len({r.group.model for r in rest}) == 1:
+                    return
 
     def clear(self) -> None:
         for w in self.lines.values():

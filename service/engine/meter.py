@@ -120,6 +120,16 @@ class Meter:
             return None
         return sum(rates) / len(rates) * len(serving)
 
+    def cost_limit(
+        self, serving: Sequence[Holder], now_ns: int, max_queue_ms: float
+    ) -> float | None:
+        """The queued cost that a time bound of `max_queue_ms` allows now (tightened), or None
+        (no bound by time, or no rate measured yet)."""
+        if max_queue_ms <= 0:
+            return None
+        rate = self.rate(serving, now_ns)
+        return None if rate is None else rate * max_queue_ms / 1000 * self.tighten
+
     def answered(self, worker: Holder, cost: int, now_ns: int, backlogged: bool) -> None:
         self.flow(worker).answered(cost, now_ns)
         self.backlog.answered(cost, now_ns, backlogged)

@@ -412,6 +412,42 @@ def processes(out: Exposition, pool: PoolView) -> None:
     )
 
 
+# The workers' counters: name, help, WorkerTotals key, scale.
+WORKER_COUNTERS = (
+    ("ringserve_tokens_total", "Real tokens run through the model.", "tokens", 1),
+    (
+        "ringserve_padded_tokens_total",
+        "Tokens run through the model including padding (waste = 1 - tokens/padded).",
+        "padded_tokens",
+        1,
+    ),
+    (
+        "ringserve_model_busy_seconds_total",
+        "Time workers spent in the model.",
+        "busy_ns",
+        1e-9,
+    ),
+    (
+        "ringserve_cpu_fallbacks_total",
+        "Batches re-run on the CPU copy of the model after a CUDA out-of-memory error.",
+        "fallbacks",
+        1,
+    ),
+    (
+        "ringserve_worker_expired_total",
+        "Texts a worker skipped because their deadline had passed before their batch.",
+        "expired",
+        1,
+    ),
+    (
+        "ringserve_bad_requests_total",
+        "Texts a worker refused (empty, invalid UTF-8).",
+        "bad_requests",
+        1,
+    ),
+)
+
+
 def worker_counters(
     out: Exposition, totals: list[int], stats: Stats, models: dict[str, str]
 ) -> None:
@@ -438,40 +474,7 @@ def worker_counters(
             cumulate(WorkerTotals.batch_hist(totals)),
             named["rows"],  # rows, not answers: a windowed text's windows are rows of batches
         )
-    counters = (
-        ("ringserve_tokens_total", "Real tokens run through the model.", "tokens", 1),
-        (
-            "ringserve_padded_tokens_total",
-            "Tokens run through the model including padding (waste = 1 - tokens/padded).",
-            "padded_tokens",
-            1,
-        ),
-        (
-            "ringserve_model_busy_seconds_total",
-            "Time workers spent in the model.",
-            "busy_ns",
-            1e-9,
-        ),
-        (
-            "ringserve_cpu_fallbacks_total",
-            "Batches re-run on the CPU copy of the model after a CUDA out-of-memory error.",
-            "fallbacks",
-            1,
-        ),
-        (
-            "ringserve_worker_expired_total",
-            "Texts a worker skipped because their deadline had passed before their batch.",
-            "expired",
-            1,
-        ),
-        (
-            "ringserve_bad_requests_total",
-            "Texts a worker refused (empty, invalid UTF-8).",
-            "bad_requests",
-            1,
-        ),
-    )
-    for name, help_text, key, scale in counters:
+    for name, help_text, key, scale in WORKER_COUNTERS:
         value = named[key] * scale if scale != 1 else named[key]
         out.single(name, "counter", help_text, value)
 

@@ -68,6 +68,19 @@ class Roster:
         if self.dispatcher.serving:
             self.dispatcher.flush_waiting()
 
+    def spares_wanted(self, want: int, generation: int, zygote_booting: Callable[[], bool]) -> int:
+        """How many spares to keep: `want` (--spares), at least one while a slot holds an older
+        generation (a reload needs somewhere to roll to), and no more than there are while a
+        serving worker or the zygote boots (serving workers boot first; spares wait for a
+        booting zygote: fast forks)."""
+        slots = self.slots.values()
+        if any(h is not None and h.generation != generation for h in slots):
+            want = max(1, want)
+        booting = any(h is not None and not h.loaded() for h in slots)
+        if booting or zygote_booting():
+            want = min(want, len(self.spares))
+        return want
+
     def ready_spare(self, generation: int, device: str | None = None) -> WorkerHandle | None:
         """A loaded spare of this generation (on `device` when given: spares are per GPU)."""
         for h in self.spares:

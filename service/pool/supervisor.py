@@ -24,6 +24,7 @@ from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.pool.placement import Placement
 from ringserve.service.pool.policy import SPARE_KEY, RestartPolicy
 from ringserve.service.pool.processes import Processes
+from ringserve.service.pool.roll import ROLL_TIMEOUT_S, Rolls
 from ringserve.service.pool.roster import Roster
 from ringserve.service.pool.watch import Watch
 from ringserve.service.settings import Config
@@ -32,10 +33,6 @@ from ringserve.workers.spec import ModelRef
 log = logging.getLogger("ringserve.supervisor")
 
 TICK_S = 0.05
-ROLL_POLL_S = 0.02  # how often a load or unload looks whether its roll has ended
-# A roll boots each worker in turn (seconds each from the zygote, a minute or more spawned
-# on a busy machine): ten minutes is far past any healthy one.
-ROLL_TIMEOUT_S = 600.0
 
 
 class Supervisor:
@@ -67,8 +64,7 @@ class Supervisor:
             self.target = len(self.placement.gpus) * max(1, settings.workers_per_gpu)
         self.target_spares = settings.spares
         self.generation = 0
-        self.tentative: int | None = None  # a load's generation: its boot errors fail the load
-        self.roll_failed: dict[int, str] = {}  # generation -> why its roll cannot finish
+        self.rolls = Rolls(self, clock)  # the rolls onto a new model list (set_models)
         self.roster = Roster(dispatcher, clock, self._event)  # who holds which place now
         self.procs = Processes(
             settings, self.models, model_dir, dispatcher, make_handle, self.on_exit, clock
@@ -119,33 +115,18 @@ class Supervisor:
         self.models = self.forker.models = self.procs.models = refs
         self.model_dir = self.forker.model_dir = self.procs.model_dir = refs[0].model_dir
         self.reload()
-        self.tentative = self.generation if tentative else None
+        self.rolls.started(self.generation, tentative)
         return self.generation
 
     def roll_done(self, generation: int) -> bool:
-        """Every serving slot holds a loaded worker of `generation` (or later)."""
-        for slot in range(self.target):
-            handle = self.slots.get(slot)
-            if handle is None or handle.generation < generation or not handle.loaded():
-                return False
-        return True
+        return self.rolls.done(generation)
 
     async def rolled(self, generation: int, timeout: float = ROLL_TIMEOUT_S) -> str | None:
-        """Wait for the roll onto `generation` to end; the reason when it cannot."""
-        deadline = self.clock() + timeout
-        while not self.roll_done(generation):
-            if self.fatal:
-                return self.fatal
-            if generation in self.roll_failed:
-                return self.roll_failed.pop(generation)
-            if self.stopping or self.draining:
-                return "server is draining"
-            if self.clock() > deadline:
-                return f"the workers did not all restart within {timeout:.0f} s"
-            await asyncio.sleep(ROLL_POLL_S)
-        if self.tentative == generation:  # it loaded: its workers' failures mean what they did
-            self.tentative = None
-        return None
+        return await self.rolls.wait(generation, timeout)
+
+    @property
+    def tentative(self) -> int | None:
+        return self.rolls.tentative
 
     # -- processes ------------------------------------------------------------------------------
     def device_for(self, slot: int | None) -> str:
@@ -194,15 +175,10 @@ class Supervisor:
         loaded = handle.ready_at is not None or handle.loaded()
         handle.dead = True
         key = self.roster.take_out(handle, self.stopping)
-        if self.policy.died(handle, key, code, loaded) and not self.stopping:
-            if handle.generation == self.tentative:  # a load's new list: that load fails
-                self.roll_failed[handle.generation] = (
-                    f"a worker could not load the models (exit code {code}); see its error"
-                )
-            else:
-                self.fatal = (
-                    f"a worker could not load the model from {self.model_dir}; see its error"
-                )
+        boot_error = self.policy.died(handle, key, code, loaded) and not self.stopping
+        # A load's new list that cannot load fails that load (Rolls), not the server.
+        if boot_error and not self.rolls.boot_failed(handle.generation, code):
+            self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
         self.roster.update_serving()  # before rerouting, so nothing goes back to the dead worker
         if not self.fatal:
             self.reconcile()  # a warm spare takes the slot now, not at the next tick
@@ -241,12 +217,7 @@ class Supervisor:
             self.slots[slot] = self.spawn(slot)
 
     def _keep_spares(self) -> None:
-        want = self.target_spares
-        if any(h is not None and h.generation != self.generation for h in self.slots.values()):
-            want = max(1, want)  # a reload needs somewhere to roll to
-        booting = any(h is not None and not h.loaded() for h in self.slots.values())
-        if booting or self.forker.booting():  # serving workers boot first; spares wait for
-            want = min(want, len(self.spares))  # a booting zygote (fast forks)
+        want = self.roster.spares_wanted(self.target_spares, self.generation, self.forker.booting)
         if self.draining:
             want = 0
         while len(self.spares) < want and not self.policy.held(SPARE_KEY):
