@@ -34,7 +34,7 @@ from ringserve.service.protocols.handover import fetch_listeners, listen, live_p
 from ringserve.service.protocols.http import HttpProtocol, HttpServerState
 from ringserve.service.protocols.routes import Router, v1_routes
 from ringserve.service.protocols.tasks import task_routes
-from ringserve.service.repository import Repository, open_model
+from ringserve.service.repository import Repository
 from ringserve.service.settings import Config, default_memory_budget
 from ringserve.shm import segment
 
@@ -218,7 +218,7 @@ def engine_dispatcher(settings: Config, models: list[ModelInfo]) -> Dispatcher:
         bulk_wait_ms=s.bulk_max_wait_ms,
     )
     for m in models:
-        open_model(dispatcher, m, s.max_queue)
+        dispatcher.table.open(m.index, m.name, s.max_queue)
     return dispatcher
 
 

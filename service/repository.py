@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,44 +32,19 @@ from ringserve.service.model_info import (
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
+from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.workers.artifact import ArtifactError, Manifest, load_manifest, load_tokenizer
 
 Error = tuple[int, str]  # (HTTP-like code, message)
 DRAINING: Error = (503, "server is draining")
 
 
-# -- the dispatcher's and the workers' model calls, tolerant of a part that lacks them -------------
-# (the engine's open_model/close_model/when_empty and the workers' per-model RSS reader arrive
-# with their own changes; until then a one-model dispatcher and no measurement are assumed)
-def open_model(dispatcher: Dispatcher, info: ModelInfo, max_queue: int) -> None:
-    opener = getattr(dispatcher, "open_model", None)
-    if opener is not None:
-        opener(info.index, info.name, max_queue)
-
-
-def close_model(dispatcher: Dispatcher, index: int) -> None:
-    closer = getattr(dispatcher, "close_model", None)
-    if closer is not None:
-        closer(index)
-
-
-def when_empty(dispatcher: Dispatcher, index: int) -> Awaitable[None]:
-    waiter = getattr(dispatcher, "when_empty", None)
-    if waiter is not None:
-        done: Awaitable[None] = waiter(index)
-        return done
-    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    ready.set_result(None)
-    return ready
-
-
-def measured_rss(ctls: Iterable[Any], index: int) -> int | None:
+def measured_rss(ctls: Iterable[ControlBlock], index: int) -> int | None:
     """A model's memory in one worker, as the workers measured it when they loaded it (the
     largest of theirs); None when no worker says."""
     seen = []
     for ctl in ctls:
-        read = getattr(ctl, "model_rss", None)  # shm.control.ControlBlock's, with the workers'
-        value = read(index) if read is not None and 0 <= index < L.MAX_MODELS else 0
+        value = model_rss(ctl, index) if 0 <= index < L.MAX_MODELS else 0
         if value > 0:
             seen.append(int(value))
     return max(seen) if seen else None
@@ -243,10 +218,10 @@ class Repository:
         """Add it as LOADING, open it on the dispatcher, roll, and mark it READY."""
         self.models.add(info, M.LOADING)
         self.problems.pop(info.name, None)
-        open_model(self.dispatcher, info, self.settings.max_queue)
+        self.dispatcher.table.open(info.index, info.name, self.settings.max_queue)
         error = await self.roll(tentative=True)
         if error is not None:  # take it back out: nothing else changes
-            close_model(self.dispatcher, info.index)
+            self.dispatcher.table.close(info.index)
             self.models.remove(info)
             if not self.front.draining:
                 self.supervisor.set_models([m.ref for m in self.models.infos()])
@@ -272,7 +247,7 @@ class Repository:
                 return 409, f"{name} is the only model loaded: a server serves at least one"
             for info in going:
                 self.models.set_state(info, M.UNLOADING)
-                close_model(self.dispatcher, info.index)
+                self.dispatcher.table.close(info.index)
             await self.answered([info.index for info in going])
             for info in going:
                 self.models.remove(info)
@@ -282,7 +257,7 @@ class Repository:
 
     async def answered(self, indexes: list[int]) -> None:
         """What was admitted for these models is answered (or the drain timeout passed)."""
-        waits = [when_empty(self.dispatcher, i) for i in indexes]
+        waits = [self.dispatcher.table.when_empty(i) for i in indexes]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), self.settings.drain_timeout_s)
         except TimeoutError:

@@ -172,18 +172,12 @@ class Dispatcher:
             self.why = "server is draining"
             return 0
         n, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
-        ahead = self.ahead(model, priority)
+        ahead = self.table.ahead(model, priority, self.queued_cost, self.waiting)
         free = Free(n, ahead, self.cost_limit(), empty, fits, self.max_queue_ms)
         k, why = room(costs, whole, free)
         if why is not None:
             self.why = why
         return k
-
-    def ahead(self, model: int, priority: int) -> int:
-        return self.table.ahead(model, priority, self.queued_cost, self.waiting)
-
-    def reserved(self, model: int) -> int:
-        return self.table.reserved(model, self.max_queue)
 
     def refuse(self, n: int, model: int = 0) -> None:
         """Count texts refused after room() said no (a protocol answers them itself)."""
@@ -192,33 +186,21 @@ class Dispatcher:
         if lane is not None:
             lane.rejected += n
 
-    # -- models ---------------------------------------------------------------------------------
-    def open_model(self, index: int, name: str, max_queue: int) -> None:
-        self.table.open(index, name, max_queue)
-
-    def close_model(self, index: int) -> None:
-        self.table.close(index)
-
+    # -- models (their lanes: self.table, lanes.Lanes) --------------------------------------------
     def is_open(self, index: int) -> bool:
         return self.table.is_open(index)
 
     def model_name(self, index: int) -> str:
         return self.table.name(index)
 
-    def model_depth(self, index: int) -> int:
-        return self.table.depth(index)
-
-    def when_empty(self, index: int) -> asyncio.Future[None]:
-        return self.table.when_empty(index)
+    @property
+    def models(self) -> Mapping[int, Lane]:
+        return self.lanes
 
     @property
     def many(self) -> bool:
         """More than one model was ever opened: metrics label what they count by model."""
         return len(self.names) > 1
-
-    @property
-    def models(self) -> Mapping[int, Lane]:
-        return self.lanes
 
     # -- the pool's speed ---------------------------------------------------------------------
     def rate(self) -> float | None:

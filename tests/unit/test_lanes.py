@@ -73,7 +73,7 @@ def models(
     clock = Clock()
     d = Dispatcher(max_queue, clock)
     for index, name in enumerate(names):
-        d.open_model(index, name, each)
+        d.table.open(index, name, each)
     d.serving = list(workers)
     return d, clock
 
@@ -208,8 +208,8 @@ def test_one_models_full_queue_refuses_only_that_models_texts() -> None:
         assert submit(a, b"a%d" % i, A) is None
     assert submit(a, b"a4", A) == Refusal(503, "queue is full", 1)
     assert submit(a, b"b0", B) is None  # b has its own room
-    assert d.models[A].rejected == 1 and d.models[B].rejected == 0 and d.rejected == 1
-    assert d.model_depth(A) == 4 and d.model_depth(B) == 1 and d.depth == 5
+    assert d.lanes[A].rejected == 1 and d.lanes[B].rejected == 0 and d.rejected == 1
+    assert d.table.depth(A) == 4 and d.table.depth(B) == 1 and d.depth == 5
 
 
 def test_the_total_bounds_every_model_together() -> None:
@@ -234,8 +234,8 @@ def test_a_flood_of_one_model_leaves_every_other_its_reserve_of_the_total() -> N
     assert submit(a, b"b", B) is None and submit(a, b"c", C) is None
     assert submit(a, b"b", B) is None and submit(a, b"c", C) is None
     assert submit(a, b"b", B) == Refusal(503, "queue is full", 1)  # the total is full
-    d.close_model(C)  # a closed model is owed nothing: b's share is 3 now, it holds 2
-    assert d.reserved(A) == 1
+    d.table.close(C)  # a closed model is owed nothing: b's share is 3 now, it holds 2
+    assert d.table.reserved(A, d.max_queue) == 1
 
 
 def test_the_time_bound_of_one_models_text_counts_a_round_of_each_other_model() -> None:
@@ -252,7 +252,7 @@ def test_the_time_bound_of_one_models_text_counts_a_round_of_each_other_model() 
     assert flood == 11 and "estimated wait over 1000 ms" in d.why  # as one model alone
     other = sum(d.submit([text], 0, Calls(), model=B) for _ in range(20))
     assert other == 6  # b queued, and as much of a: the 6th waits for 2 x 50 <= 100
-    assert d.models[A].rejected == 9 and d.models[B].rejected == 14
+    assert d.lanes[A].rejected == 9 and d.lanes[B].rejected == 14
 
 
 def test_a_model_alone_may_fill_the_whole_total() -> None:
@@ -277,7 +277,7 @@ def test_frames_for_one_model_are_admitted_in_part_within_its_limit() -> None:
         return Calls()
 
     got = a.submit_each([b"x", b"y", b"z"], 10 * S, on_admit, "binary", "classify", None, b"", B)
-    assert got == (2, 3) and made == [2] and d.models[B].rejected == 1
+    assert got == (2, 3) and made == [2] and d.lanes[B].rejected == 1
     assert all(L.split_model(r.payload)[0] == B for r in d.inflight.values())
 
 
@@ -289,7 +289,7 @@ def test_a_closed_model_is_refused_as_unknown_and_what_it_admitted_is_answered()
     done = Calls()
     assert submit(a, b"b0", B, done) is None  # in the ring
     assert submit(a, b"b1", B, done) is None  # waiting
-    d.close_model(B)
+    d.table.close(B)
     assert submit(a, b"b2", B) == Refusal(404, "unknown model: b", 0)
     made: list[int] = []
     frames = a.submit_each([b"f"], 10 * S, lambda k, lv: made.append(k), "binary", "x", None)
@@ -301,24 +301,24 @@ def test_a_closed_model_is_refused_as_unknown_and_what_it_admitted_is_answered()
     assert d.rejected == 0  # a 404 is not an overload
     answer(d, w)
     answer(d, w)
-    assert len(done.results) == 2 and d.model_depth(B) == 0  # both answered
+    assert len(done.results) == 2 and d.table.depth(B) == 0  # both answered
 
 
 def test_when_empty_resolves_after_the_models_last_answer() -> None:
     async def main() -> None:
         w = Worker(room=1, models=frozenset({A, B}))
         d, _ = models(w)
-        assert d.when_empty(B).done()  # nothing admitted: done already
-        assert d.when_empty(7).done()  # a model never opened holds nothing
+        assert d.table.when_empty(B).done()  # nothing admitted: done already
+        assert d.table.when_empty(7).done()  # a model never opened holds nothing
         d.submit([b"b0", b"b1"], 0, Calls(), model=B)
         d.submit([b"a0"], 0, Calls(), model=A)
-        d.close_model(B)
-        empty = d.when_empty(B)
+        d.table.close(B)
+        empty = d.table.when_empty(B)
         answer(d, w)
-        assert not empty.done() and d.model_depth(B) == 1
+        assert not empty.done() and d.table.depth(B) == 1
         answer(d, w)
-        assert empty.done() and d.model_depth(B) == 0
-        assert d.model_depth(A) == 1  # a's text is still owed: b's wait did not need it
+        assert empty.done() and d.table.depth(B) == 0
+        assert d.table.depth(A) == 1  # a's text is still owed: b's wait did not need it
         await empty
 
     asyncio.run(main())
@@ -328,7 +328,7 @@ def test_when_empty_resolves_when_the_last_text_expires() -> None:
     async def main() -> None:
         d, clock = models(Worker(room=0, models=frozenset({B})))
         d.submit([b"b0"], clock.now + S, Calls(), model=B)
-        empty = d.when_empty(B)
+        empty = d.table.when_empty(B)
         clock.now += 2 * S
         assert d.expire(clock.now) == 1 and empty.done()
         await empty
@@ -340,7 +340,7 @@ def test_model_indexes_stay_within_the_wire_range() -> None:
     d, _ = models()
     for bad in (-1, L.MAX_MODELS):
         try:
-            d.open_model(bad, "x", 0)
+            d.table.open(bad, "x", 0)
         except ValueError:
             continue
         raise AssertionError(f"index {bad} was accepted")
@@ -417,7 +417,7 @@ def test_metrics_label_each_model_only_when_there_are_many() -> None:
     stats = Stats((16,))
     one = exposition(d, stats)
     assert all("model" not in labels for f in one.values() for _, labels, _ in f)
-    d.open_model(B, "b", 0)
+    d.table.open(B, "b", 0)
     for index in (A, B):
         d.submit([b"t"], 0, Calls(), model=index)
     for group in {r.group for r in d.inflight.values()}:
@@ -454,15 +454,15 @@ def test_stats_show_each_served_model_once_by_name() -> None:
     )  # fmt: skip
     m = Metrics(server)
     d.submit([b"old"], clock.now + S, Calls(), model=B)
-    d.open_model(C, "b", 4)  # b's next version
-    d.close_model(B)
+    d.table.open(C, "b", 4)  # b's next version
+    d.table.close(B)
     d.submit([b"new"] * 2, clock.now + S, Calls(), model=C)
     shown = m.models(clock.now)
     assert set(shown) == {"a", "b"}
     assert shown["b"]["index"] == C and shown["b"]["open"] and shown["b"]["max_queue"] == 4
     assert shown["b"]["queue_depth"] == 3 and shown["b"]["waiting"] == 3
     assert shown["a"]["max_queue"] == 1000 and shown["a"]["queue_depth"] == 0
-    d.close_model(C)
+    d.table.close(C)
     clock.now += 2 * S
     d.expire(clock.now)  # every b text answered (504): closed and owing nothing
     assert set(m.models(clock.now)) == {"a"}
