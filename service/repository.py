@@ -269,7 +269,7 @@ class Repository:
         """The pool onto every model the set holds now; the reason when it did not finish."""
         refs = [m.ref for m in self.models.infos()]
         generation = self.supervisor.set_models(refs, tentative)
-        return await self.supervisor.rolled(generation)
+        return await self.supervisor.rolls.wait(generation)
 
     # -- reload (SIGHUP, ctl reload) ---------------------------------------------------------------
     async def reload(self, reason: str) -> str | None:
@@ -313,7 +313,7 @@ class Repository:
 
     async def hold_until_rolled(self, generation: int, reason: str) -> None:
         try:
-            error = await self.supervisor.rolled(generation)
+            error = await self.supervisor.rolls.wait(generation)
             if error is not None:
                 self.log.warning("reload_roll", by=reason, reason=error)
         finally:

@@ -121,7 +121,7 @@ class Admission:
         the results, whatever their status, once every text is answered. `model` is the
         model's wire index (ModelInfo.index)."""
         d = self.dispatcher
-        if not d.is_open(model):
+        if not d.table.is_open(model):
             return self.unknown(model, trace)
         now = d.clock()
         if tenant is not None and not tenant.take(now):
@@ -131,7 +131,7 @@ class Admission:
         name = tenant.name if tenant is not None else ""
         admitted = d.clock()  # before submit: a worker may start on the texts before it returns
         if not d.submit(texts, deadline, done, protocol, task, level, name, model):
-            if not d.is_open(model):  # closed meanwhile (never, on the one loop)
+            if not d.table.is_open(model):  # closed meanwhile (never, on the one loop)
                 return self.unknown(model, trace)
             if trace is not None:
                 trace.refused(d.clock(), "overloaded")
@@ -159,7 +159,7 @@ class Admission:
         texts[:k] admitted, texts[k:within] refused by the queue, texts[within:] over the rate;
         or the 404 Refusal, none admitted, when the model is not open."""
         d = self.dispatcher
-        if not d.is_open(model):
+        if not d.table.is_open(model):
             return self.unknown(model)
         within = len(texts)
         if tenant is not None:
@@ -191,7 +191,7 @@ class Admission:
         """A model that is not open (never loaded, or unloaded): 404, as for a name not known."""
         if trace is not None:
             trace.refused(self.dispatcher.clock(), "unknown_model")
-        return Refusal(404, f"unknown model: {self.dispatcher.model_name(model)}", 0)
+        return Refusal(404, f"unknown model: {self.dispatcher.table.name(model)}", 0)
 
     def over_rate(
         self, tenant: Tenant, n: int, now: int, trace: RequestTrace | None = None

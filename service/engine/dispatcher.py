@@ -118,7 +118,7 @@ class Dispatcher:
         n = len(texts)
         costs = [text_cost(t, self.max_tokens) for t in texts]
         if self.room(costs, whole=True, priority=priority, model=model) < n:
-            if self.is_open(model):
+            if self.table.is_open(model):
                 self.refuse(n, model)
             return False
         self.admit(texts, costs, deadline_ns, callback, protocol, task, priority, tenant, model)
@@ -165,8 +165,8 @@ class Dispatcher:
         lanes.BULK_QUEUE_SHARE of --max-queue, so interactive ones always find room. Many models:
         the model's own limit holds as well as the total, so one model's flood refuses only
         that model's texts."""
-        if not self.is_open(model):
-            self.why = f"unknown model: {self.model_name(model)}"
+        if not self.table.is_open(model):
+            self.why = f"unknown model: {self.table.name(model)}"
             return 0
         if not self.accepting:
             self.why = "server is draining"
@@ -187,12 +187,6 @@ class Dispatcher:
             lane.rejected += n
 
     # -- models (their lanes: self.table, lanes.Lanes) --------------------------------------------
-    def is_open(self, index: int) -> bool:
-        return self.table.is_open(index)
-
-    def model_name(self, index: int) -> str:
-        return self.table.name(index)
-
     @property
     def models(self) -> Mapping[int, Lane]:
         return self.lanes

@@ -24,7 +24,7 @@ from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.pool.placement import Placement
 from ringserve.service.pool.policy import SPARE_KEY, RestartPolicy
 from ringserve.service.pool.processes import Processes
-from ringserve.service.pool.roll import ROLL_TIMEOUT_S, Rolls
+from ringserve.service.pool.roll import Rolls
 from ringserve.service.pool.roster import Roster
 from ringserve.service.pool.watch import Watch
 from ringserve.service.settings import Config
@@ -106,8 +106,8 @@ class Supervisor:
     def set_models(self, models: Sequence[ModelRef], tentative: bool = False) -> int:
         """Serve `models` from now on: a new zygote preloads them and every worker is replaced
         by one that holds them, one at a time, dropping nothing (reload). Answers the roll's
-        generation, for rolled(). `tentative` (a load): a worker that cannot load the new list
-        fails the roll (rolled() says why; the caller rolls back) instead of stopping the
+        generation, for rolls.wait(). `tentative` (a load): a worker that cannot load the new list
+        fails the roll (rolls.wait() says why; the caller rolls back) instead of stopping the
         server, while the previous list's workers still serve."""
         refs = tuple(models)
         if not refs:
@@ -117,16 +117,6 @@ class Supervisor:
         self.reload()
         self.rolls.started(self.generation, tentative)
         return self.generation
-
-    def roll_done(self, generation: int) -> bool:
-        return self.rolls.done(generation)
-
-    async def rolled(self, generation: int, timeout: float = ROLL_TIMEOUT_S) -> str | None:
-        return await self.rolls.wait(generation, timeout)
-
-    @property
-    def tentative(self) -> int | None:
-        return self.rolls.tentative
 
     # -- processes ------------------------------------------------------------------------------
     def device_for(self, slot: int | None) -> str:

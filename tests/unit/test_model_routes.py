@@ -36,11 +36,12 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self.groups: list[list[bytes]] = []
+        self.table = self  # the models' lanes, as the engine's Dispatcher.table answers
 
     def is_open(self, model: int) -> bool:
         return model in self.names
 
-    def model_name(self, model: int) -> str:
+    def name(self, model: int) -> str:
         return self.names.get(model, str(model))
 
     def clock(self) -> int:

@@ -222,11 +222,12 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self.owed: list[tuple[list[bytes], Any]] = []
+        self.table = self  # the models' lanes, as the engine's Dispatcher.table answers
 
     def is_open(self, model: int) -> bool:  # every model the protocol selects is open here
         return True
 
-    def model_name(self, model: int) -> str:
+    def name(self, model: int) -> str:
         return str(model)
 
     def room(self, costs: list[int], whole: bool, priority: int = 0, model: int = 0) -> int:

@@ -312,7 +312,7 @@ def test_set_models_rolls_every_worker_onto_the_new_list(pool) -> None:
     sup.check()
     refs = (ModelRef(0, "a", 1, "/a"), ModelRef(1, "b", 1, "/b"))
     generation = sup.set_models(refs)
-    assert not sup.roll_done(generation)
+    assert not sup.rolls.done(generation)
     sup.reconcile()  # somewhere to roll to: a spare of the new generation
     assert len(sup.spares) == 1 and sup.spares[0].refs == refs
     sup.reconcile()
@@ -321,8 +321,8 @@ def test_set_models_rolls_every_worker_onto_the_new_list(pool) -> None:
     sup.reconcile()
     new = serving_handle(sup)
     assert new is not old and new.refs == refs and old.draining
-    assert sup.roll_done(generation)
-    done = asyncio.run(sup.rolled(generation))
+    assert sup.rolls.done(generation)
+    done = asyncio.run(sup.rolls.wait(generation))
     assert done is None
     with pytest.raises(ValueError):
         sup.set_models(())
@@ -340,7 +340,7 @@ def test_a_load_whose_workers_cannot_boot_fails_the_load_not_the_server(pool) ->
     spare.exit(EXIT_BOOT_ERROR)
     sup.on_exit(spare)
     assert sup.fatal is None and sup.slots[0] is old and not old.draining
-    why = asyncio.run(sup.rolled(generation))
+    why = asyncio.run(sup.rolls.wait(generation))
     assert why is not None and "could not load" in why
     back = sup.set_models((ModelRef(0, "a", 1, "/a"),))  # the caller rolls back
-    assert sup.tentative is None and back > generation
+    assert sup.rolls.tentative is None and back > generation
