@@ -29,6 +29,7 @@ from ringserve.service.model_info import (
     describe,
     scan_repository,
 )
+from ringserve.service.pool.handle import pid_rss
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
@@ -90,16 +91,6 @@ def memory_refusal(budget: int, used: int, per_worker: int, processes: int) -> s
         f"{processes} processes, {need // mib} MiB in all with the {used // mib} MiB held "
         f"now, and the budget is {budget // mib} MiB"
     )
-
-
-def pid_rss(pid: int | None) -> int:
-    if pid is None:
-        return 0
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def verify(model_dir: str) -> Manifest:

@@ -62,6 +62,17 @@ class ForkedProcess:
             self.sentinel = -1
 
 
+def pid_rss(pid: int | None) -> int:
+    """A process's resident set in bytes (/proc/PID/statm), 0 when it is gone or unknown."""
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def worker_spec(
     settings: Config,
     serial: int,
@@ -210,14 +221,7 @@ class WorkerHandle:
                 os.sched_setaffinity(tid, self.cpus)
 
     def rss_bytes(self) -> int:
-        pid = self.pid
-        if pid is None or self.dead:
-            return 0
-        try:
-            with open(f"/proc/{pid}/statm", "rb") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            return 0
+        return 0 if self.dead else pid_rss(self.pid)
 
     def submit(self, messages: list[tuple[int, bytes, int]]) -> int:
         """Write requests into the ring and post the doorbell once per request written (one
