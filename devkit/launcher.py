@@ -4,6 +4,7 @@ paths and sample texts they share."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,10 +26,36 @@ AG_NEWS = DATA / "ag_news" / "sample.tsv"
 OUTPUT = ROOT / "test-output"  # what tests leave for a person to look at (screenshots)
 
 
+_HANDED: set[int] = set()  # ports free_port gave out in this process
+
+
+def ephemeral_low() -> int:
+    """The lowest port the kernel gives to a client socket (ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port free now, below the kernel's ephemeral range. A port from bind(0) is ephemeral,
+    and any client connection (a load test's, say) may take it before the server under test
+    binds it: CI once failed a start with EADDRINUSE that way. Never one handed out before."""
+    rng = random.Random()
+    low = max(1025, min(ephemeral_low(), 65536) - 12000)
+    high = min(ephemeral_low(), 65536)
+    for _ in range(1000):
+        port = rng.randrange(low, high)
+        if port in _HANDED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _HANDED.add(port)
+        return port
+    raise RuntimeError(f"no free port in {low}..{high}")
 
 
 def load_texts(path: Path | str = SST2, n: int | None = None) -> list[str]:
