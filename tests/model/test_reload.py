@@ -13,6 +13,7 @@ class Rolls:
 
     def __init__(self) -> None:
         self.generation = 0
+        self.rolls = self  # the supervisor's rolls (pool/roll.py): wait() for a roll's end
 
     def reload(self) -> None:
         self.generation += 1
@@ -21,7 +22,7 @@ class Rolls:
         self.reload()
         return self.generation
 
-    async def rolled(self, generation: int) -> str | None:
+    async def wait(self, generation: int) -> str | None:
         return None
 
 
