@@ -1,8 +1,10 @@
 """The zygote: a spawned process that holds torch and its models' CPU weights and forks workers.
 
-It preloads every model of its list (TorchScript ones; an ONNX Runtime model is only verified,
-its session is made in the worker after the fork) and hands each forked worker the lot, keyed
-by model directory (workers.served.Preloaded), with the RSS each load added to the zygote.
+It preloads every model of its list (TorchScript ones; an ONNX Runtime model's session is made
+in the worker after the fork) and hands each forked worker the lot, keyed by model directory
+(workers.served.Preloaded), with the RSS each load added to the zygote. The artifacts' hashes
+were checked by the front-end just before (preload's `verify`), except for a zygote that
+replaces a dead one, which checks them again.
 
 Why forking from it is as safe as spawn, for CUDA and for OpenMP:
 - The zygote is started with spawn (a fresh interpreter). It imports torch and loads the
@@ -95,6 +97,7 @@ def zygote_main(
     model_dirs: tuple[str, ...],
     parent_pid: int,
     torch_models: tuple[bool, ...] = (True,),
+    verify: bool = True,
 ) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     ignore_group_signals()  # the front-end decides; it stops us by closing the socket
@@ -102,7 +105,7 @@ def zygote_main(
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if os.getppid() != parent_pid:
         os._exit(EXIT_PARENT_GONE)
-    models = preload(model_dirs, torch_models)
+    models = preload(model_dirs, torch_models, verify)
     problem = check_forkable()
     if problem:
         print(f"ringserve zygote: will not fork: {problem}", file=sys.stderr)
@@ -118,8 +121,14 @@ def zygote_main(
         fork_worker(sock, data, fds, models)
 
 
-def preload(model_dirs: tuple[str, ...], torch_models: tuple[bool, ...]) -> dict[str, Preloaded]:
+def preload(
+    model_dirs: tuple[str, ...], torch_models: tuple[bool, ...], verify: bool = True
+) -> dict[str, Preloaded]:
     """Import everything a worker needs and load each model's CPU weights; run nothing.
+    `verify`: hash each artifact against its fingerprint first. The front-end has just done so
+    for the list it starts or rolls onto (the hash of the default artifact takes about a
+    second here, so doing it twice doubled a load's and a start's wait); a zygote that
+    replaces a dead one checks again, since the files may have changed since.
 
     Models served on ONNX Runtime (their `torch_models` entry False) get no TorchScript copy,
     and with none of those no torch at all, which the workers would not use (measured: the
@@ -136,7 +145,7 @@ def preload(model_dirs: tuple[str, ...], torch_models: tuple[bool, ...]) -> dict
         if model_dir in models:  # one artifact at two indexes: one copy, shared
             continue
         before = rss_bytes()
-        load_manifest(model_dir)  # the fingerprint, checked once here rather than in every child
+        load_manifest(model_dir, verify)  # once here rather than in every child
         model = load_model(model_dir, "cpu") if torch_model else None
         models[model_dir] = Preloaded(model, max(0, rss_bytes() - before))
     # Everything loaded so far lives as long as the zygote: move it out of the collector's
@@ -210,6 +219,7 @@ class Zygote:
         models: str | Sequence[str | ModelRef],
         generation: int,
         torch_model: bool | Sequence[bool] = True,
+        verify: bool = True,
     ) -> None:
         become_subreaper()
         self.model_dirs = model_dirs_of(models)
@@ -220,10 +230,11 @@ class Zygote:
             else tuple(torch_model)
         )
         self.generation = generation
+        self.verify = verify  # whether it hashes its artifacts (preload)
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.process = SPAWN.Process(
             target=zygote_main,
-            args=(child, self.model_dirs, os.getpid(), flags),
+            args=(child, self.model_dirs, os.getpid(), flags, verify),
             name="ringserve-zygote",
             daemon=False,
         )

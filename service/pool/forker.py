@@ -55,11 +55,15 @@ class Forker:
         self.zygote: Zygote | None = None
         self.retry_at = 0.0
         self.failures = 0  # zygotes in a row that died before they were ready
+        # The front-end verified the artifacts of the list the next zygote loads (at start, and
+        # before a load or reload); a zygote that replaces a dead one verifies them itself.
+        self.verified = True
 
     def start(self, generation: int) -> None:
         dirs = tuple(m.model_dir for m in self.models) or (self.model_dir,)
         torch = tuple(runs_torch(self.settings, d, self.on_gpu) for d in dirs)
-        self.zygote = Zygote(dirs, generation, torch)
+        self.zygote = Zygote(dirs, generation, torch, verify=not self.verified)
+        self.verified = False
         self.zygote.started_at = self.clock()
         self.retry_at = self.clock() + ZYGOTE_RETRY_S
         self.emit("zygote_started", pid=self.zygote.process.pid, generation=generation)
@@ -80,6 +84,7 @@ class Forker:
 
     def reload(self, generation: int) -> None:
         if self.zygote is not None:  # a new zygote loads the new artifact
+            self.verified = True
             self.replace("reload", generation)
 
     def tend(self, generation: int) -> None:
