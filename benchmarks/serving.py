@@ -19,7 +19,9 @@ the artifact build chose; its frontier table, as the build measured it, is print
 server's whole process tree's PSS at start and after its load. Then served figures divided by
 the fastest fp32 ceiling any graph reached, int8's served speed over fp32's, and two peers on the
 same texts: plain FastAPI (one text a forward pass) and LitServe with its own batching.
-Usage: python -m benchmarks.serving [--seconds 6] [--quick]
+Usage: python -m benchmarks.serving [--seconds 6] [--quick] [--configs default,other,torch,int8]
+       [--mixes short,long] [--peers fastapi,litserve] [--no-peer]
+(a whole run takes about 15 minutes on 2 cores: --configs and --peers run it in parts)
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ RUNTIMES = [
     ("torch", "fp32", ""),
     ("onnx", "int8", ""),
 ]
+CONFIG_NAMES = ("default", "other", "torch", "int8")  # --configs, in RUNTIMES' order
 LEVELS = [1, 32, 64]
 # Batch limits the ceiling tries: (rows, padded tokens).
 LIMITS = [(8, 256), (16, 256), (32, 512), (64, 512), (64, 1024)]
@@ -330,6 +333,8 @@ def run_peer(
 ) -> None:
     runtime, precision, _ = RUNTIMES[0]
     for kind, what in PEERS.items():
+        if kind not in args.peers:
+            continue
         print(f"\nthe peer: {what.format(w=args.workers)}, {runtime} {precision} model.onnx "
               "(the same model and runtime as ringserve's defaults):")  # fmt: skip
         print("| mix | c | ringserve/s | peer/s | ringserve/peer | P50 ms ringserve / peer | "
@@ -338,7 +343,7 @@ def run_peer(
         peer = Peer(kind, args.workers, runtime, precision)
         try:
             peer.wait_ready()
-            for mix in MIXES:
+            for mix in args.mixes:
                 for c in LEVELS:
                     p = serve_level(peer.port, peer.pid, texts[mix], c, args.seconds, stats=False)
                     r = ours[mix, c].served
@@ -351,6 +356,48 @@ def run_peer(
                   f"{tree_pss(peer.pid)['tree']:.0f} MiB")  # fmt: skip
         finally:
             peer.close()
+
+
+# -- a lone request on both cores -----------------------------------------------------------------
+LONE_ENV = {"RINGSERVE_LONE_THREADS": "2"}  # workers/runtime.py wide_helpers
+
+
+def run_lone(args: argparse.Namespace, texts: dict[str, list[str]]) -> None:
+    """The defaults served with and without the lone request's wide session (a second session
+    whose threads span both cores, run while no other worker is in a batch): both servers up at
+    once, each level measured on one then the other, `--rounds` times, turn about."""
+    base = ["--workers", str(args.workers), *args.server_args.split()]
+    print("\na lone request on both cores: the defaults without (off) and with (on) the wide "
+          f"session, {args.rounds} rounds turn about, {args.seconds:.0f} s a level")  # fmt: skip
+    print("| mix | c | round | off/s | on/s | P50 ms off / on | P99 ms off / on | "
+          "CPU ms/req off / on |")  # fmt: skip
+    print("| --- " * 8 + "|")
+    with tempfile.TemporaryDirectory(prefix="ringserve-lone-") as tmp:
+        servers = {
+            "off": Launched(tmp, base, binary=False),
+            "on": Launched(tmp, base, env=LONE_ENV, binary=False),
+        }
+        try:
+            for srv in servers.values():
+                srv.wait_ready(args.workers)
+            pss = {k: settled_pss(srv) for k, srv in servers.items()}
+            for mix in args.mixes:
+                for c in LEVELS:
+                    for r in range(args.rounds):
+                        order = ("off", "on") if r % 2 == 0 else ("on", "off")
+                        got = {k: serve_level(servers[k].port, servers[k].pid, texts[mix], c,
+                                              args.seconds) for k in order}  # fmt: skip
+                        off, on = got["off"], got["on"]
+                        print(f"| {mix} | {c} | {r + 1} | {off.load.rps:.1f} | {on.load.rps:.1f} | "
+                              f"{off.load.pct(50):.2f} / {on.load.pct(50):.2f} | "
+                              f"{off.load.pct(99):.1f} / {on.load.pct(99):.1f} | "
+                              f"{off.cpu_ms:.1f} / {on.cpu_ms:.1f} |", flush=True)  # fmt: skip
+            after = {k: tree_pss(srv.pid)["tree"] for k, srv in servers.items()}
+            print(f"the process tree's PSS at start off {pss['off']:.0f} / on {pss['on']:.0f} MiB, "
+                  f"after the load off {after['off']:.0f} / on {after['on']:.0f} MiB")  # fmt: skip
+        finally:
+            for srv in servers.values():
+                srv.terminate()
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -402,7 +449,7 @@ def run_config(
             pool.load(model_dir, runtime, precision, served_graph)
             start_pss = settled_pss(srv)
             name = f"{runtime} {precision}{f' {served_graph}' if served_graph else ''}"
-            for mix in MIXES:
+            for mix in args.mixes:
                 for c in LEVELS:
                     levels[mix, c] = serve_and_ceiling(args, pool, srv, mix, c, texts, encs,
                                                        overhead, name)  # fmt: skip
@@ -484,7 +531,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="default runtime only")
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
     p.add_argument("--no-peer", action="store_true", help="skip the peers")
+    p.add_argument(
+        "--configs",
+        default=",".join(CONFIG_NAMES),
+        help=f"which of {', '.join(CONFIG_NAMES)} to serve (the default always runs)",
+    )
+    p.add_argument("--skip-limits", action="store_true", help="skip the batch-limit search")
+    p.add_argument("--mixes", default=",".join(MIXES), help="short, long or both")
+    p.add_argument("--peers", default=",".join(PEERS), help="fastapi, litserve or both")
+    p.add_argument(
+        "--lone", action="store_true", help="only the lone request's wide session, off against on"
+    )
+    p.add_argument("--rounds", type=int, default=2, help="--lone: rounds per level")
     args = p.parse_args(argv)
+    args.mixes = [m for m in MIXES if m in args.mixes.split(",")]
+    args.peers = [] if args.no_peer else args.peers.split(",")
+    wanted = {"default", *args.configs.split(",")} - (
+        {"other", "torch", "int8"} if args.quick else set()
+    )
+    configs = [c for c, name in zip(RUNTIMES, CONFIG_NAMES, strict=True) if name in wanted]
     from ringserve.factory.build import default_artifact_dir
     from ringserve.workers.artifact import load_manifest, load_tokenizer
 
@@ -498,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {cpu_name()}, {os.cpu_count()} cpus, flags {simd_flags()}, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average "
           f"{os.getloadavg()[0]:.1f}; {args.workers} workers x 1 thread")  # fmt: skip
+    if args.lone:
+        run_lone(args, texts)
+        return 0
     table(f"int8 frontier of {manifest.name}, measured at its build", manifest.int8)
     print(f"  fused fp32 graph: {manifest.graphs.get('fused')}\n")
     t0 = time.monotonic()
@@ -505,13 +573,14 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     try:
         pool.load(model_dir, *RUNTIMES[0][:2])
-        best_limit(pool, encs, args.ceiling_seconds)
+        if not args.skip_limits:
+            best_limit(pool, encs, args.ceiling_seconds)
         print("| mix | runtime | c | served/s | ceiling/s (window c) | ceiling's plan | "
               "served/ceiling | ceiling/s (window 256) | P50 ms | P99 ms | model batch-1 ms | "
               "padding waste | server CPU ms/req |")  # fmt: skip
         print("| --- " * 13 + "|")
         chosen = "plain"
-        for config in RUNTIMES[:1] if args.quick else RUNTIMES:
+        for config in configs:
             if config[2] == "other":
                 config = (config[0], config[1], "fused" if chosen == "plain" else "plain")
             graph, results[config] = run_config(args, pool, model_dir, texts, encs, config)
@@ -519,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pool.close()
     summary(results)
-    if not args.no_peer:
+    if args.peers:
         run_peer(args, texts, results[RUNTIMES[0]])
     print(f"took {time.monotonic() - t0:.0f} s")
     return 0
