@@ -233,18 +233,21 @@ def ceiling(
 
 
 # -- served ----------------------------------------------------------------------------------------
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of the server and every process under it (workers, zygote)."""
+def tree_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of the server and every process under it (workers, zygote), and of the
+    front-end process alone (its event loop, parsers and the supervisor)."""
     procs = [psutil.Process(pid)]
     procs += procs[0].children(recursive=True)
-    total = 0.0
+    total, front = 0.0, 0.0
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
         except psutil.NoSuchProcess:
-            pass
-    return total
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+        if p.pid == pid:
+            front = t.user + t.system
+    return total, front
 
 
 @dataclass
@@ -252,6 +255,8 @@ class Served:
     load: LoadResult
     waste: float
     cpu_ms: float
+    front_ms: float = float("nan")  # the front-end process's CPU ms a request
+    client_ms: float = float("nan")  # the load generator's, on the same cores
 
 
 def serve_level(
@@ -265,14 +270,18 @@ def serve_level(
     uvloop.run(run_load(port, requests, c, 1.0, warmup_s=0))
     before = get_json(port, "/v1/stats")["totals"] if stats else {}
     cpu0 = tree_cpu_s(pid)
+    client0 = time.process_time()
     result = uvloop.run(run_load(port, requests, c, seconds, warmup_s=0))
     cpu1 = tree_cpu_s(pid)
+    client = time.process_time() - client0
+    ok = max(1, result.ok)
     waste = float("nan")
     if stats:
         after = get_json(port, "/v1/stats")["totals"]
         padded = after["padded_tokens"] - before["padded_tokens"]
         waste = 1 - (after["tokens"] - before["tokens"]) / padded if padded else 0.0
-    return Served(result, waste, (cpu1 - cpu0) * 1000 / max(1, result.ok))
+    front = (cpu1[1] - cpu0[1]) * 1000 / ok
+    return Served(result, waste, (cpu1[0] - cpu0[0]) * 1000 / ok, front, client * 1000 / ok)
 
 
 # -- the peers -------------------------------------------------------------------------------------
@@ -455,7 +464,7 @@ def run_config(
                                                        overhead, name)  # fmt: skip
             after = tree_pss(srv.pid)["tree"]
             print(f"| {name}: the process tree's PSS {start_pss:.0f} MiB at start, "
-                  f"{after:.0f} MiB after the load |" + " |" * 12, flush=True)  # fmt: skip
+                  f"{after:.0f} MiB after the load |" + " |" * 14, flush=True)  # fmt: skip
         finally:
             srv.terminate()
     return served_graph, levels
@@ -498,7 +507,8 @@ def serve_and_ceiling(
     print(
         f"| {mix} | {name} | {c} | {s.load.rps:.1f} | {ceil:.1f} | "
         f"{plan_name} | {s.load.rps / ceil:.2f} | {ref:.1f} | {s.load.pct(50):.1f} | "
-        f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} |",
+        f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} | {s.front_ms:.2f} | "
+        f"{s.client_ms:.2f} |",
         flush=True,
     )
     return Level(s, ceil)
@@ -507,6 +517,8 @@ def serve_and_ceiling(
 def summary(results: dict[tuple[str, str, str], dict[tuple[str, int], Level]]) -> None:
     """The defaults' served figures over the fastest fp32 ceiling found (any graph or runtime),
     and int8's served speed over the defaults' (fp32), all from this run."""
+    if RUNTIMES[0] not in results:
+        return
     default = results[RUNTIMES[0]]
     fp32 = [levels for config, levels in results.items() if config[1] == "fp32"]
     int8 = results.get(("onnx", "int8", ""))
@@ -546,9 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.mixes = [m for m in MIXES if m in args.mixes.split(",")]
     args.peers = [] if args.no_peer else args.peers.split(",")
-    wanted = {"default", *args.configs.split(",")} - (
-        {"other", "torch", "int8"} if args.quick else set()
-    )
+    wanted = {"default"} if args.quick else set(args.configs.split(","))
+    if wanted & {"other"} or args.peers:  # both are defined by the defaults' run
+        wanted.add("default")
     configs = [c for c, name in zip(RUNTIMES, CONFIG_NAMES, strict=True) if name in wanted]
     from ringserve.factory.build import default_artifact_dir
     from ringserve.workers.artifact import load_manifest, load_tokenizer
@@ -577,8 +589,9 @@ def main(argv: list[str] | None = None) -> int:
             best_limit(pool, encs, args.ceiling_seconds)
         print("| mix | runtime | c | served/s | ceiling/s (window c) | ceiling's plan | "
               "served/ceiling | ceiling/s (window 256) | P50 ms | P99 ms | model batch-1 ms | "
-              "padding waste | server CPU ms/req |")  # fmt: skip
-        print("| --- " * 13 + "|")
+              "padding waste | server CPU ms/req | front-end CPU ms/req | "
+              "client CPU ms/req |")  # fmt: skip
+        print("| --- " * 15 + "|")
         chosen = "plain"
         for config in configs:
             if config[2] == "other":
