@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.shm.segment import PREFIX, SHM_DIR, Segment
 from ringserve.workers.batcher import BATCH_OVERHEAD, Item
@@ -150,26 +151,36 @@ class CpuRunner:
 
 class Siblings:
     """The server's other workers, seen through the `busy` word of their control blocks: the
-    pool is idle when none of them is inside a batch. Their blocks are found by name
-    (rs_<server pid>_<serial>_ctl) and looked for again at most every RESCAN_S, as workers come
-    and go. A worker sets its own word before it asks, so of two workers that start a batch at
-    once at least one normally sees the other; x86-64 may still reorder that store after the
-    loads (TSO lets a load pass an earlier store), and then both run wide for one batch: a
-    moment of two threads on a core, never a wrong answer."""
+    pool is idle when none of them is inside a batch nor ended one within QUIET_NS. The quiet
+    time tells a worker under load, which is out of a batch only for a moment between two,
+    from one with nothing to do: a lone client's next text comes at least a round trip later.
+    Their blocks are found by name (rs_<server pid>_<serial>_ctl) and looked for again at most
+    every RESCAN_S, as workers come and go. A worker sets its own word before it asks, so of two
+    workers that start a batch at once at least one normally sees the other; x86-64 may still
+    reorder that store after the loads (TSO lets a load pass an earlier store), and then both
+    run wide for one batch: a moment of two threads on a core, never a wrong answer."""
 
     RESCAN_S = 1.0
+    QUIET_NS = 2_000_000
 
     def __init__(self, server_pid: int, own: str) -> None:
         self.prefix = f"{PREFIX}{server_pid}_"
         self.own = own.lstrip("/")
         self.blocks: dict[str, tuple[Segment, ControlBlock]] = {}
-        self.next_scan = 0.0
+        self.next_scan = 0
 
-    def idle(self, now: float) -> bool:
-        if now >= self.next_scan:
+    def idle(self, now_ns: int) -> bool:
+        """No sibling is in a batch (word L.BUSY) or ended one (the word: its end, in
+        CLOCK_MONOTONIC ns, which every process on the host shares) within QUIET_NS."""
+        if now_ns >= self.next_scan:
             self.scan()
-            self.next_scan = now + self.RESCAN_S
-        return not any(ctl.get("busy") for _, ctl in self.blocks.values())
+            self.next_scan = now_ns + int(self.RESCAN_S * 1e9)
+        quiet = now_ns - self.QUIET_NS
+        for _, ctl in self.blocks.values():
+            word = ctl.get("busy")
+            if word == L.BUSY or word > quiet:
+                return False
+        return True
 
     def scan(self) -> None:
         try:
@@ -240,7 +251,7 @@ class OrtRunner(CpuRunner):
         session = self.session
         # One row: a lone request. Measured with any batch size, a worker between two batches
         # looked idle often enough under load at c=32 that wide batches raised its P99.
-        if n == 1 and self.siblings is not None and self.siblings.idle(time.monotonic()):
+        if n == 1 and self.siblings is not None and self.siblings.idle(time.monotonic_ns()):
             session = self.wide  # made together with `siblings`
             self.wide_batches += 1
         outs = session.run(None, {"input_ids": ids, "attention_mask": mask})

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel
 from ringserve.shm.segment import list_segments
 from ringserve.workers.runtime import Siblings
@@ -25,36 +26,43 @@ def channels() -> Iterator[list[Channel]]:
     assert list_segments(PID) == []
 
 
-def test_idle_until_another_worker_is_busy(channels: list[Channel]) -> None:
+MS = 1_000_000
+T0 = 10_000 * MS  # any monotonic time past the first rescan
+
+
+def test_idle_until_another_worker_is_busy_or_just_was(channels: list[Channel]) -> None:
     channels += [Channel.create(PID, 9100 + k, 8, 8) for k in range(3)]
     own, a, b = channels
     siblings = Siblings(PID, own.ctl_seg.name)
-    assert siblings.idle(0.0)
+    assert siblings.idle(T0)  # 0: never ran a batch
     assert len(siblings.blocks) == 2  # its own block is not a sibling
-    own.ctl.set("busy", 1)  # its own batch never counts
-    assert siblings.idle(0.1)
-    a.ctl.set("busy", 1)
-    assert not siblings.idle(0.2)
-    a.ctl.set("busy", 0)
-    b.ctl.set("busy", 1)
-    assert not siblings.idle(0.3)
-    b.ctl.set("busy", 0)
-    assert siblings.idle(0.4)
+    own.ctl.set("busy", L.BUSY)  # its own batch never counts
+    assert siblings.idle(T0 + 1 * MS)
+    a.ctl.set("busy", L.BUSY)
+    assert not siblings.idle(T0 + 2 * MS)
+    a.ctl.set("busy", T0 + 3 * MS)  # its batch ended: quiet only QUIET_NS later
+    assert not siblings.idle(T0 + 3 * MS + Siblings.QUIET_NS - 1)
+    assert siblings.idle(T0 + 3 * MS + Siblings.QUIET_NS)
+    b.ctl.set("busy", L.BUSY)
+    assert not siblings.idle(T0 + 10 * MS)
+    b.ctl.set("busy", T0 + 10 * MS)
+    assert siblings.idle(T0 + 20 * MS)
 
 
 def test_workers_that_come_and_go_are_seen_at_the_next_scan(channels: list[Channel]) -> None:
     channels.append(Channel.create(PID, 9200, 8, 8))
     siblings = Siblings(PID, channels[0].ctl_seg.name)
-    assert siblings.idle(0.0) and not siblings.blocks
+    rescan = int(Siblings.RESCAN_S * 1e9)
+    assert siblings.idle(T0) and not siblings.blocks
     late = Channel.create(PID, 9201, 8, 8)
     channels.append(late)
-    late.ctl.set("busy", 1)
-    assert siblings.idle(0.5)  # not looked for again yet
-    assert not siblings.idle(Siblings.RESCAN_S)
-    late.ctl.set("busy", 0)
+    late.ctl.set("busy", L.BUSY)
+    assert siblings.idle(T0 + rescan // 2)  # not looked for again yet
+    assert not siblings.idle(T0 + rescan)
+    late.ctl.set("busy", T0)
     late.close()  # the front-end unlinks a worker's channel after it exited
     for seg in (late.req_seg, late.rsp_seg, late.ctl_seg):
         seg.unlink()
     channels.remove(late)
-    assert siblings.idle(2 * Siblings.RESCAN_S)
+    assert siblings.idle(T0 + 2 * rescan)
     assert not siblings.blocks  # its mapping is let go
