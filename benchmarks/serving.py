@@ -21,7 +21,9 @@ the fastest fp32 ceiling any graph reached, int8's served speed over fp32's, and
 same texts: plain FastAPI (one text a forward pass) and LitServe with its own batching.
 Usage: python -m benchmarks.serving [--seconds 6] [--quick] [--configs default,other,torch,int8]
        [--mixes short,long] [--peers fastapi,litserve] [--no-peer]
-(a whole run takes about 15 minutes on 2 cores: --configs and --peers run it in parts)
+(a whole run takes about 15 minutes on 2 cores: --configs and --peers run it in parts).
+--lone: only a lone request on both cores, the defaults without and with the wide session
+(RINGSERVE_LONE_THREADS=2, workers/runtime.py), turn about in one run, and both trees' PSS.
 """
 
 from __future__ import annotations
