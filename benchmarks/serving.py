@@ -22,8 +22,6 @@ same texts: plain FastAPI (one text a forward pass) and LitServe with its own ba
 Usage: python -m benchmarks.serving [--seconds 6] [--quick] [--configs default,other,torch,int8]
        [--mixes short,long] [--peers fastapi,litserve] [--no-peer]
 (a whole run takes about 15 minutes on 2 cores: --configs and --peers run it in parts).
---lone: only a lone request on both cores, the defaults without and with the wide session
-(RINGSERVE_LONE_THREADS=2, workers/runtime.py), turn about in one run, and both trees' PSS.
 """
 
 from __future__ import annotations
@@ -369,48 +367,6 @@ def run_peer(
             peer.close()
 
 
-# -- a lone request on both cores -----------------------------------------------------------------
-LONE_ENV = {"RINGSERVE_LONE_THREADS": "2"}  # workers/runtime.py wide_helpers
-
-
-def run_lone(args: argparse.Namespace, texts: dict[str, list[str]]) -> None:
-    """The defaults served with and without the lone request's wide session (a second session
-    whose threads span both cores, run while no other worker is in a batch): both servers up at
-    once, each level measured on one then the other, `--rounds` times, turn about."""
-    base = ["--workers", str(args.workers), *args.server_args.split()]
-    print("\na lone request on both cores: the defaults without (off) and with (on) the wide "
-          f"session, {args.rounds} rounds turn about, {args.seconds:.0f} s a level")  # fmt: skip
-    print("| mix | c | round | off/s | on/s | P50 ms off / on | P99 ms off / on | "
-          "CPU ms/req off / on |")  # fmt: skip
-    print("| --- " * 8 + "|")
-    with tempfile.TemporaryDirectory(prefix="ringserve-lone-") as tmp:
-        servers = {
-            "off": Launched(tmp, base, binary=False),
-            "on": Launched(tmp, base, env=LONE_ENV, binary=False),
-        }
-        try:
-            for srv in servers.values():
-                srv.wait_ready(args.workers)
-            pss = {k: settled_pss(srv) for k, srv in servers.items()}
-            for mix in args.mixes:
-                for c in LEVELS:
-                    for r in range(args.rounds):
-                        order = ("off", "on") if r % 2 == 0 else ("on", "off")
-                        got = {k: serve_level(servers[k].port, servers[k].pid, texts[mix], c,
-                                              args.seconds) for k in order}  # fmt: skip
-                        off, on = got["off"], got["on"]
-                        print(f"| {mix} | {c} | {r + 1} | {off.load.rps:.1f} | {on.load.rps:.1f} | "
-                              f"{off.load.pct(50):.2f} / {on.load.pct(50):.2f} | "
-                              f"{off.load.pct(99):.1f} / {on.load.pct(99):.1f} | "
-                              f"{off.cpu_ms:.1f} / {on.cpu_ms:.1f} |", flush=True)  # fmt: skip
-            after = {k: tree_pss(srv.pid)["tree"] for k, srv in servers.items()}
-            print(f"the process tree's PSS at start off {pss['off']:.0f} / on {pss['on']:.0f} MiB, "
-                  f"after the load off {after['off']:.0f} / on {after['on']:.0f} MiB")  # fmt: skip
-        finally:
-            for srv in servers.values():
-                srv.terminate()
-
-
 # -- the run ---------------------------------------------------------------------------------------
 def best_limit(pool: CeilingPool, encs: dict[str, list[list[int]]], seconds: float) -> None:
     """The batch limit the server's own split runs fastest under at the 256 window; the
@@ -548,15 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--configs",
         default=",".join(CONFIG_NAMES),
-        help=f"which of {', '.join(CONFIG_NAMES)} to serve (the default always runs)",
+        help=f"which of {', '.join(CONFIG_NAMES)} to serve (other, peers: default too)",
     )
     p.add_argument("--skip-limits", action="store_true", help="skip the batch-limit search")
     p.add_argument("--mixes", default=",".join(MIXES), help="short, long or both")
     p.add_argument("--peers", default=",".join(PEERS), help="fastapi, litserve or both")
-    p.add_argument(
-        "--lone", action="store_true", help="only the lone request's wide session, off against on"
-    )
-    p.add_argument("--rounds", type=int, default=2, help="--lone: rounds per level")
     args = p.parse_args(argv)
     args.mixes = [m for m in MIXES if m in args.mixes.split(",")]
     args.peers = [] if args.no_peer else args.peers.split(",")
@@ -577,9 +529,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {cpu_name()}, {os.cpu_count()} cpus, flags {simd_flags()}, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average "
           f"{os.getloadavg()[0]:.1f}; {args.workers} workers x 1 thread")  # fmt: skip
-    if args.lone:
-        run_lone(args, texts)
-        return 0
     table(f"int8 frontier of {manifest.name}, measured at its build", manifest.int8)
     print(f"  fused fp32 graph: {manifest.graphs.get('fused')}\n")
     t0 = time.monotonic()

@@ -209,11 +209,7 @@ CONTROL_FIELDS = (
     "capture_error",  # 0 none; 1 out of memory; 2 another error: the worker runs eagerly
     "rows",  # rows run through the model: a text's windows count one each
     "unknown_model",  # requests for a model index this worker does not hold (STATUS_UNKNOWN_MODEL)
-    # BUSY while the worker runs a batch, else when its last batch ended (CLOCK_MONOTONIC ns; 0
-    # before the first): a sibling runs a lone batch wide only while every other worker is quiet
-    "busy",
 )
-BUSY = 1
 CTL = {name: i for i, name in enumerate(CONTROL_FIELDS)}
 # Batch-size histogram: counts of batches with size <= BATCH_BOUNDS[i].
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -5,28 +5,16 @@ quantizing the graphs is factory/onnx.py's."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 
-def open_session(
-    path: str | os.PathLike[str], threads: int = 1, helpers: Sequence[int] = ()
-) -> Any:
+def open_session(path: str | os.PathLike[str], threads: int = 1) -> Any:
     """An ONNX Runtime CPU session using `threads` threads and no thread pool of its own beyond
-    them (workers are pinned; extra threads would compete for their cores).
-
-    `helpers`: a lone request's wide session instead, the caller's thread plus one thread pinned
-    to each of these cores (ORT numbers them from 1), which sleep between runs rather than spin:
-    measured here, spinning helpers made a 16-token batch 1.5-2x slower, not faster."""
+    them (workers are pinned; extra threads would compete for their cores)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = max(1, threads)
-    if helpers:
-        options.intra_op_num_threads = 1 + len(helpers)
-        wanted = ";".join(str(cpu + 1) for cpu in helpers)
-        options.add_session_config_entry("session.intra_op_thread_affinities", wanted)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3  # errors only: its warnings about unused initializers are noise

@@ -5,16 +5,12 @@ does its zygote), which keeps about 100 MiB of torch's pages out of the process 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from ringserve.shm import layout as L
-from ringserve.shm.control import ControlBlock
-from ringserve.shm.segment import PREFIX, SHM_DIR, Segment
 from ringserve.workers.batcher import BATCH_OVERHEAD, Item
 
 
@@ -149,81 +145,8 @@ class CpuRunner:
         return time.perf_counter() - t0
 
 
-class Siblings:
-    """The server's other workers, seen through the `busy` word of their control blocks: the
-    pool is idle when none of them is inside a batch nor ended one within QUIET_NS. The quiet
-    time tells a worker under load, which is out of a batch only for a moment between two,
-    from one with nothing to do: a lone client's next text comes at least a round trip later.
-    Their blocks are found by name (rs_<server pid>_<serial>_ctl) and looked for again at most
-    every RESCAN_S, as workers come and go. A worker sets its own word before it asks, so of two
-    workers that start a batch at once at least one normally sees the other; x86-64 may still
-    reorder that store after the loads (TSO lets a load pass an earlier store), and then both
-    run wide for one batch: a moment of two threads on a core, never a wrong answer."""
-
-    RESCAN_S = 1.0
-    QUIET_NS = 2_000_000
-
-    def __init__(self, server_pid: int, own: str) -> None:
-        self.prefix = f"{PREFIX}{server_pid}_"
-        self.own = own.lstrip("/")
-        self.blocks: dict[str, tuple[Segment, ControlBlock]] = {}
-        self.next_scan = 0
-
-    def idle(self, now_ns: int) -> bool:
-        """No sibling is in a batch (word L.BUSY) or ended one (the word: its end, in
-        CLOCK_MONOTONIC ns, which every process on the host shares) within QUIET_NS."""
-        if now_ns >= self.next_scan:
-            self.scan()
-            self.next_scan = now_ns + int(self.RESCAN_S * 1e9)
-        quiet = now_ns - self.QUIET_NS
-        for _, ctl in self.blocks.values():
-            word = ctl.get("busy")
-            if word == L.BUSY or word > quiet:
-                return False
-        return True
-
-    def scan(self) -> None:
-        try:
-            found = {
-                n
-                for n in os.listdir(SHM_DIR)
-                if n.startswith(self.prefix) and n.endswith("_ctl") and n != self.own
-            }
-        except OSError:
-            found = set()
-        for name in self.blocks.keys() - found:  # unlinked: that worker is gone
-            seg, ctl = self.blocks.pop(name)
-            ctl.close()
-            seg.close()
-        for name in found - self.blocks.keys():
-            try:
-                seg = Segment.attach(name)
-            except (OSError, ValueError):
-                continue  # unlinked meanwhile
-            try:
-                self.blocks[name] = (seg, ControlBlock(seg))
-            except ValueError:  # still being made: its magic is not written yet
-                seg.close()
-
-
-def wide_helpers(spec: Any) -> list[int]:
-    """The cores a lone request's session adds to the worker's own: every other core the
-    server may use, at most LONE_THREADS - 1 of them; none when RINGSERVE_LONE_THREADS is unset."""
-    wanted = int(os.environ.get("RINGSERVE_LONE_THREADS", "0") or 0)
-    if wanted < 2 or spec.threads != 1:
-        return []
-    try:
-        allowed = sorted(os.sched_getaffinity(spec.parent_pid))
-    except OSError:
-        return []
-    return [c for c in allowed if c not in spec.cpus][: wanted - 1]
-
-
 class OrtRunner(CpuRunner):
-    """The same buffers and interface, run by an ONNX Runtime session (fp32 or int8).
-
-    `wide`: a second session on the same graph whose threads span the idle cores, run while no
-    other worker of the pool is inside a batch (`siblings`)."""
+    """The same buffers and interface, run by an ONNX Runtime session (fp32 or int8)."""
 
     def __init__(
         self,
@@ -233,14 +156,9 @@ class OrtRunner(CpuRunner):
         activation: Callable[[np.ndarray], np.ndarray] = softmax,
         precision: str = "fp32",
         both: bool = False,
-        wide: Any = None,
-        siblings: Siblings | None = None,
     ) -> None:
         super().__init__(None, max_len, max_batch, activation)
         self.session = session
-        self.wide = wide
-        self.siblings = siblings
-        self.wide_batches = 0
         self.overhead_tokens = BATCH_OVERHEAD["onnx", precision]
         # `both`: an embed artifact's second output, the embedding, joined to the logits (as
         # workers/joined.py Joined does for TorchScript); else the logits alone.
@@ -248,27 +166,9 @@ class OrtRunner(CpuRunner):
 
     def forward(self, length: int, n: int) -> np.ndarray:
         ids, mask = self.views(length, n)
-        session = self.session
-        # One row: a lone request. Measured with any batch size, a worker between two batches
-        # looked idle often enough under load at c=32 that wide batches raised its P99.
-        if n == 1 and self.siblings is not None and self.siblings.idle(time.monotonic_ns()):
-            session = self.wide  # made together with `siblings`
-            self.wide_batches += 1
-        outs = session.run(None, {"input_ids": ids, "attention_mask": mask})
+        outs = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
         logits = np.concatenate(outs[:2], axis=1) if self.both else outs[0]
         return self.activation(np.asarray(logits, dtype=np.float32))
-
-    def warm(self) -> float:
-        """One short batch on each session (the first calls allocate and pack)."""
-        t0 = time.perf_counter()
-        ids, mask = self.views(min(16, self.max_len), 1)
-        ids[:] = 101
-        mask[:] = 1
-        feed = {"input_ids": ids, "attention_mask": mask}
-        for session in (self.session, self.wide):
-            if session is not None:
-                session.run(None, feed)
-        return time.perf_counter() - t0
 
 
 def ort_runner(
@@ -283,9 +183,6 @@ def ort_runner(
 
     path = Path(model_dir or spec.model_dir) / manifest.onnx_for(spec.precision, spec.graph)
     session = open_session(path, spec.threads)
-    helpers = wide_helpers(spec)
-    wide = open_session(path, helpers=helpers) if helpers else None
-    siblings = Siblings(spec.parent_pid, spec.channel.control) if helpers else None
     return OrtRunner(
         session,
         manifest.max_length,
@@ -293,6 +190,4 @@ def ort_runner(
         activation,
         spec.precision,
         manifest.embeds and not manifest.embed_only,
-        wide,
-        siblings,
     )

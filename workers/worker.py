@@ -197,11 +197,9 @@ class Worker:
         self.maybe_grow()
         runner = served.runner
         tokens = runner.fill(length, batch)
-        self.ctl.set("busy", L.BUSY)  # before the runner asks if the pool is idle (Siblings)
         t0 = time.monotonic_ns()
         probs = runner.forward(length, len(batch))
         t1 = time.monotonic_ns()
-        self.ctl.set("busy", t1)
         model_us = (t1 - t0) // 1000
         grid = served.report_grid
         aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces

@@ -5,7 +5,6 @@ from before ONNX still serving, and int8's recipe and cost."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -221,32 +220,3 @@ def test_sigmoid_models_agree_label_by_label() -> None:
     assert row["argmax_agreement"] == pytest.approx(5 / 6, abs=1e-4)
     one = int8._row("r", np.array([[0.5], [-0.2]]), np.array([[0.4], [0.1]]), 1.0, "sigmoid")
     assert one["argmax_agreement"] == 0.5  # a reranker's one output still has a decision
-
-
-def _thread_cpus() -> dict[str, str]:
-    """Each thread of this process: its allowed CPUs, as /proc lists them."""
-    out = {}
-    for task in Path("/proc/self/task").iterdir():
-        status = (task / "status").read_text().splitlines()
-        out[task.name] = next(s.split()[1] for s in status if s.startswith("Cpus_allowed_list"))
-    return out
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a wide session needs two cores")
-def test_a_lone_batchs_wide_session_runs_on_the_other_core_with_the_same_scores(
-    default_model: str, sst2_texts: list[str], agnews_texts: list[str]
-) -> None:
-    """The second session a lone batch runs on (workers/runtime.py Siblings) spans the other
-    core with one helper thread, and scores as the worker's own session does."""
-    manifest = load_manifest(default_model)
-    path = Path(default_model) / manifest.onnx_for("fp32")
-    other = sorted(os.sched_getaffinity(0))[1]
-    before = set(_thread_cpus())
-    wide = open_session(path, helpers=[other])
-    helpers = {t: cpus for t, cpus in _thread_cpus().items() if t not in before}
-    assert list(helpers.values()) == [str(other)]
-    narrow = OrtRunner(open_session(path), manifest.max_length, 16)
-    wider = OrtRunner(wide, manifest.max_length, 16)
-    batch = make_items(default_model, texts_of_every_length(sst2_texts, agnews_texts))
-    for rows in (batch[:1], batch[3:4], batch):
-        np.testing.assert_allclose(run(wider, rows), run(narrow, rows), atol=1e-5)
