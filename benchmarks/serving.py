@@ -19,7 +19,9 @@ the artifact build chose; its frontier table, as the build measured it, is print
 server's whole process tree's PSS at start and after its load. Then served figures divided by
 the fastest fp32 ceiling any graph reached, int8's served speed over fp32's, and two peers on the
 same texts: plain FastAPI (one text a forward pass) and LitServe with its own batching.
-Usage: python -m benchmarks.serving [--seconds 6] [--quick]
+Usage: python -m benchmarks.serving [--seconds 6] [--quick] [--configs default,other,torch,int8]
+       [--mixes short,long] [--peers fastapi,litserve] [--no-peer]
+(a whole run takes about 15 minutes on 2 cores: --configs and --peers run it in parts).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ RUNTIMES = [
     ("torch", "fp32", ""),
     ("onnx", "int8", ""),
 ]
+CONFIG_NAMES = ("default", "other", "torch", "int8")  # --configs, in RUNTIMES' order
 LEVELS = [1, 32, 64]
 # Batch limits the ceiling tries: (rows, padded tokens).
 LIMITS = [(8, 256), (16, 256), (32, 512), (64, 512), (64, 1024)]
@@ -230,18 +233,21 @@ def ceiling(
 
 
 # -- served ----------------------------------------------------------------------------------------
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of the server and every process under it (workers, zygote)."""
+def tree_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of the server and every process under it (workers, zygote), and of the
+    front-end process alone (its event loop, parsers and the supervisor)."""
     procs = [psutil.Process(pid)]
     procs += procs[0].children(recursive=True)
-    total = 0.0
+    total, front = 0.0, 0.0
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
         except psutil.NoSuchProcess:
-            pass
-    return total
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+        if p.pid == pid:
+            front = t.user + t.system
+    return total, front
 
 
 @dataclass
@@ -249,6 +255,8 @@ class Served:
     load: LoadResult
     waste: float
     cpu_ms: float
+    front_ms: float = float("nan")  # the front-end process's CPU ms a request
+    client_ms: float = float("nan")  # the load generator's, on the same cores
 
 
 def serve_level(
@@ -262,14 +270,18 @@ def serve_level(
     uvloop.run(run_load(port, requests, c, 1.0, warmup_s=0))
     before = get_json(port, "/v1/stats")["totals"] if stats else {}
     cpu0 = tree_cpu_s(pid)
+    client0 = time.process_time()
     result = uvloop.run(run_load(port, requests, c, seconds, warmup_s=0))
     cpu1 = tree_cpu_s(pid)
+    client = time.process_time() - client0
+    ok = max(1, result.ok)
     waste = float("nan")
     if stats:
         after = get_json(port, "/v1/stats")["totals"]
         padded = after["padded_tokens"] - before["padded_tokens"]
         waste = 1 - (after["tokens"] - before["tokens"]) / padded if padded else 0.0
-    return Served(result, waste, (cpu1 - cpu0) * 1000 / max(1, result.ok))
+    front = (cpu1[1] - cpu0[1]) * 1000 / ok
+    return Served(result, waste, (cpu1[0] - cpu0[0]) * 1000 / ok, front, client * 1000 / ok)
 
 
 # -- the peers -------------------------------------------------------------------------------------
@@ -330,6 +342,8 @@ def run_peer(
 ) -> None:
     runtime, precision, _ = RUNTIMES[0]
     for kind, what in PEERS.items():
+        if kind not in args.peers:
+            continue
         print(f"\nthe peer: {what.format(w=args.workers)}, {runtime} {precision} model.onnx "
               "(the same model and runtime as ringserve's defaults):")  # fmt: skip
         print("| mix | c | ringserve/s | peer/s | ringserve/peer | P50 ms ringserve / peer | "
@@ -338,7 +352,7 @@ def run_peer(
         peer = Peer(kind, args.workers, runtime, precision)
         try:
             peer.wait_ready()
-            for mix in MIXES:
+            for mix in args.mixes:
                 for c in LEVELS:
                     p = serve_level(peer.port, peer.pid, texts[mix], c, args.seconds, stats=False)
                     r = ours[mix, c].served
@@ -402,13 +416,13 @@ def run_config(
             pool.load(model_dir, runtime, precision, served_graph)
             start_pss = settled_pss(srv)
             name = f"{runtime} {precision}{f' {served_graph}' if served_graph else ''}"
-            for mix in MIXES:
+            for mix in args.mixes:
                 for c in LEVELS:
                     levels[mix, c] = serve_and_ceiling(args, pool, srv, mix, c, texts, encs,
                                                        overhead, name)  # fmt: skip
             after = tree_pss(srv.pid)["tree"]
             print(f"| {name}: the process tree's PSS {start_pss:.0f} MiB at start, "
-                  f"{after:.0f} MiB after the load |" + " |" * 12, flush=True)  # fmt: skip
+                  f"{after:.0f} MiB after the load |" + " |" * 14, flush=True)  # fmt: skip
         finally:
             srv.terminate()
     return served_graph, levels
@@ -451,7 +465,8 @@ def serve_and_ceiling(
     print(
         f"| {mix} | {name} | {c} | {s.load.rps:.1f} | {ceil:.1f} | "
         f"{plan_name} | {s.load.rps / ceil:.2f} | {ref:.1f} | {s.load.pct(50):.1f} | "
-        f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} |",
+        f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} | {s.front_ms:.2f} | "
+        f"{s.client_ms:.2f} |",
         flush=True,
     )
     return Level(s, ceil)
@@ -460,6 +475,8 @@ def serve_and_ceiling(
 def summary(results: dict[tuple[str, str, str], dict[tuple[str, int], Level]]) -> None:
     """The defaults' served figures over the fastest fp32 ceiling found (any graph or runtime),
     and int8's served speed over the defaults' (fp32), all from this run."""
+    if RUNTIMES[0] not in results:
+        return
     default = results[RUNTIMES[0]]
     fp32 = [levels for config, levels in results.items() if config[1] == "fp32"]
     int8 = results.get(("onnx", "int8", ""))
@@ -484,7 +501,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="default runtime only")
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
     p.add_argument("--no-peer", action="store_true", help="skip the peers")
+    p.add_argument(
+        "--configs",
+        default=",".join(CONFIG_NAMES),
+        help=f"which of {', '.join(CONFIG_NAMES)} to serve (other, peers: default too)",
+    )
+    p.add_argument("--skip-limits", action="store_true", help="skip the batch-limit search")
+    p.add_argument("--mixes", default=",".join(MIXES), help="short, long or both")
+    p.add_argument("--peers", default=",".join(PEERS), help="fastapi, litserve or both")
     args = p.parse_args(argv)
+    args.mixes = [m for m in MIXES if m in args.mixes.split(",")]
+    args.peers = [] if args.no_peer else args.peers.split(",")
+    wanted = {"default"} if args.quick else set(args.configs.split(","))
+    if wanted & {"other"} or args.peers:  # both are defined by the defaults' run
+        wanted.add("default")
+    configs = [c for c, name in zip(RUNTIMES, CONFIG_NAMES, strict=True) if name in wanted]
     from ringserve.factory.build import default_artifact_dir
     from ringserve.workers.artifact import load_manifest, load_tokenizer
 
@@ -505,13 +536,15 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     try:
         pool.load(model_dir, *RUNTIMES[0][:2])
-        best_limit(pool, encs, args.ceiling_seconds)
+        if not args.skip_limits:
+            best_limit(pool, encs, args.ceiling_seconds)
         print("| mix | runtime | c | served/s | ceiling/s (window c) | ceiling's plan | "
               "served/ceiling | ceiling/s (window 256) | P50 ms | P99 ms | model batch-1 ms | "
-              "padding waste | server CPU ms/req |")  # fmt: skip
-        print("| --- " * 13 + "|")
+              "padding waste | server CPU ms/req | front-end CPU ms/req | "
+              "client CPU ms/req |")  # fmt: skip
+        print("| --- " * 15 + "|")
         chosen = "plain"
-        for config in RUNTIMES[:1] if args.quick else RUNTIMES:
+        for config in configs:
             if config[2] == "other":
                 config = (config[0], config[1], "fused" if chosen == "plain" else "plain")
             graph, results[config] = run_config(args, pool, model_dir, texts, encs, config)
@@ -519,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pool.close()
     summary(results)
-    if not args.no_peer:
+    if args.peers:
         run_peer(args, texts, results[RUNTIMES[0]])
     print(f"took {time.monotonic() - t0:.0f} s")
     return 0
