@@ -10,6 +10,7 @@ fuzz` runs 100,000 of each.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import struct
@@ -43,6 +44,13 @@ ALLOWED = {
     grpc.StatusCode.RESOURCE_EXHAUSTED,  # over gRPC's own message limit
 }
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+# Strategies built once: hypothesis caches few of them (not sampled_from), and one built afresh
+# at every draw spent most of a long campaign's time on working out its properties again.
+PATHS = st.sampled_from([(SERVICE + m).encode() for m in METHODS])
+STREAMS = st.sampled_from([1, 3, 5, 0, 2, 2**31 - 1])
+HEADER_FLAGS = st.sampled_from([4, 5, 0])
+DATA_FLAGS = st.sampled_from([1, 0])
+COMPRESSED = st.sampled_from([0, 0, 1, 255])
 
 
 @pytest.fixture(scope="module")
@@ -109,25 +117,27 @@ def grpc_headers(path: bytes) -> bytes:
     return b"".join(literal(n, v) for n, v in fields)
 
 
+@functools.cache
+def h2_frames(model: str) -> st.SearchStrategy[bytes]:
+    return h2_frame(model)
+
+
 @st.composite
-def h2_frames(draw: Any, model: str) -> bytes:
+def h2_frame(draw: Any, model: str) -> bytes:
     """One frame: a call's HEADERS or DATA (valid or random payload), or any other frame type
     with random flags, stream and payload."""
-    stream = draw(st.sampled_from([1, 3, 5, 0, 2, 2**31 - 1]))
+    stream = draw(STREAMS)
     kind = draw(st.integers(0, 12))
     if kind < 3:
-        path = (SERVICE + draw(st.sampled_from(METHODS))).encode()
-        return frame(1, draw(st.sampled_from([4, 5, 0])), stream, grpc_headers(path))
+        return frame(1, draw(HEADER_FLAGS), stream, grpc_headers(draw(PATHS)))
     if kind < 6:
         body = (
             valid_infer(model, [b"a fine film"], draw(st.booleans()))
             if draw(st.booleans())
             else draw(st.binary(max_size=64))
         )
-        message = (
-            bytes([draw(st.sampled_from([0, 0, 1, 255]))]) + struct.pack(">I", len(body)) + body
-        )
-        return frame(0, draw(st.sampled_from([1, 0])), stream, message)
+        message = bytes([draw(COMPRESSED)]) + struct.pack(">I", len(body)) + body
+        return frame(0, draw(DATA_FLAGS), stream, message)
     kind = draw(st.integers(0, 15))  # PRIORITY, RST_STREAM, SETTINGS, PING, GOAWAY, ... unknown
     return frame(kind, draw(st.integers(0, 255)), stream, draw(st.binary(max_size=32)))
 
@@ -178,22 +188,26 @@ def test_fuzz_grpc_http2(srv: ServerProc, model: str) -> None:
 
 
 # -- protobuf bytes -------------------------------------------------------------------------------
+METHOD_NAMES = st.sampled_from([SERVICE + m for m in METHODS])
+TEXT_LISTS = st.lists(st.binary(max_size=16) | st.just(b"a fine film"), min_size=1, max_size=4)
+
+
+@functools.cache
+def model_names(model: str) -> st.SearchStrategy[str]:
+    return st.sampled_from([model, model, "", "nope"])
+
+
 @st.composite
 def calls(draw: Any, model: str) -> tuple[str, bytes]:
-    method = draw(st.sampled_from(METHODS))
+    method = draw(METHOD_NAMES)
     kind = draw(st.integers(0, 5))
     if kind == 0:
         body = draw(st.binary(max_size=128))
     else:
-        texts = draw(
-            st.lists(st.binary(max_size=16) | st.just(b"a fine film"), min_size=1, max_size=4)
-        )
-        body = valid_infer(
-            draw(st.sampled_from([model, model, "", "nope"])), texts, draw(st.booleans())
-        )
+        body = valid_infer(draw(model_names(model)), draw(TEXT_LISTS), draw(st.booleans()))
         if kind > 2:
             body = mutate_binary(body, draw)
-    return SERVICE + method, body
+    return method, body
 
 
 def test_fuzz_grpc_messages(srv: ServerProc, model: str) -> None:

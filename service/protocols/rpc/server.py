@@ -27,11 +27,12 @@ answer; a client with many calls on one connection may still lose one sent in th
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -40,7 +41,7 @@ from ringserve.service.engine.tenants import Tenant
 from ringserve.service.protocols.auth import DENIED
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
-from ringserve.service.protocols.rpc.servicer import GrpcHost, RateLimited, Servicer
+from ringserve.service.protocols.rpc.servicer import GrpcHost, RateLimited, Reply, Servicer
 from ringserve.service.protocols.rpc.slots import request_slots
 
 SERVICE = "inference.GRPCInferenceService"
@@ -88,6 +89,8 @@ def decoder(message: Any, limit: int) -> Callable[[bytes], Any]:
 
 
 Handler = Callable[[Any, grpc.ServicerContext, Any], Coroutine[Any, Any, Any]]  # (req, ctx, tenant)
+# ModelInfer's: (req, ctx, tenant, reply), run on the loop, which fills the reply when it can.
+Starter = Callable[[Any, grpc.ServicerContext, Any, Reply], None]
 
 
 class Health(health.HealthServicer):
@@ -122,6 +125,9 @@ class GrpcPort:
         self.grace_s = 0.0  # the drain's timeout, from the stop's start
         self.answers = threading.Event()  # clear while answers wait for the stop's GOAWAY
         self.answers.set()
+        # Calls ended, to be counted on the loop: one wake-up counts all that ended meanwhile.
+        self.ended: collections.deque[tuple[int, Tenant | None]] = collections.deque()
+        self.count_due = False
 
     # -- start and stop -------------------------------------------------------------------------
     async def start(self, address: str, port: int) -> None:
@@ -209,7 +215,7 @@ class GrpcPort:
     # -- calls ----------------------------------------------------------------------------------
     def handlers(self) -> grpc.GenericRpcHandler:
         c = self.calls
-        methods: dict[str, tuple[Handler, Any, Any]] = {
+        methods: dict[str, tuple[Handler | Starter, Any, Any]] = {
             "ServerLive": (c.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
             "ServerReady": (c.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
             "ModelReady": (c.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
@@ -245,10 +251,13 @@ class GrpcPort:
             },
         )
 
-    def wrap(self, name: str, fn: Handler) -> Callable[[Any, grpc.ServicerContext], Any]:
+    def wrap(self, name: str, fn: Handler | Starter) -> Callable[[Any, grpc.ServicerContext], Any]:
         """Key check, error mapping and counting, once for every method; the method itself runs
-        on the loop, and this gRPC thread waits for it."""
+        on the loop, and this gRPC thread waits for it. ModelInfer, the call that matters for
+        throughput, is started on the loop by one call_soon_threadsafe and answers through a
+        Reply; the rest run as coroutines (run_coroutine_threadsafe: a task and two futures)."""
         needs_key = name not in OPEN_METHODS
+        starts = name == "ModelInfer"
 
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             # Owed until gRPC has sent the answer, not merely made it: the drain must not cut it.
@@ -266,7 +275,12 @@ class GrpcPort:
                     raise HttpError(401, DENIED)
                 tenant = found if isinstance(found, Tenant) else None
                 assert self.loop is not None
-                coro = fn(request, context, tenant)
+                if starts:
+                    reply = Reply()
+                    start = cast(Starter, fn)
+                    self.loop.call_soon_threadsafe(start, request, context, tenant, reply)
+                    return reply.wait()
+                coro = cast(Handler, fn)(request, context, tenant)
                 return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
             except RateLimited as exc:
                 code = 429
@@ -281,10 +295,27 @@ class GrpcPort:
                     context.set_trailing_metadata(RETRY_TRAILERS)
                 context.abort(CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
             finally:
-                self.answers.wait(HOLD_S + 1.0)
-                self.on_loop(self.host.count, "grpc", code, 1, tenant)
+                if not self.answers.is_set():
+                    self.answers.wait(HOLD_S + 1.0)
+                self.count_later(code, tenant)
 
         return call
+
+    def count_later(self, code: int, tenant: Tenant | None) -> None:
+        """Count an ended call on the loop. One wake-up counts every call that ended before
+        the loop got to it (the append comes before the flag is read, and the loop clears the
+        flag before it drains, so none is left behind)."""
+        self.ended.append((code, tenant))
+        if not self.count_due:
+            self.count_due = True
+            self.on_loop(self.count_ended)
+
+    def count_ended(self) -> None:
+        self.count_due = False
+        ended, count = self.ended, self.host.count
+        while ended:
+            code, tenant = ended.popleft()
+            count("grpc", code, 1, tenant)
 
     def answered(self) -> None:
         with self.lock:

@@ -6,7 +6,7 @@ HTTP statuses of protocols/kserve.py's checks; rpc/server.py maps them to gRPC c
 
 from __future__ import annotations
 
-import asyncio
+import threading
 import time
 from typing import Any, Protocol
 
@@ -39,6 +39,35 @@ class RateLimited(Exception):
     def __init__(self, retry_after_s: int) -> None:
         super().__init__(retry_after_s)
         self.retry_after_s = retry_after_s
+
+
+class Reply:
+    """One call's answer, handed from the loop to the gRPC thread that waits for it: a lock
+    the thread blocks on, released once with the answer or the error (cheaper than a
+    concurrent future: no condition, no callbacks)."""
+
+    __slots__ = ("error", "lock", "value")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def give(self, value: Any) -> None:
+        self.value = value
+        self.lock.release()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.lock.release()
+
+    def wait(self) -> Any:
+        """On the gRPC thread: the answer, or the error raised."""
+        self.lock.acquire()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 class Servicer:
@@ -128,13 +157,18 @@ class Servicer:
             raise HttpError(*failed)
         return pb.RepositoryModelUnloadResponse()
 
-    async def model_infer(
-        self, req: pb.ModelInferRequest, context: grpc.ServicerContext, tenant: Tenant | None
-    ) -> pb.ModelInferResponse:
-        """Admission as for HTTP: the key's priority (a request may lower it), the trace, then
-        Admission.submit: the key's rate (429), then the one queue (503)."""
-        received = time.monotonic_ns()
-        trace = self.start_trace(context, received)
+    def model_infer(
+        self,
+        req: pb.ModelInferRequest,
+        context: grpc.ServicerContext,
+        tenant: Tenant | None,
+        reply: Reply,
+    ) -> None:
+        """On the loop, called by the call's gRPC thread, which waits on `reply`. Admission as
+        for HTTP: the key's priority (a request may lower it), the trace, then Admission.submit:
+        the key's rate (429), then the one queue (503). No task and no future: the dispatcher's
+        callback fills the reply, so a call costs the loop one wake-up (docs/design.md, "gRPC")."""
+        trace = self.start_trace(context, time.monotonic_ns())
         try:
             job = infer.read_request(self.host, req)
             deadline = self.deadline_ns(context, job.timeout_us)
@@ -145,29 +179,36 @@ class Servicer:
                 )
                 if tenant is not None:
                     trace.root.set_attribute("ringserve.tenant", tenant.name)
-            results = await self.run(job, deadline, level, tenant, trace)
-        except RateLimited:
-            if trace is not None:
-                trace.written(429, time.monotonic_ns())
-            raise
-        except HttpError as exc:
-            if trace is not None:
-                trace.written(exc.status, time.monotonic_ns())
-            raise
-        answer = infer.answer(job, results)
-        if trace is not None:
-            trace.written(200, time.monotonic_ns())
-        return answer
+            self.submit(job, deadline, level, tenant, trace, reply)
+        except (RateLimited, HttpError) as exc:
+            self.refused(exc, trace, reply)
+        except Exception as exc:  # noqa: BLE001 - a bug: the waiting thread answers it (UNKNOWN)
+            reply.fail(exc)
 
-    async def run(
-        self, job: infer.InferJob, deadline: int, level: int, tenant: Tenant | None, trace: Any
-    ) -> list[Result]:
-        loop = asyncio.get_running_loop()
-        answered: asyncio.Future[list[Result]] = loop.create_future()
-
+    def submit(
+        self,
+        job: infer.InferJob,
+        deadline: int,
+        level: int,
+        tenant: Tenant | None,
+        trace: Any,
+        reply: Reply,
+    ) -> None:
         def done(results: list[Result]) -> None:
-            if not answered.done():  # a cancelled call leaves its future cancelled
-                answered.set_result(results)
+            failed = first_failure(results)
+            try:
+                if failed is not None:
+                    raise HttpError(*failure(failed))
+                answer = infer.answer(job, results)
+            except HttpError as exc:
+                self.refused(exc, trace, reply)
+                return
+            except Exception as exc:  # noqa: BLE001 - as in model_infer
+                reply.fail(exc)
+                return
+            if trace is not None:
+                trace.written(200, time.monotonic_ns())
+            reply.give(answer)
 
         admission = self.host.admission
         refusal = admission.submit(
@@ -177,11 +218,11 @@ class Servicer:
             raise RateLimited(refusal.retry_after_s)
         if refusal is not None:
             raise HttpError(refusal.code, refusal.message)
-        results = await answered
-        failed = first_failure(results)
-        if failed is not None:
-            raise HttpError(*failure(failed))
-        return results
+
+    def refused(self, exc: RateLimited | HttpError, trace: Any, reply: Reply) -> None:
+        if trace is not None:
+            trace.written(exc.status if isinstance(exc, HttpError) else 429, time.monotonic_ns())
+        reply.fail(exc)
 
     def start_trace(self, context: grpc.ServicerContext, received: int) -> Any:
         """The call's span when tracing is on, continuing a `traceparent` in its metadata."""
