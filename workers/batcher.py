@@ -22,11 +22,15 @@ REPORT_GRID = CUDA_BUCKETS
 # 12.8 tokens; ONNX Runtime fp32 1.11 ms, 99 us, 11.2; ONNX Runtime int8 0.17 ms, 48 us, 3.6.
 BATCH_OVERHEAD = {("torch", "fp32"): 13, ("onnx", "fp32"): 11, ("onnx", "int8"): 4}
 BATCH_OVERHEAD_TOKENS = 32  # for a runner that has not measured its own (CUDA)
-# Priority: while bulk texts wait and an interactive text arrived in the last second, a batch
-# takes a quarter of the token budget, so an interactive text that comes while bulk work runs
-# waits behind a short batch and runs in one; with no interactive traffic bulk batches are
-# whole (benchmarks/tenants.py measured what this costs bulk throughput).
-BULK_SHARE_WHILE_INTERACTIVE = 4
+# Priority: while an interactive text arrived in the last second, a batch of bulk texts takes a
+# sixteenth of the token budget (32 of 512 tokens: one or two short texts), so an interactive
+# text that comes while bulk work runs waits behind about one text's forward pass; and a batch
+# holds texts of one class, so an interactive text's own batch is never filled with bulk texts
+# and runs as on an idle server. benchmarks/tenants.py priority, 2 shared CPUs, one session:
+# interactive P99 3.84x idle with quarter batches filled with bulk, 2.29x with bulk an eighth,
+# 1.80x a sixteenth, with as many bulk requests answered. With no interactive traffic in the
+# last second bulk batches are whole, so a bulk-only server loses nothing.
+BULK_SHARE_WHILE_INTERACTIVE = 16
 INTERACTIVE_RECENT_NS = 1_000_000_000
 # Recent work (Batcher.work): texts arrived, each counted down by half every this long.
 WORK_HALF_LIFE_NS = 1_000_000_000
@@ -114,9 +118,9 @@ def runs(cut: list[int]) -> list[tuple[int, int]]:
 
 class Batcher:
     """Waiting items kept twice: in arrival order (who is oldest) and sorted by length (who fits
-    with it). The next batch is the run of similar lengths around the oldest item that the
-    cheapest split of what waits would run it in, under `max_batch` rows and `max_tokens`
-    padded tokens."""
+    with it), each per class (interactive, bulk). The next batch is the run of similar lengths
+    around the oldest item that the cheapest split of what waits of its class would run it in,
+    under `max_batch` rows and `max_tokens` padded tokens."""
 
     def __init__(
         self,
@@ -137,7 +141,8 @@ class Batcher:
         self.bulk_wait_ns = 2_000_000_000  # --bulk-max-wait-ms: then a bulk text goes first
         self.last_interactive_ns = 0  # arrival of the newest interactive text
         self.newest_ns = 0  # arrival of the newest text
-        self.by_length: list[tuple[int, int, Item]] = []  # (length, seq, item), sorted
+        self.by_length: list[tuple[int, int, Item]] = []  # interactive (length, seq, item), sorted
+        self.by_length_bulk: list[tuple[int, int, Item]] = []  # bulk texts, the same way
         self.size = 0
         self.seq = 0
         self.next_expiry = 0  # earliest deadline queued (a lower bound; 0 = none)
@@ -166,10 +171,14 @@ class Batcher:
         else:
             self.fifo.append(item)
             self.last_interactive_ns = self.newest_ns
-        bisect.insort(self.by_length, (len(item.ids), item.seq, item))
+        bisect.insort(self.lengths(item), (len(item.ids), item.seq, item))
         self.size += 1
         if item.deadline_ns and (not self.next_expiry or item.deadline_ns < self.next_expiry):
             self.next_expiry = item.deadline_ns
+
+    def lengths(self, item: Item) -> list[tuple[int, int, Item]]:
+        """The sorted list `item`'s class waits in: a batch holds texts of one class."""
+        return self.by_length_bulk if item.bulk else self.by_length
 
     def oldest(self) -> Item | None:
         """The text the next batch is built around: the oldest interactive one, unless the
@@ -184,24 +193,24 @@ class Batcher:
         return fifo[0] if fifo else None
 
     def budget(self, first: Item) -> int:
-        """Padded tokens for the next batch (see BULK_SHARE_WHILE_INTERACTIVE): a quarter
-        while bulk texts wait and interactive ones came in the last second, whichever the batch
-        is built around (an interactive text's batch would fill up with bulk texts); never
-        more than `cap_tokens` when that is set (another model of the worker is owed short
-        batches, workers.served.Turns)."""
+        """Padded tokens for the next batch (see BULK_SHARE_WHILE_INTERACTIVE): a sixteenth
+        for a batch of bulk texts while interactive ones came in the last second; never more than
+        `cap_tokens` when that is set (another model of the worker is owed short batches,
+        workers.served.Turns)."""
         budget = self.max_tokens
         recent = self.newest_ns - self.last_interactive_ns < INTERACTIVE_RECENT_NS
-        if self.fifo_bulk and self.last_interactive_ns and recent:
+        if first.bulk and self.last_interactive_ns and recent:
             budget = max(1, self.max_tokens // BULK_SHARE_WHILE_INTERACTIVE)
         return min(budget, self.cap_tokens) if self.cap_tokens else budget
 
-    def plan(self) -> tuple[int, int, int] | None:
-        """(first, last, padded length) of the next batch in `by_length`, or None when empty:
-        the run holding the oldest in the cheapest split of the texts near it in length."""
+    def plan(self) -> tuple[list[tuple[int, int, Item]], int, int, int] | None:
+        """(the list, first, last, padded length) of the next batch, or None when empty: the
+        run holding the oldest in the cheapest split of the texts of its class near it in
+        length."""
         first = self.oldest()
         if first is None:
             return None
-        order = self.by_length
+        order = self.lengths(first)
         p = bisect.bisect_left(order, (len(first.ids), first.seq))
         lo = max(0, p - self.max_batch)
         hi = min(len(order), p + self.max_batch)
@@ -211,10 +220,10 @@ class Batcher:
         j = len(lengths)
         while cut[j] > p - lo:
             j = cut[j]
-        return lo + cut[j], lo + j - 1, lengths[j - 1]
+        return order, lo + cut[j], lo + j - 1, lengths[j - 1]
 
-    def full(self, plan: tuple[int, int, int]) -> bool:
-        first, last, length = plan
+    def full(self, plan: tuple[list[tuple[int, int, Item]], int, int, int]) -> bool:
+        _, first, last, length = plan
         return last - first + 1 >= row_limit(length, self.max_batch, self.planned_tokens)
 
     def wait_ns(self, now_ns: int) -> int:
@@ -234,9 +243,9 @@ class Batcher:
         plan = self.plan()
         if plan is None:
             return [], 0
-        first, last, length = plan
-        batch = [entry[2] for entry in self.by_length[first : last + 1]]
-        del self.by_length[first : last + 1]
+        order, first, last, length = plan
+        batch = [entry[2] for entry in order[first : last + 1]]
+        del order[first : last + 1]
         for item in batch:
             item.taken = True
         self.size -= len(batch)
@@ -246,27 +255,29 @@ class Batcher:
         """Remove and return every item whose deadline has passed (they must not run)."""
         if not self.next_expiry or self.next_expiry > now_ns:
             return []
-        keep: list[tuple[int, int, Item]] = []
         late: list[Item] = []
-        for entry in self.by_length:
-            deadline = entry[2].deadline_ns
-            if deadline and deadline <= now_ns:
-                late.append(entry[2])
-            else:
-                keep.append(entry)
-        self.by_length = keep
+        for order in (self.by_length, self.by_length_bulk):
+            keep = []
+            for entry in order:
+                deadline = entry[2].deadline_ns
+                if deadline and deadline <= now_ns:
+                    late.append(entry[2])
+                else:
+                    keep.append(entry)
+            order[:] = keep
         for item in late:
             item.taken = True
         self.size -= len(late)
-        pending = [e[2].deadline_ns for e in self.by_length if e[2].deadline_ns]
-        self.next_expiry = min(pending, default=0)
+        waiting = (*self.by_length, *self.by_length_bulk)
+        self.next_expiry = min((e[2].deadline_ns for e in waiting if e[2].deadline_ns), default=0)
         return late
 
     def drain_all(self) -> list[Item]:
-        items = [entry[2] for entry in self.by_length]
+        items = [entry[2] for entry in (*self.by_length, *self.by_length_bulk)]
         for item in items:
             item.taken = True
         self.by_length.clear()
+        self.by_length_bulk.clear()
         self.fifo.clear()
         self.fifo_bulk.clear()
         self.size = 0

@@ -224,6 +224,12 @@ def set_graph_optimize(cpu: bool) -> None:
 LIGHT_RATIO = 2.0
 LIGHT_RECENT_NS = 1_000_000_000
 SHORT_SHARE = 4
+# While a model is owed short batches by a busier one, its due batches also go first, up to this
+# many in a row while the busier model has a batch due; then the busier model gets one turn. In
+# strict round-robin a light text that came during the light model's own batch waited a whole
+# batch of the busier model: measured here (worker timings, benchmarks/many_models.py (b)), the
+# light texts' wait after the worker read them reached 35-70 ms at P99, behind 1-3 busy batches.
+LIGHT_FIRST_RUNS = 4
 
 
 class Turns:
@@ -231,13 +237,16 @@ class Turns:
     batch due, starting after the one that ran last. A model flooded with texts therefore
     delays another model's due batch by at most one batch of its own (with k models, by at
     most one batch of each other one); and while a model with much less recent work had texts
-    lately, that batch of the busier model is a short one (`shorten`, SHORT_SHARE). Time is a
-    parameter (`now_ns`). One model: its batcher's own choices, untouched."""
+    lately, that batch of the busier model is a short one (`shorten`, SHORT_SHARE), and the
+    lighter model's due batches go first (`lighter_first`, at most LIGHT_FIRST_RUNS in a row
+    while a busier one's batch is due). Time is a parameter (`now_ns`). One model: its
+    batcher's own choices, untouched."""
 
     def __init__(self, batchers: Mapping[int, Batcher]) -> None:
         self.batchers = dict(batchers)
         self.order = sorted(self.batchers)
         self.last = len(self.order) - 1  # position of the model that ran last
+        self.light_runs = 0  # lighter models' batches run in a row while a busier one's was due
 
     def shorten(self, now_ns: int) -> None:
         """Cap the batches of each model with LIGHT_RATIO times the recent work of another
@@ -260,13 +269,38 @@ class Turns:
         n = len(self.order)
         if n > 1:
             self.shorten(now_ns)
+            first = self.lighter_first(now_ns)
+            if first is not None:
+                return first, 0
         for step in range(1, n + 1):
             pos = (self.last + step) % n
             index = self.order[pos]
             left = self.batchers[index].wait_ns(now_ns)
             if left == 0:
                 self.last = pos
+                if self.batchers[index].cap_tokens:
+                    self.light_runs = 0
                 return index, 0
             if left > 0 and (wait < 0 or left < wait):
                 wait = left
         return None, wait
+
+    def lighter_first(self, now_ns: int) -> int | None:
+        """A model owed short batches (no cap while another model has one) whose batch is due,
+        unless LIGHT_FIRST_RUNS such batches ran in a row while a capped model's was due."""
+        capped = [i for i in self.order if self.batchers[i].cap_tokens]
+        if not capped:
+            return None
+        busy_due = any(self.batchers[i].wait_ns(now_ns) == 0 for i in capped)
+        if busy_due and self.light_runs >= LIGHT_FIRST_RUNS:
+            return None
+        n = len(self.order)
+        for step in range(1, n + 1):
+            pos = (self.last + step) % n
+            index = self.order[pos]
+            b = self.batchers[index]
+            if not b.cap_tokens and b.wait_ns(now_ns) == 0:
+                self.last = pos
+                self.light_runs = self.light_runs + 1 if busy_due else 0
+                return index
+        return None

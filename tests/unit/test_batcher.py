@@ -277,7 +277,7 @@ def bulk_item(msg_id: int, length: int, arrived_ns: int) -> Item:
     return Item(msg_id, 0, arrived_ns, [7] * length, bulk=True)
 
 
-def test_an_interactive_text_runs_before_older_bulk_texts_in_a_short_batch() -> None:
+def test_an_interactive_text_runs_before_older_bulk_texts_in_a_batch_of_its_own() -> None:
     b = Batcher(64, 512, 0)
     for n in range(17):
         b.add(bulk_item(n, 30, arrived_ns=n * MS))
@@ -286,18 +286,42 @@ def test_an_interactive_text_runs_before_older_bulk_texts_in_a_short_batch() -> 
     for n in range(17, 40):
         b.add(bulk_item(n, 30, arrived_ns=n * MS))
     b.add(item(100, 30, arrived_ns=50 * MS))
+    b.add(item(101, 31, arrived_ns=50 * MS))
     batch, _ = b.take()
-    assert 100 in ids(batch)  # the interactive text goes next, ahead of 23 older bulk texts
-    assert len(batch) * 30 <= 512 // 4  # in a quarter batch, bulk texts filling the rest
-    assert len(batch) > 1 and sum(it.bulk for it in batch) == len(batch) - 1
+    # The interactive texts go next, ahead of 23 older bulk texts, and no bulk text joins them.
+    assert ids(batch) == [100, 101]
     batch, _ = b.take()
-    assert len(batch) * 30 <= 512 // 4  # still quarter batches while interactive is recent
+    assert all(it.bulk for it in batch)
+    assert len(batch) * 30 <= 512 // 16  # bulk batches are a sixteenth while interactive is recent
+    b.add(item(102, 30, arrived_ns=60 * MS))
+    assert ids(b.take()[0]) == [102]  # behind one such short batch
     while b.size:
-        b.take()
+        assert len(b.take()[0]) * 30 <= 512 // 16
     for n in range(200, 217):  # two seconds on: no interactive text for the last one
         b.add(bulk_item(n, 30, arrived_ns=(2000 + n) * MS))
     batch, _ = b.take()
     assert len(batch) == 17  # whole bulk batches again
+
+
+def test_an_overdue_bulk_text_runs_with_bulk_texts_only() -> None:
+    b = Batcher(64, 512, 0)
+    b.bulk_wait_ns = 100 * MS
+    b.add(bulk_item(0, 10, arrived_ns=0))
+    b.add(bulk_item(1, 10, arrived_ns=0))
+    b.add(item(10, 10, arrived_ns=150 * MS))
+    b.add(item(11, 10, arrived_ns=150 * MS))
+    assert ids(b.take()[0]) == [0, 1]  # overdue: first, and without the interactive texts
+    assert ids(b.take()[0]) == [10, 11]
+
+
+def test_expire_and_drain_see_both_classes() -> None:
+    b = Batcher(64, 512, 0)
+    b.add(Item(1, 5 * MS, 0, [7] * 10, bulk=True))
+    b.add(item(2, 10, deadline_ns=6 * MS))
+    b.add(bulk_item(3, 10, arrived_ns=0))
+    b.add(item(4, 10))
+    assert ids(b.expire(7 * MS)) == [1, 2] and b.size == 2
+    assert ids(b.drain_all()) == [3, 4] and b.size == 0 and b.take() == ([], 0)
 
 
 def test_a_bulk_text_in_a_worker_waits_behind_interactive_ones_at_most_its_bound() -> None:

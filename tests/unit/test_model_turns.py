@@ -14,7 +14,7 @@ from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.shm.segment import Segment, segment_name
 from ringserve.workers.batcher import Batcher, Item
 from ringserve.workers.longtext import split_options
-from ringserve.workers.served import Turns
+from ringserve.workers.served import LIGHT_FIRST_RUNS, Turns
 
 MS = 1_000_000
 DELAY_NS = 5 * MS
@@ -243,3 +243,30 @@ def test_model_rss_has_one_word_per_index_apart_from_every_counter() -> None:
     finally:
         seg.close()
         seg.unlink()
+
+
+def test_a_lighter_model_s_text_that_came_during_its_own_batch_runs_before_the_flood_s() -> None:
+    a, b = Batcher(64, 512, 0), Batcher(64, 512, 0)
+    turns = Turns({0: a, 1: b})
+    flood(a, 400, 0)
+    b.add(Item(90_000, 0, 0, [7] * 20))
+    index, _ = turns.next(1 * MS)
+    assert index == 1 and [it.msg_id for it in b.take()[0]] == [90_000]
+    b.add(Item(90_001, 0, 2 * MS, [7] * 20))  # came while the light model's batch ran
+    index, _ = turns.next(8 * MS)
+    assert index == 1 and [it.msg_id for it in b.take()[0]] == [90_001]  # not behind A's
+    index, _ = turns.next(15 * MS)
+    assert index == 0 and a.cap_tokens == 128  # then the flood, in a short batch
+
+
+def test_the_busier_model_runs_after_at_most_light_first_runs_lighter_batches() -> None:
+    a, b = Batcher(64, 512, 0), Batcher(4, 512, 0)  # B: 4 texts a batch, 25 batches due
+    turns = Turns({0: a, 1: b})
+    flood(a, 400, 0)
+    flood(b, 100, 10_000)
+    ran = [index for index, _, _ in run(turns, 1 * MS, 40 * BATCH_COST_NS)]  # within B's second
+    assert ran[:LIGHT_FIRST_RUNS] == [1] * LIGHT_FIRST_RUNS and ran.count(1) == 25
+    streaks = [len(list(g)) for k, g in itertools.groupby(ran) if k == 1]
+    assert max(streaks) <= LIGHT_FIRST_RUNS
+    while_b = ran[: len(ran) - ran[::-1].index(1)]  # until B's last batch
+    assert all(len(list(g)) == 1 for k, g in itertools.groupby(while_b) if k == 0)
