@@ -71,6 +71,16 @@ def inherited_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "RINGSERVE_API_KEY"}
 
 
+def tree_path(tree: Path, pythonpath: str = "") -> str:
+    """PYTHONPATH that makes `ringserve` another checkout's code: its `.typecheck/ringserve`
+    links name its rooms, and sys.path is searched before the editable install's finder (which
+    maps `ringserve` to this checkout, whatever the working directory)."""
+    names = Path(tree) / ".typecheck"
+    if not (names / "ringserve").is_dir():
+        raise ValueError(f"{tree} has no .typecheck/ringserve: a checkout from before the rooms")
+    return os.pathsep.join(p for p in (str(names), pythonpath) if p)
+
+
 class Launched:
     """A `ringserve serve` child on free ports, its output in a log file under `tmp`."""
 
@@ -112,8 +122,11 @@ class Launched:
             *args,
         ]  # fmt: skip
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        environ = {**inherited_env(), **(env or {})}
+        if tree is not None:
+            environ["PYTHONPATH"] = tree_path(tree, environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
-            self.args, cwd=tree or ROOT, env={**inherited_env(), **(env or {})}, stdout=self.log,
+            self.args, cwd=tree or ROOT, env=environ, stdout=self.log,
             stderr=subprocess.STDOUT, start_new_session=own_group,
         )  # fmt: skip
         self.pid = self.proc.pid
