@@ -223,7 +223,7 @@ def set_graph_optimize(cpu: bool) -> None:
 # more, smaller batches cost the busy model a tenth of its throughput): a quarter.
 LIGHT_RATIO = 2.0
 LIGHT_RECENT_NS = 1_000_000_000
-SHORT_SHARE = 4
+SHORT_SHARE = 8
 # While a model is owed short batches by a busier one, its due batches also go first, up to this
 # many in a row while the busier model has a batch due; then the busier model gets one turn. In
 # strict round-robin a light text that came during the light model's own batch waited a whole
