@@ -220,7 +220,12 @@ def set_graph_optimize(cpu: bool) -> None:
 # benchmarks/many_models.py, 2 CPUs, c=32, 90/10, light sent on a clock, 8 s phases, runs
 # interleaved on a noisy shared machine: whole batches light P99 62 and 58 ms, (b)/(a) 0.91 and
 # 1.02; a quarter 54 and 48 ms, 0.91 and 1.00; an eighth 51 and 71 ms, but 0.83 and 0.83 (the
-# more, smaller batches cost the busy model a tenth of its throughput): a quarter.
+# more, smaller batches cost the busy model a tenth of its throughput): a quarter. Since then the
+# front-end sends a light model's texts to one home worker (service.engine.routing.Homes), so
+# only that worker shortens and the others keep whole batches: measured so (same benchmark, main
+# and this interleaved, one session), a quarter light P99 2.58x alone, (b)/(a) 1.02; an eighth
+# 2.20x and 1.59x, 0.98 and 1.01 (main beside them: 2.40x and 3.04x, 0.95 and 0.92); a
+# sixteenth (one text) 18x and 0.68: an eighth.
 LIGHT_RATIO = 2.0
 LIGHT_RECENT_NS = 1_000_000_000
 SHORT_SHARE = 8
