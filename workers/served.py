@@ -224,8 +224,8 @@ def set_graph_optimize(cpu: bool) -> None:
 # front-end sends a light model's texts to one home worker (service.engine.routing.Homes), so
 # only that worker shortens and the others keep whole batches: measured so (same benchmark, main
 # and this interleaved, one session), a quarter light P99 2.58x alone, (b)/(a) 1.02; an eighth
-# 2.20x and 1.59x, 0.98 and 1.01 (main beside them: 2.40x and 3.04x, 0.95 and 0.92); a
-# sixteenth (one text) 18x and 0.68: an eighth.
+# 2.20x, 1.59x and 1.74x, 0.98, 1.01 and 1.04 (main beside them: 2.40x, 3.04x and 2.34x; 0.95,
+# 0.92 and 0.96); a sixteenth (one text) 18x and 0.68: an eighth.
 LIGHT_RATIO = 2.0
 LIGHT_RECENT_NS = 1_000_000_000
 SHORT_SHARE = 8
