@@ -220,10 +220,15 @@ def set_graph_optimize(cpu: bool) -> None:
 # benchmarks/many_models.py, 2 CPUs, c=32, 90/10, light sent on a clock, 8 s phases, runs
 # interleaved on a noisy shared machine: whole batches light P99 62 and 58 ms, (b)/(a) 0.91 and
 # 1.02; a quarter 54 and 48 ms, 0.91 and 1.00; an eighth 51 and 71 ms, but 0.83 and 0.83 (the
-# more, smaller batches cost the busy model a tenth of its throughput): a quarter.
+# more, smaller batches cost the busy model a tenth of its throughput): a quarter. Since then the
+# front-end sends a light model's texts to one home worker (service.engine.routing.Homes), so
+# only that worker shortens and the others keep whole batches: measured so (same benchmark, main
+# and this interleaved, one session), a quarter light P99 2.58x alone, (b)/(a) 1.02; an eighth
+# 2.20x, 1.59x and 1.74x, 0.98, 1.01 and 1.04 (main beside them: 2.40x, 3.04x and 2.34x; 0.95,
+# 0.92 and 0.96); a sixteenth (one text) 18x and 0.68: an eighth.
 LIGHT_RATIO = 2.0
 LIGHT_RECENT_NS = 1_000_000_000
-SHORT_SHARE = 4
+SHORT_SHARE = 8
 # While a model is owed short batches by a busier one, its due batches also go first, up to this
 # many in a row while the busier model has a batch due; then the busier model gets one turn. In
 # strict round-robin a light text that came during the light model's own batch waited a whole

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import BULK, Request, Waiting
-from ringserve.service.engine.routing import assign
+from ringserve.service.engine.routing import Homes, assign
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
@@ -183,12 +183,13 @@ class Lines:
     taken but not placed (push_front) gets its turn back first, so room that frees up goes to
     the model that was refused it."""
 
-    __slots__ = ("bulk", "interactive", "lines", "max_wait_ns", "turns")
+    __slots__ = ("bulk", "homes", "interactive", "lines", "max_wait_ns", "turns")
 
     def __init__(self, max_wait_ns: int) -> None:
         self.max_wait_ns = max_wait_ns
         self.lines: dict[int, Waiting] = {}
         self.turns: deque[int] = deque()
+        self.homes = Homes()  # which models are light, so placed on one home worker
         self.bulk = Count(self, "bulk")
         self.interactive = Count(self, "interactive")
 
@@ -287,7 +288,7 @@ class Lines:
             self.extend(reqs)
             self.flush(serving, hold, meter, now_ns)
             return
-        self.extend(assign(reqs, serving, hold, meter, now_ns))
+        self.extend(assign(reqs, serving, hold, meter, now_ns, self.homes))
 
     def flush(self, serving: Sequence[WorkerHandle], hold: int, meter: Meter, now_ns: int) -> None:
         """Hand the oldest waiting requests to workers with room, as many as they take."""
@@ -295,7 +296,7 @@ class Lines:
             return
         while self:
             taken = self.take(256, now_ns)
-            rest = assign(taken, serving, hold, meter, now_ns)
+            rest = assign(taken, serving, hold, meter, now_ns, self.homes)
             if rest:
                 self.push_front(rest)
                 # Another model's texts may still fit where this one's did not: go on while

@@ -1,25 +1,75 @@
 """Which worker gets which text: the least-loaded serving worker that holds the text's model,
 while it holds less than `hold_cost` (about two batches of work), so what waits, waits in the
-front-end."""
+front-end. Many models: a light model's texts go to one home worker (Homes)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import Request
 from ringserve.service.pool.handle import WorkerHandle
 
+# Many models: a model whose recent work (cost placed, decayed with HOME_HALF_LIFE_NS) is at
+# most 1/HOME_RATIO of another model's has a home, the first serving worker that holds it, and
+# its texts go there alone, past `hold` up to HOME_HOLD_SHARE times it. Only that worker's Turns
+# then sees the light model's texts and shortens the busy model's batches (workers.served
+# SHORT_SHARE), while the other workers keep whole batches; the light text waits behind one short
+# busy batch, not behind the whole one that runs on whichever worker it was sent to. Its home
+# goes when it is no longer light, or when the worker leaves `serving` (died, replaced, drained):
+# then the next that holds it, or the normal least-loaded choice.
+HOME_RATIO = 2.0
+HOME_HALF_LIFE_NS = 500_000_000
+HOME_HOLD_SHARE = 2
+
+
+class Homes:
+    """Each model's recent placed work, and from it which models are light (on a clock given
+    by the caller)."""
+
+    __slots__ = ("mark_ns", "work")
+
+    def __init__(self) -> None:
+        self.work: dict[int, float] = {}  # model -> decayed cost placed
+        self.mark_ns = 0  # when `work` was last decayed
+
+    def decay(self, now_ns: int) -> None:
+        dt = now_ns - self.mark_ns
+        if dt > 0:
+            f = math.exp2(-dt / HOME_HALF_LIFE_NS)
+            self.work = {m: w * f for m, w in self.work.items()}
+            self.mark_ns = now_ns
+
+    def placed(self, model: int, cost: int) -> None:
+        self.work[model] = self.work.get(model, 0.0) + cost
+
+    def light(self, now_ns: int) -> set[int]:
+        """The models with recent work at most 1/HOME_RATIO of the busiest's (never one alone:
+        with one model nothing is light)."""
+        self.decay(now_ns)
+        if len(self.work) < 2:
+            return set()
+        top = max(self.work.values())
+        return {m for m, w in self.work.items() if w * HOME_RATIO <= top}
+
 
 def assign(
-    reqs: list[Request], workers: Sequence[WorkerHandle], hold: int, meter: Meter, now_ns: int
+    reqs: list[Request],
+    workers: Sequence[WorkerHandle],
+    hold: int,
+    meter: Meter,
+    now_ns: int,
+    homes: Homes | None = None,
 ) -> list[Request]:
     """Give each request, in order, to the serving worker holding the least among those that
     hold its model (WorkerHandle.models), while one has room under `hold` (a worker holding
     nothing takes any one text); the rest, in order. Once a model's text finds no room, none
-    of that model's later texts is placed (none overtakes it); other models' still may be."""
+    of that model's later texts is placed (none overtakes it); other models' still may be.
+    With `homes`, a light model's texts go only to the first worker that holds it (Homes)."""
     if not workers:
         return reqs
+    light = homes.light(now_ns) if homes is not None and len(workers) > 1 else set()
     flows = [meter.flow(w) for w in workers]
     loads = [f.held for f in flows]
     by_worker: list[list[Request]] = [[] for _ in workers]
@@ -31,11 +81,15 @@ def assign(
         ks = holders.get(m)
         if ks is None:
             ks = holders[m] = [k for k, w in enumerate(workers) if m in w.models]
+            if m in light and ks:
+                ks[1:] = []  # its home
         if m in blocked or not ks:
             rest.append(r)
             continue
         k = min(ks, key=loads.__getitem__)
         limit = hold // 2 if r.group.priority else hold  # bulk: one batch of the two
+        if m in light:
+            limit *= HOME_HOLD_SHARE
         if hold and loads[k] and loads[k] + r.cost > limit:
             blocked.add(m)  # its least-loaded worker is full: so is every other
             rest.append(r)
@@ -53,6 +107,8 @@ def assign(
             r.worker = w
             w.assigned[r.id] = r
             f.held += r.cost
+            if homes is not None:
+                homes.placed(r.group.model, r.cost)
         refused.extend(batch[n:])
     if refused:  # a ring was full: back in the order they were taken in
         order = {id(r): i for i, r in enumerate(reqs)}

@@ -20,6 +20,8 @@ from ringserve.shm import layout as L
 
 from devkit.fakes import Clock, S
 
+MS = 1_000_000
+
 A, B, C = 0, 1, 2  # model indexes
 
 
@@ -189,6 +191,71 @@ def test_a_dead_workers_texts_go_only_to_workers_that_hold_their_model() -> None
     answer(d, other_a)
     answer(d, other_b)
     assert len(done.results) == 2 and d.depth == 0
+
+
+def both() -> tuple[Worker, Worker]:
+    return Worker(models=frozenset({A, B})), Worker(models=frozenset({A, B}))
+
+
+def test_a_light_models_texts_go_to_its_home_worker_the_busy_ones_to_both() -> None:
+    """Once model a has placed twice b's recent work (routing.Homes), b's texts go only to the
+    first serving worker that holds it, though the other holds less; a's still go to both."""
+    home, other = both()
+    d, clock = models(home, other)
+    d.submit([b"a%d" % i for i in range(10)], 0, Calls(), model=A)
+    d.submit([b"b0"], 0, Calls(), model=B)  # a alone had work: no home yet
+    for i in range(1, 5):
+        clock.now += MS
+        d.submit([b"b%d" % i], 0, Calls(), model=B)
+        d.submit([b"a"], 0, Calls(), model=A)  # as often to each worker
+    assert [t for m, t in in_ring(home) if m == B][-4:] == [b"b1", b"b2", b"b3", b"b4"]
+    assert [t for m, t in in_ring(other) if m == B] in ([], [b"b0"])
+    assert A in {m for m, _ in in_ring(home)} and A in {m for m, _ in in_ring(other)}
+
+
+def test_a_light_model_whose_home_leaves_goes_to_the_next_worker_and_loses_nothing() -> None:
+    home, other = both()
+    d, clock = models(home, other)
+    done = Calls()
+    d.submit([b"a%d" % i for i in range(10)], 0, Calls(), model=A)
+    for i in range(3):
+        clock.now += MS
+        d.submit([b"b%d" % i], 0, done, model=B)
+    d.serving = [other]  # the home died: the supervisor swapped it out
+    assert [t for m, t in in_ring(home) if m == B][-2:] == [b"b1", b"b2"]
+    d.reroute(home)
+    d.submit([b"b3"], 0, done, model=B)
+    assert [t for m, t in in_ring(other) if m == B] == [b"b0", b"b1", b"b2", b"b3"]
+    answer(d, other)
+    assert len(done.results) == 4
+
+
+def test_a_light_model_that_becomes_busy_loses_its_home() -> None:
+    home, other = both()
+    d, clock = models(home, other)
+    d.submit([b"a%d" % i for i in range(10)], 0, Calls(), model=A)
+    clock.now += MS
+    d.submit([b"b0"], 0, Calls(), model=B)
+    clock.now += MS
+    d.submit([b"b1"], 0, Calls(), model=B)
+    assert (B, b"b1") in in_ring(home)
+    d.submit([b"b%d" % i for i in range(2, 42)], 0, Calls(), model=B)  # b is the busy one now
+    clock.now += MS
+    d.submit([b"a10", b"a11"], 0, Calls(), model=A)  # ... and a the light one
+    assert in_ring(home)[-2:] == [(A, b"a10"), (A, b"a11")]
+    for i in range(42, 46):
+        d.submit([b"b%d" % i], 0, Calls(), model=B)
+    b_last = {t for m, t in in_ring(other) if m == B}
+    assert b_last & {b"b42", b"b43", b"b44", b"b45"}  # spread again
+
+
+def test_one_model_has_no_home() -> None:
+    w1, w2 = Worker(), Worker()
+    d, clock = models(w1, w2, names="a")
+    for i in range(6):
+        clock.now += MS
+        d.submit([b"a%d" % i], 0, Calls(), model=A)
+    assert len(w1.ring) == len(w2.ring) == 3
 
 
 # -- limits ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.shm.segment import Segment, segment_name
 from ringserve.workers.batcher import Batcher, Item
 from ringserve.workers.longtext import split_options
-from ringserve.workers.served import LIGHT_FIRST_RUNS, Turns
+from ringserve.workers.served import LIGHT_FIRST_RUNS, SHORT_SHARE, Turns
 
 MS = 1_000_000
 DELAY_NS = 5 * MS
@@ -149,7 +149,7 @@ def test_a_lighter_model_s_text_waits_behind_a_short_batch_of_the_flooded_one() 
     arrivals = light_and_flood(2000, 25, 40)
     waits = run_costed(Turns({0: a, 1: b}), arrivals, 10**12)
     full = 2.65 * MS + 0.2 * MS * 512  # a whole batch of the flood: about 105 ms
-    short = 2.65 * MS + 0.2 * MS * 128  # a quarter of its tokens: about 28 ms
+    short = 2.65 * MS + 0.2 * MS * 512 // SHORT_SHARE  # its short batch: about 15 ms
     light = {item.msg_id: t for t, index, item in arrivals if index == 1}
     assert set(light) <= set(waits)
     # The first light text comes while a whole batch runs (the worker had seen no other model):
@@ -171,7 +171,8 @@ def test_the_flood_s_batches_are_whole_again_once_the_lighter_model_goes_quiet()
         a.add(Item(i, 0, 0, [7] * 32))
     b.add(Item(9_999, 0, 0, [7] * 20))
     turns.next(1 * MS)
-    assert (a.cap_tokens, b.cap_tokens) == (128, 0)  # 400 texts of recent work against 1
+    # 400 texts of recent work against 1
+    assert (a.cap_tokens, b.cap_tokens) == (512 // SHORT_SHARE, 0)
     turns.next(2 * 10**9)  # B's last text is 2 s old: no one is owed short batches now
     assert (a.cap_tokens, b.cap_tokens) == (0, 0)
     assert a.take()[0] and len(a.take()[0]) == 16  # 512 tokens of 32
@@ -256,7 +257,7 @@ def test_a_lighter_model_s_text_that_came_during_its_own_batch_runs_before_the_f
     index, _ = turns.next(8 * MS)
     assert index == 1 and [it.msg_id for it in b.take()[0]] == [90_001]  # not behind A's
     index, _ = turns.next(15 * MS)
-    assert index == 0 and a.cap_tokens == 128  # then the flood, in a short batch
+    assert index == 0 and a.cap_tokens == 512 // SHORT_SHARE  # then the flood, in a short batch
 
 
 def test_the_busier_model_runs_after_at_most_light_first_runs_lighter_batches() -> None:
