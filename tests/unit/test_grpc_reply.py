@@ -1,4 +1,4 @@
-"""rpc/servicer.py's Reply: the one hand-off of a ModelInfer's answer from the loop to the gRPC
+"""rpc/reply.py's Reply: the one hand-off of a ModelInfer's answer from the loop to the gRPC
 thread that waits for it, given once with the answer or the error."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.rpc.servicer import Reply
+from ringserve.service.protocols.rpc.reply import Reply
 
 
 def test_the_waiting_thread_gets_the_answer_given_from_another() -> None:

@@ -6,7 +6,6 @@ HTTP statuses of protocols/kserve.py's checks; rpc/server.py maps them to gRPC c
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Protocol
 
@@ -21,6 +20,7 @@ from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import ModelView
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
+from ringserve.service.protocols.rpc.reply import Reply
 
 
 class GrpcHost(ModelView, Protocol):
@@ -39,35 +39,6 @@ class RateLimited(Exception):
     def __init__(self, retry_after_s: int) -> None:
         super().__init__(retry_after_s)
         self.retry_after_s = retry_after_s
-
-
-class Reply:
-    """One call's answer, handed from the loop to the gRPC thread that waits for it: a lock
-    the thread blocks on, released once with the answer or the error (cheaper than a
-    concurrent future: no condition, no callbacks)."""
-
-    __slots__ = ("error", "lock", "value")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def give(self, value: Any) -> None:
-        self.value = value
-        self.lock.release()
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.lock.release()
-
-    def wait(self) -> Any:
-        """On the gRPC thread: the answer, or the error raised."""
-        self.lock.acquire()
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 class Servicer:
