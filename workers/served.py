@@ -270,17 +270,20 @@ class Turns:
     def next(self, now_ns: int) -> tuple[int | None, int]:
         """(the model whose batch runs now, 0), or (None, wait): -1 when nothing waits, else
         the nanoseconds until the earliest batch is due. Choosing a model is its turn."""
-        wait = -1
         n = len(self.order)
         if n > 1:
             self.shorten(now_ns)
-            first = self.lighter_first(now_ns)
+        # Each model's wait, planned once for this choice (wait_ns plans its next batch).
+        lefts = {i: b.wait_ns(now_ns) for i, b in self.batchers.items()}
+        if n > 1:
+            first = self.lighter_first(lefts)
             if first is not None:
                 return first, 0
+        wait = -1
         for step in range(1, n + 1):
             pos = (self.last + step) % n
             index = self.order[pos]
-            left = self.batchers[index].wait_ns(now_ns)
+            left = lefts[index]
             if left == 0:
                 self.last = pos
                 if self.batchers[index].cap_tokens:
@@ -290,21 +293,21 @@ class Turns:
                 wait = left
         return None, wait
 
-    def lighter_first(self, now_ns: int) -> int | None:
-        """A model owed short batches (no cap while another model has one) whose batch is due,
-        unless LIGHT_FIRST_RUNS such batches ran in a row while a capped model's was due."""
+    def lighter_first(self, lefts: Mapping[int, int]) -> int | None:
+        """A model owed short batches (no cap while another model has one) whose batch is due
+        (`lefts`: each model's wait), unless LIGHT_FIRST_RUNS such batches ran in a row while a
+        capped model's was due."""
         capped = [i for i in self.order if self.batchers[i].cap_tokens]
         if not capped:
             return None
-        busy_due = any(self.batchers[i].wait_ns(now_ns) == 0 for i in capped)
+        busy_due = any(lefts[i] == 0 for i in capped)
         if busy_due and self.light_runs >= LIGHT_FIRST_RUNS:
             return None
         n = len(self.order)
         for step in range(1, n + 1):
             pos = (self.last + step) % n
             index = self.order[pos]
-            b = self.batchers[index]
-            if not b.cap_tokens and b.wait_ns(now_ns) == 0:
+            if not self.batchers[index].cap_tokens and lefts[index] == 0:
                 self.last = pos
                 self.light_runs = self.light_runs + 1 if busy_due else 0
                 return index

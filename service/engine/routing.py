@@ -38,7 +38,9 @@ class Homes:
         dt = now_ns - self.mark_ns
         if dt > 0:
             f = math.exp2(-dt / HOME_HALF_LIFE_NS)
-            self.work = {m: w * f for m, w in self.work.items()}
+            work = self.work
+            for m in work:  # in place: this runs at every placement
+                work[m] *= f
             self.mark_ns = now_ns
 
     def placed(self, model: int, cost: int) -> None:
@@ -69,7 +71,9 @@ def assign(
     With `homes`, a light model's texts go only to the first worker that holds it (Homes)."""
     if not workers:
         return reqs
-    light = homes.light(now_ns) if homes is not None and len(workers) > 1 else set()
+    if len(workers) < 2:  # one worker: nothing is homed, so placements need not be counted
+        homes = None
+    light = homes.light(now_ns) if homes is not None else set()
     flows = [meter.flow(w) for w in workers]
     loads = [f.held for f in flows]
     by_worker: list[list[Request]] = [[] for _ in workers]
