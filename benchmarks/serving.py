@@ -613,11 +613,13 @@ def turns(
     encs: dict[str, list[list[int]]],
 ) -> int:
     """--baseline: the baseline's server and this checkout's take turns, `rounds` times, each
-    against ceilings measured beside it; then each one's served/ceiling in every round."""
+    against ceilings measured beside it, first in turn; then each one's served/ceiling in every
+    round."""
     ratios: dict[tuple[str, str, int], list[float]] = {}
     p50s: dict[tuple[str, str, int], list[float]] = {}
-    for _ in range(args.rounds):
-        for label, tree in (("baseline", args.baseline), ("this", None)):
+    pair: list[tuple[str, Path | None]] = [("baseline", args.baseline), ("this", None)]
+    for r in range(args.rounds):  # each goes first in every other round: the machine drifts
+        for label, tree in pair if r % 2 == 0 else pair[::-1]:
             _, levels = run_config(args, pool, model_dir, texts, encs, RUNTIMES[0], tree, label)
             for (mix, c), level in levels.items():
                 ratios.setdefault((label, mix, c), []).append(level.served.load.rps / level.ceiling)
