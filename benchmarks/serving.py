@@ -20,8 +20,16 @@ server's whole process tree's PSS at start and after its load. Then served figur
 the fastest fp32 ceiling any graph reached, int8's served speed over fp32's, and two peers on the
 same texts: plain FastAPI (one text a forward pass) and LitServe with its own batching.
 Usage: python -m benchmarks.serving [--seconds 6] [--quick] [--configs default,other,torch,int8]
-       [--mixes short,long] [--peers fastapi,litserve] [--no-peer]
+       [--mixes short,long] [--peers fastapi,litserve] [--no-peer] [--levels 1,32,64]
+       [--skip-limits] [--skip-256] [--baseline OTHER_CHECKOUT --rounds N]
 (a whole run takes about 15 minutes on 2 cores: --configs and --peers run it in parts).
+--baseline serves another checkout (a main checkout, with its .typecheck links) and this one in
+turns, `--rounds` times, each against ceilings measured beside it, and prints every round's
+served/ceiling side by side: on a shared machine one run's ratio moves by 0.05 or more.
+The column "model ms a text" is the workers' wall time in the model a request, served (from
+/metrics) beside the ceiling's (its processes over its texts/s): where the two differ, the model
+itself ran slower in the server (batch shapes, and the front-end's and client's work preempting
+it on the same cores); the rest of the gap is CPU spent outside the model.
 """
 
 from __future__ import annotations
@@ -257,6 +265,16 @@ class Served:
     cpu_ms: float
     front_ms: float = float("nan")  # the front-end process's CPU ms a request
     client_ms: float = float("nan")  # the load generator's, on the same cores
+    model_ms: float = float("nan")  # the workers' time in the model a request (wall)
+
+
+def model_busy_s(port: int) -> float:
+    """Seconds the workers spent in the model so far (/metrics)."""
+    body = http_request(port, "GET", "/metrics")[2].decode()
+    for line in body.splitlines():
+        if line.startswith("ringserve_model_busy_seconds_total"):
+            return float(line.split()[-1])
+    return float("nan")
 
 
 def serve_level(
@@ -269,6 +287,7 @@ def serve_level(
     requests = [classify_request(t) for t in texts]
     uvloop.run(run_load(port, requests, c, 1.0, warmup_s=0))
     before = get_json(port, "/v1/stats")["totals"] if stats else {}
+    busy0 = model_busy_s(port) if stats else float("nan")
     cpu0 = tree_cpu_s(pid)
     client0 = time.process_time()
     result = uvloop.run(run_load(port, requests, c, seconds, warmup_s=0))
@@ -276,12 +295,14 @@ def serve_level(
     client = time.process_time() - client0
     ok = max(1, result.ok)
     waste = float("nan")
+    busy = float("nan")
     if stats:
+        busy = (model_busy_s(port) - busy0) * 1000 / ok
         after = get_json(port, "/v1/stats")["totals"]
         padded = after["padded_tokens"] - before["padded_tokens"]
         waste = 1 - (after["tokens"] - before["tokens"]) / padded if padded else 0.0
     front = (cpu1[1] - cpu0[1]) * 1000 / ok
-    return Served(result, waste, (cpu1[0] - cpu0[0]) * 1000 / ok, front, client * 1000 / ok)
+    return Served(result, waste, (cpu1[0] - cpu0[0]) * 1000 / ok, front, client * 1000 / ok, busy)
 
 
 # -- the peers -------------------------------------------------------------------------------------
@@ -353,7 +374,7 @@ def run_peer(
         try:
             peer.wait_ready()
             for mix in args.mixes:
-                for c in LEVELS:
+                for c in args.levels:
                     p = serve_level(peer.port, peer.pid, texts[mix], c, args.seconds, stats=False)
                     r = ours[mix, c].served
                     print(f"| {mix} | {c} | {r.load.rps:.1f} | {p.load.rps:.1f} | "
@@ -399,9 +420,12 @@ def run_config(
     texts: dict[str, list[str]],
     encs: dict[str, list[list[int]]],
     config: tuple[str, str, str],
+    tree: Path | None = None,
+    label: str = "",
 ) -> tuple[str, dict[tuple[str, int], Level]]:
-    """One configuration served and measured against its own ceiling at every level; returns
-    the fp32 graph it served ("" for TorchScript and int8) and its levels."""
+    """One configuration served (by another checkout's server when `tree` is given: a
+    baseline, named `label` in the rows) and measured against its own ceiling at every level;
+    returns the fp32 graph it served ("" for TorchScript and int8) and its levels."""
     runtime, precision, graph = config
     overhead = BATCH_OVERHEAD[runtime, precision]
     levels = {}
@@ -409,20 +433,21 @@ def run_config(
     if graph:
         extra += ["--graph", graph]
     with tempfile.TemporaryDirectory(prefix="ringserve-serving-") as tmp:
-        srv = Launched(tmp, [*extra, *args.server_args.split()], binary=False)
+        srv = Launched(tmp, [*extra, *args.server_args.split()], binary=False, tree=tree)
         try:
             srv.wait_ready(args.workers)
             served_graph = get_json(srv.port, "/v1/model").get("graph", {}).get("graph", "")
             pool.load(model_dir, runtime, precision, served_graph)
             start_pss = settled_pss(srv)
             name = f"{runtime} {precision}{f' {served_graph}' if served_graph else ''}"
+            name = f"{label}: {name}" if label else name
             for mix in args.mixes:
-                for c in LEVELS:
+                for c in args.levels:
                     levels[mix, c] = serve_and_ceiling(args, pool, srv, mix, c, texts, encs,
                                                        overhead, name)  # fmt: skip
             after = tree_pss(srv.pid)["tree"]
             print(f"| {name}: the process tree's PSS {start_pss:.0f} MiB at start, "
-                  f"{after:.0f} MiB after the load |" + " |" * 14, flush=True)  # fmt: skip
+                  f"{after:.0f} MiB after the load |" + " |" * 15, flush=True)  # fmt: skip
         finally:
             srv.terminate()
     return served_graph, levels
@@ -450,8 +475,10 @@ def serve_and_ceiling(
     overhead: int,
     name: str,
 ) -> Level:
-    _, top = best_plan(pool, encs[mix], 256, overhead, args.search_seconds)
-    ref, _ = pool.run(top, args.ceiling_seconds)
+    ref = float("nan")
+    if not args.skip_256:
+        _, top = best_plan(pool, encs[mix], 256, overhead, args.search_seconds)
+        ref, _ = pool.run(top, args.ceiling_seconds)
     # The machine is shared: the ceiling is taken before and after the served run and the
     # higher one kept (the conservative ratio).
     plan_name, batches = best_plan(pool, encs[mix], c, overhead, args.search_seconds)
@@ -466,7 +493,7 @@ def serve_and_ceiling(
         f"| {mix} | {name} | {c} | {s.load.rps:.1f} | {ceil:.1f} | "
         f"{plan_name} | {s.load.rps / ceil:.2f} | {ref:.1f} | {s.load.pct(50):.1f} | "
         f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} | {s.front_ms:.2f} | "
-        f"{s.client_ms:.2f} |",
+        f"{s.client_ms:.2f} | {s.model_ms:.2f} / {len(pool.conns) * 1000 / ceil:.2f} |",
         flush=True,
     )
     return Level(s, ceil)
@@ -491,7 +518,8 @@ def summary(results: dict[tuple[str, str, str], dict[tuple[str, int], Level]]) -
               f"{i8 / rps:.2f} |")  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def options(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[tuple[str, str, str]]]:
+    """The command line, and the configurations it serves, in RUNTIMES' order."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=6.0, help="served load per level")
     p.add_argument("--ceiling-seconds", type=float, default=2.5, help="per ceiling figure")
@@ -507,15 +535,32 @@ def main(argv: list[str] | None = None) -> int:
         help=f"which of {', '.join(CONFIG_NAMES)} to serve (other, peers: default too)",
     )
     p.add_argument("--skip-limits", action="store_true", help="skip the batch-limit search")
+    p.add_argument("--skip-256", action="store_true", help="skip the 256-window reference")
     p.add_argument("--mixes", default=",".join(MIXES), help="short, long or both")
     p.add_argument("--peers", default=",".join(PEERS), help="fastapi, litserve or both")
+    p.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrencies")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. main's): its server and this one's take turns, the "
+        "default configuration only, each against its own ceilings (no peers)",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="turns of each with --baseline")
     args = p.parse_args(argv)
+    args.levels = [int(c) for c in args.levels.split(",")]
     args.mixes = [m for m in MIXES if m in args.mixes.split(",")]
     args.peers = [] if args.no_peer else args.peers.split(",")
     wanted = {"default"} if args.quick else set(args.configs.split(","))
     if wanted & {"other"} or args.peers:  # both are defined by the defaults' run
         wanted.add("default")
     configs = [c for c, name in zip(RUNTIMES, CONFIG_NAMES, strict=True) if name in wanted]
+    if args.baseline is not None:
+        configs, args.peers = [RUNTIMES[0]], []
+    return args, configs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, configs = options(argv)
     from ringserve.factory.build import default_artifact_dir
     from ringserve.workers.artifact import load_manifest, load_tokenizer
 
@@ -541,8 +586,10 @@ def main(argv: list[str] | None = None) -> int:
         print("| mix | runtime | c | served/s | ceiling/s (window c) | ceiling's plan | "
               "served/ceiling | ceiling/s (window 256) | P50 ms | P99 ms | model batch-1 ms | "
               "padding waste | server CPU ms/req | front-end CPU ms/req | "
-              "client CPU ms/req |")  # fmt: skip
-        print("| --- " * 15 + "|")
+              "client CPU ms/req | model ms a text, served / ceiling |")  # fmt: skip
+        print("| --- " * 16 + "|")
+        if args.baseline is not None:
+            return turns(args, pool, model_dir, texts, encs)
         chosen = "plain"
         for config in configs:
             if config[2] == "other":
@@ -555,6 +602,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers:
         run_peer(args, texts, results[RUNTIMES[0]])
     print(f"took {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+def turns(
+    args: argparse.Namespace,
+    pool: CeilingPool,
+    model_dir: str,
+    texts: dict[str, list[str]],
+    encs: dict[str, list[list[int]]],
+) -> int:
+    """--baseline: the baseline's server and this checkout's take turns, `rounds` times, each
+    against ceilings measured beside it, first in turn; then each one's served/ceiling in every
+    round."""
+    ratios: dict[tuple[str, str, int], list[float]] = {}
+    p50s: dict[tuple[str, str, int], list[float]] = {}
+    pair: list[tuple[str, Path | None]] = [("baseline", args.baseline), ("this", None)]
+    for r in range(args.rounds):  # each goes first in every other round: the machine drifts
+        for label, tree in pair if r % 2 == 0 else pair[::-1]:
+            _, levels = run_config(args, pool, model_dir, texts, encs, RUNTIMES[0], tree, label)
+            for (mix, c), level in levels.items():
+                ratios.setdefault((label, mix, c), []).append(level.served.load.rps / level.ceiling)
+                p50s.setdefault((label, mix, c), []).append(level.served.load.pct(50))
+    print("\n| mix | c | served/ceiling, baseline | served/ceiling, this | P50 ms, baseline | "
+          "P50 ms, this |")  # fmt: skip
+    print("| --- " * 6 + "|")
+    for mix in args.mixes:
+        for c in args.levels:
+            cells = [
+                ", ".join(f"{v:.3f}" for v in ratios[who, mix, c]) for who in ("baseline", "this")
+            ]
+            cells += [
+                ", ".join(f"{v:.1f}" for v in p50s[who, mix, c]) for who in ("baseline", "this")
+            ]
+            print(f"| {mix} | {c} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -100,6 +100,9 @@ class LongText:
         self.max_windows = max_windows
         self.token_types = token_types
         self.full = _copy(tokenizer, None)
+        # Without character offsets (nothing here reads them): the same ids and type ids, about
+        # a sixth less time on short texts (tokenizers 0.20 and later; before, the plain call).
+        self.encode_batch = getattr(self.full, "encode_batch_fast", self.full.encode_batch)
         self.right = _copy(tokenizer, {"max_length": max_length})
         self.left = _copy(tokenizer, {"max_length": max_length, "direction": "left"})
         self.windows = self.pair_windows = self.right  # only "window" mode ever uses these
@@ -111,7 +114,7 @@ class LongText:
 
     def plan(self, texts: list[Text], options: list[int]) -> list[Plan]:
         """One plan a text, in order."""
-        encodings = self.full.encode_batch(texts)
+        encodings = self.encode_batch(texts)
         out: list[Plan] = []
         for text, opts, enc in zip(texts, options, encodings, strict=True):
             n = len(enc.ids)

@@ -203,6 +203,7 @@ class Worker:
         model_us = (t1 - t0) // 1000
         grid = served.report_grid
         aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces
+        scores = Scores(probs, len(batch), served.n_labels)
         out = []
         for row, it in enumerate(batch):
             if it.whole is not None:
@@ -212,10 +213,17 @@ class Worker:
                 continue
             queued_us = (t0 - it.arrived_ns) // 1000
             cls = bucket_index(grid, len(it.ids))  # latency is reported by the text's own length
-            out.append(
-                self.pack(it.msg_id, L.STATUS_OK, cls, served.part(probs[row], it.embed),
-                          queued_us, model_us, it.flags, it.tokens, embed=it.embed, aux=aux)
+            if it.embed:
+                out.append(
+                    self.pack(it.msg_id, L.STATUS_OK, cls, served.part(probs[row], True),
+                              queued_us, model_us, it.flags, it.tokens, embed=True, aux=aux)
+                )  # fmt: skip
+                continue
+            head = L.pack_response(
+                L.STATUS_OK, cls, scores.labels[row], served.n_labels, queued_us, model_us,
+                it.flags, 0, it.tokens,
             )  # fmt: skip
+            out.append((it.msg_id, head + scores.row(row), aux))
         ctl = self.ctl  # counted before the answers go: whoever sees one sees its batch counted
         ctl.add("requests", len(out))
         ctl.add("rows", len(batch))
@@ -296,6 +304,23 @@ class Worker:
             self.grow.append(b"\x01" * step)
         if HOOKS.batch_delay_ms:  # test-only: a slow batch, to hold a text between batches
             time.sleep(HOOKS.batch_delay_ms / 1000)
+
+
+class Scores:
+    """A batch's scores (the first `n_labels` columns of the runner's rows) as its answers
+    carry them: every row's label from one argmax, every row's float32 bytes from one copy,
+    the same bytes and labels Worker.pack gives a row alone."""
+
+    __slots__ = ("blob", "labels", "width")
+
+    def __init__(self, probs: Any, rows: int, n_labels: int) -> None:
+        part = np.ascontiguousarray(probs[:rows, :n_labels], dtype=np.float32)
+        self.labels: list[int] = part.argmax(axis=1).tolist() if n_labels else [0] * rows
+        self.blob = part.tobytes()
+        self.width = 4 * n_labels
+
+    def row(self, i: int) -> bytes:
+        return self.blob[i * self.width : (i + 1) * self.width]
 
 
 def _settle(whole: Whole) -> bool:

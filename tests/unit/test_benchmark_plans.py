@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ringserve.workers.batcher import row_limit
 
-from benchmarks.serving import plan
+from benchmarks.serving import RUNTIMES, options, plan
 
 
 @settings(max_examples=80, deadline=None)
@@ -38,3 +38,12 @@ def test_the_greedy_cut_fills_each_batch_to_the_limit() -> None:
     assert [[len(t) for t in b] for b in greedy] == [[3, 5, 9], [9, 10, 20], [21], [40]]
     cheapest = plan(texts, 8, 3, 60, overhead=5)
     assert [[len(t) for t in b] for b in cheapest] == [[3, 5], [9, 9, 10], [20, 21], [40]]
+
+
+def test_a_baseline_run_serves_the_defaults_alone_at_the_levels_asked() -> None:
+    args, configs = options(["--levels", "32,64", "--baseline", "/elsewhere", "--rounds", "2"])
+    assert args.levels == [32, 64] and args.rounds == 2
+    assert configs == [RUNTIMES[0]] and args.peers == []  # each against its own ceilings
+    args, configs = options(["--configs", "int8", "--mixes", "short"])
+    assert args.levels == [1, 32, 64] and args.baseline is None and args.mixes == ["short"]
+    assert configs == [RUNTIMES[0], RUNTIMES[3]]  # the peers are measured against the defaults
