@@ -163,6 +163,9 @@ class GrpcPort:
         if self.draining:  # accepted before the listener closed
             conn.begin_drain()
 
+    def broken(self, exc: Exception) -> None:
+        self.host.log.warning("grpc_connection_failed", error=repr(exc))
+
     def closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
 
