@@ -14,6 +14,10 @@ HTTP tasks each own a keep-alive connection; binary-protocol tasks share one con
 protocol is meant to be used (pipelined, answers matched by tag); gRPC tasks share one channel
 (grpc.aio, one HTTP/2 connection, calls multiplexed), as tritonclient.grpc users do, with each
 ModelInferRequest built by tritonclient's own messages (raw contents, as tritonclient sends).
+grpc.aio's client costs several times the HTTP client's CPU a call, on the cores the server
+needs, so `grpc-lean` sends the same requests from a hand-written HTTP/2 client as lean as the
+HTTP one (LeanGrpc: one connection, calls multiplexed, headers HPACK-indexed as grpc's clients
+send them); the table says which is which.
 The server's CPU per request is counted twice: the front-end alone (where the protocols differ)
 and the whole server (front-end, zygote and workers).
 
