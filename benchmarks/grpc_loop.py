@@ -5,7 +5,9 @@ loop that owns the work (as the front-end's loop owns the dispatcher), side by s
 - `aio-thread`: grpc.aio on a thread with its own asyncio loop, each call handed to the uvloop
   loop and its answer handed back (call_soon_threadsafe both ways);
 - `sync-pool`: grpcio's threaded server (a pool of 8), each call handed to the loop and waited
-  for (run_coroutine_threadsafe).
+  for (run_coroutine_threadsafe);
+- `h2-on-loop`: ringserve's own HTTP/2 (service/protocols/rpc/h2.py) on the uvloop loop, the
+  gRPC port's transport now: no thread, no grpcio server.
 
 The work is a future the loop completes on its next turn, so what is measured is the protocol
 and the hand-offs alone: calls per second and the server's CPU per call (all its threads), at
@@ -29,7 +31,7 @@ from typing import Any
 import psutil
 
 METHOD = "/bench.Echo/Call"
-ARRANGEMENTS = ("aio-on-loop", "aio-thread", "sync-pool")
+ARRANGEMENTS = ("aio-on-loop", "aio-thread", "sync-pool", "h2-on-loop")
 
 
 def identity(data: bytes) -> bytes:
@@ -68,6 +70,15 @@ def serve(arrangement: str, ports: Any) -> None:
             ports.put(server.add_insecure_port("127.0.0.1:0"))
             await server.start()
             await server.wait_for_termination()
+        elif arrangement == "h2-on-loop":
+            from ringserve.service.protocols.rpc import h2
+
+            port = EchoPort()
+            server = await loop.create_server(
+                lambda: h2.Connection(port, time.monotonic_ns), "127.0.0.1", 0
+            )
+            ports.put(server.sockets[0].getsockname()[1])
+            await asyncio.Event().wait()
         elif arrangement == "aio-thread":
             threading.Thread(target=aio_thread, args=(loop, ports), daemon=True).start()
             await asyncio.Event().wait()
@@ -83,6 +94,26 @@ def serve(arrangement: str, ports: Any) -> None:
             await asyncio.Event().wait()
 
     uvloop.run(main())
+
+
+class EchoPort:
+    """h2.Port: each call's message answered on the loop's next turn, as `answer_soon` does."""
+
+    limit = 1 << 20
+    max_streams = 1024
+
+    def opened(self, conn: Any) -> None: ...
+    def closed(self, conn: Any) -> None: ...
+    def broken(self, exc: Exception) -> None: ...
+
+    def begin(self, stream: Any) -> None:
+        def keep(s: Any, data: bytes) -> None:
+            s.request = data
+
+        def end(s: Any) -> None:
+            asyncio.get_running_loop().call_soon(s.reply, s.request or b"")
+
+        stream.on_message, stream.on_end = keep, end
 
 
 def aio_thread(work_loop: asyncio.AbstractEventLoop, ports: Any) -> None:

@@ -14,6 +14,10 @@ HTTP tasks each own a keep-alive connection; binary-protocol tasks share one con
 protocol is meant to be used (pipelined, answers matched by tag); gRPC tasks share one channel
 (grpc.aio, one HTTP/2 connection, calls multiplexed), as tritonclient.grpc users do, with each
 ModelInferRequest built by tritonclient's own messages (raw contents, as tritonclient sends).
+grpc.aio's client costs several times the HTTP client's CPU a call, on the cores the server
+needs, so `grpc-lean` sends the same requests from a hand-written HTTP/2 client as lean as the
+HTTP one (LeanGrpc: one connection, calls multiplexed, headers HPACK-indexed as grpc's clients
+send them); the table says which is which.
 The server's CPU per request is counted twice: the front-end alone (where the protocols differ)
 and the whole server (front-end, zygote and workers).
 
@@ -44,7 +48,7 @@ from devkit.http import HttpConn, classify_request, get_json, http_message
 from devkit.launcher import SST2, Launched, load_texts
 from devkit.load import percentile
 
-PROTOCOLS = ("http", "kserve-json", "kserve-binary", "binary", "grpc")
+PROTOCOLS = ("http", "kserve-json", "kserve-binary", "binary", "grpc", "grpc-lean")
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 IDLE_S = 3.0  # how long the idle front-end's own CPU use is measured before the cells
 
@@ -68,7 +72,7 @@ def encode_requests(protocol: str, texts: list[str], model: str) -> list[bytes]:
             head = json.dumps(doc).encode()
             extra = {"Inference-Header-Content-Length": str(len(head))}
             out.append(http_message("POST", infer, head + blob, extra))
-        elif protocol == "grpc":
+        elif protocol in ("grpc", "grpc-lean"):
             out.append(grpc_request(model, data))
         else:
             out.append(data)  # the client frames it with its own tag
@@ -126,6 +130,96 @@ def grpc_sender(channel: Any) -> Sender:
     return send
 
 
+class LeanGrpc(asyncio.Protocol):
+    """A gRPC client as lean as the HTTP one (hand-written HTTP/2, one connection, calls
+    multiplexed): each call is one HEADERS and one DATA frame, and its answer is framed but not
+    decoded; OK is the trailers' `grpc-status: 0` as this server writes it (a literal). The
+    headers are HPACK-indexed as grpc's own clients send them: the first call adds each field
+    to the dynamic table, every later call names them by index. For our server only; grpc.aio's
+    client is the general one."""
+
+    FIELDS = (
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", GRPC_INFER.encode()),
+        (b":authority", b"bench"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+    )  # fmt: skip
+    FIRST = b"".join(b"\x40" + bytes([len(n)]) + n + bytes([len(v)]) + v for n, v in FIELDS)
+    HEAD = bytes(0x80 | (67 - i) for i in range(6))  # the six fields, the newest at 62
+    OK = b"\x00\x0bgrpc-status\x010"
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.buf = bytearray()
+        self.next_id = 1
+        self.calls: dict[int, asyncio.Future[int]] = {}
+        self.unacked = 0
+
+    @classmethod
+    async def connect(cls, host: str, port: int) -> LeanGrpc:
+        _, proto = await asyncio.get_running_loop().create_connection(cls, host, port)
+        return proto
+
+    @staticmethod
+    def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+        n = len(payload)
+        return bytes([n >> 16, (n >> 8) & 255, n & 255, kind, flags]) + stream.to_bytes(4) + payload
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        settings = (4).to_bytes(2) + (2**31 - 1).to_bytes(4) + (2).to_bytes(2) + bytes(4)
+        transport.write(
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            + self.frame(4, 0, 0, settings)
+            + self.frame(8, 0, 0, (2**30).to_bytes(4))
+        )
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos, end = 0, len(buf)
+        while end - pos >= 9:
+            n = int.from_bytes(buf[pos : pos + 3])
+            if end - pos < 9 + n:
+                break
+            kind, flags = buf[pos + 3], buf[pos + 4]
+            sid = int.from_bytes(buf[pos + 5 : pos + 9])
+            if kind == 1 and flags & 1:  # trailers: the call is over
+                fut = self.calls.pop(sid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(200 if self.OK in buf[pos + 9 : pos + 9 + n] else 500)
+            elif kind == 0:
+                self.unacked += n
+            elif kind == 4 and not flags & 1:
+                self.transport.write(self.frame(4, 1, 0, b""))
+            elif kind == 6 and not flags & 1:
+                self.transport.write(self.frame(6, 1, 0, bytes(buf[pos + 9 : pos + 17])))
+            elif kind == 3:
+                fut = self.calls.pop(sid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(500)
+            pos += 9 + n
+        del buf[:pos]
+        if self.unacked > 2**29:
+            self.transport.write(self.frame(8, 0, 0, self.unacked.to_bytes(4)))
+            self.unacked = 0
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for fut in self.calls.values():
+            if not fut.done():
+                fut.set_result(500)
+
+    async def send(self, request: bytes) -> int:
+        sid, self.next_id = self.next_id, self.next_id + 2
+        fut = asyncio.get_running_loop().create_future()
+        self.calls[sid] = fut
+        message = b"\x00" + len(request).to_bytes(4) + request
+        head = self.FIRST if sid == 1 else self.HEAD
+        self.transport.write(self.frame(1, 4, sid, head) + self.frame(0, 1, sid, message))
+        return await fut
+
+    def close(self) -> None:
+        self.transport.close()
+
+
 # -- one cell of the table ------------------------------------------------------------------------
 @dataclass
 class Cell:
@@ -167,6 +261,7 @@ async def run_cell(
 ) -> None:
     shared: AsyncBinaryClient | None = None
     channel: Any = None
+    lean: LeanGrpc | None = None
     if cell.protocol == "binary":
         shared = await AsyncBinaryClient.connect(host, port)
         senders = [binary_sender(shared)] * cell.concurrency
@@ -175,6 +270,9 @@ async def run_cell(
 
         channel = grpc.aio.insecure_channel(f"{host}:{port}")
         senders = [grpc_sender(channel)] * cell.concurrency
+    elif cell.protocol == "grpc-lean":
+        lean = await LeanGrpc.connect(host, port)
+        senders = [lean.send] * cell.concurrency
     else:
         senders = [await http_sender(host, port) for _ in range(cell.concurrency)]
     texts = itertools.cycle(requests)
@@ -207,6 +305,8 @@ async def run_cell(
         await shared.close()
     if channel is not None:
         await channel.close()
+    if lean is not None:
+        lean.close()
 
 
 def process_cpu(pid: int | None) -> float | None:
@@ -251,7 +351,9 @@ async def measure(
     for _ in range(args.rounds):
         for conc in (int(c) for c in args.concurrency.split(",")):
             for protocol in protocols:
-                target = {"binary": binary_port, "grpc": grpc_port}.get(protocol, port)
+                target = {"binary": binary_port, "grpc": grpc_port, "grpc-lean": grpc_port}.get(
+                    protocol, port
+                )
                 cell = Cell(protocol, conc)
                 await run_cell(
                     cell, host, target, requests[protocol], args.duration, args.max_requests, pid

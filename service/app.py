@@ -115,7 +115,7 @@ class App:
             from ringserve.service.protocols.rpc.server import GrpcPort
 
             ports.grpc = GrpcPort(self.front)
-            await ports.grpc.start(s.host, s.grpc_port)
+            await ports.grpc.start(s.host, s.grpc_port, ports)
         for sock in ports.inherited.values():  # a port we no longer serve on
             sock.close()
         ports.inherited = {}

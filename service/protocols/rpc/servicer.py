@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-import grpc
 from ringserve.service.engine.admission import failure, first_failure
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
@@ -20,7 +19,6 @@ from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import ModelView
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
-from ringserve.service.protocols.rpc.reply import Reply
 
 
 class GrpcHost(ModelView, Protocol):
@@ -31,6 +29,20 @@ class GrpcHost(ModelView, Protocol):
     @property
     def log(self) -> EventLog: ...
     def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
+
+
+class Context(Protocol):
+    """What a method reads of its call (h2.Stream is one): metadata and the deadline."""
+
+    def invocation_metadata(self) -> list[tuple[str, str]]: ...
+    def time_remaining(self) -> float | None: ...
+
+
+class Reply(Protocol):
+    """Where ModelInfer's answer goes, once: the answer or the error."""
+
+    def give(self, value: Any) -> None: ...
+    def fail(self, error: BaseException) -> None: ...
 
 
 class RateLimited(Exception):
@@ -131,7 +143,7 @@ class Servicer:
     def model_infer(
         self,
         req: pb.ModelInferRequest,
-        context: grpc.ServicerContext,
+        context: Context,
         tenant: Tenant | None,
         reply: Reply,
     ) -> None:
@@ -195,7 +207,7 @@ class Servicer:
             trace.written(exc.status if isinstance(exc, HttpError) else 429, time.monotonic_ns())
         reply.fail(exc)
 
-    def start_trace(self, context: grpc.ServicerContext, received: int) -> Any:
+    def start_trace(self, context: Context, received: int) -> Any:
         """The call's span when tracing is on, continuing a `traceparent` in its metadata."""
         tracing = self.host.admission.tracing
         if tracing is None:
@@ -211,7 +223,7 @@ class Servicer:
             {"rpc.system": "grpc", "rpc.method": "ModelInfer"},
         )
 
-    def deadline_ns(self, context: grpc.ServicerContext, timeout_us: int | None) -> int:
+    def deadline_ns(self, context: Context, timeout_us: int | None) -> int:
         """The client's gRPC deadline, else Triton's `timeout` parameter, else the default."""
         now = time.monotonic_ns()
         left = context.time_remaining()

@@ -1,0 +1,281 @@
+"""rpc/h2.py, gRPC's HTTP/2 on the loop: a real Connection fed the bytes a client sends, its
+writes read back as frames (HPACK decoded with the hpack package, as a client would). The port
+behind it is a small echo: each call's one message answered as is."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Iterator
+
+import hpack
+import pytest
+from ringserve.service.protocols.rpc import h2
+
+PATH = b"/inference.GRPCInferenceService/ModelInfer"
+
+
+class Wire:
+    """The transport: what the connection wrote, and whether it closed or paused."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+class Echo:
+    """h2.Port: every call's message answered as is; "/slow" calls are kept to answer later."""
+
+    limit = 1 << 16
+    max_streams = 100
+
+    def __init__(self) -> None:
+        self.kept: list[h2.Stream] = []
+        self.cancelled: list[int] = []
+        self.errors: list[Exception] = []
+        self.seen: list[dict[str, str]] = []  # each call's metadata
+
+    def opened(self, conn: h2.Connection) -> None: ...
+    def closed(self, conn: h2.Connection) -> None: ...
+
+    def broken(self, exc: Exception) -> None:
+        self.errors.append(exc)
+
+    def begin(self, stream: h2.Stream) -> None:
+        self.seen.append(dict(stream.metadata))
+
+        def keep(s: h2.Stream, data: bytes) -> None:
+            s.request = data
+
+        def end(s: h2.Stream) -> None:
+            if s.path == b"/slow":
+                self.kept.append(s)
+            else:
+                s.reply(s.request or b"")
+
+        stream.on_message, stream.on_end = keep, end
+        stream.on_cancel = lambda s: self.cancelled.append(s.id)
+
+
+class Client:
+    """A client's side: frames to send, and the server's frames read back."""
+
+    def __init__(self, port: Echo | None = None, settings: bytes = b"") -> None:
+        self.port = port or Echo()
+        self.wire = Wire()
+        self.conn = h2.Connection(self.port, lambda: 0)
+        self.conn.connection_made(self.wire)
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+        self.pos = 0
+        self.send(h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, settings))
+
+    def send(self, data: bytes) -> None:
+        self.conn.data_received(data)
+        self.conn.flush()
+
+    def call(self, sid: int, message: bytes, path: bytes = PATH, **extra: str) -> bytes:
+        fields = [(":method", "POST"), (":scheme", "http"), (":path", path.decode()),
+                  (":authority", "t"), ("content-type", "application/grpc"), ("te", "trailers"),
+                  *extra.items()]  # fmt: skip
+        return h2.frame(h2.HEADERS, h2.END_HEADERS, sid, self.encoder.encode(fields)) + h2.frame(
+            h2.DATA, h2.END_STREAM, sid, struct.pack(">BI", 0, len(message)) + message
+        )
+
+    def frames(self) -> list[tuple[int, int, int, bytes]]:
+        """The frames written since the last look: (type, flags, stream, payload)."""
+        out, data = [], self.wire.data
+        while len(data) - self.pos >= 9:
+            n = int.from_bytes(data[self.pos : self.pos + 3])
+            kind, flags = data[self.pos + 3], data[self.pos + 4]
+            sid = int.from_bytes(data[self.pos + 5 : self.pos + 9])
+            out.append((kind, flags, sid, bytes(data[self.pos + 9 : self.pos + 9 + n])))
+            self.pos += 9 + n
+        return out
+
+    def answers(self) -> dict[int, list[tuple[str, object]]]:
+        """Per stream: ("headers", {...}), ("data", bytes), ("rst", code) in order."""
+        got: dict[int, list[tuple[str, object]]] = {}
+        for kind, _flags, sid, payload in self.frames():
+            if kind == h2.HEADERS:
+                got.setdefault(sid, []).append(("headers", dict(self.decoder.decode(payload))))
+            elif kind == h2.DATA:
+                got.setdefault(sid, []).append(("data", payload))
+            elif kind == h2.RST_STREAM:
+                got.setdefault(sid, []).append(("rst", int.from_bytes(payload)))
+        return got
+
+    def goaway(self) -> tuple[int, int] | None:
+        for kind, _flags, _sid, payload in self.frames():
+            if kind == h2.GOAWAY:
+                return struct.unpack(">II", payload[:8])
+        return None
+
+
+@pytest.fixture(autouse=True)
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def test_a_unary_call_is_headers_data_and_trailers() -> None:
+    c = Client()
+    c.frames()  # our SETTINGS and window, their ACK
+    c.send(c.call(1, b"hello") + c.call(3, b""))
+    got = c.answers()
+    for sid, body in ((1, b"hello"), (3, b"")):
+        (_, head), (_, data), (_, trailers) = got[sid]
+        assert head == {":status": "200", "content-type": "application/grpc"}
+        assert data == struct.pack(">BI", 0, len(body)) + body
+        assert trailers == {"grpc-status": "0"}
+    assert not c.conn.streams and not c.wire.closed
+
+
+def test_errors_are_trailers_only_with_the_message_percent_encoded() -> None:
+    c = Client()
+    c.frames()
+    c.send(c.call(1, b"x", path=b"/slow"))
+    (stream,) = c.port.kept
+    stream.finish(h2.NOT_FOUND, "unknown model: caf\u00e9 100%", (("retry-after", "1"),))
+    c.conn.flush()
+    ((_, block),) = c.answers()[1]
+    assert block == {":status": "200", "content-type": "application/grpc", "grpc-status": "5",
+                     "grpc-message": "unknown model: caf%C3%A9 100%25",
+                     "retry-after": "1"}  # fmt: skip
+
+
+def test_indexed_blocks_decode_the_same_when_the_table_moves() -> None:
+    """Blocks of indexed fields only are kept decoded; a block that changes the dynamic table
+    empties what was kept, so the same bytes later name the new entries."""
+    c = Client()
+    for i in range(6):  # each value twice: a new one moves the table
+        c.send(c.call(1 + 2 * i, b"m", **{"x-call": str(i // 2)}))
+    assert [m["x-call"] for m in c.port.seen] == ["0", "0", "1", "1", "2", "2"]
+    assert len(c.answers()) == 6
+    assert c.conn.known  # the last repeat was served from what was kept
+
+
+def test_the_answer_waits_for_the_clients_window() -> None:
+    c = Client(settings=struct.pack(">HI", 4, 10))  # SETTINGS_INITIAL_WINDOW_SIZE 10
+    c.frames()
+    c.send(c.call(1, b"0123456789abcdef"))
+    got = c.answers()[1]
+    assert got[1] == ("data", struct.pack(">BI", 0, 16) + b"01234")
+    c.send(h2.frame(h2.WINDOW_UPDATE, 0, 1, struct.pack(">I", 100)))
+    got = c.answers()[1]
+    assert [k for k, _ in got] == ["data", "headers"]
+    assert got[0][1] == b"56789abcdef" and got[1][1] == {"grpc-status": "0"}
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", h2.PROTOCOL_ERROR),
+        (h2.frame(h2.DATA, 0, 0, b"x"), h2.PROTOCOL_ERROR),  # DATA on stream 0
+        (h2.frame(h2.HEADERS, h2.END_HEADERS, 1, b"\xff\xff\xff\xff"), h2.COMPRESSION_ERROR),
+        (h2.frame(h2.HEADERS, 0, 1, b"") + h2.frame(h2.PING, 0, 0, bytes(8)), h2.PROTOCOL_ERROR),
+        (struct.pack(">I", 20000)[1:] + bytes(6), h2.FRAME_SIZE_ERROR),
+        (h2.frame(h2.SETTINGS, 0, 0, b"\x00\x04\xff\xff\xff\xff"), h2.FLOW_CONTROL_ERROR),
+        (h2.frame(h2.WINDOW_UPDATE, 0, 0, bytes(4)), h2.PROTOCOL_ERROR),
+        (h2.frame(h2.PUSH_PROMISE, 4, 1, bytes(8)), h2.PROTOCOL_ERROR),
+    ],
+)
+def test_a_broken_connection_ends_with_goaway(data: bytes, code: int) -> None:
+    c = Client()
+    c.frames()
+    if data.startswith(b"GET"):
+        c = Client.__new__(Client)
+        c.port, c.wire, c.pos = Echo(), Wire(), 0
+        c.conn = h2.Connection(c.port, lambda: 0)
+        c.conn.connection_made(c.wire)
+    c.send(data)
+    assert c.goaway() == (0, code) and c.wire.closed and not c.port.errors
+
+
+def test_unknown_frames_and_priority_are_ignored() -> None:
+    c = Client()
+    c.frames()
+    c.send(h2.frame(0x42, 0xFF, 7, b"whatever") + h2.frame(h2.PRIORITY, 0, 1, bytes(5)))
+    c.send(c.call(1, b"ok"))
+    assert len(c.answers()[1]) == 3 and not c.wire.closed
+
+
+def test_ping_is_answered_and_settings_acknowledged() -> None:
+    c = Client()
+    kinds = [(k, f) for k, f, _, _ in c.frames()]
+    assert (h2.SETTINGS, 0) in kinds and (h2.SETTINGS, h2.ACK) in kinds
+    c.send(h2.frame(h2.PING, 0, 0, b"12345678"))
+    assert c.frames() == [(h2.PING, h2.ACK, 0, b"12345678")]
+
+
+def test_the_drain_lets_calls_in_flight_finish_and_refuses_later_ones() -> None:
+    c = Client()
+    c.frames()
+    c.send(c.call(1, b"x", path=b"/slow"))
+    c.conn.begin_drain()
+    c.conn.flush()
+    frames = c.frames()
+    assert frames[0][0] == h2.GOAWAY and struct.unpack(">II", frames[0][3]) == (2**31 - 1, 0)
+    assert frames[1][:3] == (h2.PING, 0, 0)
+    c.send(c.call(3, b"before the ack", path=b"/slow"))  # sent before the client heard it
+    c.send(h2.frame(h2.PING, h2.ACK, 0, frames[1][3]))
+    assert c.goaway() == (3, h2.NO_ERROR)
+    c.send(c.call(5, b"after"))  # after the final GOAWAY: not processed
+    assert len(c.port.kept) == 2 and 5 not in c.answers()
+    for stream in c.port.kept:
+        assert not c.wire.closed
+        stream.reply(b"late")
+        c.conn.flush()
+    assert c.wire.closed
+
+
+def test_streams_over_the_limit_are_refused() -> None:
+    port = Echo()
+    port.max_streams = 1
+    c = Client(port)
+    c.frames()
+    c.send(c.call(1, b"x", path=b"/slow") + c.call(3, b"y"))
+    assert c.answers() == {3: [("rst", h2.REFUSED_STREAM)]}
+
+
+def test_a_flood_of_reset_calls_ends_the_connection() -> None:
+    c = Client()
+    c.frames()
+    for sid in range(1, 2 * (h2.RESETS + 2), 2):
+        c.send(c.call(sid, b"x", path=b"/slow")
+               + h2.frame(h2.RST_STREAM, 0, sid, struct.pack(">I", h2.CANCEL)))  # fmt: skip
+        if c.wire.closed:
+            break
+    assert c.wire.closed and c.goaway() == (sid, 11)  # ENHANCE_YOUR_CALM
+
+
+def test_a_message_over_the_limit_ends_its_call() -> None:
+    c = Client()
+    c.frames()
+    big = struct.pack(">BI", 0, 1 << 20)
+    head = c.call(1, b"")[: -5 - 9]  # the HEADERS frame alone
+    c.send(head + h2.frame(h2.DATA, 0, 1, big))
+    ((_, block), (_, code)) = c.answers()[1]
+    assert block == {":status": "200", "content-type": "application/grpc",
+                     "grpc-status": str(h2.RESOURCE_EXHAUSTED),
+                     "grpc-message": f"request message over {1 << 16} bytes"}  # fmt: skip
+    assert code == h2.NO_ERROR
+
+
+def test_grpc_timeout_and_its_units() -> None:
+    assert h2.parse_timeout(b"1500m") == 1_500_000_000
+    assert h2.parse_timeout(b"2S") == 2 * 10**9 and h2.parse_timeout(b"7n") == 7
+    for bad in (b"", b"m", b"123456789m", b"12x", b"-1S", b"1.5S"):
+        assert h2.parse_timeout(bad) is None
