@@ -300,10 +300,6 @@ class Config:
     grpc_port: int = option(
         8002, "KServe v2 gRPC port (GRPCInferenceService, health, reflection; 0 = off)", int
     )
-    # Each gRPC call holds a thread of grpcio's pool while the model works (protocols/rpc), so
-    # the pool bounds the calls served at once: 128 is twice the largest batch, room for
-    # batching to fill at any concurrency the benchmarks reach.
-    grpc_threads: int = option(128, "threads of the gRPC port's pool: calls served at once", int)
     api_key: str | None = option(
         None,
         "when set, every request but the health probes needs `Authorization: Bearer KEY`, and a "

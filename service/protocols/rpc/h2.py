@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import hpack
 
@@ -448,12 +448,13 @@ class Connection(asyncio.Protocol):
         and empties what was kept."""
         indexed = all(b > 0x80 and b != 0xFF for b in block)
         if indexed:
-            fields = self.known.get(block)
-            if fields is not None:
-                return fields
+            kept = self.known.get(block)
+            if kept is not None:
+                return kept
         else:
             self.known.clear()
-        fields = self.decoder.decode(block, raw=True)  # always: the dynamic table must follow
+        # always: the dynamic table must follow (raw: each field a (bytes, bytes) pair)
+        fields = cast(list[tuple[bytes, bytes]], self.decoder.decode(block, raw=True))
         if indexed and len(self.known) < 64:
             self.known[block] = fields
         return fields
