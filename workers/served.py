@@ -221,20 +221,21 @@ def set_graph_optimize(cpu: bool) -> None:
 # so only that worker shortens and the others keep whole batches. Measured before the home
 # (benchmarks/many_models.py, 2 CPUs, c=32, 90/10, light sent on a clock): a quarter cost
 # nothing, an eighth a tenth of throughput; with the home, an eighth light P99 2.20x, 1.59x and
-# 1.74x alone at (b)/(a) 0.98-1.04, a quarter 2.58x. A sixteenth (one short text, 32 of 512
-# tokens) once collapsed (18x, 0.68): worker timings showed why. The home worker sees all the
-# light texts but only its share of the busy ones, and its short batches make it slower, so the
-# front-end gives it fewer: its busy work fell to 2-3x the light one's and dipped under
-# LIGHT_RATIO, the cap came off, and whole batches (up to 8 rows, 95 ms) ran while light texts
-# waited. So a cap, once set, is kept while the busier model has LIGHT_KEEP_RATIO times the
-# work (a hysteresis; two equally busy models stay far below either). With it a sixteenth runs:
-# the home worker's busy batches are 2.3 rows (9.5 ms at P50) against 3.5 (15 ms), at the same
-# time per busy text there (4.5 ms either way, worker timings), and the text's wait to be read
-# by its worker fell from 23 to 16-21 ms at P99. Full runs: README / docs/design.md.
+# 1.74x alone at (b)/(a) 0.98-1.04, a quarter 2.58x. A sixteenth (32 of 512 tokens: one text)
+# once collapsed (18x, 0.68); worker timings showed why: the home worker sees every light text
+# but only its share of the busy ones, and its short batches slow it, so the front-end gives it
+# fewer; its busy work fell to 2-3x the light one's, dipped under LIGHT_RATIO, the cap came off
+# and whole batches (up to 8 rows, 95 ms) ran while light texts waited. So a cap, once set, is
+# kept while the busier model has LIGHT_KEEP_RATIO times the work (hysteresis; two equally busy
+# models stay far below either). With it a sixteenth no longer collapses, but it costs
+# throughput and buys no light P99: full runs interleaved with the eighth before it, (b)/(a)
+# 0.89, 0.88, 0.86 against 0.89, 1.01; light P99 in (b) 30.3, 32.9, 27.9 ms against 32.9,
+# 30.1. What a light text waits for is then the short batch's tail, stretched by the front-end
+# and the load generator sharing its core, not its rows: an eighth.
 LIGHT_RATIO = 2.0
 LIGHT_KEEP_RATIO = 1.25
 LIGHT_RECENT_NS = 1_000_000_000
-SHORT_SHARE = 16
+SHORT_SHARE = 8
 # While a model is owed short batches by a busier one, its due batches also go first, up to this
 # many in a row while the busier model has a batch due; then the busier model gets one turn. In
 # strict round-robin a light text that came during the light model's own batch waited a whole
