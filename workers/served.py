@@ -217,16 +217,23 @@ def set_graph_optimize(cpu: bool) -> None:
 # had a text in the last LIGHT_RECENT_NS runs batches of at most 1/SHORT_SHARE of its token
 # budget, so that the lighter model's text, which comes while such a batch runs, waits behind a
 # short one: a batch cannot be stopped once it runs, so its length is the light model's wait.
-# benchmarks/many_models.py, 2 CPUs, c=32, 90/10, light sent on a clock, 8 s phases, runs
-# interleaved on a noisy shared machine: whole batches light P99 62 and 58 ms, (b)/(a) 0.91 and
-# 1.02; a quarter 54 and 48 ms, 0.91 and 1.00; an eighth 51 and 71 ms, but 0.83 and 0.83 (the
-# more, smaller batches cost the busy model a tenth of its throughput): a quarter. Since then the
-# front-end sends a light model's texts to one home worker (service.engine.routing.Homes), so
-# only that worker shortens and the others keep whole batches: measured so (same benchmark, main
-# and this interleaved, one session), a quarter light P99 2.58x alone, (b)/(a) 1.02; an eighth
-# 2.20x, 1.59x and 1.74x, 0.98, 1.01 and 1.04 (main beside them: 2.40x, 3.04x and 2.34x; 0.95,
-# 0.92 and 0.96); a sixteenth (one text) 18x and 0.68: an eighth.
+# The front-end sends a light model's texts to one home worker (service.engine.routing.Homes),
+# so only that worker shortens and the others keep whole batches. Measured before the home
+# (benchmarks/many_models.py, 2 CPUs, c=32, 90/10, light sent on a clock): a quarter cost
+# nothing, an eighth a tenth of throughput; with the home, an eighth light P99 2.20x, 1.59x and
+# 1.74x alone at (b)/(a) 0.98-1.04, a quarter 2.58x. A sixteenth (32 of 512 tokens: one text)
+# once collapsed (18x, 0.68); worker timings showed why: the home worker sees every light text
+# but only its share of the busy ones, and its short batches slow it, so the front-end gives it
+# fewer; its busy work fell to 2-3x the light one's, dipped under LIGHT_RATIO, the cap came off
+# and whole batches (up to 8 rows, 95 ms) ran while light texts waited. So a cap, once set, is
+# kept while the busier model has LIGHT_KEEP_RATIO times the work (hysteresis; two equally busy
+# models stay far below either). With it a sixteenth no longer collapses, but it costs
+# throughput and buys no light P99: full runs interleaved with the eighth before it, (b)/(a)
+# 0.89, 0.88, 0.86 against 0.89, 1.01; light P99 in (b) 30.3, 32.9, 27.9 ms against 32.9,
+# 30.1. What a light text waits for is then the short batch's tail, stretched by the front-end
+# and the load generator sharing its core, not its rows: an eighth.
 LIGHT_RATIO = 2.0
+LIGHT_KEEP_RATIO = 1.25
 LIGHT_RECENT_NS = 1_000_000_000
 SHORT_SHARE = 8
 # While a model is owed short batches by a busier one, its due batches also go first, up to this
@@ -255,7 +262,8 @@ class Turns:
 
     def shorten(self, now_ns: int) -> None:
         """Cap the batches of each model with LIGHT_RATIO times the recent work of another
-        model that had a text within LIGHT_RECENT_NS; lift the cap otherwise."""
+        model that had a text within LIGHT_RECENT_NS, and keep the cap while it has
+        LIGHT_KEEP_RATIO times; lift it otherwise."""
         works = {i: b.work(now_ns) for i, b in self.batchers.items()}
         light = [
             works[i]
@@ -264,7 +272,8 @@ class Turns:
         ]
         lightest = min(light, default=None)
         for i, b in self.batchers.items():
-            owed = lightest is not None and works[i] >= LIGHT_RATIO * max(lightest, 1.0)
+            ratio = LIGHT_KEEP_RATIO if b.cap_tokens else LIGHT_RATIO
+            owed = lightest is not None and works[i] >= ratio * max(lightest, 1.0)
             b.cap_tokens = max(1, b.max_tokens // SHORT_SHARE) if owed else 0
 
     def next(self, now_ns: int) -> tuple[int | None, int]:

@@ -55,6 +55,11 @@ class Homes:
         top = max(self.work.values())
         return {m for m, w in self.work.items() if w * HOME_RATIO <= top}
 
+    def unseen(self, model: int) -> bool:
+        """A model that placed nothing yet beside one that did: its first text is light too, so
+        it goes home and no other worker's Turns shortens its busy batches for it."""
+        return model not in self.work and any(w > 0 for w in self.work.values())
+
 
 def assign(
     reqs: list[Request],
@@ -85,6 +90,8 @@ def assign(
         ks = holders.get(m)
         if ks is None:
             ks = holders[m] = [k for k, w in enumerate(workers) if m in w.models]
+            if homes is not None and m not in light and homes.unseen(m):
+                light.add(m)
             if m in light and ks:
                 ks[1:] = []  # its home
         if m in blocked or not ks:

@@ -209,8 +209,20 @@ def test_a_light_models_texts_go_to_its_home_worker_the_busy_ones_to_both() -> N
         d.submit([b"b%d" % i], 0, Calls(), model=B)
         d.submit([b"a"], 0, Calls(), model=A)  # as often to each worker
     assert [t for m, t in in_ring(home) if m == B][-4:] == [b"b1", b"b2", b"b3", b"b4"]
-    assert [t for m, t in in_ring(other) if m == B] in ([], [b"b0"])
+    assert [t for m, t in in_ring(other) if m == B] == []
     assert A in {m for m, _ in in_ring(home)} and A in {m for m, _ in in_ring(other)}
+
+
+def test_a_light_models_first_text_goes_home_too() -> None:
+    """A model that has placed nothing beside one that has is light from its first text
+    (Homes.unseen): it goes to the home, though the other worker holds less, so no other
+    worker's Turns shortens the busy model's batches for one text."""
+    home, other = both()
+    d, _ = models(home, other)
+    d.submit([b"a%d" % i for i in range(11)], 0, Calls(), model=A)  # the home holds one more
+    assert sum(m == A for m, _ in in_ring(home)) > sum(m == A for m, _ in in_ring(other))
+    d.submit([b"b0"], 0, Calls(), model=B)
+    assert (B, b"b0") in in_ring(home) and all(m == A for m, _ in in_ring(other))
 
 
 def test_a_light_model_whose_home_leaves_goes_to_the_next_worker_and_loses_nothing() -> None:

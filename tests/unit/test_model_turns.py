@@ -14,7 +14,13 @@ from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.shm.segment import Segment, segment_name
 from ringserve.workers.batcher import Batcher, Item
 from ringserve.workers.longtext import split_options
-from ringserve.workers.served import LIGHT_FIRST_RUNS, SHORT_SHARE, Turns
+from ringserve.workers.served import (
+    LIGHT_FIRST_RUNS,
+    LIGHT_KEEP_RATIO,
+    LIGHT_RATIO,
+    SHORT_SHARE,
+    Turns,
+)
 
 MS = 1_000_000
 DELAY_NS = 5 * MS
@@ -176,6 +182,35 @@ def test_the_flood_s_batches_are_whole_again_once_the_lighter_model_goes_quiet()
     turns.next(2 * 10**9)  # B's last text is 2 s old: no one is owed short batches now
     assert (a.cap_tokens, b.cap_tokens) == (0, 0)
     assert a.take()[0] and len(a.take()[0]) == 16  # 512 tokens of 32
+
+
+def texts(b: Batcher, n: int, first_id: int) -> None:
+    for i in range(n):
+        b.add(Item(first_id + i, 0, 0, [7] * 20))
+
+
+def test_a_cap_is_kept_while_the_busier_model_has_the_keep_ratio_of_the_work() -> None:
+    """Hysteresis: on a home worker the busy model's share of texts falls as its short batches
+    slow the worker down; a cap set at LIGHT_RATIO stays until the ratio is under
+    LIGHT_KEEP_RATIO, where a worker that had no cap sets none."""
+    assert 1 < LIGHT_KEEP_RATIO < LIGHT_RATIO
+    a, b = Batcher(64, 512, 0), Batcher(64, 512, 0)
+    turns = Turns({0: a, 1: b})
+    texts(a, 41, 0)
+    texts(b, 20, 1_000)
+    turns.next(1 * MS)  # 41 against 20: a is owed short batches
+    assert (a.cap_tokens, b.cap_tokens) == (512 // SHORT_SHARE, 0)
+    texts(b, 10, 2_000)  # 41 against 30: under LIGHT_RATIO, over LIGHT_KEEP_RATIO
+    turns.next(1 * MS)
+    assert (a.cap_tokens, b.cap_tokens) == (512 // SHORT_SHARE, 0)
+    fresh_a, fresh_b = Batcher(64, 512, 0), Batcher(64, 512, 0)
+    texts(fresh_a, 41, 0)
+    texts(fresh_b, 30, 1_000)
+    Turns({0: fresh_a, 1: fresh_b}).next(1 * MS)  # the same work, no cap before: none
+    assert (fresh_a.cap_tokens, fresh_b.cap_tokens) == (0, 0)
+    texts(b, 4, 3_000)  # 41 against 34: under LIGHT_KEEP_RATIO
+    turns.next(1 * MS)
+    assert (a.cap_tokens, b.cap_tokens) == (0, 0)
 
 
 def test_two_equally_busy_models_keep_whole_batches() -> None:
