@@ -308,7 +308,8 @@ class Connection(asyncio.Protocol):
                     break
                 kind, flags = buf[pos + 3], buf[pos + 4]
                 sid = int.from_bytes(buf[pos + 5 : pos + 9]) & MAX_WINDOW
-                payload = bytes(buf[pos + 9 : pos + 9 + n])
+                with memoryview(buf) as view:  # one copy (a bytearray slice would be two)
+                    payload = bytes(view[pos + 9 : pos + 9 + n])
                 pos += 9 + n
                 self.on_frame(kind, flags, sid, payload)
         finally:
@@ -479,7 +480,10 @@ class Connection(asyncio.Protocol):
             self.reset(stream, FLOW_CONTROL_ERROR)
             return
         data = self.strip(flags, payload)
-        if data:
+        whole = not stream.buf and len(data) >= 5 and int.from_bytes(data[1:5]) == len(data) - 5
+        if whole:
+            self.message(stream, data)  # one whole message in one frame: a unary call's way
+        elif data:
             stream.buf += data
             self.messages(stream)
         if stream.id not in self.streams:
@@ -495,18 +499,23 @@ class Connection(asyncio.Protocol):
         buf = stream.buf
         while len(buf) >= 5 and not stream.done:
             size = int.from_bytes(buf[1:5])
-            if size > self.port.limit:
-                stream.finish(RESOURCE_EXHAUSTED, f"request message over {self.port.limit} bytes")
-                return
-            if buf[0]:
-                stream.finish(UNIMPLEMENTED, "compressed messages are not supported")
-                return
-            if len(buf) < 5 + size:
-                return
-            message = bytes(buf[5 : 5 + size])
+            if size <= self.port.limit and not buf[0] and len(buf) < 5 + size:
+                return  # not whole yet (one too large or compressed is refused at once)
+            framed = bytes(buf[: 5 + size])
             del buf[: 5 + size]
-            if stream.on_message is not None:
-                stream.on_message(stream, message)
+            self.message(stream, framed)
+
+    def message(self, stream: Stream, framed: bytes) -> None:
+        """One length-prefixed message (its 5-byte prefix, then at most its bytes)."""
+        if stream.done:
+            return
+        size = int.from_bytes(framed[1:5])
+        if size > self.port.limit:
+            stream.finish(RESOURCE_EXHAUSTED, f"request message over {self.port.limit} bytes")
+        elif framed[0]:
+            stream.finish(UNIMPLEMENTED, "compressed messages are not supported")
+        elif stream.on_message is not None:
+            stream.on_message(stream, framed[5:])
 
     def remote_end(self, stream: Stream) -> None:
         stream.remote_closed = True
@@ -606,8 +615,13 @@ class Connection(asyncio.Protocol):
                 if self.send_window <= 0:
                     self.blocked[stream.id] = stream
                 break
-            out.append(frame(DATA, 0, stream.id, bytes(stream.out[:n])))
-            del stream.out[:n]
+            if n == len(stream.out):  # all of it (a unary answer): one copy, no slice
+                chunk = bytes(stream.out)
+                stream.out.clear()
+            else:
+                chunk = bytes(stream.out[:n])
+                del stream.out[:n]
+            out.append(frame(DATA, 0, stream.id, chunk))
             stream.send_window -= n
             self.send_window -= n
         if not stream.out and stream.trailers is not None:
