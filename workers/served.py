@@ -232,6 +232,10 @@ def set_graph_optimize(cpu: bool) -> None:
 # 0.89, 0.88, 0.86 against 0.89, 1.01; light P99 in (b) 30.3, 32.9, 27.9 ms against 32.9,
 # 30.1. What a light text waits for is then the short batch's tail, stretched by the front-end
 # and the load generator sharing its core, not its rows: an eighth.
+# On the CPU a worker of many models no longer cuts (Turns(behind=True)): the owed model's
+# batches stay whole and run on the worker's background thread at a lower priority, beside the
+# lighter model's on the loop (workers/worker.py, BEHIND_NICE), so its text waits for no batch
+# at all; the cut is what a GPU worker, which runs one batch at a time, still does.
 LIGHT_RATIO = 2.0
 LIGHT_KEEP_RATIO = 1.25
 LIGHT_RECENT_NS = 1_000_000_000
@@ -249,21 +253,30 @@ class Turns:
     batch due, starting after the one that ran last. A model flooded with texts therefore
     delays another model's due batch by at most one batch of its own (with k models, by at
     most one batch of each other one); and while a model with much less recent work had texts
-    lately, that batch of the busier model is a short one (`shorten`, SHORT_SHARE), and the
-    lighter model's due batches go first (`lighter_first`, at most LIGHT_FIRST_RUNS in a row
-    while a busier one's batch is due). Time is a parameter (`now_ns`). One model: its
-    batcher's own choices, untouched."""
+    lately, the busier model is owed to it (`owed`): its batch is a short one (`shorten`,
+    SHORT_SHARE) or, with `behind`, a whole one the worker runs behind the lighter model's (on
+    its background thread, `owes`); and the lighter model's due batches go first
+    (`lighter_first`, at most LIGHT_FIRST_RUNS in a row while a busier one's batch is due).
+    Time is a parameter (`now_ns`). One model: its batcher's own choices, untouched."""
 
-    def __init__(self, batchers: Mapping[int, Batcher]) -> None:
+    def __init__(self, batchers: Mapping[int, Batcher], behind: bool = False) -> None:
         self.batchers = dict(batchers)
         self.order = sorted(self.batchers)
         self.last = len(self.order) - 1  # position of the model that ran last
         self.light_runs = 0  # lighter models' batches run in a row while a busier one's was due
+        # The models owed to a lighter one (shorten). `behind`: their batches are whole and run
+        # behind the lighter models' (the worker's background thread), not capped.
+        self.owed: set[int] = set()
+        self.behind = behind
+
+    def owes(self, index: int) -> bool:
+        """The model's batches run behind a lighter model's (Turns(behind=True) only)."""
+        return self.behind and index in self.owed
 
     def shorten(self, now_ns: int) -> None:
-        """Cap the batches of each model with LIGHT_RATIO times the recent work of another
-        model that had a text within LIGHT_RECENT_NS, and keep the cap while it has
-        LIGHT_KEEP_RATIO times; lift it otherwise."""
+        """Owe each model with LIGHT_RATIO times the recent work of another model that had a
+        text within LIGHT_RECENT_NS to it, and keep it owed while it has LIGHT_KEEP_RATIO
+        times; release it otherwise. An owed model's batches are capped, unless `behind`."""
         works = {i: b.work(now_ns) for i, b in self.batchers.items()}
         light = [
             works[i]
@@ -272,18 +285,26 @@ class Turns:
         ]
         lightest = min(light, default=None)
         for i, b in self.batchers.items():
-            ratio = LIGHT_KEEP_RATIO if b.cap_tokens else LIGHT_RATIO
-            owed = lightest is not None and works[i] >= ratio * max(lightest, 1.0)
-            b.cap_tokens = max(1, b.max_tokens // SHORT_SHARE) if owed else 0
+            ratio = LIGHT_KEEP_RATIO if i in self.owed else LIGHT_RATIO
+            if lightest is not None and works[i] >= ratio * max(lightest, 1.0):
+                self.owed.add(i)
+            else:
+                self.owed.discard(i)
+            short = i in self.owed and not self.behind
+            b.cap_tokens = max(1, b.max_tokens // SHORT_SHARE) if short else 0
 
-    def next(self, now_ns: int) -> tuple[int | None, int]:
+    def next(self, now_ns: int, held: bool = False) -> tuple[int | None, int]:
         """(the model whose batch runs now, 0), or (None, wait): -1 when nothing waits, else
-        the nanoseconds until the earliest batch is due. Choosing a model is its turn."""
+        the nanoseconds until the earliest batch is due. Choosing a model is its turn.
+        `held`: a batch runs behind, so no owed model's batch is chosen until it is done."""
         n = len(self.order)
         if n > 1:
             self.shorten(now_ns)
         # Each model's wait, planned once for this choice (wait_ns plans its next batch).
-        lefts = {i: b.wait_ns(now_ns) for i, b in self.batchers.items()}
+        lefts = {
+            i: -1 if held and i in self.owed else b.wait_ns(now_ns)
+            for i, b in self.batchers.items()
+        }
         if n > 1:
             first = self.lighter_first(lefts)
             if first is not None:
@@ -295,7 +316,7 @@ class Turns:
             left = lefts[index]
             if left == 0:
                 self.last = pos
-                if self.batchers[index].cap_tokens:
+                if index in self.owed:
                     self.light_runs = 0
                 return index, 0
             if left > 0 and (wait < 0 or left < wait):
@@ -303,20 +324,19 @@ class Turns:
         return None, wait
 
     def lighter_first(self, lefts: Mapping[int, int]) -> int | None:
-        """A model owed short batches (no cap while another model has one) whose batch is due
-        (`lefts`: each model's wait), unless LIGHT_FIRST_RUNS such batches ran in a row while a
-        capped model's was due."""
-        capped = [i for i in self.order if self.batchers[i].cap_tokens]
-        if not capped:
+        """A model not owed to another (while another one is) whose batch is due
+        (`lefts`: each model's wait), unless LIGHT_FIRST_RUNS such batches ran in a row while an
+        owed model's was due."""
+        if not self.owed:
             return None
-        busy_due = any(lefts[i] == 0 for i in capped)
+        busy_due = any(lefts[i] == 0 for i in self.owed)
         if busy_due and self.light_runs >= LIGHT_FIRST_RUNS:
             return None
         n = len(self.order)
         for step in range(1, n + 1):
             pos = (self.last + step) % n
             index = self.order[pos]
-            if not self.batchers[index].cap_tokens and lefts[index] == 0:
+            if index not in self.owed and lefts[index] == 0:
                 self.last = pos
                 self.light_runs = self.light_runs + 1 if busy_due else 0
                 return index

@@ -112,8 +112,12 @@ class InProcess:
         w = self.worker
         assert w.take_requests() == len(msgs)
         while True:
-            index, wait = w.turns.next(0)  # max_delay 0: whatever waits is due
+            # max_delay 0: whatever waits is due; a batch behind holds back its model's next
+            index, wait = w.turns.next(0, w.behind is not None)
             if index is None:
+                if w.behind is not None:
+                    w.finish_behind()
+                    continue
                 assert wait == -1
                 break
             w.run_next(w.models[index])
@@ -173,6 +177,26 @@ def test_each_model_answers_exactly_as_its_own_worker(workers: dict[str, InProce
         assert want[0] == L.STATUS_OK and n == (2 if index == 0 else 3)
     sst2_rows = {got[i][2] for i, (index, _) in enumerate(requests) if index == 0}
     assert len(sst2_rows) == len(TEXTS)  # different texts, different scores: not a constant
+
+
+def test_a_busy_model_s_batches_run_behind_a_light_one_s_with_the_same_answers(
+    workers: dict[str, InProcess],
+) -> None:
+    """Twelve texts of one model to one of the other: the busier one is owed to the lighter
+    (Turns), so its batches run on the background thread, whole, while the lighter one's run
+    on the loop; every answer is still the one-model worker's, byte for byte."""
+    w = workers["both"]
+    requests: list[tuple[int, str | tuple[str, str]]] = [(0, t) for t in TEXTS * 3]
+    requests.insert(5, (NLI, TEXTS[0]))
+    before = w.worker.behind_runs
+    got = w.ask(requests)
+    assert w.worker.behind_runs > before
+    assert w.worker.turns.owes(0) and not w.worker.turns.owes(NLI)
+    assert all(b.cap_tokens == 0 for b in w.worker.turns.batchers.values())  # whole batches
+    alone = workers["sst2"].ask([(0, t) for i, t in requests if i == 0])
+    mine = [got[k] for k, (i, _) in enumerate(requests) if i == 0]
+    assert mine == [alone[k] for k in range(len(alone))]
+    assert got[5] == workers["nli"].ask([(0, TEXTS[0])])[0]
 
 
 def test_an_index_the_worker_does_not_hold_is_status_5(workers: dict[str, InProcess]) -> None:

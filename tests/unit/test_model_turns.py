@@ -213,6 +213,29 @@ def test_a_cap_is_kept_while_the_busier_model_has_the_keep_ratio_of_the_work() -
     assert (a.cap_tokens, b.cap_tokens) == (0, 0)
 
 
+def test_behind_a_busy_model_s_whole_batch_a_light_text_is_chosen_at_once() -> None:
+    """Turns(behind=True), as CPU workers of many models run: the model owed to a lighter one
+    keeps whole batches, which the worker runs on its background thread; while one runs there
+    (`held`), the lighter model's text is chosen the moment it is due, and the busy model's
+    next batch only once the one behind is done."""
+    a, b = Batcher(64, 512, 0), Batcher(64, 512, 0)
+    turns = Turns({0: a, 1: b}, behind=True)
+    texts(a, 400, 0)
+    b.add(Item(9_999, 0, 0, [7] * 20))
+    assert turns.next(1 * MS) == (1, 0)  # the lighter model's due text first
+    assert [it.msg_id for it in b.take()[0]] == [9_999]
+    assert turns.owes(0) and not turns.owes(1)
+    assert turns.next(1 * MS) == (0, 0)
+    assert (a.cap_tokens, b.cap_tokens) == (0, 0)
+    assert len(a.take()[0]) > 512 // SHORT_SHARE // 20  # more rows than an eighth holds
+    b.add(Item(10_000, 0, 5 * MS, [7] * 20))  # comes while that batch runs behind
+    assert turns.next(5 * MS, held=True) == (1, 0)
+    assert [it.msg_id for it in b.take()[0]] == [10_000]
+    assert turns.next(6 * MS, held=True) == (None, -1)  # the flood waits for its batch behind
+    assert turns.next(6 * MS) == (0, 0)
+    assert not Turns({0: a, 1: b}).owes(0)  # without behind, owed models are capped instead
+
+
 def test_two_equally_busy_models_keep_whole_batches() -> None:
     a, b = Batcher(64, 512, 0), Batcher(64, 512, 0)
     for i in range(300):
