@@ -22,12 +22,19 @@
             (busy, light and the tiny NLI BERT of devkit/repository.py): memory per extra model
             per worker; and the server's own per-model figure (`models[].rss_bytes_per_worker`).
 
+(r) rounds: (a), (b) and (c) in turns, `--rounds` times, the three servers started once and
+            kept up (each idle while another is measured); every round's (b)/(a) and light P99
+            (b)/(c), their medians, and the light P99s pooled over every round. One (a) and one
+            (b) a minute apart moved by a tenth here (steal from the VM's neighbours), which is
+            the whole margin of the 0.9 target; rounds minutes apart no more show the spread.
+
 The light model is, by default, a second copy of the default artifact under another name (two
 real models of one size); `--light nli` makes it the tiny NLI BERT instead. A phase whose server
 cannot start (an option this checkout lacks) is reported as not run, with the reason. Only
 127.0.0.1. Results JSON under benchmarks/results/.
 
     python -m benchmarks.many_models [--seconds 10] [--light copy|nli] [--phases abcmde]
+    python -m benchmarks.many_models --phases r --rounds 5 --seconds 8
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +59,7 @@ import uvloop
 
 from devkit.http import HttpConn, http_message
 from devkit.launcher import ROOT, SST2, Launched, load_texts
-from devkit.load import LoadResult
+from devkit.load import LoadResult, percentile
 
 CONCURRENCY = 32
 SHARE = 10  # one request in SHARE is the light model's (10%)
@@ -370,6 +378,54 @@ class Run:
             m = uvloop.run(closed_loop(targets, self.texts, self.seconds))
         return mixed_row(m) | {"pinned": [sorted(p) for p in pins]}
 
+    def rounds(self, n: int) -> dict[str, Any]:
+        """(a), (b) and (c) in turns, `n` times, each server started once and kept up (idle
+        while another is measured): the machine drifts by a tenth from minute to minute here,
+        so each round's (b)/(a) and light P99 (b)/(c) are taken minutes apart no more, and
+        every round is printed. The light rate is a tenth of the first (a)."""
+        texts = self.texts[SHARE - 1 :: SHARE]
+        shared_args = ["--model", f"busy={self.busy}", "--model", f"light={self.light}"]
+        rows: list[dict[str, Any]] = []
+        with contextlib.ExitStack() as stack:
+            alone = stack.enter_context(server(self.tmp, ["--model", str(self.busy)]))
+            shared = stack.enter_context(server(self.tmp, shared_args))
+            light = stack.enter_context(server(self.tmp, ["--model", str(self.light)]))
+            rate = 0.0
+            for k in range(n):
+                a = uvloop.run(closed_loop({"busy": Target(alone.port)}, self.texts, self.seconds))
+                rate = rate or round(a.rps / SHARE, 1)
+                b = uvloop.run(
+                    busy_and_light(
+                        Target(shared.port, "busy"),
+                        Target(shared.port, "light"),
+                        self.texts,
+                        rate,
+                        self.seconds,
+                    )
+                )
+                c = uvloop.run(open_loop(Target(light.port), texts, rate, self.seconds))
+                row = {
+                    "a_rps": round(a.rps, 1),
+                    "b_rps": round(b.rps, 1),
+                    "b_light_p99_ms": b.result("light").pct(99),
+                    "c_light_p99_ms": c.pct(99),
+                    "failed": a.failed + b.failed + c.failed,
+                }
+                row["b_over_a"] = round(row["b_rps"] / row["a_rps"], 3)
+                row["p99_b_over_c"] = round(row["b_light_p99_ms"] / row["c_light_p99_ms"], 3)
+                print(f"round {k + 1}: {json.dumps(row)}", flush=True)
+                rows.append(row | {"b_light_ms": b.result("light").latencies_ms})
+                rows[-1]["c_light_ms"] = c.latencies_ms
+        pooled_b = [x for r in rows for x in r.pop("b_light_ms")]
+        pooled_c = [x for r in rows for x in r.pop("c_light_ms")]
+        return {
+            "light_rate": rate,
+            "rounds": rows,
+            "median_b_over_a": statistics.median(r["b_over_a"] for r in rows),
+            "median_p99_b_over_c": statistics.median(r["p99_b_over_c"] for r in rows),
+            "pooled_light_p99_ms": [percentile(pooled_b, 99), percentile(pooled_c, 99)],
+        }
+
     def memory(self) -> dict[str, Any]:
         nli = (
             self.light
@@ -455,6 +511,26 @@ def report(out: dict[str, Any]) -> None:
         f"light P99 (b)/(c): {ratio(b.get('light_p99_ms'), c.get('p99_ms'))} (target <= 2); "
         f"(b)/(d) throughput: {ratio(b.get('rps'), d.get('rps'))}"
     )
+    r = out.get("rounds", {})
+    if "not_run" in r:
+        print(f"rounds: not run: {r['not_run'][:200]}")
+    elif r:
+        n, rate = len(r["rounds"]), r["light_rate"]
+        print(f"\n(a), (b), (c) in turns, {n} rounds, light rate {rate}/s")
+        print("| round | (a) req/s | (b) req/s | (b)/(a) | light P99 ms (b) | (c) | (b)/(c) |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for k, row in enumerate(r["rounds"], 1):
+            print(
+                f"| {k} | {row['a_rps']} | {row['b_rps']} | {row['b_over_a']:.2f} | "
+                f"{row['b_light_p99_ms']:.1f} | {row['c_light_p99_ms']:.1f} | "
+                f"{row['p99_b_over_c']:.2f} |"
+            )
+        pb, pc = r["pooled_light_p99_ms"]
+        print(
+            f"median (b)/(a) {r['median_b_over_a']:.2f} (target >= 0.9); median light P99 "
+            f"(b)/(c) {r['median_p99_b_over_c']:.2f}; pooled over every round {pb:.1f} against "
+            f"{pc:.1f} ms, {pb / pc:.2f} (target <= 2)"
+        )
     if "not_run" in e:
         print(f"memory: not run: {e['not_run'][:200]}")
     elif e:
@@ -478,8 +554,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--phases",
         default="abcmde",
-        help="which phases to run, in order (default: abcmde, all; m: (b) as one closed loop)",
+        help="which phases to run, in order (default: abcmde, all; m: (b) as one closed loop; "
+        "r: (a), (b) and (c) in turns, --rounds times)",
     )
+    p.add_argument("--rounds", type=int, default=5, help="rounds of phase r")
     args = p.parse_args(argv)
     run = Run(args.seconds, args.light)
     run.out["phases"] = args.phases
@@ -490,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         "c": ("c_light_alone", run.light_alone),
         "d": ("d_static_split", run.static_split),
         "e": ("e_memory", run.memory),
+        "r": ("rounds", lambda: run.rounds(args.rounds)),
     }
     try:
         for key in args.phases:
