@@ -319,6 +319,11 @@ class Run:
         a = self.out.get("a_alone", {}).get("rps")
         return (round(a / SHARE, 1), "(a)'s throughput / 10") if a else (40.0, "40/s")
 
+    def busy_and_light(self, port: int, rate: float) -> Mixed:
+        """busy_and_light() on a two-model server's "busy" and "light" models."""
+        busy, light = Target(port, "busy"), Target(port, "light")
+        return uvloop.run(busy_and_light(busy, light, self.texts, rate, self.seconds))
+
     def shared(self) -> dict[str, Any]:
         """The busy model's closed loop at c=32 and, beside it, the light model's requests sent
         on a clock (open_loop) at a tenth of the total: the same client, texts and rate that
@@ -328,15 +333,7 @@ class Run:
         args = ["--model", f"busy={self.busy}", "--model", f"light={self.light}"]
         with server(self.tmp, args) as srv:
             memory = worker_rss(srv)
-            m = uvloop.run(
-                busy_and_light(
-                    Target(srv.port, "busy"),
-                    Target(srv.port, "light"),
-                    self.texts,
-                    rate,
-                    self.seconds,
-                )
-            )
+            m = self.busy_and_light(srv.port, rate)
         return mixed_row(m) | {"light_rate": rate, "rate_from": source, "memory": memory}
 
     def shared_mixed(self) -> dict[str, Any]:
@@ -394,15 +391,7 @@ class Run:
             for k in range(n):
                 a = uvloop.run(closed_loop({"busy": Target(alone.port)}, self.texts, self.seconds))
                 rate = rate or round(a.rps / SHARE, 1)
-                b = uvloop.run(
-                    busy_and_light(
-                        Target(shared.port, "busy"),
-                        Target(shared.port, "light"),
-                        self.texts,
-                        rate,
-                        self.seconds,
-                    )
-                )
+                b = self.busy_and_light(shared.port, rate)
                 c = uvloop.run(open_loop(Target(light.port), texts, rate, self.seconds))
                 row = {
                     "a_rps": round(a.rps, 1),
