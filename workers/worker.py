@@ -62,16 +62,16 @@ Kept = tuple[int, int, int]  # msg id, deadline, options: a request admitted to 
 
 
 @dataclass(slots=True)
-class Behind:
-    """A batch whose forward pass runs on the worker's background thread: what answering it
-    needs once its scores and end time are in."""
+class Running:
+    """A batch whose forward pass started at t0: what answering it needs once its scores are
+    in, and, for one run on the background thread, the future that brings them."""
 
     served: Served
     batch: list[Item]
     length: int
     tokens: int
     t0: int
-    future: Future[tuple[Any, int]]
+    future: Future[tuple[Any, int]] | None = None
 
 
 def _die_with_parent() -> None:
@@ -98,7 +98,7 @@ class Worker:
         self.loader = Loader(spec, self.ctl, self.responses.max_payload())
         self.models: dict[int, Served] = {}  # model index (the wire's) -> its state
         self.turns = Turns({})
-        self.behind: Behind | None = None  # the batch running on the background thread
+        self.behind: Running | None = None  # the batch running on the background thread
         self.behind_runs = 0  # batches run there
         self._thread: ThreadPoolExecutor | None = None
 
@@ -135,7 +135,7 @@ class Worker:
             while not self.stop:
                 if self.behind is None:  # a batch behind stamps nothing until done, as any
                     self.ctl.beat()
-                elif self.behind.future.done():
+                elif self.behind.future is not None and self.behind.future.done():
                     self.finish_behind()
                     self.ctl.beat()
                 if os.getppid() != spec.parent_pid:
@@ -239,16 +239,16 @@ class Worker:
         self.maybe_grow()
         runner = served.runner
         tokens = runner.fill(length, batch)
-        t0 = time.monotonic_ns()
+        run = Running(served, batch, length, tokens, time.monotonic_ns())
         if self.turns.owes(served.ref.index):
-            future = self.thread().submit(_forward, runner, length, len(batch))
+            run.future = self.thread().submit(_forward, runner, length, len(batch))
             # Rung once the future is done (not before: the loop must then see it done).
-            future.add_done_callback(self._ring)
-            self.behind = Behind(served, batch, length, tokens, t0, future)
+            run.future.add_done_callback(self._ring)
+            self.behind = run
             self.behind_runs += 1
             return
         probs = runner.forward(length, len(batch))
-        self.answer(served, batch, length, tokens, t0, time.monotonic_ns(), probs)
+        self.answer(run, time.monotonic_ns(), probs)
 
     def thread(self) -> ThreadPoolExecutor:
         """The background thread, started at its first batch, at BEHIND_NICE."""
@@ -262,16 +262,14 @@ class Worker:
 
     def finish_behind(self) -> None:
         """Answer the batch behind (waiting for it if it still runs); its error is the loop's."""
-        behind, self.behind = self.behind, None
-        assert behind is not None
-        probs, t1 = behind.future.result()
-        self.answer(behind.served, behind.batch, behind.length, behind.tokens, behind.t0, t1, probs)
+        run, self.behind = self.behind, None
+        assert run is not None and run.future is not None
+        probs, t1 = run.future.result()
+        self.answer(run, t1, probs)
 
-    def answer(
-        self, served: Served, batch: list[Item], length: int, tokens: int, t0: int, t1: int,
-        probs: Any,
-    ) -> None:  # fmt: skip
-        """Answer a batch whose forward pass ran from t0 to t1."""
+    def answer(self, run: Running, t1: int, probs: Any) -> None:
+        """Answer a batch whose forward pass ran from run.t0 to t1."""
+        served, batch, length, t0 = run.served, run.batch, run.length, run.t0
         model_us = (t1 - t0) // 1000
         grid = served.report_grid
         aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces
@@ -300,7 +298,7 @@ class Worker:
         ctl.add("requests", len(out))
         ctl.add("rows", len(batch))
         ctl.add("batches", 1)
-        ctl.add("tokens", tokens)
+        ctl.add("tokens", run.tokens)
         ctl.add("padded_tokens", len(batch) * length)
         ctl.add("busy_ns", t1 - t0)
         ctl.count_batch(len(batch))
