@@ -12,6 +12,7 @@ before it starts. Imports tritonclient's KServe messages, never protocols/rpc's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -527,6 +528,68 @@ def test_sigkill_a_worker_under_traffic_to_all_three(many: ServerProc) -> None:
     for load in loads:
         assert load.failed() == 0, (load.model, dict(load.outcomes), load.errors[:5])
     print(f"pool whole {elapsed:.3f} s after SIGKILL")
+
+
+def behind_threads(pid: int) -> list[int]:
+    """The threads of a process at the nice value a worker's background thread takes
+    (workers.worker.BEHIND_NICE), read from /proc/PID/task/TID/stat (field 19)."""
+    from ringserve.workers.worker import BEHIND_NICE
+
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        if int(stat.rsplit(")", 1)[1].split()[16]) == BEHIND_NICE:
+            found.append(int(task.name))
+    return found
+
+
+def test_sigkill_the_worker_running_a_batch_behind(many: ServerProc) -> None:
+    """Skewed traffic (8 clients on the tiny NLI model, 1 on the default one): the home worker
+    of the lighter model runs the busier one's batches on its background thread; SIGKILLed
+    then, with texts of both models in it and one batch behind, it loses none: 0 failed, and
+    the pool is whole again within 1.5 s."""
+    many.wait_spares(1)
+    loads = [
+        Load(many.port, TEXTS, clients=8, model=NLI),
+        Load(many.port, TEXTS, clients=1, model=DEFAULT),
+    ]
+    for load in loads:
+        load.__enter__()
+    try:
+        for load in loads:
+            load.wait_ok(20)
+        home: dict[str, int] = {}
+
+        def running_behind() -> bool:
+            for pid in serving_pids(many).values():
+                with contextlib.suppress(OSError):
+                    if behind_threads(pid):
+                        home["pid"] = pid
+                        return True
+            return False
+
+        wait_for(running_behind, 30, "a worker started its background thread")
+        victim = home["pid"]
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+
+        def whole() -> bool:
+            pids = serving_pids(many)
+            return len(pids) == 2 and victim not in pids.values()
+
+        wait_for(whole, 1.5, "the pool whole within 1.5 s", interval=0.01)
+        elapsed = time.monotonic() - killed_at
+        for load in loads:
+            load.wait_ok(20)
+    finally:
+        for load in loads:
+            load.stop()
+    for load in loads:
+        assert load.failed() == 0, (load.model, dict(load.outcomes), load.errors[:5])
+    print(f"pool whole {elapsed:.3f} s after SIGKILL of the worker running behind")
 
 
 def test_sighup_reloads_every_model_under_traffic(many: ServerProc, want: dict[str, Want]) -> None:
