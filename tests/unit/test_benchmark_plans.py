@@ -47,3 +47,50 @@ def test_a_baseline_run_serves_the_defaults_alone_at_the_levels_asked() -> None:
     args, configs = options(["--configs", "int8", "--mixes", "short"])
     assert args.levels == [1, 32, 64] and args.baseline is None and args.mixes == ["short"]
     assert configs == [RUNTIMES[0], RUNTIMES[3]]  # the peers are measured against the defaults
+
+
+# -- the closed-loop simulation (benchmarks/batch_sim.py) -----------------------------------------
+def sim_lengths(n: int = 97) -> list[int]:
+    return [5 + (k * 37) % 41 for k in range(n)]  # 5..45 tokens, in a fixed scattered order
+
+
+def test_the_simulated_loop_answers_each_text_once_and_keeps_c_in_flight() -> None:
+    from benchmarks.batch_sim import Loop, SharedPool
+
+    lengths = sim_lengths()
+    for rule in (Loop, SharedPool):
+        loop = rule(lengths, lengths, 8, 2, 11)
+        out = loop.run(3000)
+        answered = len(out.latencies) + 2000  # the warm-up's are dropped
+        running = sum(len(b) for _, kind, _, b in loop.events if kind == 1)
+        assert answered + running == sum(r for r, _ in out.shapes)  # every batch run was answered
+        assert loop.sent - answered == 8  # closed loop: every answer sent the next text
+        assert all(lat >= 11 + 5 for lat in out.latencies)  # at least one batch of the shortest
+        if rule is Loop:  # a worker holds what waits in its Batcher and what it runs
+            for k in range(2):
+                waiting = [e[2] for e in loop.batchers[k].by_length]
+                runs_ = [it for _, kind, w, b in loop.events if kind == 1 and w == k for it in b]
+                assert loop.held[k] == sum(loop.estimate[it.msg_id] + 8 for it in waiting + runs_)
+
+
+def test_one_worker_shares_its_pool_with_no_one() -> None:
+    """With one worker, one pool of all waiting texts is the worker's own Batcher."""
+    from benchmarks.batch_sim import Loop, SharedPool
+
+    lengths = sim_lengths()
+    alone, shared = (
+        Loop(lengths, lengths, 16, 1, 11).run(2500),
+        SharedPool(lengths, lengths, 16, 1, 11).run(2500),
+    )
+    assert alone.shapes == shared.shapes and alone.clock == shared.clock
+
+
+def test_a_shared_pool_forms_fuller_batches_than_a_pool_a_worker() -> None:
+    from benchmarks.batch_sim import Loop, SharedPool
+
+    lengths = sim_lengths()
+    apart, shared = (
+        Loop(lengths, lengths, 32, 2, 11).run(4000),
+        SharedPool(lengths, lengths, 32, 2, 11).run(4000),
+    )
+    assert shared.rows() > apart.rows() and shared.clock < apart.clock
