@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringserve.service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
-from ringserve.workers.batcher import BATCH_OVERHEAD, Batcher, Item, cheapest_split, runs
+from ringserve.workers.batcher import BATCH_OVERHEAD, Batcher, Item
 
-from benchmarks.serving import LIMITS, MIXES
+from benchmarks.serving import LIMITS, MIXES, plan
 from devkit.launcher import load_texts
+from devkit.load import percentile
 
 ROW_COST = 8  # a text's fixed share of held cost, as the front-end counts it (engine/requests.py)
 TRANSIT = 1.0  # units from an answer to its client's next text reaching a worker
@@ -50,8 +51,7 @@ class Outcome:
     shapes: list[tuple[int, int]] = field(default_factory=list)  # (rows, padded length)
 
     def pct(self, p: float) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+        return percentile(self.latencies, p)
 
     def rows(self) -> float:
         return sum(r for r, _ in self.shapes) / len(self.shapes)
@@ -191,17 +191,14 @@ class Partner(Loop):
 
 
 def window_cost(lengths: list[int], window: int, overhead: int) -> float:
-    """Units a text in the ceiling's own plan: sorted windows cut at the least cost, under the
-    cheapest of the ceiling's batch limits (benchmarks/serving.py LIMITS)."""
-    best = float("inf")
+    """Units a text in the ceiling's own least-cost plan (benchmarks/serving.py plan) at
+    `window`, under the cheapest of its batch limits."""
+    texts = [[0] * n for n in lengths]
+    costs = []
     for rows, tokens in LIMITS:
-        total = 0.0
-        for start in range(0, len(lengths), window):
-            chunk = sorted(lengths[start : start + window])
-            cut = cheapest_split(chunk, rows, tokens, overhead)
-            total += sum(overhead + (j - i) * chunk[j - 1] for i, j in runs(cut))
-        best = min(best, total / len(lengths))
-    return best
+        batches = plan(texts, window, rows, tokens, overhead)
+        costs.append(sum(overhead + len(b) * max(map(len, b)) for b in batches) / len(lengths))
+    return min(costs)
 
 
 def variant(base: type[Loop], **fields: object) -> type[Loop]:

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -502,15 +502,16 @@ def serving_pids(srv: ServerProc) -> dict[int, int]:
     }
 
 
-def test_sigkill_a_worker_under_traffic_to_all_three(many: ServerProc) -> None:
-    many.wait_spares(1)
-    loads = loads_on(many, MODELS, 6)
+def sigkill_under(many: ServerProc, loads: list[Load], victim_of: Callable[[], int]) -> float:
+    """With `loads` running, SIGKILL the worker `victim_of` picks; the pool is whole again
+    within 1.5 s, more answers come, and no request of any load failed. Returns the seconds
+    from the kill to a whole pool."""
     for load in loads:
         load.__enter__()
     try:
         for load in loads:
             load.wait_ok(20)
-        victim = serving_pids(many)[0]
+        victim = victim_of()
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
 
@@ -527,6 +528,13 @@ def test_sigkill_a_worker_under_traffic_to_all_three(many: ServerProc) -> None:
             load.stop()
     for load in loads:
         assert load.failed() == 0, (load.model, dict(load.outcomes), load.errors[:5])
+    return elapsed
+
+
+def test_sigkill_a_worker_under_traffic_to_all_three(many: ServerProc) -> None:
+    many.wait_spares(1)
+    loads = loads_on(many, MODELS, 6)
+    elapsed = sigkill_under(many, loads, lambda: serving_pids(many)[0])
     print(f"pool whole {elapsed:.3f} s after SIGKILL")
 
 
@@ -556,14 +564,12 @@ def test_sigkill_the_worker_running_a_batch_behind(many: ServerProc) -> None:
         Load(many.port, TEXTS, clients=8, model=NLI),
         Load(many.port, TEXTS, clients=1, model=DEFAULT),
     ]
-    for load in loads:
-        load.__enter__()
-    try:
-        for load in loads:
-            load.wait_ok(20)
+
+    def running_behind() -> int:
+        """The worker whose background thread has started (waits for one)."""
         home: dict[str, int] = {}
 
-        def running_behind() -> bool:
+        def found() -> bool:
             for pid in serving_pids(many).values():
                 with contextlib.suppress(OSError):
                     if behind_threads(pid):
@@ -571,24 +577,10 @@ def test_sigkill_the_worker_running_a_batch_behind(many: ServerProc) -> None:
                         return True
             return False
 
-        wait_for(running_behind, 30, "a worker started its background thread")
-        victim = home["pid"]
-        killed_at = time.monotonic()
-        os.kill(victim, signal.SIGKILL)
+        wait_for(found, 30, "a worker started its background thread")
+        return home["pid"]
 
-        def whole() -> bool:
-            pids = serving_pids(many)
-            return len(pids) == 2 and victim not in pids.values()
-
-        wait_for(whole, 1.5, "the pool whole within 1.5 s", interval=0.01)
-        elapsed = time.monotonic() - killed_at
-        for load in loads:
-            load.wait_ok(20)
-    finally:
-        for load in loads:
-            load.stop()
-    for load in loads:
-        assert load.failed() == 0, (load.model, dict(load.outcomes), load.errors[:5])
+    elapsed = sigkill_under(many, loads, running_behind)
     print(f"pool whole {elapsed:.3f} s after SIGKILL of the worker running behind")
 
 
