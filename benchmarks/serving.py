@@ -1,6 +1,6 @@
 """The server against the model's own ceiling, side by side in one run on one machine.
 
-ceiling: the raw model in N pinned processes (N = the server's workers, one thread each, the same
+ceiling: the raw model in N pinned processes (N = the cores, one thread each, the same
          runtime and precision), on the same texts, in batches sorted by length and padded only
          to their own longest. At concurrency C the texts are sorted within windows of C
          arriving texts (the most a server could see at once) and cut into batches by the
@@ -365,12 +365,12 @@ def run_peer(
     for kind, what in PEERS.items():
         if kind not in args.peers:
             continue
-        print(f"\nthe peer: {what.format(w=args.workers)}, {runtime} {precision} model.onnx "
+        print(f"\nthe peer: {what.format(w=args.cores)}, {runtime} {precision} model.onnx "
               "(the same model and runtime as ringserve's defaults):")  # fmt: skip
         print("| mix | c | ringserve/s | peer/s | ringserve/peer | P50 ms ringserve / peer | "
               "P99 ms ringserve / peer | CPU ms/req ringserve / peer |")  # fmt: skip
         print("| --- " * 8 + "|")
-        peer = Peer(kind, args.workers, runtime, precision)
+        peer = Peer(kind, args.cores, runtime, precision)
         try:
             peer.wait_ready()
             for mix in args.mixes:
@@ -429,13 +429,15 @@ def run_config(
     runtime, precision, graph = config
     overhead = BATCH_OVERHEAD[runtime, precision]
     levels = {}
-    extra = ["--workers", str(args.workers), "--runtime", runtime, "--precision", precision]
+    extra = ["--runtime", runtime, "--precision", precision]
+    if args.workers is not None:  # else the server's own layout (its defaults are measured)
+        extra += ["--workers", str(args.workers)]
     if graph:
         extra += ["--graph", graph]
     with tempfile.TemporaryDirectory(prefix="ringserve-serving-") as tmp:
         srv = Launched(tmp, [*extra, *args.server_args.split()], binary=False, tree=tree)
         try:
-            srv.wait_ready(args.workers)
+            wait_cores(srv)
             served_graph = get_json(srv.port, "/v1/model").get("graph", {}).get("graph", "")
             pool.load(model_dir, runtime, precision, served_graph)
             start_pss = settled_pss(srv)
@@ -451,6 +453,20 @@ def run_config(
         finally:
             srv.terminate()
     return served_graph, levels
+
+
+def wait_cores(srv: Launched, timeout: float = 180.0) -> None:
+    """Wait until the ready workers hold every core between them (two workers of one lane, or
+    one of two: whatever layout the server chose)."""
+    srv.wait_ready(None, timeout)
+    cores = set(os.sched_getaffinity(0))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = [w for w in srv.ctl({"cmd": "status"})["workers"] if w["state"] == "ready"]
+        if cores <= {c for w in ready for c in w["cpus"]}:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"the server's ready workers did not cover the cores in {timeout} s")
 
 
 def settled_pss(srv: Launched, timeout: float = 60.0) -> float:
@@ -524,7 +540,12 @@ def options(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[tup
     p.add_argument("--seconds", type=float, default=6.0, help="served load per level")
     p.add_argument("--ceiling-seconds", type=float, default=2.5, help="per ceiling figure")
     p.add_argument("--search-seconds", type=float, default=0.6, help="per plan tried")
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="--workers for the server (default: its own layout); the ceiling and the peers "
+        "run one process per core",
+    )
     p.add_argument("--texts", type=int, default=1000, help="texts per mix")
     p.add_argument("--quick", action="store_true", help="default runtime only")
     p.add_argument("--server-args", default="", help="extra `ringserve serve` options")
@@ -548,6 +569,7 @@ def options(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[tup
     p.add_argument("--rounds", type=int, default=1, help="turns of each with --baseline")
     args = p.parse_args(argv)
     args.levels = [int(c) for c in args.levels.split(",")]
+    args.cores = len(os.sched_getaffinity(0))
     args.mixes = [m for m in MIXES if m in args.mixes.split(",")]
     args.peers = [] if args.no_peer else args.peers.split(",")
     wanted = {"default"} if args.quick else set(args.configs.split(","))
@@ -573,11 +595,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m}: {len(e)} texts, {statistics.mean(map(len, e)):.1f} tokens on average")
     print(f"machine: {cpu_name()}, {os.cpu_count()} cpus, flags {simd_flags()}, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average "
-          f"{os.getloadavg()[0]:.1f}; {args.workers} workers x 1 thread")  # fmt: skip
+          f"{os.getloadavg()[0]:.1f}; ceiling and peers: {args.cores} processes x 1 thread; "
+          f"ringserve: {args.workers or 'default'} workers")  # fmt: skip
     table(f"int8 frontier of {manifest.name}, measured at its build", manifest.int8)
     print(f"  fused fp32 graph: {manifest.graphs.get('fused')}\n")
     t0 = time.monotonic()
-    pool = CeilingPool(args.workers)
+    pool = CeilingPool(args.cores)
     results = {}
     try:
         pool.load(model_dir, *RUNTIMES[0][:2])

@@ -60,6 +60,11 @@ class App:
         problems: dict[str, str] = {}
         models = resolve_models(s, log, problems)
         model = models[0]
+        try:  # before the dispatcher and the pool: both size by it
+            why = s.resolve_lanes(model.device, [m.runtime for m in models])
+        except ValueError as exc:
+            raise SystemExit(f"ringserve: {exc}") from None
+        log.info("lanes", lanes=s.lane_count(), workers=s.serving_workers(), reason=why)
         self.dispatcher = dispatcher = engine_dispatcher(s, models)
         refs = [m.ref for m in models]
         self.supervisor = Supervisor(s, dispatcher, refs, model.device, log)

@@ -329,10 +329,18 @@ class Config:
     control: str = option("./ringserve.sock", "Unix control socket path (mode 0600)")
     workers: int | None = option(
         None,
-        "serving worker processes (default: one per core, at most the cgroup CPU limit)",
+        "serving worker processes (default: one per core, at most the cgroup CPU limit; one "
+        "per --lanes cores when a worker has several lanes)",
         int,
     )
     threads: int = option(1, "torch threads per worker (1 measured steadiest, DESIGN.md)", int)
+    lanes: int | None = option(
+        None,
+        "batches one CPU worker runs at once, each on its own core and ONNX Runtime session, "
+        "taken from one batcher (default: 2 when the cores are even, one model is served on "
+        "ONNX Runtime and --workers, --threads and --model-control are left alone; else 1)",
+        int,
+    )
     device: str = option("auto", "cpu, cuda, cuda:K or auto (CUDA when available)")
     workers_per_gpu: int = option(1, "serving workers per GPU when the device is CUDA", int)
     precision: str = option(
@@ -478,11 +486,53 @@ class Config:
         return GPU_MAX_BATCH_TOKENS if device.startswith("cuda") else CPU_MAX_BATCH_TOKENS
 
     def hold_cost(self, device: str) -> int:
-        """The most estimated tokens a worker holds at once (service.dispatcher)."""
-        return max(1, self.worker_hold_batches) * self.batch_tokens(device)
+        """The most estimated tokens a worker holds at once (service.dispatcher): its batches
+        in hand for each of its lanes."""
+        return max(1, self.worker_hold_batches) * self.batch_tokens(device) * self.lane_count()
+
+    def lane_count(self) -> int:
+        """--lanes once resolved (resolve_lanes); 1 before, and for a caller that never does."""
+        return max(1, self.lanes or 1)
 
     def serving_workers(self) -> int:
-        return self.workers if self.workers is not None else default_workers()
+        if self.workers is not None:
+            return self.workers
+        return max(1, default_workers() // self.lane_count())
+
+    def resolve_lanes(self, device: str, runtimes: list[str], cores: int | None = None) -> str:
+        """Settle --lanes for a server of these models' runtimes on `device` with `cores` to use
+        (default: default_workers()); returns why (logged). Raises ValueError when --lanes asks
+        for what a lane cannot do.
+
+        A lane is a thread of one worker process, pinned to its own core, running the whole
+        serving loop with its own ONNX Runtime session; the lanes of a worker take their
+        batches from one Batcher (workers/worker.py). Measured on 2 cores (docs/design.md, "A
+        lane per core"): one worker of 2 lanes served 0.95-0.97 of the ceiling on short texts
+        at c=32, against 0.81-0.84 for two workers of one, since both cores' texts wait in one
+        pool and form fuller batches. The default pairs cores: one worker's lanes share its
+        locks and the interpreter, so 2 is what was measured, and more would be a guess."""
+        why = ""
+        if device != "cpu":
+            why = "the device is not the CPU"
+        elif any(r != "onnx" for r in runtimes):
+            why = "the runtime is not ONNX Runtime"
+        elif len(runtimes) != 1 or self.model_control == "explicit":
+            why = "more than one model may be served"
+        elif self.threads != 1:
+            why = "--threads is not 1"
+        if self.lanes is not None:
+            if self.lanes < 1:
+                raise ValueError("--lanes must be at least 1")
+            if self.lanes > 1 and why:
+                raise ValueError(f"--lanes {self.lanes} cannot be served: {why}")
+            return "as --lanes asks"
+        cores = default_workers() if cores is None else cores
+        if not why and self.workers is not None:
+            why = "--workers is given"
+        if not why and (cores < 2 or cores % 2):
+            why = f"{cores} cores do not pair"
+        self.lanes = 1 if why else 2
+        return why or f"{cores} cores, one model on ONNX Runtime: a worker of 2 lanes per pair"
 
 
 SETTINGS: tuple[Setting, ...] = tuple(

@@ -28,8 +28,10 @@ class ControlBlock:
         i = L.CTL[name]
         self.words[i] = self.words[i] + value
 
-    def beat(self) -> None:
-        self.words[L.CTL_HEARTBEAT] = time.monotonic_ns()
+    def beat(self, at_ns: int | None = None) -> None:
+        """Stamp the heartbeat now, or at `at_ns` (a worker of lanes: the start of its oldest
+        batch still running, so a stuck lane ages it while the others loop)."""
+        self.words[L.CTL_HEARTBEAT] = time.monotonic_ns() if at_ns is None else at_ns
 
     def heartbeat_age_ms(self) -> float | None:
         """Milliseconds since the last beat; None before the worker's first."""

@@ -69,6 +69,9 @@ class Served:
     activation: str  # the manifest's: how window scores combine
     report_grid: tuple[int, ...]  # the length classes latency is reported by
     rss_bytes: int = 0  # what loading it added to the worker's resident set
+    # Every lane's runner, lane k's at k (the spec's lanes; `runner` is lane 0's): each with
+    # its own ONNX Runtime session and buffers, so the lanes run batches at once.
+    runners: tuple[Runner, ...] = ()
 
     def refuses(self, embed: bool) -> bool:
         """A vector from a model without one, or scores from a model without labels (the
@@ -127,8 +130,14 @@ class Loader:
         if manifest.embeds:  # one output holds both answers: logits, then the embedding
             activation = joined(activation, n_labels)
             check_answer_room(self.max_payload, manifest.dimension)
-        runner = self._runner(runtime, ref, manifest, grid or (max_len,), activation, pre)
-        self.ctl.beat()
+        if spec.lanes > 1 and runtime != "onnx":  # settings.resolve_lanes keeps this out
+            raise ValueError("a worker of several lanes runs ONNX Runtime only")
+        runners = []
+        for _ in range(spec.lanes):  # a session each, warmed before the worker says ready
+            runners.append(self._runner(runtime, ref, manifest, grid or (max_len,), activation,
+                                        pre))  # fmt: skip
+            self.ctl.beat()
+        runner = runners[0]
         delay_ns = int(spec.max_delay_ms * 1e6)
         batcher = Batcher(
             spec.max_batch, spec.max_batch_tokens, delay_ns, grid, runner.overhead_tokens
@@ -141,7 +150,7 @@ class Loader:
         grown = max(grown, weights_bytes(ref.model_dir, weights or manifest.model_file))
         return Served(
             ref, longtext, runner, batcher, n_labels, manifest.dimension, manifest.activation,
-            length_grid(grid or REPORT_GRID, max_len), grown,
+            length_grid(grid or REPORT_GRID, max_len), grown, tuple(runners),
         )  # fmt: skip
 
     def _runner(

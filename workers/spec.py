@@ -74,6 +74,9 @@ class WorkerSpec:
     bulk_max_wait_ms: float = 2000.0  # --bulk-max-wait-ms: a bulk text's wait behind others
     # Every model this worker serves; empty: the one model at model_dir, index 0.
     models: tuple[ModelRef, ...] = ()
+    # Batches run at once, each by a thread pinned to its own `threads` of `cpus` with its own
+    # runner, from one Batcher (workers/worker.py Lanes); 1: the serving loop alone.
+    lanes: int = 1
 
     def refs(self) -> tuple[ModelRef, ...]:
         """The models to load: `models`, or the one at `model_dir` as index 0."""

@@ -8,6 +8,12 @@ Started with spawn, or forked from the zygote (workers/zygote.py), which hands o
 (torch and the CPU weights too, for TorchScript workers) already loaded. Everything that
 creates threads or device state (thread count, CUDA, the runtime's warm-up) happens here, in
 the child, either way. The heartbeat is stamped by the serving loop itself, so a stuck batch shows.
+
+A worker of several lanes (spec.lanes, on ONNX Runtime, one model) runs the serving loop on a
+thread per lane, each pinned to its own core with its own session: under one lock a lane reads
+the ring, tokenizes, and takes the next batch from the model's one Batcher; it runs the forward
+pass outside the lock, then answers under it. So the texts of both cores wait in one pool and
+form fuller batches than two workers' halves (docs/design.md, "A lane per core").
 """
 
 from __future__ import annotations
@@ -101,6 +107,12 @@ class Worker:
         self.behind: Running | None = None  # the batch running on the background thread
         self.behind_runs = 0  # batches run there
         self._thread: ThreadPoolExecutor | None = None
+        # Lanes (serve_lanes): the lock they share, when each lane's running batch started (0:
+        # none), the exit code a lane decided on, and the first lane's failure.
+        self.lock = threading.Lock()
+        self.started_ns = [0] * spec.lanes if spec.lanes > 1 else []
+        self.ended: int | None = None
+        self.failure: BaseException | None = None
 
     @property
     def cpu_model_ok(self) -> bool:
@@ -118,6 +130,8 @@ class Worker:
             self.ctl.beat()
         # Whole batches behind a lighter model's on the CPU; a GPU keeps the capped ones.
         behind = len(self.models) > 1 and not is_gpu_device(self.spec.device)
+        if self.spec.lanes > 1 and len(self.models) != 1:  # settings.resolve_lanes keeps this out
+            raise ValueError("a worker of several lanes serves one model")
         self.turns = Turns({i: m.batcher for i, m in self.models.items()}, behind)
         for started, warm_s in self.loader.started:  # GPU: report the graphs; sample NVML
             monitor = started(warm_s)
@@ -129,6 +143,8 @@ class Worker:
 
     # -- serving loop -------------------------------------------------------------------------
     def serve(self) -> int:
+        if self.spec.lanes > 1:
+            return self.serve_lanes()
         spec = self.spec
         doorbell = spec.doorbell
         try:
@@ -158,6 +174,95 @@ class Worker:
             if self._thread is not None:
                 self._thread.shutdown(wait=False, cancel_futures=True)
         return EXIT_OK
+
+    def beat(self) -> None:
+        """Stamp the heartbeat: now, or, with lanes, when the oldest batch still running
+        started (a lane stuck in its batch stops the beat as one loop would)."""
+        running = [t for t in self.started_ns if t]
+        self.ctl.beat(min(running) if running else None)
+
+    # -- lanes ----------------------------------------------------------------------------------
+    def serve_lanes(self) -> int:
+        """Run the serving loop on every lane, lane 0 on this thread (which takes the stop
+        signal); returns once each lane has answered the batch it ran when the stop came."""
+        served = self.models[min(self.models)]  # the one model (boot checks)
+        others = [
+            threading.Thread(target=self.lane, args=(k, served), name=f"lane-{k}", daemon=True)
+            for k in range(1, self.spec.lanes)
+        ]
+        for t in others:  # before lane 0 pins this thread: they inherit the worker's CPUs
+            t.start()
+        self.lane(0, served)
+        for t in others:
+            t.join()
+        if self.failure is not None:  # a lane's error is the worker's, as the loop's would be
+            raise self.failure
+        return self.ended if self.ended is not None else EXIT_OK
+
+    def lane(self, k: int, served: Served) -> None:
+        """One lane's life; its failure stops every lane and is raised by serve_lanes."""
+        try:
+            self.lane_loop(k, served)
+        except BaseException as exc:  # noqa: BLE001 - handed to serve_lanes, which raises it
+            if self.failure is None:
+                self.failure = exc
+            self.stop = True
+
+    def lane_loop(self, k: int, served: Served) -> None:
+        spec, doorbell, lock = self.spec, self.spec.doorbell, self.lock
+        runner = served.runners[k]
+        mine: set[int] = set()
+        while True:
+            mine = self.pin_lane(k, mine)
+            with lock:
+                if self.stop or self.ended is not None:
+                    return
+                self.beat()
+                if os.getppid() != spec.parent_pid:
+                    self.ended = EXIT_PARENT_GONE
+                    return
+                took = self.take_requests()
+                for _ in range(took):  # each request was posted once: keep the count honest
+                    if not doorbell.acquire(False):
+                        break
+                now = time.monotonic_ns()
+                self.expire(now)
+                index, wait_ns = self.turns.next(now)
+                batch, length = served.batcher.take() if index is not None else ([], 0)
+                if batch:
+                    self.started_ns[k] = now
+                    if served.batcher.size:  # texts left: wake a lane that sleeps to take them
+                        doorbell.release()
+            if not batch:
+                if not took:
+                    timeout = IDLE_WAIT_S if wait_ns < 0 else min(IDLE_WAIT_S, wait_ns / 1e9)
+                    doorbell.acquire(True, timeout)
+                continue
+            self.maybe_grow()
+            tokens = runner.fill(length, batch)  # the lane's own buffers: outside the lock
+            run = Running(served, batch, length, tokens, time.monotonic_ns())
+            probs = runner.forward(length, len(batch))
+            t1 = time.monotonic_ns()
+            with lock:
+                self.started_ns[k] = 0
+                self.answer(run, t1, probs)
+
+    def pin_lane(self, k: int, mine: set[int]) -> set[int]:
+        """Keep lane k on its own share of the worker's CPUs: the k-th `threads` of them. The
+        front-end moves every thread of a spare onto its slot's CPUs when it takes the slot
+        (service.pool.handle.pin), so a lane that finds its CPUs changed pins itself again."""
+        try:
+            now = os.sched_getaffinity(0)  # this thread's own
+        except (OSError, AttributeError):
+            return mine
+        if now == mine:
+            return mine
+        cpus, per = sorted(now), self.spec.threads
+        start = (k * per) % len(cpus)
+        want = {cpus[(start + i) % len(cpus)] for i in range(per)}
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, want)
+        return want
 
     def take_requests(self) -> int:
         """Read what the ring holds and hand each text to its model's batcher."""
@@ -358,7 +463,7 @@ class Worker:
             msgs = msgs[n:]
             if msgs:  # the front-end is behind: let it catch up, still beating
                 self.spec.eventfd.ring()
-                self.ctl.beat()
+                self.beat()
                 time.sleep(0.0005)
                 if os.getppid() != self.spec.parent_pid:
                     raise SystemExit(EXIT_PARENT_GONE)

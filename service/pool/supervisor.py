@@ -53,7 +53,8 @@ class Supervisor:
         model_dir = models if isinstance(models, str) else self.models[0].model_dir
         self.model_dir = model_dir
         self.events = events  # structured event log (service.logs), optional
-        self.placement = Placement(device, settings.threads)
+        # A worker's share of cores: its threads for each of its lanes (settings.resolve_lanes).
+        self.placement = Placement(device, settings.threads * settings.lane_count())
         self.policy = RestartPolicy(clock, self._event)
         self.forker = Forker(
             settings, self.models, model_dir, self.placement.on_gpu(), clock, self._event

@@ -286,3 +286,79 @@ def test_a_worker_forked_from_a_two_model_zygote_answers_both(default_model: str
         chan.close()
         chan.unlink()
         bells.close()
+
+
+def threads_on(pid: int) -> dict[int, tuple[set[int], int]]:
+    """Each thread of a process: the CPUs it may run on, and the CPU ticks it has used."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        base = f"/proc/{pid}/task/{tid}"
+        with open(f"{base}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        out[int(tid)] = (os.sched_getaffinity(int(tid)), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def test_a_worker_of_two_lanes_answers_as_one_lane_does_each_lane_on_its_core(
+    default_model: str, sst2_texts: list[str]
+) -> None:
+    """A worker of 2 lanes (forked from the zygote, as a server's is) answers 600 texts sent
+    at once with the labels and scores (within the 1e-5 of fp32) a one-lane worker gives;
+    each lane thread is pinned to a core of its own and used CPU, and the stop signal ends it
+    with exit 0."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("two lanes need two CPUs")
+    requests: list[tuple[int, str | tuple[str, str]]] = [(0, t) for t in sst2_texts[:600]]
+    here = InProcess.booted(default_model, (), "onnx")
+    want: dict[int, Any] = {}
+    try:
+        for start in range(0, len(requests), 16):  # as its 64-slot ring takes them
+            some = here.ask(requests[start : start + 16])
+            want.update({start + k: answer for k, answer in some.items()})
+    finally:
+        here.close()
+    zygote = Zygote((ModelRef(0, "", 0, default_model),), 1, False)
+    wire = new_wire()
+    _, chan, bells = wire
+    spec = worker_spec(wire, default_model, (), "onnx")
+    spec.cpus, spec.lanes, spec.max_delay_ms = cpus, 2, 2.0
+    pid = None
+    try:
+        wait_for(zygote.poll, "ready zygote")
+        pid = zygote.fork(spec)
+        assert pid is not None
+        wait_for(lambda: chan.ctl.get("state") == L.W_READY, "ready worker")
+        got: dict[int, Any] = {}
+        msgs = payloads(requests)
+
+        def all_answered() -> bool:
+            got.update(answers(chan.responses.read()))
+            return len(got) == len(msgs)
+
+        sent = 0
+        while sent < len(msgs):  # as the ring takes them
+            n = chan.requests.write_many(msgs[sent:])
+            if n:
+                bells.request.release(n)
+            sent += n
+            all_answered()
+        wait_for(all_answered, "answers")
+        assert sorted(got) == sorted(want)
+        for msg_id, (status, label, scores) in want.items():
+            assert got[msg_id][:2] == (status, label) and status == L.STATUS_OK
+            a, b = np.frombuffer(scores, np.float32), np.frombuffer(got[msg_id][2], np.float32)
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        assert chan.ctl.get("requests") == len(msgs)
+        pinned = {next(iter(c)): ticks for c, ticks in threads_on(pid).values() if len(c) == 1}
+        assert set(pinned) == set(cpus), threads_on(pid)  # lane 0 on one core, lane 1 on the other
+        assert all(ticks >= 5 for ticks in pinned.values()), pinned  # each ran batches
+    finally:
+        if pid is not None:
+            os.kill(pid, STOP_SIGNAL)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        zygote.close()
+        chan.close()
+        chan.unlink()
+        bells.close()

@@ -63,6 +63,43 @@ def test_sigkill_under_load_loses_nothing(start_server, sst2_texts) -> None:
     print(f"pool whole {elapsed:.3f}s after SIGKILL")
 
 
+def lanes_pinned(pid: int, cpus: list[int]) -> bool:
+    """Each of `cpus` has a thread of the worker pinned to it alone (a lane each)."""
+    try:
+        masks = [os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return False
+    return sorted(next(iter(m)) for m in masks if len(m) == 1) == sorted(cpus)
+
+
+def test_default_layout_is_a_worker_of_two_lanes_and_a_sigkill_loses_nothing(
+    start_server, sst2_texts
+) -> None:
+    """With no --workers on 2 cores, one worker of 2 lanes holds both cores; killed under load
+    it is replaced by the spare, whose lanes pin themselves to the slot's cores, and no request
+    fails."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) != 2:
+        pytest.skip("the default pairs 2 cores into one worker of 2 lanes; this machine has "
+                    f"{len(cores)}")  # fmt: skip
+    srv: ServerProc = start_server("--spares", "1", workers=1)
+    srv.wait_spares(1)
+    [worker] = [w for w in srv.status()["workers"] if w["id"] >= 0]
+    assert (worker["lanes"], worker["cpus"]) == (2, cores)
+    assert '"lanes": 2, "workers": 1' in srv.logs()
+    wait_for(lambda: lanes_pinned(worker["pid"], cores), 10.0, "each lane on its own core")
+    with Load(srv.port, sst2_texts, clients=32) as load:
+        load.wait_ok(30)
+        victim = worker["pid"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: whole_again(srv, 1, {victim}), 2.0, "pool whole within 2 s")
+        load.wait_ok(30)
+    assert load.failed() == 0, (load.outcomes, load.errors[:5])
+    [after] = [w for w in srv.status()["workers"] if w["id"] == 0]
+    assert after["restarts"] == 1 and after["lanes"] == 2 and after["cpus"] == cores
+    wait_for(lambda: lanes_pinned(after["pid"], cores), 10.0, "the new worker's lanes pinned")
+
+
 def test_sigstop_hang_is_detected_and_replaced(start_server, sst2_texts) -> None:
     srv = pool_with_spare(start_server, "--heartbeat-timeout-s", "1")
     with Load(srv.port, sst2_texts, clients=6) as load:

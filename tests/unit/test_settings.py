@@ -85,3 +85,39 @@ def test_cgroup_cpu_limit_formats(tmp_path: Path) -> None:
     (v1 / "cpu.cfs_period_us").write_text("100000\n")
     proc.write_text("4:cpu,cpuacct:/pod\n1:name=systemd:/pod\n")
     assert cgroup_cpu_limit(str(tmp_path / "v1"), str(proc)) == 3.0
+
+
+def test_lanes_pair_the_cores_for_one_onnx_model_with_default_workers() -> None:
+    """Two lanes a worker, a worker per pair of cores, only where a lane can serve; the
+    dispatcher's hold grows with the lanes."""
+    c = Config()
+    assert "pair" in c.resolve_lanes("cpu", ["onnx"], cores=2)
+    assert (c.lanes, c.lane_count(), c.hold_cost("cpu")) == (2, 2, 2 * Config().hold_cost("cpu"))
+    c = Config()
+    c.resolve_lanes("cpu", ["onnx"], cores=4)
+    assert c.lanes == 2
+    for cores, config, device, runtimes in [
+        (3, Config(), "cpu", ["onnx"]),  # odd cores do not pair
+        (1, Config(), "cpu", ["onnx"]),
+        (2, Config(workers=2), "cpu", ["onnx"]),  # an explicit layout is kept as it was
+        (2, Config(threads=2), "cpu", ["onnx"]),
+        (2, Config(), "cpu", ["torch"]),
+        (2, Config(), "cuda:0", ["torch"]),
+        (2, Config(), "cpu", ["onnx", "onnx"]),  # many models share a worker's turns
+        (2, Config(model_control="explicit"), "cpu", ["onnx"]),
+    ]:
+        why = config.resolve_lanes(device, runtimes, cores=cores)
+        assert config.lanes == 1 and why, (cores, config, device, runtimes)
+
+
+def test_lanes_asked_for_are_kept_or_refused_with_the_reason() -> None:
+    c = Config(lanes=2, workers=1)
+    assert c.resolve_lanes("cpu", ["onnx"], cores=3) == "as --lanes asks"
+    assert (c.lanes, c.serving_workers()) == (2, 1)
+    with pytest.raises(ValueError, match="runtime is not ONNX Runtime"):
+        Config(lanes=2).resolve_lanes("cpu", ["torch"], cores=2)
+    with pytest.raises(ValueError, match="more than one model"):
+        Config(lanes=2).resolve_lanes("cpu", ["onnx", "onnx"], cores=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        Config(lanes=0).resolve_lanes("cpu", ["onnx"], cores=2)
+    assert Config(lanes=1, threads=4).resolve_lanes("cpu", ["onnx"], cores=2) == "as --lanes asks"
