@@ -278,14 +278,19 @@ def test_a_worker_forked_from_a_two_model_zygote_answers_both(default_model: str
             a, b = np.frombuffer(scores, np.float32), np.frombuffer(got[msg_id][2], np.float32)
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     finally:
-        if pid is not None:
-            os.kill(pid, STOP_SIGNAL)
-            _, status = os.waitpid(pid, 0)
-            assert os.waitstatus_to_exitcode(status) == 0
-        zygote.close()
-        chan.close()
-        chan.unlink()
-        bells.close()
+        stop_and_close(pid, zygote, chan, bells)
+
+
+def stop_and_close(pid: int | None, zygote: Any, chan: Any, bells: Any) -> None:
+    """Stop a forked worker (it must exit 0), then close the zygote and the worker's channel."""
+    if pid is not None:
+        os.kill(pid, STOP_SIGNAL)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    zygote.close()
+    chan.close()
+    chan.unlink()
+    bells.close()
 
 
 def threads_on(pid: int) -> dict[int, tuple[set[int], int]]:
@@ -354,11 +359,4 @@ def test_a_worker_of_two_lanes_answers_as_one_lane_does_each_lane_on_its_core(
         assert set(pinned) == set(cpus), threads_on(pid)  # lane 0 on one core, lane 1 on the other
         assert all(ticks >= 5 for ticks in pinned.values()), pinned  # each ran batches
     finally:
-        if pid is not None:
-            os.kill(pid, STOP_SIGNAL)
-            _, status = os.waitpid(pid, 0)
-            assert os.waitstatus_to_exitcode(status) == 0
-        zygote.close()
-        chan.close()
-        chan.unlink()
-        bells.close()
+        stop_and_close(pid, zygote, chan, bells)
