@@ -152,7 +152,7 @@ class Dispatcher:
         lane.admitted(len(reqs), sum(costs))
         self.queued_cost += sum(costs)
         if deadline_ns:
-            self.expiry.arm()
+            self.expiry.arm(deadline_ns)
         self.place(reqs)
 
     def room(
@@ -171,13 +171,23 @@ class Dispatcher:
         if not self.accepting:
             self.why = "server is draining"
             return 0
-        n, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
-        ahead = self.table.ahead(model, priority, self.queued_cost, self.waiting)
-        free = Free(n, ahead, self.cost_limit(), empty, fits, self.max_queue_ms)
-        k, why = room(costs, whole, free)
+        k, why = self._room(costs, whole, priority, model)
+        now = self.clock()
+        if why is not None and self.expiry.due_by(now) and self.expire(now):
+            # Texts whose deadline passed still held room until the expiry timer's next tick
+            # (up to EXPIRE_EVERY_S): answered 504 now, they leave it to this request.
+            k, why = self._room(costs, whole, priority, model)
         if why is not None:
             self.why = why
         return k
+
+    def _room(
+        self, costs: list[int], whole: bool, priority: int, model: int
+    ) -> tuple[int, str | None]:
+        n, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
+        ahead = self.table.ahead(model, priority, self.queued_cost, self.waiting)
+        free = Free(n, ahead, self.cost_limit(), empty, fits, self.max_queue_ms)
+        return room(costs, whole, free)
 
     def refuse(self, n: int, model: int = 0) -> None:
         """Count texts refused after room() said no (a protocol answers them itself)."""

@@ -16,6 +16,7 @@ from ringserve.service.engine.requests import Request, Result
 from ringserve.shm import layout as L
 
 EXPIRE_EVERY_S = 0.05
+NEVER = 1 << 62  # a deadline past any monotonic clock
 
 
 class Owed(Protocol):
@@ -34,10 +35,14 @@ class Expiry:
         self.owed = owed
         self.expired = 0  # texts answered 504 here
         self.handle: asyncio.TimerHandle | None = None
+        # No deadline in flight passes before this (a bound: texts answered since may have
+        # held it), so `due_by` says in O(1) whether a scan can find anything.
+        self.soonest_ns = NEVER
 
-    def arm(self) -> None:
-        """Start ticking, unless it is already. Only inside a running loop: the in-process
-        tests call expire() themselves, with their own clock."""
+    def arm(self, deadline_ns: int = NEVER) -> None:
+        """Note a deadline now in flight and start ticking, unless it is already. Only inside
+        a running loop: the in-process tests call expire() themselves, with their own clock."""
+        self.soonest_ns = min(self.soonest_ns, deadline_ns)
         if self.handle is not None:
             return
         try:
@@ -52,10 +57,21 @@ class Expiry:
         if self.owed.inflight:
             self.arm()
 
+    def due_by(self, now_ns: int) -> bool:
+        """Whether a deadline in flight may have passed by now (expire() would find one)."""
+        return self.soonest_ns <= now_ns
+
     def expire(self, now_ns: int) -> int:
         """Answer 504 for every request whose deadline passed; their late answers are dropped."""
         owed = self.owed
-        late = [r for r in owed.inflight.values() if r.deadline_ns and r.deadline_ns <= now_ns]
+        late, soonest = [], NEVER
+        for r in owed.inflight.values():
+            if r.deadline_ns:
+                if r.deadline_ns <= now_ns:
+                    late.append(r)
+                else:
+                    soonest = min(soonest, r.deadline_ns)
+        self.soonest_ns = soonest
         for r in late:
             if r.worker is not None:
                 if r.worker.assigned.pop(r.id, None) is not None:

@@ -7,6 +7,7 @@ from ringserve.service.engine.admission import Admission, Done, Refusal
 from ringserve.service.engine.dispatcher import INTERACTIVE, Dispatcher, Result
 from ringserve.service.engine.tenants import BULK, Tenant
 from ringserve.service.protocols.texts import checked
+from ringserve.shm import layout as L
 
 S = 1_000_000_000
 
@@ -26,6 +27,22 @@ def test_a_request_is_admitted_whole_or_refused_with_the_reason() -> None:
     refusal = a.submit([b"two"], 10 * S, ignore, "kserve", "classify", None, INTERACTIVE)
     assert refusal == Refusal(503, "queue is full", 1)
     assert d.rejected == 1 and len(d.inflight) == 1
+
+
+def test_texts_past_their_deadline_give_their_room_to_a_new_request_at_once() -> None:
+    """Between the expiry timer's ticks, a full queue of expired texts answers them 504 (once
+    each) and admits the new request, instead of refusing it."""
+    now = [5 * S]
+    d = Dispatcher(2, clock=lambda: now[0])
+    a = Admission(d, lambda: d.why, 30.0)
+    got: list[list[Result]] = []
+    assert a.submit([b"a", b"b"], 6 * S, got.append, "grpc", "classify", None, INTERACTIVE) is None
+    refusal = a.submit([b"c"], 10 * S, got.append, "grpc", "classify", None, INTERACTIVE)
+    assert refusal == Refusal(503, "queue is full", 1) and not got  # still due: still held
+    now[0] = 6 * S  # their deadline, before any tick of the timer
+    assert a.submit([b"c"], 10 * S, got.append, "grpc", "classify", None, INTERACTIVE) is None
+    assert [[r.status for r in results] for results in got] == [[L.STATUS_DEADLINE] * 2]
+    assert d.expired == 2 and d.rejected == 1 and len(d.inflight) == 1
 
 
 def test_over_the_key_rate_is_a_429_with_the_wait_and_the_queue_is_untouched() -> None:

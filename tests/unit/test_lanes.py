@@ -277,7 +277,7 @@ def admission(d: Dispatcher) -> Admission:
 
 def submit(a: Admission, text: bytes, model: int, done: Calls | None = None) -> Refusal | None:
     done = done if done is not None else Calls()
-    return a.submit([text], 10 * S, done, "http", "classify", None, 0, model=model)
+    return a.submit([text], 100 * S, done, "http", "classify", None, 0, model=model)  # due later
 
 
 def test_one_models_full_queue_refuses_only_that_models_texts() -> None:
@@ -355,7 +355,7 @@ def test_frames_for_one_model_are_admitted_in_part_within_its_limit() -> None:
         made.append(k)
         return Calls()
 
-    got = a.submit_each([b"x", b"y", b"z"], 10 * S, on_admit, "binary", "classify", None, b"", B)
+    got = a.submit_each([b"x", b"y", b"z"], 100 * S, on_admit, "binary", "classify", None, b"", B)
     assert got == (2, 3) and made == [2] and d.lanes[B].rejected == 1
     assert all(L.split_model(r.payload)[0] == B for r in d.inflight.values())
 
@@ -371,9 +371,9 @@ def test_a_closed_model_is_refused_as_unknown_and_what_it_admitted_is_answered()
     d.table.close(B)
     assert submit(a, b"b2", B) == Refusal(404, "unknown model: b", 0)
     made: list[int] = []
-    frames = a.submit_each([b"f"], 10 * S, lambda k, lv: made.append(k), "binary", "x", None)
+    frames = a.submit_each([b"f"], 100 * S, lambda k, lv: made.append(k), "binary", "x", None)
     assert frames == (1, 1)  # model 0 is still open
-    refused = a.submit_each([b"f"], 10 * S, lambda k, lv: made.append(k), "binary", "x", None,
+    refused = a.submit_each([b"f"], 100 * S, lambda k, lv: made.append(k), "binary", "x", None,
                             b"", B)  # fmt: skip
     assert refused == Refusal(404, "unknown model: b", 0) and made == [1]
     assert submit(a, b"never", 9) == Refusal(404, "unknown model: 9", 0)  # never opened
