@@ -146,7 +146,6 @@ class Worker:
         if self.spec.lanes > 1:
             return self.serve_lanes()
         spec = self.spec
-        doorbell = spec.doorbell
         try:
             while not self.stop:
                 if self.behind is None:  # a batch behind stamps nothing until done, as any
@@ -158,16 +157,12 @@ class Worker:
                     return EXIT_PARENT_GONE
                 if self.gpu is not None:
                     self.gpu.tick()  # at most once a second; never raises
-                took = self.take_requests()
-                for _ in range(took):  # each request was posted once: keep the count honest
-                    if not doorbell.acquire(False):
-                        break
+                took = self.take_posted()
                 index, wait_ns = self.turns.next(time.monotonic_ns(), self.behind is not None)
                 if index is not None:
                     self.run_next(self.models[index])
                 elif not took:  # the batch behind rings the doorbell when it is done
-                    timeout = IDLE_WAIT_S if wait_ns < 0 else min(IDLE_WAIT_S, wait_ns / 1e9)
-                    doorbell.acquire(True, timeout)
+                    self.wait_doorbell(wait_ns)
             if self.behind is not None:  # stopping: its texts are answered first
                 self.finish_behind()
         finally:
@@ -221,10 +216,7 @@ class Worker:
                 if os.getppid() != spec.parent_pid:
                     self.ended = EXIT_PARENT_GONE
                     return
-                took = self.take_requests()
-                for _ in range(took):  # each request was posted once: keep the count honest
-                    if not doorbell.acquire(False):
-                        break
+                took = self.take_posted()
                 now = time.monotonic_ns()
                 self.expire(now)
                 index, wait_ns = self.turns.next(now)
@@ -235,8 +227,7 @@ class Worker:
                         doorbell.release()
             if not batch:
                 if not took:
-                    timeout = IDLE_WAIT_S if wait_ns < 0 else min(IDLE_WAIT_S, wait_ns / 1e9)
-                    doorbell.acquire(True, timeout)
+                    self.wait_doorbell(wait_ns)
                 continue
             self.maybe_grow()
             tokens = runner.fill(length, batch)  # the lane's own buffers: outside the lock
@@ -263,6 +254,22 @@ class Worker:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, want)
         return want
+
+    def take_posted(self) -> int:
+        """take_requests, then one doorbell post consumed for each request read (each was
+        posted once: the count stays honest for the next sleep)."""
+        took = self.take_requests()
+        doorbell = self.spec.doorbell
+        for _ in range(took):
+            if not doorbell.acquire(False):
+                break
+        return took
+
+    def wait_doorbell(self, wait_ns: int) -> None:
+        """Sleep until a request is posted, the next text is due (`wait_ns`; < 0: none), or
+        IDLE_WAIT_S, whichever is first."""
+        timeout = IDLE_WAIT_S if wait_ns < 0 else min(IDLE_WAIT_S, wait_ns / 1e9)
+        self.spec.doorbell.acquire(True, timeout)
 
     def take_requests(self) -> int:
         """Read what the ring holds and hand each text to its model's batcher."""

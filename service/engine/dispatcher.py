@@ -172,8 +172,7 @@ class Dispatcher:
             self.why = "server is draining"
             return 0
         k, why = self._room(costs, whole, priority, model)
-        now = self.clock()
-        if why is not None and self.expiry.due_by(now) and self.expire(now):
+        if why is not None and self.expiry.due_by(now := self.clock()) and self.expire(now):
             # Texts whose deadline passed still held room until the expiry timer's next tick
             # (up to EXPIRE_EVERY_S): answered 504 now, they leave it to this request.
             k, why = self._room(costs, whole, priority, model)
