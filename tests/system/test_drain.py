@@ -154,12 +154,19 @@ def events(log: str) -> list[dict[str, object]]:
     return out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_process_group_drains(start_server, sst2_texts, sig) -> None:
+@pytest.mark.parametrize(
+    ("sig", "layout"),
+    [(signal.SIGTERM, ("--workers", "2")), (signal.SIGINT, ())],
+    ids=["SIGTERM-2-workers", "SIGINT-default-lanes"],
+)
+def test_a_signal_to_the_process_group_drains(start_server, sst2_texts, sig, layout) -> None:
     """SIGTERM or SIGINT to the whole process group (systemd's control-group kill, tini -g,
     `kill -TERM -PGID`) drains as the front-end's own would: workers and the zygote ignore it,
-    every request is answered 200, no worker is started after it, nothing is left behind."""
-    srv = start_server("--workers", "2", "--drain-timeout-s", "20", workers=2, own_group=True)
+    every request is answered 200, no worker is started after it, nothing is left behind. Once
+    with 2 workers of a lane, once with the default layout (on 2 cores, a worker of 2 lanes,
+    whose second lane is a thread the signal must not reach either)."""
+    workers = 2 if layout else None
+    srv = start_server(*layout, "--drain-timeout-s", "20", workers=workers, own_group=True)
     srv.wait_spares(1)
     tracker = [p for p in srv.children() if "resource_tracker" in " ".join(p.cmdline())]
     assert tracker, "multiprocessing's resource tracker (started with the zygote)"

@@ -100,6 +100,39 @@ def test_default_layout_is_a_worker_of_two_lanes_and_a_sigkill_loses_nothing(
     wait_for(lambda: lanes_pinned(after["pid"], cores), 10.0, "the new worker's lanes pinned")
 
 
+def test_lanes_without_a_spare_survive_a_hang_then_a_sigkill_right_after_readiness(
+    start_server, sst2_texts
+) -> None:
+    """The default layout with no spare: a worker of 2 lanes stopped under load is found hung
+    and replaced by a fork from the zygote; that replacement, killed as soon as it is ready, is
+    replaced again. Each new worker has its 2 lanes pinned, and no request fails: what a worker
+    held is re-sent, what waits meanwhile waits in the front-end."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) != 2:
+        pytest.skip("the default pairs 2 cores into one worker of 2 lanes; this machine has "
+                    f"{len(cores)}")  # fmt: skip
+    srv: ServerProc = start_server("--spares", "0", "--heartbeat-timeout-s", "1", workers=1)
+    [first] = [w for w in srv.status()["workers"] if w["id"] >= 0]
+    assert (first["lanes"], first["cpus"]) == (2, cores)
+    with Load(srv.port, sst2_texts, clients=8) as load:
+        load.wait_ok(30)
+        os.kill(first["pid"], signal.SIGSTOP)
+        try:
+            wait_for(lambda: whole_again(srv, 1, {first["pid"]}), 20.0, "hung worker replaced")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(first["pid"], signal.SIGCONT)
+        second = serving(srv)[0]
+        os.kill(second, signal.SIGKILL)  # at once: it has just become ready
+        wait_for(lambda: whole_again(srv, 1, {first["pid"], second}), 20.0, "killed replaced")
+        load.wait_ok(30)
+    assert load.failed() == 0, (load.outcomes, load.errors[:5])
+    [after] = [w for w in srv.status()["workers"] if w["id"] == 0]
+    assert after["restarts"] == 2 and after["lanes"] == 2 and after["cpus"] == cores
+    wait_for(lambda: lanes_pinned(after["pid"], cores), 10.0, "the third worker's lanes pinned")
+    assert "heartbeat stale" in srv.logs()
+
+
 def test_sigstop_hang_is_detected_and_replaced(start_server, sst2_texts) -> None:
     srv = pool_with_spare(start_server, "--heartbeat-timeout-s", "1")
     with Load(srv.port, sst2_texts, clients=6) as load:
