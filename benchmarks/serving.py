@@ -30,6 +30,9 @@ The column "model ms a text" is the workers' wall time in the model a request, s
 /metrics) beside the ceiling's (its processes over its texts/s): where the two differ, the model
 itself ran slower in the server (batch shapes, and the front-end's and client's work preempting
 it on the same cores); the rest of the gap is CPU spent outside the model.
+The column "steal %" is the share of the VM's CPU time the hypervisor took (/proc/stat's steal)
+while the served load ran, beside its share while the ceiling ran: where they differ, the two
+figures were measured on different machines in effect, and served/ceiling moves with it.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +269,23 @@ class Served:
     front_ms: float = float("nan")  # the front-end process's CPU ms a request
     client_ms: float = float("nan")  # the load generator's, on the same cores
     model_ms: float = float("nan")  # the workers' time in the model a request (wall)
+    runs: list[float] = field(default_factory=list)  # req/s of each run (best_served)
+
+
+def cpu_jiffies() -> tuple[int, int]:
+    """The machine's stolen and total CPU time so far, in clock ticks (/proc/stat's cpu line:
+    user nice system idle iowait irq softirq steal)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]
+    return ticks[7], sum(ticks)
+
+
+def steal_pct(*spans: tuple[int, int]) -> float:
+    """Percent of the CPU time stolen over the spans between consecutive pairs of readings
+    (a, b, c, d: a to b and c to d)."""
+    stolen = sum(b[0] - a[0] for a, b in zip(spans[::2], spans[1::2], strict=True))
+    total = sum(b[1] - a[1] for a, b in zip(spans[::2], spans[1::2], strict=True))
+    return 100 * stolen / total if total else float("nan")
 
 
 def model_busy_s(port: int) -> float:
@@ -303,6 +323,20 @@ def serve_level(
         waste = 1 - (after["tokens"] - before["tokens"]) / padded if padded else 0.0
     front = (cpu1[1] - cpu0[1]) * 1000 / ok
     return Served(result, waste, (cpu1[0] - cpu0[0]) * 1000 / ok, front, client * 1000 / ok, busy)
+
+
+def best_served(
+    port: int, pid: int, texts: list[str], c: int, args: argparse.Namespace, stats: bool = True
+) -> Served:
+    """serve_level `args.served_runs` times in a row, the fastest kept. What disturbs a shared
+    VM (steal, a neighbour) only ever slows a run down, so the best of several runs is the
+    estimate of a capacity; the ceiling is the best of two (serve_and_ceiling), and the served
+    figures, ours and the peers', are taken the same way so that neither side of a ratio gets
+    more draws than the other."""
+    runs = [serve_level(port, pid, texts, c, args.seconds, stats) for _ in range(args.served_runs)]
+    best = max(runs, key=lambda r: r.load.rps)
+    best.runs = [r.load.rps for r in runs]
+    return best
 
 
 # -- the peers -------------------------------------------------------------------------------------
@@ -375,7 +409,7 @@ def run_peer(
             peer.wait_ready()
             for mix in args.mixes:
                 for c in args.levels:
-                    p = serve_level(peer.port, peer.pid, texts[mix], c, args.seconds, stats=False)
+                    p = best_served(peer.port, peer.pid, texts[mix], c, args, stats=False)
                     r = ours[mix, c].served
                     print(f"| {mix} | {c} | {r.load.rps:.1f} | {p.load.rps:.1f} | "
                           f"{r.load.rps / p.load.rps:.2f} | {r.load.pct(50):.1f} / "
@@ -449,7 +483,7 @@ def run_config(
                                                        overhead, name)  # fmt: skip
             after = tree_pss(srv.pid)["tree"]
             print(f"| {name}: the process tree's PSS {start_pss:.0f} MiB at start, "
-                  f"{after:.0f} MiB after the load |" + " |" * 15, flush=True)  # fmt: skip
+                  f"{after:.0f} MiB after the load |" + " |" * 16, flush=True)  # fmt: skip
         finally:
             srv.terminate()
     return served_graph, levels
@@ -496,20 +530,28 @@ def serve_and_ceiling(
         _, top = best_plan(pool, encs[mix], 256, overhead, args.search_seconds)
         ref, _ = pool.run(top, args.ceiling_seconds)
     # The machine is shared: the ceiling is taken before and after the served run and the
-    # higher one kept (the conservative ratio).
+    # higher one kept; the served load runs --served-runs times between them and its best is
+    # kept too (best_served).
     plan_name, batches = best_plan(pool, encs[mix], c, overhead, args.search_seconds)
+    t0 = cpu_jiffies()
     ceil, batch_s = pool.run(batches, args.ceiling_seconds)
-    s = serve_level(srv.port, srv.pid, texts[mix], c, args.seconds)
+    t1 = cpu_jiffies()
+    s = best_served(srv.port, srv.pid, texts[mix], c, args)
+    t2 = cpu_jiffies()
     again, batch_again = pool.run(batches, args.ceiling_seconds)
+    t3 = cpu_jiffies()
+    steal_ceiling = steal_pct(t0, t1, t2, t3)
     ceil, batch_s = max(ceil, again), min(batch_s, batch_again)
     if c == 1:
         batch_s = pool.latency(batches, args.ceiling_seconds)
     b1 = f"{batch_s * 1000:.1f}" if c == 1 else "-"
     print(
-        f"| {mix} | {name} | {c} | {s.load.rps:.1f} | {ceil:.1f} | "
+        f"| {mix} | {name} | {c} | {s.load.rps:.1f} ({' / '.join(f'{r:.0f}' for r in s.runs)}) "
+        f"| {ceil:.1f} | "
         f"{plan_name} | {s.load.rps / ceil:.2f} | {ref:.1f} | {s.load.pct(50):.1f} | "
         f"{s.load.pct(99):.1f} | {b1} | {s.waste:.2f} | {s.cpu_ms:.1f} | {s.front_ms:.2f} | "
-        f"{s.client_ms:.2f} | {s.model_ms:.2f} / {len(pool.conns) * 1000 / ceil:.2f} |",
+        f"{s.client_ms:.2f} | {s.model_ms:.2f} / {len(pool.conns) * 1000 / ceil:.2f} | "
+        f"{steal_pct(t1, t2):.1f} / {steal_ceiling:.1f} |",
         flush=True,
     )
     return Level(s, ceil)
@@ -538,6 +580,9 @@ def options(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[tup
     """The command line, and the configurations it serves, in RUNTIMES' order."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=6.0, help="served load per level")
+    p.add_argument(
+        "--served-runs", type=int, default=2, help="served runs a level, the fastest kept"
+    )
     p.add_argument("--ceiling-seconds", type=float, default=2.5, help="per ceiling figure")
     p.add_argument("--search-seconds", type=float, default=0.6, help="per plan tried")
     p.add_argument(
@@ -606,11 +651,12 @@ def main(argv: list[str] | None = None) -> int:
         pool.load(model_dir, *RUNTIMES[0][:2])
         if not args.skip_limits:
             best_limit(pool, encs, args.ceiling_seconds)
-        print("| mix | runtime | c | served/s | ceiling/s (window c) | ceiling's plan | "
+        print("| mix | runtime | c | served/s (each run) | ceiling/s (window c) | ceiling's plan | "
               "served/ceiling | ceiling/s (window 256) | P50 ms | P99 ms | model batch-1 ms | "
               "padding waste | server CPU ms/req | front-end CPU ms/req | "
-              "client CPU ms/req | model ms a text, served / ceiling |")  # fmt: skip
-        print("| --- " * 16 + "|")
+              "client CPU ms/req | model ms a text, served / ceiling | "
+              "steal %, served / ceiling |")  # fmt: skip
+        print("| --- " * 17 + "|")
         if args.baseline is not None:
             return turns(args, pool, model_dir, texts, encs)
         chosen = "plain"

@@ -1,5 +1,6 @@
 """The ceiling's batch plans (benchmarks/serving.py): every text runs once, within its window,
-in batches that respect the limit; the least-cost cut with no per-batch cost pads nothing."""
+in batches that respect the limit; the least-cost cut with no per-batch cost pads nothing. And
+the steal share it prints beside each row."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ringserve.workers.batcher import row_limit
 
-from benchmarks.serving import RUNTIMES, options, plan
+from benchmarks.serving import RUNTIMES, cpu_jiffies, options, plan, steal_pct
 
 
 @settings(max_examples=80, deadline=None)
@@ -94,3 +95,11 @@ def test_a_shared_pool_forms_fuller_batches_than_a_pool_a_worker() -> None:
         SharedPool(lengths, lengths, 32, 2, 11).run(4000),
     )
     assert shared.rows() > apart.rows() and shared.clock < apart.clock
+
+
+def test_steal_is_the_share_of_the_spans_between_readings_only() -> None:
+    # (stolen, total) readings: a to b and c to d count, b to c (the served run) does not
+    assert steal_pct((10, 100), (20, 200), (90, 900), (90, 1000)) == 5.0
+    assert steal_pct((5, 50), (5, 50)) != steal_pct((5, 50), (5, 50))  # nothing elapsed: nan
+    stolen, total = cpu_jiffies()
+    assert 0 <= stolen <= total
