@@ -72,16 +72,23 @@ def lanes_pinned(pid: int, cpus: list[int]) -> bool:
     return sorted(next(iter(m)) for m in masks if len(m) == 1) == sorted(cpus)
 
 
+def two_cores() -> list[int]:
+    """This machine's 2 cores, which the default layout pairs into one worker of 2 lanes (the
+    test is skipped on any other count)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) != 2:
+        pytest.skip("the default pairs 2 cores into one worker of 2 lanes; this machine has "
+                    f"{len(cores)}")  # fmt: skip
+    return cores
+
+
 def test_default_layout_is_a_worker_of_two_lanes_and_a_sigkill_loses_nothing(
     start_server, sst2_texts
 ) -> None:
     """With no --workers on 2 cores, one worker of 2 lanes holds both cores; killed under load
     it is replaced by the spare, whose lanes pin themselves to the slot's cores, and no request
     fails."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) != 2:
-        pytest.skip("the default pairs 2 cores into one worker of 2 lanes; this machine has "
-                    f"{len(cores)}")  # fmt: skip
+    cores = two_cores()
     srv: ServerProc = start_server("--spares", "1", workers=1)
     srv.wait_spares(1)
     [worker] = [w for w in srv.status()["workers"] if w["id"] >= 0]
@@ -107,10 +114,7 @@ def test_lanes_without_a_spare_survive_a_hang_then_a_sigkill_right_after_readine
     and replaced by a fork from the zygote; that replacement, killed as soon as it is ready, is
     replaced again. Each new worker has its 2 lanes pinned, and no request fails: what a worker
     held is re-sent, what waits meanwhile waits in the front-end."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) != 2:
-        pytest.skip("the default pairs 2 cores into one worker of 2 lanes; this machine has "
-                    f"{len(cores)}")  # fmt: skip
+    cores = two_cores()
     srv: ServerProc = start_server("--spares", "0", "--heartbeat-timeout-s", "1", workers=1)
     [first] = [w for w in srv.status()["workers"] if w["id"] >= 0]
     assert (first["lanes"], first["cpus"]) == (2, cores)
