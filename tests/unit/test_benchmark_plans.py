@@ -103,3 +103,87 @@ def test_steal_is_the_share_of_the_spans_between_readings_only() -> None:
     assert steal_pct((5, 50), (5, 50)) != steal_pct((5, 50), (5, 50))  # nothing elapsed: nan
     stolen, total = cpu_jiffies()
     assert 0 <= stolen <= total
+
+
+def test_a_ceiling_draw_runs_as_long_as_a_served_draw_unless_told() -> None:
+    args, _ = options(["--seconds", "4"])
+    assert args.ceiling_seconds == 4.0
+    args, _ = options(["--seconds", "4", "--ceiling-seconds", "1.5"])
+    assert args.ceiling_seconds == 1.5
+
+
+# -- the benchmarks' closed loop (devkit/load.py run_load) ----------------------------------------
+def test_the_closed_loop_reads_split_answers_reconnects_and_counts_breaks() -> None:
+    """Against a stub HTTP server on 127.0.0.1 (the load generator is what is tested): answers
+    that arrive in pieces and a `connection: close` answer are each counted once, and the loop
+    goes on over a new connection, opened only when a request is to go."""
+    import asyncio
+
+    from devkit.load import run_load
+
+    connections = 0
+
+    async def stub(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        n = 0
+        while True:
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            n += 1
+            body = b'{"label":"positive"}'
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d"
+            if n == 3:  # the third answer on a connection closes it
+                head = head.replace(b"200 OK", b"503 Service Unavailable")
+                writer.write(head % len(body) + b"\r\nConnection: close\r\n\r\n" + body)
+                await writer.drain()
+                break
+            whole = head % len(body) + b"\r\n\r\n" + body
+            for i in range(0, len(whole), 7):  # in pieces, each its own write
+                writer.write(whole[i : i + 7])
+                await writer.drain()
+        writer.close()
+
+    async def go() -> tuple[dict[int, int], int]:
+        server = await asyncio.start_server(stub, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            result = await run_load(port, [b"GET / HTTP/1.1\r\n\r\n"], 2, 30.0, 12, warmup_s=0)
+        return dict(result.codes), len(result.latencies_ms)
+
+    codes, latencies = asyncio.run(go())
+    assert codes == {200: 8, 503: 4}  # 12 requests: two 200s then a closing 503, four times
+    assert latencies == 8  # a latency for each 200 only
+    assert connections == 4  # a new one after each close, none after the last request
+
+
+def test_the_closed_loop_counts_a_garbled_answer_and_a_cut_connection_as_failed() -> None:
+    import asyncio
+
+    from devkit.load import run_load
+
+    seen = 0
+
+    async def stub(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal seen
+        await reader.readuntil(b"\r\n\r\n")
+        seen += 1
+        if seen == 1:
+            writer.write(b"HTTP/1.1 2x0 Garbled\r\nContent-Length: 0\r\n\r\n")
+        elif seen == 2:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n{")  # then cut
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    async def go() -> dict[int, int]:
+        server = await asyncio.start_server(stub, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            result = await run_load(port, [b"GET / HTTP/1.1\r\n\r\n"], 1, 30.0, 3, warmup_s=0)
+        return dict(result.codes)
+
+    assert asyncio.run(go()) == {0: 2, 200: 1}
