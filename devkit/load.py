@@ -2,9 +2,9 @@
 
 `run_load` is the benchmarks' closed loop, lean on purpose: each of `concurrency` tasks owns one
 keep-alive connection (a bare Protocol, `_Answers`) and sends its next prebuilt request as soon
-as the last answer is in, so the client spends little CPU on a machine it shares with the server. `Load` is the tests' steady
-background load: client threads on keep-alive connections (or a new connection a request), every
-answer kept; `GrpcLoad` is the same over gRPC.
+as the last answer is in, so the client spends little CPU on a machine it shares with the
+server. `Load` is the tests' steady background load: client threads on keep-alive connections
+(or a new connection a request), every answer kept; `GrpcLoad` is the same over gRPC.
 """
 
 from __future__ import annotations
