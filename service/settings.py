@@ -405,13 +405,16 @@ class Config:
     # 16 windows of 256 tokens cover 3,584 tokens (254 + 15 x 222): a bound on the work
     # one request can ask of a worker, as --max-texts bounds a batch request's.
     max_windows: int = option(16, "most windows one text is split into (413 beyond)", int)
-    max_queue: int = option(1024, "requests admitted and not yet answered, all protocols", int)
-    # 1 s: a client's own retry (Retry-After: 1) is sooner than a longer wait would answer; the
-    # overload benchmark (README) keeps the accepted P99 near it with goodput at capacity.
+    max_queue: int = option(
+        1024, "texts admitted and not yet answered, all protocols: the hard ceiling", int
+    )
+    # 1 s: a client's own retry (Retry-After: 1) is sooner than a longer wait would answer.
+    # The standing queue's delay settles near it plus CoDel's 100 ms interval (engine/bounds.py),
+    # so accepted requests wait about that long under overload (benchmarks/shedding.py).
     max_queue_ms: float = option(
         1000.0,
-        "refuse (503) when the queued work, in estimated tokens over the pool's measured "
-        "tokens/s, would wait longer than this (0 = count only); on top of --max-queue",
+        "the target delay of a standing queue: refuse (503) new work once the oldest waiting "
+        "text has waited longer than this for a sustained interval, measured (0 = count only)",
         float,
     )
     # 2 s: twice --max-queue-ms, so a bulk text admitted into a full queue of bulk work still
@@ -467,7 +470,9 @@ class Config:
     log_level: str = option("info", "debug, info, warning or error")
     access_log: int = option(0, "1 to log every request as a JSON line", int)
     metrics: int = option(1, "0 turns metric collection off (for overhead measurement)", int)
-    binary_max_owed: int = option(256, "answers a binary connection owes before it pauses", int)
+    binary_max_owed: int = option(
+        256, "answers a binary connection may owe while other clients' texts are in flight", int
+    )
     binary_group: int = option(32, "most binary frames admitted (and answered) as one group", int)
     binary_linger_s: float = option(2.0, "oversize frame: drop input this long, then close", float)
     named_models: tuple[tuple[str, str], ...] = ()  # --model NAME=DIR, in order (split_models)

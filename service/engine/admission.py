@@ -1,4 +1,5 @@
-"""Admission for every protocol: a key's rate, then the dispatcher's queue bound. It says
+"""Admission for every protocol: a key's rate, the request's deadline against the queue's
+measured delay, then the dispatcher's queue bound (service.engine.bounds). It says
 whether texts were admitted, or why not (a `Refusal`); each protocol writes its own answer
 (HTTP and KServe: protocols/admit.py; binary frames: protocols/binary.py). Also the map of a
 failed text's status to the HTTP code every protocol answers or counts it under.
@@ -75,8 +76,8 @@ def failure(failed: Result) -> tuple[int, str]:
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Why texts were not admitted: the HTTP code (404 a model that is not open, 429 over the
-    key's rate, 503 the queue), its message, and the seconds a client should wait (Retry-After;
-    0 for a 404)."""
+    key's rate, 503 the queue, 504 a deadline the queue's delay already passes), its message,
+    and the seconds a client should wait (Retry-After; 0 for a 404 or a 504)."""
 
     code: int
     message: str
@@ -85,7 +86,8 @@ class Refusal:
 
 class Admission:
     """Admits texts to the dispatcher, or refuses them at once with the reason: a model that is
-    not open (404), the key's rate (429), then the queue (503)."""
+    not open (404), the key's rate (429), a deadline the queue cannot meet (504), then the
+    queue (503)."""
 
     def __init__(
         self,
@@ -126,6 +128,9 @@ class Admission:
         now = d.clock()
         if tenant is not None and not tenant.take(now):
             return self.over_rate(tenant, 1, now, trace)
+        late = self.late(deadline, model, level, now, trace)
+        if late is not None:
+            return late
         if trace is not None:
             done = traced(done, trace, d.clock)
         name = tenant.name if tenant is not None else ""
@@ -157,7 +162,8 @@ class Admission:
         queue's room are admitted as one group, each with `prefix` before it. `on_admit(k,
         level)` makes the group's callback, before a worker can start on it. Returns (k, within):
         texts[:k] admitted, texts[k:within] refused by the queue, texts[within:] over the rate;
-        or the 404 Refusal, none admitted, when the model is not open."""
+        or a Refusal, none admitted: 404 when the model is not open, 504 when the queue's delay
+        already passes the deadline."""
         d = self.dispatcher
         if not d.table.is_open(model):
             return self.unknown(model)
@@ -169,8 +175,11 @@ class Admission:
             if not within:
                 return 0, 0
         level = tenant.priority if tenant is not None else INTERACTIVE
+        late = self.late(deadline, model, level, d.clock())
+        if late is not None:
+            return late
         costs = [text_cost(t, d.max_tokens) for t in texts[:within]]
-        k = d.room(costs, whole=False, priority=level, model=model)
+        k = d.room(within, whole=False, priority=level, model=model)
         if k:
             name = tenant.name if tenant is not None else ""
             sent = [prefix + t for t in texts[:k]] if prefix else texts[:k]
@@ -181,6 +190,24 @@ class Admission:
         if k < within:
             d.refuse(within - k, model)
         return k, within
+
+    def late(
+        self, deadline: int, model: int, level: int, now: int, trace: RequestTrace | None = None
+    ) -> Refusal | None:
+        """504 at once for a request whose deadline the queue's measured delay already passes:
+        it would only wait to expire."""
+        if not deadline:
+            return None
+        delay = self.dispatcher.delay_ns(model, level, now)
+        if not delay or now + delay < deadline:
+            return None
+        if trace is not None:
+            trace.refused(now, "deadline")
+        message = (
+            f"the queue's measured delay of {delay / 1e6:.0f} ms already passes the request's "
+            f"deadline ({max(0, deadline - now) / 1e6:.0f} ms left)"
+        )
+        return Refusal(504, message, 0)
 
     def refuse(self, n: int) -> None:
         """Count texts a protocol refused itself (binary frames past a connection's bound of

@@ -1,9 +1,26 @@
-"""How many texts the queue takes now: the admission bound by count (--max-queue) and by time
-(--max-queue-ms, as a cost the pool answers in that time), as one pure decision."""
+"""How many texts the queue takes now, as one pure decision: the hard ceiling by count
+(--max-queue) and the standing queue by measured delay (--max-queue-ms).
+
+The delay is measured, not estimated: it is how long the oldest text still waiting in the
+front-end for this model and priority has waited (CoDel's sojourn time, Nichols and Jacobson
+2012). A queue refuses new work only once that delay has stood above the target for a whole
+INTERVAL_MS. The waiting lines are first in, first out, so the oldest waiting text being older
+than target + interval means that at every moment of the last interval the text then at the
+front had waited longer than the target: the queue stood, it did not just pass through. And a
+queue that was empty at any moment of the interval holds nothing older than the interval, so
+it admits. That is the test of "Fail at Scale" (Facebook, 2015) without a sampler: a burst
+that meets an empty queue is admitted whole (up to --max-queue) and served at full batches,
+and only a queue that keeps standing is refused.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# CoDel's interval: how long the delay must stand above the target before new work is refused.
+# CoDel and Facebook's queues use 100 ms; a burst's own texts are admitted before it passes,
+# since they arrive together.
+INTERVAL_MS = 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -11,40 +28,32 @@ class Free:
     """The queue as a new text finds it."""
 
     slots: int  # texts it may still take by count
-    ahead: int  # the cost queued before it
-    limit: float | None  # the cost --max-queue-ms allows (None: no bound by time)
-    empty: bool  # nothing in flight
-    max_queue: int
-    max_queue_ms: float
+    empty: bool  # nothing of this model in flight
+    fits: int  # empty: the most one request may bring at once
+    delay_ms: float  # how long the oldest text waiting before it has waited (0: none waits)
+    target_ms: float  # --max-queue-ms (0: no bound by time)
+
+    @property
+    def standing(self) -> bool:
+        """The delay has stood above the target for a whole interval."""
+        return self.target_ms > 0 and self.delay_ms > self.target_ms + INTERVAL_MS
 
 
-def room(costs: list[int], whole: bool, free: Free) -> tuple[int, str | None]:
-    """How many of these texts, taken in order, may be admitted, and why not all (or None).
+def room(n: int, whole: bool, free: Free) -> tuple[int, str | None]:
+    """How many of n texts, taken in order, may be admitted, and why not all (or None).
 
-    Independent texts (`whole` False: binary frames) are admitted while the queue has a
-    slot and its estimated wait is within --max-queue-ms. A request of several texts
-    (`whole`) is admitted entire or not at all, and may take at most half of what is free,
-    by count and by time, so that one client's big batches cannot fill the queue for the
-    rest; into an empty queue it always fits, as long as it fits --max-queue."""
-    n = len(costs)
-    limit = free.limit
+    A standing queue takes none. Otherwise independent texts (`whole` False: binary frames)
+    are admitted while the queue has a slot, and a request of several texts (`whole`) entire
+    or not at all: into an empty queue up to `fits` (its model's limit), else while the slots
+    last. Fair shares between clients apply only through the ceiling and the standing test,
+    so a burst on an idle server is never cut."""
+    if free.standing:
+        return 0, (
+            f"queue is standing: its oldest text has waited {free.delay_ms:.0f} ms, over "
+            f"--max-queue-ms {free.target_ms:g} for {INTERVAL_MS:g} ms"
+        )
     if whole and n > 1:
-        if free.empty:
-            return (n if n <= free.max_queue else 0), None
-        fits = n <= free.slots // 2
-        if fits and limit is not None:
-            fits = sum(costs) <= (limit - free.ahead) / 2
-        if not fits:
-            return 0, "queue is full: a batch may take at most half of what is free"
-        return n, None
+        limit = free.fits if free.empty else free.slots
+        return (n, None) if n <= limit else (0, "queue is full")
     k = min(n, max(0, free.slots))
-    why = "queue is full" if k < n else None
-    if limit is not None:
-        queued, timed = free.ahead, 0
-        while timed < k and queued <= limit:
-            queued += costs[timed]
-            timed += 1
-        if timed < k:
-            why = f"queue is full: estimated wait over {free.max_queue_ms:g} ms"
-        k = timed
-    return k, why
+    return k, ("queue is full" if k < n else None)

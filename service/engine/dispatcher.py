@@ -4,11 +4,12 @@ answer doorbells, completion, rerouting and expiry.
 What waits, waits here: a worker is given only what it can start soon (about two batches of
 work, `hold_cost`, service.engine.routing), so admission, deadlines and every worker see the
 queue, and a worker that dies or stalls strands little. Admission bounds the queue by count
-(--max-queue) and by time (--max-queue-ms): the queued work, in estimated tokens, over the
-pool's measured tokens/s (service.engine.meter). The answers come back here too: the dispatcher
-reads each worker's answer doorbell, completes the requests, and tells the worker's owner (the
-supervisor) only that it became ready or that, draining, it holds nothing any more. A request's
-deadline is enforced here alone in the front-end, on a timer on this clock.
+(--max-queue, the hard ceiling) and refuses a standing queue: one whose oldest waiting text has
+waited past --max-queue-ms for a whole interval, measured on the waiting lines themselves
+(service.engine.bounds). The answers come back here too: the dispatcher reads each worker's
+answer doorbell, completes the requests, and tells the worker's owner (the supervisor) only
+that it became ready or that, draining, it holds nothing any more. A request's deadline is
+enforced here alone in the front-end, on a timer on this clock.
 
 Many models: each has a lane (service.engine.lanes) with its own queue limit within the total,
 its own waiting lines, flushed round-robin across models, and only workers that hold a model
@@ -56,7 +57,7 @@ class Snapshot:
     waiting_bulk: int
     rejected: int
     expired: int
-    wait_ms: float | None
+    wait_ms: float  # the measured delay: how long the oldest waiting text has waited
     max_queue_ms: float
     rate: float | None  # the pool's tokens/s
     answered_by_task: dict[str, int]
@@ -88,10 +89,14 @@ class Dispatcher:
         self.waiting = Lines(int(bulk_wait_ms * 1e6))  # admitted, not in any ring yet
         self.table = Lanes()  # the models' lanes (lanes.Lanes: open, close, when_empty)
         self.lanes, self.names = self.table.lanes, self.table.names
-        self.serving: list[WorkerHandle] = []  # set by the supervisor
+        self.serving: list[WorkerHandle] = []  # set_serving(), by the pool
+        # Whether every slot of the pool has a serving worker, and since when. While a worker is
+        # being replaced the queue's delay says nothing of overload: a request never gets 503
+        # merely because its workers died, it waits for their replacements.
+        self.whole = True
+        self.whole_since_ns = self.clock()
         self.doorbells = Doorbells(self.on_answers)  # the workers whose answers are read here
         self.meter = Meter()
-        self.queued_cost = 0  # of everything in flight
         self.next_id = 1
         self.accepting = True
         self.on_result: Callable[[Group, Result, int], None] | None = None  # metrics hook
@@ -117,7 +122,7 @@ class Dispatcher:
         that is not open refuses without counting (admission answers it 404)."""
         n = len(texts)
         costs = [text_cost(t, self.max_tokens) for t in texts]
-        if self.room(costs, whole=True, priority=priority, model=model) < n:
+        if self.room(n, whole=True, priority=priority, model=model) < n:
             if self.table.is_open(model):
                 self.refuse(n, model)
             return False
@@ -150,43 +155,46 @@ class Dispatcher:
         for r in reqs:
             self.inflight[r.id] = r
         lane.admitted(len(reqs), sum(costs))
-        self.queued_cost += sum(costs)
         if deadline_ns:
             self.expiry.arm(deadline_ns)
         self.place(reqs)
 
-    def room(
-        self, costs: list[int], whole: bool, priority: int = INTERACTIVE, model: int = 0
-    ) -> int:
-        """How many of these texts, taken in order, may be admitted now (bounds.room).
+    def room(self, n: int, whole: bool, priority: int = INTERACTIVE, model: int = 0) -> int:
+        """How many of n texts, taken in order, may be admitted now (bounds.room).
 
-        Priority: an interactive text counts only the work it will wait for (not the bulk
-        texts waiting in the front-end, which it goes before); bulk texts may fill only
-        lanes.BULK_QUEUE_SHARE of --max-queue, so interactive ones always find room. Many models:
-        the model's own limit holds as well as the total, so one model's flood refuses only
-        that model's texts."""
+        Priority: an interactive text's delay is its own line's (it goes before the bulk texts
+        waiting in the front-end); bulk texts may fill only lanes.BULK_QUEUE_SHARE of
+        --max-queue, so interactive ones always find room. Many models: the model's own limit
+        holds as well as the total, and its delay is its own line's, so one model's flood
+        refuses only that model's texts."""
         if not self.table.is_open(model):
             self.why = f"unknown model: {self.table.name(model)}"
             return 0
         if not self.accepting:
             self.why = "server is draining"
             return 0
-        k, why = self._room(costs, whole, priority, model)
+        k, why = self._room(n, whole, priority, model)
         if why is not None and self.expiry.due_by(now := self.clock()) and self.expire(now):
             # Texts whose deadline passed still held room until the expiry timer's next tick
             # (up to EXPIRE_EVERY_S): answered 504 now, they leave it to this request.
-            k, why = self._room(costs, whole, priority, model)
+            k, why = self._room(n, whole, priority, model)
         if why is not None:
             self.why = why
         return k
 
-    def _room(
-        self, costs: list[int], whole: bool, priority: int, model: int
-    ) -> tuple[int, str | None]:
-        n, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
-        ahead = self.table.ahead(model, priority, self.queued_cost, self.waiting)
-        free = Free(n, ahead, self.cost_limit(), empty, fits, self.max_queue_ms)
-        return room(costs, whole, free)
+    def _room(self, n: int, whole: bool, priority: int, model: int) -> tuple[int, str | None]:
+        slots, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
+        delay_ms = self.delay_ns(model, priority) / 1e6
+        return room(n, whole, Free(slots, empty, fits, delay_ms, self.max_queue_ms))
+
+    def delay_ns(self, model: int = 0, priority: int = INTERACTIVE, now: int = 0) -> int:
+        """The queue's measured delay for a new text of this model and priority: how long the
+        oldest text it would wait behind has waited in the front-end (0: none waits). While
+        the pool is not whole it is 0, and once whole it counts from then."""
+        oldest = self.waiting.oldest_ns(model, priority)
+        if oldest is None or not self.whole:
+            return 0
+        return max(0, (now or self.clock()) - max(oldest, self.whole_since_ns))
 
     def refuse(self, n: int, model: int = 0) -> None:
         """Count texts refused after room() said no (a protocol answers them itself)."""
@@ -208,16 +216,25 @@ class Dispatcher:
     # -- the pool's speed ---------------------------------------------------------------------
     def rate(self) -> float | None:
         """The pool's cost per second (Meter.rate), None before any worker is measured."""
-        return self.meter.rate(self.serving, self.clock())
+        return self.meter.rate(self.serving)
 
-    def cost_limit(self) -> float | None:
-        """The queued cost that --max-queue-ms allows now, or None (Meter.cost_limit)."""
-        return self.meter.cost_limit(self.serving, self.clock(), self.max_queue_ms)
+    def wait_ms(self) -> float:
+        """The measured delay of the queue, any model or priority: how long its oldest waiting
+        text has waited (0 when none waits)."""
+        oldest = self.waiting.oldest_of_all()
+        return 0.0 if oldest is None else round((self.clock() - oldest) / 1e6, 1)
 
-    def wait_ms(self) -> float | None:
-        """The estimated wait of a text admitted now."""
-        rate = self.rate()
-        return None if not rate else round(self.queued_cost / rate * 1000, 1)
+    # -- the pool -------------------------------------------------------------------------------
+    def set_serving(self, workers: list[WorkerHandle], whole: bool) -> None:
+        """The workers that take new requests now (the pool calls this whenever its set
+        changes), and whether every slot has one: the queue's delay counts only while it
+        does (delay_ns)."""
+        self.serving = workers
+        if whole and not self.whole:
+            self.whole_since_ns = self.clock()
+        self.whole = whole
+        if workers:
+            self.flush_waiting()
 
     # -- placement ------------------------------------------------------------------------------
     def place(self, reqs: list[Request]) -> None:
@@ -245,20 +262,18 @@ class Dispatcher:
             answered += req.cost
             self.complete(req, result)
         if answered:
-            self.meter.answered(worker, answered, self.clock(), bool(self.waiting))
+            self.meter.answered(worker, answered, self.clock())
         if self.waiting:
             self.flush_waiting()
 
     def complete(self, req: Request, result: Result) -> None:
         if self.inflight.pop(req.id, None) is None:
             return
-        self.queued_cost -= req.cost
         group = req.group
         self.lanes[group.model].answered(req.cost)
         group.results[req.index] = result
         group.remaining -= 1
         latency_ns = self.clock() - group.admitted_ns
-        self.meter.judge(latency_ns, self.max_queue_ms, req.rerouted, dry=not self.inflight)
         if self.on_result is not None:
             self.on_result(group, result, latency_ns)
         if group.remaining == 0:

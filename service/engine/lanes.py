@@ -128,24 +128,6 @@ class Lanes:
             free_mine -= mine - int(mine * BULK_QUEUE_SHARE)
         return min(free_total, free_mine), not lane.depth, min(mine, free_total)
 
-    def ahead(self, model: int, priority: int, queued_cost: int, waiting: Lines) -> int:
-        """The queued cost a text admitted now waits for (bounded by --max-queue-ms).
-
-        An interactive text does not wait for the bulk texts waiting in the front-end. Many
-        models: the waiting lines take a text of each model in turn, so a text waits for its
-        own model's queue and, of each other model's, about as much again, not for all of a
-        flood of another model."""
-        lanes = self.lanes
-        if len(lanes) < 2:
-            return queued_cost if priority == BULK else queued_cost - waiting.bulk_cost
-
-        def queued(lane: Lane) -> int:
-            bulk = 0 if priority == BULK else waiting.bulk_cost_of(lane.index)
-            return lane.cost - bulk
-
-        mine = queued(lanes[model])
-        return sum(min(queued(lane), mine) for lane in lanes.values())
-
     def reserved(self, model: int, max_queue: int) -> int:
         """The slots of the total (`max_queue`) that the other open models are still owed:
         each is owed its share of MODEL_RESERVE_SHARE of it (or its own limit, if less) until
@@ -214,14 +196,17 @@ class Lines:
         w = self.lines.get(model)
         return len(w) if w is not None else 0
 
-    @property
-    def bulk_cost(self) -> int:
-        """Of the bulk texts waiting: interactive texts do not wait for them."""
-        return sum(w.bulk_cost for w in self.lines.values())
-
-    def bulk_cost_of(self, model: int) -> int:
+    def oldest_ns(self, model: int, priority: int) -> int | None:
+        """When the oldest text that a new text of this model and priority waits behind was
+        admitted (requests.Waiting.oldest_ns); None when none waits. Each model has its own
+        line, taken in turn, so a flood of one model does not make another's queue stand."""
         w = self.lines.get(model)
-        return w.bulk_cost if w is not None else 0
+        return w.oldest_ns(priority) if w is not None else None
+
+    def oldest_of_all(self) -> int | None:
+        """When the oldest text waiting for any model was admitted (for /v1/stats)."""
+        heads = [w.oldest_ns(BULK) for w in self.lines.values()]
+        return min((h for h in heads if h is not None), default=None)
 
     def extend(self, reqs: Iterable[Request]) -> None:
         for r in reqs:

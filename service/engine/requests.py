@@ -111,7 +111,7 @@ class Group:
 
 
 class Request:
-    __slots__ = ("cost", "deadline_ns", "group", "id", "index", "payload", "rerouted", "worker")
+    __slots__ = ("cost", "deadline_ns", "group", "id", "index", "payload", "worker")
 
     def __init__(
         self, rid: int, payload: bytes, deadline_ns: int, group: Group, index: int, cost: int
@@ -123,7 +123,6 @@ class Request:
         self.index = index
         self.cost = cost
         self.worker: Holder | None = None
-        self.rerouted = False  # its worker died: its wait says nothing of admission
 
     @property
     def model(self) -> int:
@@ -136,12 +135,11 @@ class Waiting:
     behind them, unless the oldest bulk text has waited `max_wait_ns`: then it goes first. So a
     bulk text waits behind interactive ones at most that long (tests/unit/test_clock.py)."""
 
-    __slots__ = ("bulk", "bulk_cost", "interactive", "max_wait_ns")
+    __slots__ = ("bulk", "interactive", "max_wait_ns")
 
     def __init__(self, max_wait_ns: int) -> None:
         self.interactive: deque[Request] = deque()
         self.bulk: deque[Request] = deque()
-        self.bulk_cost = 0  # of the bulk texts here: interactive texts do not wait for them
         self.max_wait_ns = max_wait_ns
 
     def __len__(self) -> int:
@@ -158,7 +156,6 @@ class Waiting:
         for r in reqs:
             if r.group.priority:
                 self.bulk.append(r)
-                self.bulk_cost += r.cost
             else:
                 self.interactive.append(r)
 
@@ -167,7 +164,6 @@ class Waiting:
         for r in reversed(reqs):
             if r.group.priority:
                 self.bulk.appendleft(r)
-                self.bulk_cost += r.cost
             else:
                 self.interactive.appendleft(r)
 
@@ -177,6 +173,15 @@ class Waiting:
         while len(out) < n and self:
             out.append(self.pop(now_ns))
         return out
+
+    def oldest_ns(self, priority: int) -> int | None:
+        """When the oldest text a new one of this priority waits behind was admitted (None:
+        none waits). An interactive text goes before the bulk ones; a bulk text waits for
+        both lines."""
+        heads = [self.interactive[0]] if self.interactive else []
+        if priority == BULK and self.bulk:
+            heads.append(self.bulk[0])
+        return min((r.group.admitted_ns for r in heads), default=None)
 
     def bulk_due(self, now_ns: int) -> bool:
         """The oldest bulk text has waited its bound: it goes before interactive ones."""
@@ -190,20 +195,16 @@ class Waiting:
     def pop(self, now_ns: int) -> Request:
         """The request that should go to a worker next (raises IndexError when empty)."""
         if self.bulk and (not self.interactive or self.bulk_due(now_ns)):
-            r = self.bulk.popleft()
-            self.bulk_cost -= r.cost
-            return r
+            return self.bulk.popleft()
         return self.interactive.popleft()
 
     def remove(self, r: Request) -> None:
         """Raises ValueError when it is not waiting."""
         if r.group.priority:
             self.bulk.remove(r)
-            self.bulk_cost -= r.cost
         else:
             self.interactive.remove(r)
 
     def clear(self) -> None:
         self.interactive.clear()
         self.bulk.clear()
-        self.bulk_cost = 0

@@ -128,11 +128,9 @@ def assign(
 
 
 def take_back(worker: WorkerHandle) -> list[Request]:
-    """Every request a dead or hung worker held, in order, marked as rerouted (its wait then
-    says nothing of admission)."""
+    """Every request a dead or hung worker held, in order."""
     moved = sorted(worker.assigned.values(), key=lambda r: r.id)
     worker.assigned.clear()
     for r in moved:
         r.worker = None
-        r.rerouted = True
     return moved

@@ -64,9 +64,8 @@ class Roster:
 
     def update_serving(self) -> None:
         """Tell the dispatcher which workers take new requests."""
-        self.dispatcher.serving = [h for h in self.slots.values() if h is not None and h.serving()]
-        if self.dispatcher.serving:
-            self.dispatcher.flush_waiting()
+        serving = [h for h in self.slots.values() if h is not None and h.serving()]
+        self.dispatcher.set_serving(serving, whole=len(serving) == len(self.slots))
 
     def spares_wanted(self, want: int, generation: int, zygote_booting: Callable[[], bool]) -> int:
         """How many spares to keep: `want` (--spares), at least one while a slot holds an older

@@ -2,10 +2,12 @@
 
 Each data_received parses every complete frame in the buffer. Valid frames are admitted to the
 dispatcher in groups of up to `binary_group` (one admission and one answer write per group, not
-per frame); bad frames are answered at once. A connection owes at most `binary_max_owed` answers:
-a frame past that is read and answered status 2 (overloaded) at once, as is one the queue has
-no room for, so no frame waits unseen in the socket. Reading pauses only while the transport's
-write buffer is full: a client that does not read its answers. A length over `max_frame` ends
+per frame); bad frames are answered at once. While other clients' texts are in flight, a
+connection owes at most `binary_max_owed` answers: a frame past that is read and answered
+status 2 (overloaded) at once, as is one the queue has no room for, so no frame waits unseen in
+the socket. On an idle server a pipelined burst is admitted up to the queue's own ceiling.
+Reading pauses only while the transport's write buffer is full: a client that does not read
+its answers. A length over `max_frame` ends
 the connection once the answers already owed have been written.
 
 A frame with tag 0 and the text `MODEL name[:version]` selects the connection's model for the
@@ -244,7 +246,7 @@ class BinaryProtocol(asyncio.Protocol):
                     self.select(selection)
                 elif checked(text)[1]:
                     bad.append(status_answer(tag, L.STATUS_BAD_REQUEST))
-                elif self.owed + len(tags) >= self.max_owed:
+                elif self.owed + len(tags) >= self.max_owed and self.others_waiting(len(tags)):
                     over.append(tag)
                 else:
                     texts.append(text)
@@ -262,6 +264,11 @@ class BinaryProtocol(asyncio.Protocol):
         if self.stopped:
             buf.clear()
         self.close_when_done()
+
+    def others_waiting(self, parsed: int) -> bool:
+        """Other clients' texts are in flight: the connection's fair share applies (on an
+        idle server one connection's pipelined burst takes the queue up to its ceiling)."""
+        return self.server.admission.dispatcher.depth > self.owed + parsed
 
     def select(self, selection: tuple[str, str | None]) -> None:
         """A MODEL frame: the frames after it are for that model, held or not (a model it
@@ -311,9 +318,10 @@ class BinaryProtocol(asyncio.Protocol):
         admitted = admission.submit_each(
             texts, deadline, on_admit, "binary", task, self.tenant, prefix, model=info.index
         )
-        if isinstance(admitted, Refusal):  # the model is not open: status 5 (404)
-            answers = b"".join([status_answer(t, L.STATUS_UNKNOWN_MODEL) for t in tags])
-            self.send(answers, 404, len(tags))
+        if isinstance(admitted, Refusal):  # the model is not open (5), or the deadline (3)
+            status = L.STATUS_DEADLINE if admitted.code == 504 else L.STATUS_UNKNOWN_MODEL
+            answers = b"".join([status_answer(t, status) for t in tags])
+            self.send(answers, admitted.code, len(tags))
             return
         k, within = admitted
         if within < len(tags):

@@ -91,3 +91,24 @@ def test_one_text_check_for_every_protocol() -> None:
     assert checked(b"\xff") == (b"", "is not valid UTF-8")
     assert checked("\ud800") == (b"", "is not valid UTF-8 (lone surrogate)")
     assert checked(3) == (b"", "must be a string")
+
+
+def test_a_deadline_the_queues_measured_delay_already_passes_is_refused_504_at_once() -> None:
+    """Rather than queued to expire: the oldest waiting text has waited 2 s, so a request with
+    1 s left cannot be answered in time; one with 3 s left is admitted. Frames alike."""
+    now = [5 * S]
+    d = Dispatcher(100, clock=lambda: now[0])  # no worker: what is admitted waits
+    a = Admission(d, lambda: d.why, 30.0)
+    assert a.submit([b"a"], 100 * S, ignore, "http", "classify", None, INTERACTIVE) is None
+    now[0] += 2 * S
+    refusal = a.submit([b"b"], now[0] + S, ignore, "grpc", "classify", None, INTERACTIVE)
+    assert refusal is not None and refusal.code == 504 and refusal.retry_after_s == 0
+    assert "measured delay of 2000 ms" in refusal.message
+    assert a.submit([b"c"], now[0] + 3 * S, ignore, "http", "classify", None, INTERACTIVE) is None
+
+    def on_admit(k: int, level: int) -> Done:
+        return ignore
+
+    late = a.submit_each([b"d", b"e"], now[0] + S, on_admit, "binary", "classify", None)
+    assert isinstance(late, Refusal) and late.code == 504
+    assert d.depth == 2 and d.rejected == 0  # not counted as the queue's refusals

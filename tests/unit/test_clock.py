@@ -256,7 +256,7 @@ def measured(d: Dispatcher, w: Worker, clock: Clock, n: int, busy_s: float) -> N
 def test_the_pool_rate_counts_only_the_time_a_worker_had_work() -> None:
     w = Worker()
     d, clock = dispatcher(w, max_queue=1000)
-    assert d.rate() is None and d.wait_ms() is None  # nothing measured yet
+    assert d.rate() is None and d.wait_ms() == 0.0  # nothing measured, nothing waits
     measured(d, w, clock, 1, 0.1)
     clock.now += 10 * S  # idle: says nothing about its speed
     measured(d, w, clock, 10, 0.2)
@@ -266,43 +266,70 @@ def test_the_pool_rate_counts_only_the_time_a_worker_had_work() -> None:
     assert d.rate() == 2 * rate
 
 
-def test_the_time_bound_refuses_once_the_estimated_wait_passes_max_queue_ms() -> None:
-    w = Worker()
-    d, clock = dispatcher(w, max_queue=1000)
+def stalled(max_queue: int = 1024) -> tuple[Dispatcher, Worker, Clock]:
+    """A dispatcher whose one worker takes nothing: every admitted text waits in the front-end."""
+    w = Worker(room=0)
+    d, clock = dispatcher(w, max_queue=max_queue)
     d.max_queue_ms = 1000
-    measured(d, w, clock, 10, 0.25)  # 180 cost in 0.25 s: 720 a second, so 1 s holds 720
-    assert d.rate() == 720
-    admitted = 0
-    while d.submit([b"x" * 40], 0, Calls()):
-        admitted += 1
-    assert admitted == 41  # admitted while what is queued before it waits at most 1 s
-    assert d.wait_ms() == round(41 * 18 / 720 * 1000, 1)
-    assert "estimated wait over 1000 ms" in d.why and d.rejected == 1
-    w.answer()
-    d.on_answers(w)  # the queue drained: room again
-    assert d.submit([b"x" * 40], 0, Calls())
+    return d, w, clock
 
 
-def test_late_answers_tighten_the_time_bound_until_the_queue_runs_dry() -> None:
-    w = Worker()
-    d, clock = dispatcher(w, max_queue=1000)
-    d.max_queue_ms = 1000
-    measured(d, w, clock, 10, 0.25)
-    d.submit([b"x" * 40] * 3, 0, Calls())
-    d.submit([b"x" * 40], 0, Calls())
-    clock.now += 2 * S  # answered two seconds after admission: late
-    w.ring, last = w.ring[:3], w.ring[3:]
-    w.answer()
-    d.on_answers(w)
-    assert d.meter.tighten == 0.97**3  # three late answers, one still in flight
-    assert d.cost_limit() == d.rate() * 0.97**3
-    w.ring = last
-    w.answer()
-    d.on_answers(w)  # late too, and the queue is now empty: the correction is over
-    assert d.meter.tighten == 1.0 and d.cost_limit() == d.rate()
+def test_a_burst_into_an_empty_queue_is_admitted_whole_up_to_the_ceiling() -> None:
+    """A burst arrives together: its delay is measured, not estimated, and none of its texts
+    has waited yet, so every one is admitted, in one request or many, up to --max-queue."""
+    d, _, clock = stalled()
+    assert d.submit([b"x" * 1000] * 256, clock.now + 30 * S, Calls())  # one large batch
+    for _ in range(8):
+        assert d.submit([b"y" * 1000] * 32, clock.now + 30 * S, Calls())  # 8 more, at once
+    singles = sum(d.submit([b"z"], clock.now + 30 * S, Calls()) for _ in range(600))
+    assert singles == 1024 - 256 - 256 and d.depth == 1024  # the ceiling, by count alone
+    assert d.why == "queue is full" and d.rejected == 600 - singles
 
 
-def test_a_batch_request_takes_at_most_half_of_what_is_free() -> None:
+def test_a_standing_queue_is_refused_once_its_delay_stays_over_the_target_an_interval() -> None:
+    d, w, clock = stalled()
+    assert d.submit([b"a"] * 10, clock.now + 30 * S, Calls())
+    clock.now += int(1.05 * S)  # over the target, but not yet for CoDel's interval
+    assert d.wait_ms() == 1050.0 and d.submit([b"b"], clock.now + 30 * S, Calls())
+    clock.now += int(0.06 * S)  # 1,110 ms: over the target for more than 100 ms
+    assert not d.submit([b"c"], clock.now + 30 * S, Calls())
+    assert "queue is standing" in d.why and "1110 ms" in d.why and d.rejected == 1
+    w.room = 1000  # the worker takes what waits: the queue drains
+    d.flush_waiting()
+    assert d.wait_ms() == 0.0 and d.submit([b"d"], clock.now + 30 * S, Calls())  # recovered
+
+
+def test_a_queue_that_was_empty_within_the_interval_admits() -> None:
+    """The delay is the oldest waiting text's: texts admitted after the queue last emptied
+    have waited less than the interval, however long the queue stood before."""
+    d, w, clock = stalled()
+    d.submit([b"a"], 0, Calls())
+    clock.now += 5 * S
+    assert not d.submit([b"b"], 0, Calls())  # stood for seconds
+    w.room = 1000
+    d.flush_waiting()  # emptied
+    w.room = len(w.ring)  # and full again at once
+    d.submit([b"c"] * 50, 0, Calls())
+    clock.now += int(0.09 * S)
+    assert d.submit([b"d"], 0, Calls())
+
+
+def test_no_refusal_by_delay_while_the_pool_replaces_a_worker() -> None:
+    """A request never gets 503 merely because its workers died: while a slot waits for its
+    replacement the delay is not counted, and once whole it counts from then."""
+    d, w, clock = stalled()
+    d.submit([b"a"], 0, Calls())
+    d.set_serving([], whole=False)  # the worker died
+    clock.now += 5 * S
+    assert d.delay_ns() == 0 and d.submit([b"b"], 0, Calls())
+    d.set_serving([w], whole=True)  # its replacement is ready (and takes nothing yet)
+    clock.now += int(0.5 * S)
+    assert d.delay_ns() == int(0.5 * S) and d.submit([b"c"], 0, Calls())
+    clock.now += int(0.7 * S)
+    assert not d.submit([b"d"], 0, Calls())
+
+
+def test_a_batch_request_fills_what_is_free_by_count() -> None:
     d, _ = dispatcher(Worker(), max_queue=100)
     done = Calls()
     assert d.submit([b"big"] * 100, 0, done)  # into an empty queue any batch fits
@@ -310,20 +337,9 @@ def test_a_batch_request_takes_at_most_half_of_what_is_free() -> None:
     assert not d.submit([b"big"] * 101, 0, done)  # never past --max-queue
     for _ in range(40):
         assert d.submit([b"one"], 0, done)
-    assert not d.submit([b"b"] * 31, 0, done)  # 60 free: a batch takes at most 30
-    assert "at most half" in d.why
-    assert d.submit([b"b"] * 30, 0, done)
-    assert d.submit([b"one"], 0, done)  # a single text still finds room
-
-
-def test_a_batch_takes_at_most_half_of_the_time_that_is_free() -> None:
-    w = Worker()
-    d, clock = dispatcher(w, max_queue=1000)
-    d.max_queue_ms = 1000
-    measured(d, w, clock, 10, 0.25)  # 720 cost a second
-    assert d.submit([b"x" * 40] * 10, 0, Calls())  # 180 queued: 540 free
-    assert not d.submit([b"x" * 40] * 16, 0, Calls())  # 288 > 540 / 2
-    assert d.submit([b"x" * 40] * 15, 0, Calls())  # 270 <= 540 / 2
+    assert not d.submit([b"b"] * 61, 0, done)  # 60 free
+    assert d.why == "queue is full"
+    assert d.submit([b"b"] * 60, 0, done)
 
 
 def test_a_worker_holds_only_what_it_can_start_soon() -> None:
@@ -421,15 +437,13 @@ def test_a_worker_takes_bulk_work_only_below_one_batch() -> None:
     assert len(w.ring) == 3 and not d.waiting.interactive  # interactive: up to two batches
 
 
-def test_the_time_bound_of_an_interactive_text_leaves_out_the_bulk_waiting() -> None:
-    """Interactive texts go before the bulk texts waiting in the front-end, so their estimated
-    wait, which --max-queue-ms bounds, does not count them: bulk cannot crowd them out."""
-    w = Worker(room=0)
-    d, clock = dispatcher(w, max_queue=1000)
-    d.max_queue_ms = 1000
-    d.meter.flows[w] = f = d.meter.flow(w)
-    f.rate = 100.0  # cost units a second, as measured: the bound is 100 units
-    text = b"y" * 8  # cost 10
-    admitted = sum(d.submit([text], clock.now + S, Calls(), priority=BULK) for _ in range(20))
-    assert admitted == 11  # admitted while the queue held at most 100 (the 11th tips it over)
-    assert d.submit([text], clock.now + S, Calls())  # interactive: only itself ahead
+def test_an_interactive_texts_delay_leaves_out_the_bulk_waiting() -> None:
+    """Interactive texts go before the bulk texts waiting in the front-end, so a standing line
+    of bulk texts refuses bulk texts only: bulk cannot crowd interactive ones out."""
+    d, _, clock = stalled()
+    assert d.submit([b"y"] * 20, 0, Calls(), priority=BULK)
+    clock.now += 2 * S
+    assert not d.submit([b"y"], 0, Calls(), priority=BULK)  # the bulk line stands
+    assert d.submit([b"x"], 0, Calls())  # interactive: nothing waits before it
+    clock.now += 2 * S
+    assert not d.submit([b"x"], 0, Calls())  # now its own line stands too

@@ -317,21 +317,17 @@ def test_a_flood_of_one_model_leaves_every_other_its_reserve_of_the_total() -> N
     assert d.table.reserved(A, d.max_queue) == 1
 
 
-def test_the_time_bound_of_one_models_text_counts_a_round_of_each_other_model() -> None:
-    """--max-queue-ms: a text waits for its own model's queue and, with the lines taken in
-    turn, about as much of each other model's; so a flood of one model that has used up the
-    time bound leaves another model's texts admitted."""
+def test_a_standing_queue_of_one_model_refuses_only_that_models_texts() -> None:
+    """--max-queue-ms: each model's delay is its own line's (the lines are taken in turn), so a
+    flood of one model that has stood past the target leaves another model's texts admitted."""
     w = Worker(room=0, models=frozenset({A, B}))
-    d, _ = models(w, names="ab")
+    d, clock = models(w, names="ab")
     d.max_queue_ms = 1000
-    d.meter.flows[w] = f = d.meter.flow(w)
-    f.rate = 100.0  # cost units a second, as measured: the bound is 100 units
-    text = b"y" * 8  # cost 10
-    flood = sum(d.submit([text], 0, Calls(), model=A) for _ in range(20))
-    assert flood == 11 and "estimated wait over 1000 ms" in d.why  # as one model alone
-    other = sum(d.submit([text], 0, Calls(), model=B) for _ in range(20))
-    assert other == 6  # b queued, and as much of a: the 6th waits for 2 x 50 <= 100
-    assert d.lanes[A].rejected == 9 and d.lanes[B].rejected == 14
+    assert sum(d.submit([b"y"], 0, Calls(), model=A) for _ in range(20)) == 20
+    clock.now += 2 * S
+    assert not d.submit([b"y"], 0, Calls(), model=A) and "standing" in d.why
+    assert d.submit([b"y"], 0, Calls(), model=B)
+    assert d.lanes[A].rejected == 1 and d.lanes[B].rejected == 0
 
 
 def test_a_model_alone_may_fill_the_whole_total() -> None:

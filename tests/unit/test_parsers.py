@@ -230,8 +230,18 @@ class Dispatcher:
     def name(self, model: int) -> str:
         return str(model)
 
-    def room(self, costs: list[int], whole: bool, priority: int = 0, model: int = 0) -> int:
-        return len(costs)
+    def room(self, n: int, whole: bool, priority: int = 0, model: int = 0) -> int:
+        return n
+
+    def clock(self) -> int:
+        return 0
+
+    def delay_ns(self, model: int = 0, priority: int = 0, now: int = 0) -> int:
+        return 0  # nothing waits: the fake answers when the test says
+
+    @property
+    def depth(self) -> int:
+        return sum(len(texts) for texts, _ in self.owed)
 
     def admit(
         self, texts: list[bytes], costs: list[int], deadline: int, done: Any, *_: Any
