@@ -113,8 +113,8 @@ class Metrics:
             "bulk_max_wait_ms": server.settings.bulk_max_wait_ms,
             # One row per tenant of --api-keys: its keys' limits and what it was answered.
             "tenants": server.keys.table() if server.keys is not None else [],
-            # The wait a text admitted now is estimated to have (None until the pool has been
-            # measured): the queued work over the pool's tokens/s; --max-queue-ms bounds it.
+            # The queue's measured delay: how long its oldest waiting text has waited (0: none
+            # waits); past --max-queue-ms for an interval the queue stands and refuses.
             "queue_wait_ms": server.dispatcher.wait_ms(),
             "max_queue_ms": server.dispatcher.max_queue_ms,
             "pool_tokens_per_s": _round(server.dispatcher.rate()),

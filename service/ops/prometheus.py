@@ -204,18 +204,16 @@ def refusals(out: Exposition, r: Reading) -> None:
     out.single(
         "ringserve_rejected_requests_total",
         "counter",
-        "Texts refused at admission (queue full, draining or no worker): answered 503.",
+        "Texts refused at admission (queue standing or full, draining): answered 503.",
         d.rejected,
     )
-    wait = d.wait_ms()
-    if wait is not None:
-        out.single(
-            "ringserve_queue_wait_seconds",
-            "gauge",
-            "Estimated wait of a text admitted now: queued tokens over the pool's measured "
-            "tokens/s (--max-queue-ms refuses past it).",
-            wait / 1000,
-        )
+    out.single(
+        "ringserve_queue_wait_seconds",
+        "gauge",
+        "The queue's measured delay: how long the oldest text waiting in the front-end has "
+        "waited (a standing queue past --max-queue-ms for 100 ms is refused).",
+        d.wait_ms() / 1000,
+    )
     out.labelled(
         "ringserve_task_texts_total",
         "counter",
