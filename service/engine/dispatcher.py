@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ringserve.service.engine.answers import Doorbells, Owner, read_answers
-from ringserve.service.engine.bounds import Free, room
+from ringserve.service.engine.bounds import Free, queue_by, room
 from ringserve.service.engine.expiry import Expiry
 from ringserve.service.engine.lanes import Lane, Lanes, Lines
 from ringserve.service.engine.meter import Meter
@@ -143,9 +143,9 @@ class Dispatcher:
     ) -> None:
         """Admit texts that room() allowed."""
         lane = self.lanes[model]
-        group = Group(
-            len(texts), callback, protocol, self.clock(), task, priority, tenant, model, lane.name
-        )
+        now = self.clock()
+        group = Group(len(texts), callback, protocol, now, task, priority, tenant, model, lane.name)
+        by = queue_by(now, self.delay_ns(model, priority, now) / 1e6, self.max_queue_ms)
         if priority == BULK:  # the worker batches interactive texts first too
             texts = [L.with_bulk(t) for t in texts]
         if model:  # outermost: a worker reads the model before anything else
@@ -154,9 +154,10 @@ class Dispatcher:
         self.next_id += len(reqs)
         for r in reqs:
             self.inflight[r.id] = r
+            r.queue_by_ns = by
         lane.admitted(len(reqs), sum(costs))
-        if deadline_ns:
-            self.expiry.arm(deadline_ns)
+        if deadline_ns or by:
+            self.expiry.arm(min(d for d in (deadline_ns, by) if d))
         self.place(reqs)
 
     def room(self, n: int, whole: bool, priority: int = INTERACTIVE, model: int = 0) -> int:

@@ -1,7 +1,9 @@
 """The one place the front-end enforces a request's deadline: a timer on the event loop that,
 while requests are in flight, answers 504 every EXPIRE_EVERY_S for each request whose deadline
 passed on the dispatcher's clock, and drops its late answer. (A worker's batcher may still
-drop a text that expired before its batch; the front-end answers it here.)"""
+drop a text that expired before its batch; the front-end answers it here.) The same tick
+refuses (503) a text still waiting for a worker past its queue bound (`Request.queue_by_ns`,
+service.engine.bounds): it never ran, so it cost no model time."""
 
 from __future__ import annotations
 
@@ -26,8 +28,11 @@ class Owed(Protocol):
     waiting: Lines
     meter: Meter
     clock: Callable[[], int]
+    whole: bool  # every slot of the pool has a serving worker
 
     def complete(self, req: Request, result: Result) -> None: ...
+
+    def refuse(self, n: int, model: int = 0) -> None: ...
 
 
 class Expiry:
@@ -62,15 +67,23 @@ class Expiry:
         return self.soonest_ns <= now_ns
 
     def expire(self, now_ns: int) -> int:
-        """Answer 504 for every request whose deadline passed; their late answers are dropped."""
+        """Answer 504 for every request whose deadline passed (their late answers are dropped),
+        and 503 for every one still waiting past its queue bound. Returns how many."""
         owed = self.owed
-        late, soonest = [], NEVER
+        late, shed, soonest = [], [], NEVER
         for r in owed.inflight.values():
             if r.deadline_ns:
                 if r.deadline_ns <= now_ns:
                     late.append(r)
+                    continue
+                soonest = min(soonest, r.deadline_ns)
+            # A death is not overload; a group a worker has started is run whole (shedding the
+            # rest would waste what ran and answer the refusal only after it).
+            if r.queue_by_ns and not r.group.started and owed.whole:
+                if r.queue_by_ns <= now_ns:
+                    shed.append(r)
                 else:
-                    soonest = min(soonest, r.deadline_ns)
+                    soonest = min(soonest, r.queue_by_ns)
         self.soonest_ns = soonest
         for r in late:
             if r.worker is not None:
@@ -81,4 +94,9 @@ class Expiry:
                     owed.waiting.remove(r)
             self.expired += 1
             owed.complete(r, Result(L.STATUS_DEADLINE))
-        return len(late)
+        for r in shed:
+            with contextlib.suppress(ValueError):
+                owed.waiting.remove(r)
+            owed.refuse(1, r.group.model)
+            owed.complete(r, Result(L.STATUS_OVERLOADED))
+        return len(late) + len(shed)

@@ -73,6 +73,7 @@ class Group:
         "protocol",
         "remaining",
         "results",
+        "started",
         "task",
         "tenant",
     )
@@ -99,6 +100,7 @@ class Group:
         self.tenant = tenant  # the caller's tenant name ("" without --api-keys)
         self.model = model  # the model's wire index (shm.layout.with_model): its lane
         self.model_name = model_name  # what metrics label it with
+        self.started = False  # a worker took one of its texts: it is never refused after that
 
     def requests(
         self, first_id: int, texts: list[bytes], costs: list[int], deadline_ns: int
@@ -111,7 +113,7 @@ class Group:
 
 
 class Request:
-    __slots__ = ("cost", "deadline_ns", "group", "id", "index", "payload", "worker")
+    __slots__ = ("cost", "deadline_ns", "group", "id", "index", "payload", "queue_by_ns", "worker")
 
     def __init__(
         self, rid: int, payload: bytes, deadline_ns: int, group: Group, index: int, cost: int
@@ -123,6 +125,9 @@ class Request:
         self.index = index
         self.cost = cost
         self.worker: Holder | None = None
+        # Admitted into a queue that was not fresh (bounds.queue_by): refused (503) if no worker
+        # has taken it by then. 0: it waits as long as its deadline allows (a burst's texts).
+        self.queue_by_ns = 0
 
     @property
     def model(self) -> int:

@@ -116,6 +116,7 @@ def assign(
             f.mark_ns = now_ns  # it was idle: its busy time starts now
         for r in batch[:n]:
             r.worker = w
+            r.group.started = True
             w.assigned[r.id] = r
             f.held += r.cost
             if homes is not None:

@@ -289,11 +289,11 @@ def test_a_burst_into_an_empty_queue_is_admitted_whole_up_to_the_ceiling() -> No
 def test_a_standing_queue_is_refused_once_its_delay_stays_over_the_target_an_interval() -> None:
     d, w, clock = stalled()
     assert d.submit([b"a"] * 10, clock.now + 30 * S, Calls())
-    clock.now += int(1.05 * S)  # over the target, but not yet for CoDel's interval
-    assert d.wait_ms() == 1050.0 and d.submit([b"b"], clock.now + 30 * S, Calls())
-    clock.now += int(0.06 * S)  # 1,110 ms: over the target for more than 100 ms
+    clock.now += int(1.15 * S)  # over the target, but not yet for CoDel's interval
+    assert d.wait_ms() == 1150.0 and d.submit([b"b"], clock.now + 30 * S, Calls())
+    clock.now += int(0.06 * S)  # 1,210 ms: over the target for more than 200 ms
     assert not d.submit([b"c"], clock.now + 30 * S, Calls())
-    assert "queue is standing" in d.why and "1110 ms" in d.why and d.rejected == 1
+    assert "queue is standing" in d.why and "1210 ms" in d.why and d.rejected == 1
     w.room = 1000  # the worker takes what waits: the queue drains
     d.flush_waiting()
     assert d.wait_ms() == 0.0 and d.submit([b"d"], clock.now + 30 * S, Calls())  # recovered
@@ -310,7 +310,7 @@ def test_a_queue_that_was_empty_within_the_interval_admits() -> None:
     d.flush_waiting()  # emptied
     w.room = len(w.ring)  # and full again at once
     d.submit([b"c"] * 50, 0, Calls())
-    clock.now += int(0.09 * S)
+    clock.now += int(0.19 * S)
     assert d.submit([b"d"], 0, Calls())
 
 
@@ -325,8 +325,55 @@ def test_no_refusal_by_delay_while_the_pool_replaces_a_worker() -> None:
     d.set_serving([w], whole=True)  # its replacement is ready (and takes nothing yet)
     clock.now += int(0.5 * S)
     assert d.delay_ns() == int(0.5 * S) and d.submit([b"c"], 0, Calls())
-    clock.now += int(0.7 * S)
+    clock.now += int(0.75 * S)
     assert not d.submit([b"d"], 0, Calls())
+
+
+def test_a_text_admitted_into_a_queue_that_was_not_fresh_waits_at_most_the_target() -> None:
+    """The head's age lags: while it is young, overload is still admitted. A text admitted when
+    the oldest waiting one had already waited an interval may wait for a worker only until
+    --max-queue-ms (less the timer's tick) after its arrival: then it is refused 503, having
+    cost no model time. A burst's texts, admitted into a fresh queue, wait as long as their
+    deadline allows."""
+    d, w, clock = stalled()
+    burst, late, taken = Calls(), Calls(), Calls()
+    assert d.submit([b"a"] * 4, clock.now + 30 * S, burst)  # into a fresh queue
+    clock.now += int(0.3 * S)  # the queue has stood 300 ms: not fresh, not yet standing
+    assert d.submit([b"b"] * 2, clock.now + 30 * S, late)
+    clock.now += int(0.89 * S)
+    assert d.expire(clock.now) == 0 and not late.results  # within its bound
+    clock.now += int(0.02 * S)  # 910 ms after its arrival: past 1,000 - 2 x 50
+    assert d.expire(clock.now) == 2
+    assert [r.status for r in late.results[0]] == [L.STATUS_OVERLOADED] * 2
+    assert d.rejected == 2 and not w.ring and not burst.results  # the burst still waits
+    clock.now += int(0.05 * S)
+    assert d.submit([b"c"], clock.now + 30 * S, taken) is False  # standing now: refused
+    w.room = 1000
+    d.flush_waiting()  # a worker takes what waits: the burst runs
+    clock.now += 5 * S
+    assert d.expire(clock.now) == 0 and len(w.ring) == 4
+
+
+def test_a_request_a_worker_has_started_is_never_refused_at_its_queue_bound() -> None:
+    d, w, clock = stalled()
+    d.submit([b"a"], 0, Calls())
+    clock.now += int(0.3 * S)
+    started = Calls()
+    w.room = 2  # the worker takes the head and the first text of the next request
+    d.submit([b"b"] * 3, 0, started)
+    d.flush_waiting()
+    clock.now += 2 * S
+    assert d.expire(clock.now) == 0 and len(d.waiting) == 2  # its rest waits, to run whole
+
+
+def test_no_text_is_refused_at_its_queue_bound_while_the_pool_replaces_a_worker() -> None:
+    d, _, clock = stalled()
+    d.submit([b"a"], 0, Calls())
+    clock.now += int(0.3 * S)
+    d.submit([b"b"], 0, Calls())
+    d.set_serving([], whole=False)  # the worker died: what waits waits for its replacement
+    clock.now += 2 * S
+    assert d.expire(clock.now) == 0 and d.depth == 2
 
 
 def test_a_batch_request_fills_what_is_free_by_count() -> None:
