@@ -439,6 +439,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus", required=True, help="a corpus file (ringserve corpus)")
     p.add_argument("--rate", type=float, default=50.0, help="offered requests per second")
+    p.add_argument(
+        "--rate-share",
+        type=float,
+        default=0.0,
+        help="instead of --rate: this share of the capacity measured first in the same run "
+        "(closed loop, HTTP c=32, 10 s)",
+    )
     p.add_argument("--duration", type=float, default=30.0, help="seconds of load")
     p.add_argument("--protocol", default="http", help="http, kserve, binary or a comma list")
     p.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")
@@ -478,6 +485,12 @@ def run(args: argparse.Namespace, port: int, binary_port: int, pid: int) -> dict
     from ringserve.factory.build import default_artifact_dir
 
     model_dir = args.model or str(default_artifact_dir())
+    if args.rate_share:
+        probe = Texts(args.corpus, model_dir, limit=2000)
+        measured = uvloop.run(capacity(port, probe, 10.0))
+        args.rate = args.rate_share * measured
+        print(f"capacity {measured:.1f} req/s (closed loop, HTTP c=32, 10 s): offering "
+              f"{args.rate_share:g} of it, {args.rate:.1f} req/s")  # fmt: skip
     need = args.closed * 1000 if args.closed else int(args.rate * args.duration * 1.3) + 100
     texts = Texts(args.corpus, model_dir, limit=need)
     print(f"{len(texts)} texts from {args.corpus}; buckets <= {TOKEN_BUCKETS} tokens: "
