@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ringserve.service.pool.supervisor import STABLE_S
+from ringserve.service.pool.policy import STABLE_S
 
 from devkit.http import classify_request
 from devkit.launcher import Launched, load_texts

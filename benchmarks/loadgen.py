@@ -485,14 +485,15 @@ def run(args: argparse.Namespace, port: int, binary_port: int, pid: int) -> dict
     from ringserve.factory.build import default_artifact_dir
 
     model_dir = args.model or str(default_artifact_dir())
-    if args.rate_share:
-        probe = Texts(args.corpus, model_dir, limit=2000)
-        measured = uvloop.run(capacity(port, probe, 10.0))
+    if args.rate_share:  # the capacity on the same texts, drawn across the whole corpus
+        texts = Texts(args.corpus, model_dir, limit=1_000_000)
+        measured = uvloop.run(capacity(port, texts, 10.0, spread=True))
         args.rate = args.rate_share * measured
         print(f"capacity {measured:.1f} req/s (closed loop, HTTP c=32, 10 s): offering "
               f"{args.rate_share:g} of it, {args.rate:.1f} req/s")  # fmt: skip
-    need = args.closed * 1000 if args.closed else int(args.rate * args.duration * 1.3) + 100
-    texts = Texts(args.corpus, model_dir, limit=need)
+    else:
+        need = args.closed * 1000 if args.closed else int(args.rate * args.duration * 1.3) + 100
+        texts = Texts(args.corpus, model_dir, limit=need)
     print(f"{len(texts)} texts from {args.corpus}; buckets <= {TOKEN_BUCKETS} tokens: "
           f"{np.bincount(texts.buckets, minlength=len(TOKEN_BUCKETS)).tolist()}")  # fmt: skip
     mem = MemorySampler(pid) if pid else None
@@ -542,11 +543,15 @@ def served_texts(texts_tsv: Path, args: list[str], prefix: str) -> Iterator[tupl
             print(f"server exited with {srv.terminate()}")
 
 
-async def capacity(port: int, texts: Texts, seconds: float, concurrency: int = 32) -> float:
-    """Closed loop of single texts on HTTP: the server's capacity, measured now."""
+async def capacity(
+    port: int, texts: Texts, seconds: float, concurrency: int = 32, spread: bool = False
+) -> float:
+    """Closed loop of single texts on HTTP: the server's capacity, measured now, on the first
+    2,000 texts, or (`spread`) on 2,000 drawn evenly across all of them."""
+    step = max(1, len(texts) // 2000) if spread else 1
     reqs = [
         http_message("POST", "/v1/classify", json.dumps({"text": texts.text(k).decode()}).encode())
-        for k in range(2000)
+        for k in range(0, step * 2000, step)
     ]
     return float((await run_load(port, reqs, concurrency, seconds)).rps)
 
