@@ -71,7 +71,7 @@ def serve(arrangement: str, ports: Any) -> None:
             await server.start()
             await server.wait_for_termination()
         elif arrangement == "h2-on-loop":
-            from ringserve.service.protocols.rpc import h2
+            from ringserve.service.protocols.rpc import http2 as h2
 
             port = EchoPort()
             server = await loop.create_server(
