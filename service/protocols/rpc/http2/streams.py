@@ -144,8 +144,11 @@ class StreamTable:
                 return
             stream.deadline_ns = self.conn.now_ns() + ns
         self.conn.port.begin(stream)
-        if flags & END_STREAM and sid in self.streams:
-            self.remote_end(stream)
+        if flags & END_STREAM:
+            if sid in self.streams:
+                self.remote_end(stream)
+            else:  # answered at once, and the client had ended its side too
+                self.remember(sid, PEER_END)
 
     # -- DATA -----------------------------------------------------------------------------------
     def on_data(self, flags: int, sid: int, payload: bytes) -> None:
