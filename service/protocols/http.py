@@ -36,10 +36,11 @@ REASONS = {
     504: "Gateway Timeout",
 }
 MAX_PIPELINE = 64  # answers owed on one connection before its reading pauses
-# One loop turn frames at most REQUESTS_PER_TURN requests, fed to the parser SLICE bytes at a
-# time; a body may come in BODY_PIECES pieces of any size, past that of MIN_PIECE bytes on
-# average (a chunked body of 1-byte chunks costs a parser callback each).
-REQUESTS_PER_TURN, SLICE = 32, 4096
+# The parser is fed SLICE bytes at a time, and the slices of one read stop for the loop's turn
+# once REQUESTS_PER_TURN requests are framed (so at most that and one slice's worth of the
+# smallest requests, about 110). A body may come in BODY_PIECES pieces of any size, past that
+# of MIN_PIECE bytes on average (a chunked body of 1-byte chunks costs a parser callback each).
+REQUESTS_PER_TURN, SLICE = 32, 2048
 BODY_PIECES, MIN_PIECE = 1024, 64
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 _ID_PREFIX = os.urandom(4).hex()
