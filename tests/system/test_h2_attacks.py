@@ -88,7 +88,6 @@ def test_a_flood_is_calmed_and_others_are_answered(
     assert attack.connections and attack.closed_all(), got
     if kind not in ("ping", "settings"):  # those never read: the GOAWAY may be lost with them
         assert all(c.goaway == ENHANCE_YOUR_CALM for c in attack.connections), got
-    assert all(c.frames < 20_000 for c in attack.connections), got
     http.wait_ok(1, timeout=10)
     grpc.wait_ok(1, timeout=10)
     assert http.ok() > before[0] and grpc.ok() > before[1]
