@@ -6,8 +6,8 @@ the server closes it), while one HTTP client (`/v1/classify`, keep-alive) and on
 Prints per attack: the attacking connections and whether the server closed each (with the
 GOAWAY code seen), the frames each wrote before it saw the close and the seconds it lasted
 (median; the kernel's socket buffers take far more frames than the server reads), the normal
-clients' P50/P99/max and failures over HTTP and gRPC, and the front-end's RSS growth. A first row with no attack is
-the baseline. Acceptance (issue 46): the normal client never fails and never waits over 1 s
+clients' P50/P99/max and failures over HTTP and gRPC, and the front-end's RSS growth. A first
+row with no attack is the baseline. Acceptance (issue 46): the normal client never fails and never waits over 1 s
 (P99 under 100 ms the aim), every attacker is closed, RSS grows under 64 MiB.
 
     python -m benchmarks.h2_attacks [--seconds 10] [--attacks continuation,ping,...]
@@ -140,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
             for t in threads:
                 t.start()
             time.sleep(1.0)  # both clients warm
-            print("| attack | attacker: connections closed | frames written before the close"
-                  " (median) | seconds each (median) | HTTP P50 / P99 / max ms | HTTP failed |"
-                  " gRPC P50 / P99 / max ms | gRPC failed | front-end RSS growth MiB |")  # fmt: skip
+            print(
+                "| attack | attacker: connections closed | frames written before the"
+                " close (median) | seconds each (median) | HTTP P50 / P99 / max ms | HTTP"
+                " failed | gRPC P50 / P99 / max ms | gRPC failed | front-end RSS growth MiB |"
+            )
             print("| --- " * 9 + "|")
             for kind in ["none", *ns.attacks.split(",")]:
                 print(phase(srv, kind, ns.seconds, body, clients), flush=True)
