@@ -7,8 +7,8 @@ Prints per attack: the attacking connections and whether the server closed each 
 GOAWAY code seen), the frames each wrote before it saw the close and the seconds it lasted
 (median; the kernel's socket buffers take far more frames than the server reads), the normal
 clients' P50/P99/max and failures over HTTP and gRPC, and the front-end's RSS growth. A first
-row with no attack is the baseline. Acceptance (issue 46): the normal client never fails and never waits over 1 s
-(P99 under 100 ms the aim), every attacker is closed, RSS grows under 64 MiB.
+row with no attack is the baseline. Acceptance (issue 46): the normal client never fails and
+never waits over 1 s (P99 under 100 ms the aim), every attacker is closed, RSS grows under 64 MiB.
 
     python -m benchmarks.h2_attacks [--seconds 10] [--attacks continuation,ping,...]
 """
