@@ -1,4 +1,4 @@
-"""rpc/h2.py, gRPC's HTTP/2 on the loop: a real Connection fed the bytes a client sends, its
+"""rpc/http2/, gRPC's HTTP/2 on the loop: a real Connection fed the bytes a client sends, its
 writes read back as frames (HPACK decoded with the hpack package, as a client would). The port
 behind it is a small echo: each call's one message answered as is."""
 
