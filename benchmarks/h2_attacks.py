@@ -1,7 +1,8 @@
-"""HTTP/2 floods on the gRPC port while another client classifies: issue 46's attacks, each for
-10 s (devkit/h2flood.py: an attacker floods from one connection, and connects again each time
-the server closes it), while one HTTP client (`/v1/classify`, keep-alive) and one gRPC client
-(tritonclient ModelInfer) call in a closed loop on a server of its own.
+"""HTTP/2 floods on the gRPC port while another client classifies: issue 46's attacks, each in a
+10 s window (devkit/h2flood.py: an attacker floods from one connection until the server closes
+it; with --reconnect, again on a new connection each time), while one HTTP client
+(`/v1/classify`, keep-alive) and one gRPC client (tritonclient ModelInfer) call in a closed loop
+on a server of its own.
 
 Prints per attack: the attacking connections and whether the server closed each (with the
 GOAWAY code seen), the frames each wrote before it saw the close and the seconds it lasted
@@ -92,7 +93,10 @@ def summary(ms: list[float], failed: int) -> str:
     return f"{percentile(ms, 50):.1f} / {percentile(ms, 99):.1f} / {max(ms):.0f} | {failed}"
 
 
-def phase(srv: Launched, kind: str, seconds: float, body: bytes, clients: list[Calls]) -> str:
+def phase(
+    srv: Launched, kind: str, ns: argparse.Namespace, body: bytes, clients: list[Calls]
+) -> str:
+    seconds = ns.seconds
     stop = threading.Event()
     rss: list[int] = []
     sampler = threading.Thread(target=rss_peak, args=(srv.pid, stop, rss), daemon=True)
@@ -102,7 +106,8 @@ def phase(srv: Launched, kind: str, seconds: float, body: bytes, clients: list[C
         time.sleep(seconds)
         attacker = "- | - | -"
     else:
-        attack = h2flood.Attack(srv.grpc_port, kind, body, duration=seconds).run()
+        attack = h2flood.Attack(srv.grpc_port, kind, body, seconds, ns.reconnect).run()
+        time.sleep(max(0.0, t0 + seconds - time.monotonic()))  # the window is the same
         conns = attack.connections
         codes = sorted({c.goaway for c in conns}, key=str)
         frames = statistics.median(c.frames for c in conns)
@@ -122,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.h2_attacks", description=__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--attacks", default=",".join(h2flood.ATTACKS))
+    parser.add_argument(
+        "--reconnect", action="store_true", help="attack again on a new connection each close"
+    )
     ns = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ringserve-h2-") as tmp:
         srv = Launched(tmp, ["--workers", "1", "--spares", "0"], binary=False, grpc=True)
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print("| --- " * 9 + "|")
             for kind in ["none", *ns.attacks.split(",")]:
-                print(phase(srv, kind, ns.seconds, body, clients), flush=True)
+                print(phase(srv, kind, ns, body, clients), flush=True)
         finally:
             stop.set()
             srv.terminate()

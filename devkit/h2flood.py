@@ -4,8 +4,9 @@ CONTINUATIONs after a HEADERS without END_HEADERS, frames of an unknown type, Ra
 calls that carry their body, PING and SETTINGS whose replies are never read, empty DATA), and
 single malformed sequences that RFC 9113 answers with a connection error.
 
-An attacker connects, floods until the server closes the connection (or its time is up), notes
-how many frames it sent and the GOAWAY it got, and connects again until the time is up."""
+An attacker connects, floods until the server closes the connection (or its time is up), and
+notes how many frames it sent and the GOAWAY it got; with `reconnect`, it connects again until
+the time is up."""
 
 from __future__ import annotations
 
@@ -96,18 +97,22 @@ class Connection:
 
 @dataclass
 class Attack:
-    """One attack, repeated on new connections until `duration` is over."""
+    """One attack from one connection, for at most `duration` s; `reconnect`: on a new
+    connection each time the server closes one, until `duration` is over."""
 
     port: int
     kind: str
     body: bytes = b""
     duration: float = 2.0
+    reconnect: bool = False
     connections: list[Connection] = field(default_factory=list)
 
     def run(self) -> Attack:
         until = time.monotonic() + self.duration
         while time.monotonic() < until:
             self.connections.append(self.one(until))
+            if not self.reconnect:
+                break
         return self
 
     def one(self, until: float) -> Connection:

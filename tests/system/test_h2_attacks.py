@@ -1,6 +1,7 @@
 """The gRPC port's HTTP/2 from outside, against one real server: each flood of issue 46 driven
-from raw frames (devkit/h2flood.py) for two seconds while a normal client classifies over HTTP
-and over gRPC (tritonclient) the whole time; the `h2` library as a plain gRPC client; the RFC
+from raw frames (devkit/h2flood.py) on one connection (for at most two seconds: the server ends
+it well before) while a normal client classifies over HTTP and over gRPC (tritonclient) the
+whole module; the `h2` library as a plain gRPC client; the RFC
 9113 connection errors h2spec checks, each on a connection of its own; and h2load (nghttp2's
 load generator, from tests/install_browser.py) driving ModelInfer.
 

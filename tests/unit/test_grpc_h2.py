@@ -345,6 +345,17 @@ def test_rapid_reset_of_calls_that_carried_their_body_is_calmed() -> None:
     calm(c, b"streams reset")
 
 
+def test_resets_of_calls_still_running_cost_more() -> None:
+    c = Client()
+    c.frames()
+    reset = struct.pack(">I", h2.CANCEL)
+    n = h2.WASTE_BURST // h2.RESET_IN_FLIGHT + 1
+    c.send(b"".join(c.call(sid, b"x", path=b"/slow") + h2.frame(h2.RST_STREAM, 0, sid, reset)
+                    for sid in range(1, 2 * n, 2)))  # fmt: skip
+    calm(c, b"streams reset")
+    assert len(c.port.cancelled) == n - 1  # the last reset overdrew the budget
+
+
 def test_a_client_that_wastes_slowly_is_never_closed() -> None:
     """PINGs, SETTINGS and cancels at a grpc client's pace (here 50 a second for 100 s of the
     connection's clock, half the refill) never end it."""

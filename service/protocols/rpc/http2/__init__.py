@@ -62,7 +62,7 @@ from ringserve.service.protocols.rpc.http2.grpc import (
     Stream,
     parse_timeout,
 )
-from ringserve.service.protocols.rpc.http2.streams import MAX_CONTINUATIONS
+from ringserve.service.protocols.rpc.http2.streams import MAX_CONTINUATIONS, RESET_IN_FLIGHT
 
 __all__ = [
     "ACK", "CANCEL", "CANCELLED", "COMPRESSION_ERROR", "CONTINUATION", "DATA",
@@ -70,8 +70,8 @@ __all__ = [
     "FLOW_CONTROL_ERROR", "FRAMES_PER_TURN", "FRAME_SIZE", "FRAME_SIZE_ERROR", "GOAWAY",
     "HEADERS", "INTERNAL", "INTERNAL_ERROR", "INVALID_ARGUMENT", "MAX_CONTINUATIONS",
     "NOT_FOUND", "NO_ERROR", "OK", "PADDED", "PING", "PREFACE", "PRIORITY", "PROTOCOL_ERROR",
-    "PUSH_PROMISE", "REFUSED_STREAM", "RESOURCE_EXHAUSTED", "RST_STREAM", "SETTINGS",
-    "STREAM_CLOSED", "UNAUTHENTICATED", "UNAVAILABLE", "UNIMPLEMENTED", "UNKNOWN",
+    "PUSH_PROMISE", "REFUSED_STREAM", "RESET_IN_FLIGHT", "RESOURCE_EXHAUSTED", "RST_STREAM",
+    "SETTINGS", "STREAM_CLOSED", "UNAUTHENTICATED", "UNAVAILABLE", "UNIMPLEMENTED", "UNKNOWN",
     "WASTE_BURST", "WASTE_RATE", "WINDOW_UPDATE", "Connection", "H2Error", "Port", "Stream",
     "frame", "parse_timeout",
 ]  # fmt: skip

@@ -43,6 +43,7 @@ from ringserve.service.protocols.rpc.http2.grpc import (
 OURS, PEER_END, PEER_RESET = 0, 1, 2
 REMEMBERED = 1024
 MAX_CONTINUATIONS = 32  # in one header block (nghttp2 takes 8): more is a flood, not a header
+RESET_IN_FLIGHT = 10  # the budget a reset costs when its call was still running
 
 
 class Owner(Protocol):
@@ -221,13 +222,16 @@ class StreamTable:
 
     def on_reset(self, sid: int, payload: bytes) -> None:
         """The client's RST_STREAM. Every one counts against the budget, however the stream
-        ended: calls opened and reset at once cost us, not the client (the Rapid Reset)."""
+        ended, and one whose call was still running counts RESET_IN_FLIGHT times: calls opened
+        and reset at once cost us, not the client (the Rapid Reset)."""
         if not sid or len(payload) != 4:
             raise H2Error(PROTOCOL_ERROR if not sid else FRAME_SIZE_ERROR, "bad RST_STREAM")
         if sid > self.last_id:
             raise H2Error(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
-        self.conn.waste("streams reset")
         stream = self.streams.get(sid)
+        # A call still running when reset wastes its work too (admitted texts still run).
+        in_flight = stream is not None and not stream.done
+        self.conn.waste("streams reset", RESET_IN_FLIGHT if in_flight else 1)
         if stream is not None:
             self.close(stream, ours=False, how=PEER_RESET)
             self.cancelled(stream)
