@@ -38,8 +38,14 @@ if [ -z "$BASE" ]; then
     fi
 fi
 
-rm -rf build/wheels && mkdir -p build/wheels
-for dir in $(${PYTHON:-python3} -m pip config list 2>/dev/null | sed -n "s/.*find-links='\(.*\)'/\1/p" | sort -u); do
+pip_setting() {  # the values of one `pip config list` setting, e.g. find-links
+    ${PYTHON:-python3} -m pip config list 2>/dev/null | sed -n "s/.*[.]$1='\(.*\)'/\1/p" | sort -u
+}
+rm -rf build/wheels build/certs && mkdir -p build/wheels build/certs
+for cert in $(pip_setting cert); do  # a proxy's CA that pip trusts here: for pip in the build
+    [ -f "$cert" ] && cp "$cert" build/certs/pip-ca.crt && log "pip's CA bundle: $cert"
+done
+for dir in $(pip_setting find-links); do
     for wheel in "$dir"/torch-*+cpu-cp311-*.whl; do
         [ -e "$wheel" ] || continue
         ln -f "$wheel" build/wheels/ 2>/dev/null || cp "$wheel" build/wheels/
