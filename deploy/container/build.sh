@@ -21,7 +21,15 @@ need() {  # need COMMAND PACKAGE
 need dockerd docker.io
 if ! docker info >/dev/null 2>&1; then
     log "starting dockerd (log: /var/log/ringserve-dockerd.log)"
-    nohup dockerd >/var/log/ringserve-dockerd.log 2>&1 &
+    # The daemon outlives this script: it must not inherit a descriptor of ours (a lock held by
+    # whoever ran `make image`, say), so every one past stderr is closed in it first.
+    (
+        for fd in /proc/self/fd/*; do
+            fd=${fd##*/}
+            [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
+        done
+        exec setsid dockerd >/var/log/ringserve-dockerd.log 2>&1 </dev/null
+    ) &
     for _ in $(seq 1 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
     docker info >/dev/null
 fi
