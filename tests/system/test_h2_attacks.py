@@ -11,6 +11,7 @@ here it must be answered, with no failure, while every attacking connection is c
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import struct
@@ -163,6 +164,7 @@ def test_h2load_drives_model_infer(srv: ServerProc, infer_body: bytes, tmp_path:
     body = tmp_path / "infer.bin"
     body.write_bytes(h2flood.grpc_message(infer_body))
     url = f"http://127.0.0.1:{srv.grpc_port}{h2flood.MODEL_INFER}"
+    before = grpc_counts(srv)
     out = subprocess.run(
         [h2load, "-n", "400", "-c", "4", "-m", "8", "-d", str(body), "-H",
          "content-type: application/grpc", "-H", "te: trailers", url],
@@ -171,3 +173,15 @@ def test_h2load_drives_model_infer(srv: ServerProc, infer_body: bytes, tmp_path:
     line = next(x for x in out.splitlines() if x.startswith("requests:"))
     assert "400 succeeded, 0 failed, 0 errored, 0 timeout" in line, out
     assert "status codes: 400 2xx" in out, out
+    after = grpc_counts(srv)  # h2load sees HTTP's 200; the calls' own statuses are counted here
+    assert after.get("200", 0) - before.get("200", 0) >= 400
+    assert {c: v for c, v in after.items() if c != "200"} == {
+        c: v for c, v in before.items() if c != "200"
+    }
+
+
+def grpc_counts(srv: ServerProc) -> dict[str, float]:
+    status, _, body = srv.request("GET", "/metrics")
+    assert status == 200
+    pattern = r'^ringserve_requests_total\{(?=[^}]*protocol="grpc")[^}]*code="(\d+)"[^}]*\} (\S+)$'
+    return {code: float(v) for code, v in re.findall(pattern, body.decode(), re.M)}
