@@ -70,12 +70,10 @@ def infer_body(model: str) -> bytes:
 @pytest.fixture(scope="module")
 def normal(srv: ServerProc, model: str) -> Iterator[tuple[Load, GrpcLoad]]:
     """A client classifying over HTTP, and one over gRPC, for the whole module."""
-    http, grpc = Load(srv.port, TEXTS, clients=1), GrpcLoad(srv.grpc_port, model, TEXTS, 1)
-    http.wait_ok(3)
-    grpc.wait_ok(3)
-    yield http, grpc
-    http.stop()
-    grpc.stop()
+    with Load(srv.port, TEXTS, clients=1) as http, GrpcLoad(srv.grpc_port, model, TEXTS, 1) as grpc:
+        http.wait_ok(3)
+        grpc.wait_ok(3)
+        yield http, grpc
     assert http.failed() == 0 and grpc.failed() == 0, (http.errors[:5], grpc.errors[:5])
 
 
