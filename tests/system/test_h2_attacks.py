@@ -32,7 +32,10 @@ from devkit.h2flood import (
     END_HEADERS,
     END_STREAM,
     HEADERS,
+    PADDED,
     PING,
+    PUSH_PROMISE,
+    SETTINGS,
     WINDOW_UPDATE,
     call_block,
     connection_error,
@@ -141,6 +144,10 @@ RFC_CASES = {
     "a decreasing stream id": (frame(HEADERS, END_HEADERS | END_STREAM, 5, UNKNOWN_CALL)
                                + frame(HEADERS, END_HEADERS | END_STREAM, 3, UNKNOWN_CALL),
                                PROTOCOL_ERROR),
+    "padding longer than the frame": (frame(HEADERS, END_HEADERS | PADDED, 1, b"\x09abc"),
+                                      PROTOCOL_ERROR),
+    "SETTINGS not a multiple of 6": (frame(SETTINGS, 0, 0, bytes(5)), FRAME_SIZE_ERROR),
+    "PUSH_PROMISE from a client": (frame(PUSH_PROMISE, END_HEADERS, 1, bytes(4)), PROTOCOL_ERROR),
     "DATA on a closed stream": (frame(HEADERS, END_HEADERS | END_STREAM, 1, UNKNOWN_CALL)
                                 + frame(DATA, 0, 1, b"late"), STREAM_CLOSED),
 }  # fmt: skip
