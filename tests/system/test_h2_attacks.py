@@ -11,6 +11,7 @@ here it must be answered, with no failure, while every attacking connection is c
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import struct
@@ -31,7 +32,10 @@ from devkit.h2flood import (
     END_HEADERS,
     END_STREAM,
     HEADERS,
+    PADDED,
     PING,
+    PUSH_PROMISE,
+    SETTINGS,
     WINDOW_UPDATE,
     call_block,
     connection_error,
@@ -69,12 +73,10 @@ def infer_body(model: str) -> bytes:
 @pytest.fixture(scope="module")
 def normal(srv: ServerProc, model: str) -> Iterator[tuple[Load, GrpcLoad]]:
     """A client classifying over HTTP, and one over gRPC, for the whole module."""
-    http, grpc = Load(srv.port, TEXTS, clients=1), GrpcLoad(srv.grpc_port, model, TEXTS, 1)
-    http.wait_ok(3)
-    grpc.wait_ok(3)
-    yield http, grpc
-    http.stop()
-    grpc.stop()
+    with Load(srv.port, TEXTS, clients=1) as http, GrpcLoad(srv.grpc_port, model, TEXTS, 1) as grpc:
+        http.wait_ok(3)
+        grpc.wait_ok(3)
+        yield http, grpc
     assert http.failed() == 0 and grpc.failed() == 0, (http.errors[:5], grpc.errors[:5])
 
 
@@ -142,6 +144,10 @@ RFC_CASES = {
     "a decreasing stream id": (frame(HEADERS, END_HEADERS | END_STREAM, 5, UNKNOWN_CALL)
                                + frame(HEADERS, END_HEADERS | END_STREAM, 3, UNKNOWN_CALL),
                                PROTOCOL_ERROR),
+    "padding longer than the frame": (frame(HEADERS, END_HEADERS | PADDED, 1, b"\x09abc"),
+                                      PROTOCOL_ERROR),
+    "SETTINGS not a multiple of 6": (frame(SETTINGS, 0, 0, bytes(5)), FRAME_SIZE_ERROR),
+    "PUSH_PROMISE from a client": (frame(PUSH_PROMISE, END_HEADERS, 1, bytes(4)), PROTOCOL_ERROR),
     "DATA on a closed stream": (frame(HEADERS, END_HEADERS | END_STREAM, 1, UNKNOWN_CALL)
                                 + frame(DATA, 0, 1, b"late"), STREAM_CLOSED),
 }  # fmt: skip
@@ -163,6 +169,7 @@ def test_h2load_drives_model_infer(srv: ServerProc, infer_body: bytes, tmp_path:
     body = tmp_path / "infer.bin"
     body.write_bytes(h2flood.grpc_message(infer_body))
     url = f"http://127.0.0.1:{srv.grpc_port}{h2flood.MODEL_INFER}"
+    before = grpc_counts(srv)
     out = subprocess.run(
         [h2load, "-n", "400", "-c", "4", "-m", "8", "-d", str(body), "-H",
          "content-type: application/grpc", "-H", "te: trailers", url],
@@ -171,3 +178,15 @@ def test_h2load_drives_model_infer(srv: ServerProc, infer_body: bytes, tmp_path:
     line = next(x for x in out.splitlines() if x.startswith("requests:"))
     assert "400 succeeded, 0 failed, 0 errored, 0 timeout" in line, out
     assert "status codes: 400 2xx" in out, out
+    after = grpc_counts(srv)  # h2load sees HTTP's 200; the calls' own statuses are counted here
+    assert after.get("200", 0) - before.get("200", 0) >= 400
+    assert {c: v for c, v in after.items() if c != "200"} == {
+        c: v for c, v in before.items() if c != "200"
+    }
+
+
+def grpc_counts(srv: ServerProc) -> dict[str, float]:
+    status, _, body = srv.request("GET", "/metrics")
+    assert status == 200
+    pattern = r'^ringserve_requests_total\{(?=[^}]*protocol="grpc")[^}]*code="(\d+)"[^}]*\} (\S+)$'
+    return {code: float(v) for code, v in re.findall(pattern, body.decode(), re.M)}

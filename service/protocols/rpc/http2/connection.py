@@ -131,6 +131,7 @@ class Connection(asyncio.Protocol):
             if self.lost:
                 return False
             self.on_frame(kind, flags, sid, payload)
+        self.table.run_ends()
         return len(frames) == FRAMES_PER_TURN and len(self.buf) >= 9
 
     def pause_writing(self) -> None:

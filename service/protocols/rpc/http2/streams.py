@@ -71,6 +71,7 @@ class StreamTable:
         self.pending: tuple[int, int, bytearray] | None = None  # HEADERS awaiting CONTINUATION
         self.continuations = 0  # in the pending header block
         self.ended: dict[int, int] = {}  # stream id: OURS, PEER_END or PEER_RESET
+        self.ending: dict[int, Stream] = {}  # requests ended in this read, their calls to start
         self.window = WINDOW  # connection receive window left
 
     # -- HEADERS --------------------------------------------------------------------------------
@@ -218,7 +219,17 @@ class StreamTable:
             stream.finish(INTERNAL, "the request ended inside a message")
             return
         if stream.on_end is not None:
-            stream.on_end(stream)
+            self.ending[stream.id] = stream  # started by run_ends, after this read's frames
+
+    def run_ends(self) -> None:
+        """Start the calls whose request ended in this read: one the client reset in the same
+        read (the Rapid Reset's way) never reaches admission."""
+        if not self.ending:
+            return
+        ending, self.ending = self.ending, {}
+        for sid, stream in ending.items():
+            if self.streams.get(sid) is stream and not stream.done and stream.on_end is not None:
+                stream.on_end(stream)
 
     def on_reset(self, sid: int, payload: bytes) -> None:
         """The client's RST_STREAM. Every one counts against the budget, however the stream
@@ -230,7 +241,7 @@ class StreamTable:
             raise H2Error(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
         stream = self.streams.get(sid)
         # A call still running when reset wastes its work too (admitted texts still run).
-        in_flight = stream is not None and not stream.done
+        in_flight = stream is not None and not stream.done and sid not in self.ending
         self.conn.waste("streams reset", RESET_IN_FLIGHT if in_flight else 1)
         if stream is not None:
             self.close(stream, ours=False, how=PEER_RESET)
