@@ -4,11 +4,13 @@ One module-scoped server (the default model, 1 worker, no spare, gRPC on) stands
 `make serve` the pages assume: `localhost:8000`, `:8001` and `:8002` in a block become its ports,
 and `ringserve ctl` reaches its control socket. A block that starts servers of its own
 (`ringserve serve ... &`) gets fresh free ports for every port it names, no spare
-(`RINGSERVE_SPARES=0`, less CPU) and the binary and gRPC ports off unless it names them; its
+(`RINGSERVE_SPARES=0`, less CPU), the plain ONNX graph without timing both at start
+(`RINGSERVE_GRAPH=plain`), and the binary and gRPC ports off unless it names them; its
 servers are stopped when it ends. The blocks of one page run in order in one directory (a page
 may build a model in one block and serve it in the next). Output shown under a `$ ` command is
 checked for shape (devkit/snippets.py). A block marked `<!-- not-run: REASON -->` is skipped
-with that reason: it needs a GPU, root, systemd, another host, or minutes of CPU.
+with that reason: it needs a GPU, root, systemd, another host, or minutes of CPU; one marked
+`<!-- same-as: PAGE -->` must read exactly as a block that runs on PAGE.
 
 The same server checks the two reference pages a running server can contradict: the HTTP page's
 routes are the server's own OpenAPI operations, and every metric family and label the server
@@ -102,6 +104,7 @@ def environment(block: Block, srv: ServerProc) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGSERVE_")}
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
     env.update(RINGSERVE_SPARES="0", RINGSERVE_BINARY_PORT="0", RINGSERVE_GRPC_PORT="0")
+    env["RINGSERVE_GRAPH"] = "plain"  # no graph timing at each block server's start (~1 s)
     if not block.starts_server:
         env["RINGSERVE_CONTROL"] = srv.control
     return env
@@ -139,6 +142,11 @@ def run_block(block: Block, srv: ServerProc, cwd: Path) -> None:
     where = f"{block.name} ({block.lang})"
     assert done.returncode == 0, f"{where} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     outputs = re.split(r"\n?@@command \d+@@\n", done.stdout)[1:]
+    record = os.environ.get("RINGSERVE_DOCS_RECORD")  # a file: what each command printed
+    if record:
+        with open(record, "a", encoding="utf-8") as f:
+            for i, out in enumerate(outputs or [done.stdout]):
+                f.write(f"== {block.name} command {i + 1}\n{out.strip()[:600]}\n")
     for i, want in enumerate(expected):
         why = output_matches(want, outputs[i] if i < len(outputs) else "")
         assert why is None, f"{where}, command {i + 1}: {why}"
@@ -148,6 +156,11 @@ def run_block(block: Block, srv: ServerProc, cwd: Path) -> None:
 def test_snippet(block: Block, docs_server: ServerProc, workdirs: dict[Path, Path]) -> None:
     if block.not_run:
         pytest.skip(f"not-run: {block.not_run}")
+    if block.same_as:
+        there = [b for b in blocks(ROOT / block.same_as) if b.runnable and not b.not_run]
+        twin = next((b for b in there if (b.lang, b.text) == (block.lang, block.text)), None)
+        assert twin is not None, f"{block.name}: no block of {block.same_as} reads the same"
+        pytest.skip(f"runs as {twin.name}")
     run_block(block, docs_server, workdirs[block.path])
 
 
@@ -162,7 +175,7 @@ def test_every_runnable_block_is_run_or_says_why() -> None:
         and re.search(r"^\s*(\$ |curl |ringserve |\.venv/bin/|python -m )", b.text, re.M)
     ]
     assert hidden == [], f"commands in blocks of no runnable language: {hidden}"
-    assert sum(1 for b in ALL if not b.not_run) >= 30
+    assert sum(1 for b in ALL if not b.not_run and not b.same_as) >= 30
 
 
 def test_http_reference_lists_the_servers_routes(docs_server: ServerProc) -> None:
