@@ -7,10 +7,11 @@ and `ringserve ctl` reaches its control socket. A block that starts servers of i
 (`RINGSERVE_SPARES=0`, less CPU), the plain ONNX graph without timing both at start
 (`RINGSERVE_GRAPH=plain`), and the binary and gRPC ports off unless it names them; its
 servers are stopped when it ends. The blocks of one page run in order in one directory (a page
-may build a model in one block and serve it in the next). Output shown under a `$ ` command is
-checked for shape (devkit/snippets.py). A block marked `<!-- not-run: REASON -->` is skipped
-with that reason: it needs a GPU, root, systemd, another host, or minutes of CPU; one marked
-`<!-- same-as: PAGE -->` must read exactly as a block that runs on PAGE.
+may build a model in one block and serve it in the next); two pages run at a time. Output shown
+under a `$ ` command is checked for shape (devkit/snippets.py). A block marked
+`<!-- not-run: REASON -->` is skipped with that reason: it needs a GPU, root, systemd, another
+host, or minutes of CPU; one marked `<!-- same-as: PAGE -->` must read exactly as a block that
+runs on PAGE.
 
 The same server checks the two reference pages a running server can contradict: the HTTP page's
 routes are the server's own OpenAPI operations, and every metric family and label the server
@@ -24,7 +25,9 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -152,8 +155,41 @@ def run_block(block: Block, srv: ServerProc, cwd: Path) -> None:
         assert why is None, f"{where}, command {i + 1}: {why}"
 
 
+def to_run(block: Block) -> bool:
+    return not block.not_run and not block.same_as
+
+
+@pytest.fixture(scope="module")
+def outcomes(docs_server: ServerProc, workdirs: dict[Path, Path]) -> dict[str, str | None]:
+    """Every page's runnable blocks, in order, two pages at a time (the blocks are subprocesses
+    and their servers; two cores): block name -> None, or why it failed."""
+    by_page: dict[Path, list[Block]] = {}
+    for block in ALL:
+        if to_run(block):
+            by_page.setdefault(block.path, []).append(block)
+    results: dict[str, str | None] = {}
+
+    def run_page(page: Path) -> None:
+        for block in by_page[page]:  # a later block may use what an earlier one made
+            try:
+                run_block(block, docs_server, workdirs[page])
+                results[block.name] = None
+            except (AssertionError, subprocess.TimeoutExpired) as exc:
+                results[block.name] = str(exc)
+
+    # the pages that build models first, so the two lanes end together
+    order = sorted(
+        by_page, key=lambda p: -sum(b.starts_server + 2 * (b.lang in PYTHON) for b in by_page[p])
+    )
+    start = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(run_page, order))
+    print(f"{len(results)} blocks of {len(by_page)} pages in {time.monotonic() - start:.1f} s")
+    return results
+
+
 @pytest.mark.parametrize("block", ALL, ids=[b.name for b in ALL])
-def test_snippet(block: Block, docs_server: ServerProc, workdirs: dict[Path, Path]) -> None:
+def test_snippet(block: Block, outcomes: dict[str, str | None]) -> None:
     if block.not_run:
         pytest.skip(f"not-run: {block.not_run}")
     if block.same_as:
@@ -161,7 +197,7 @@ def test_snippet(block: Block, docs_server: ServerProc, workdirs: dict[Path, Pat
         twin = next((b for b in there if (b.lang, b.text) == (block.lang, block.text)), None)
         assert twin is not None, f"{block.name}: no block of {block.same_as} reads the same"
         pytest.skip(f"runs as {twin.name}")
-    run_block(block, docs_server, workdirs[block.path])
+    assert outcomes[block.name] is None, outcomes[block.name]
 
 
 def test_every_runnable_block_is_run_or_says_why() -> None:
