@@ -3,7 +3,9 @@
 A block in `sh`, `bash`, `shell` or `console` is a shell block, one in `python` a Python block; a
 block in any other language (`text`, `json`, `yaml`, none) is not run. A runnable block that
 cannot run on this machine carries the comment `<!-- not-run: REASON -->` on the line before it
-(blank lines between are allowed); the reason is required.
+(blank lines between are allowed); the reason is required. A block that repeats one of another
+page word for word carries `<!-- same-as: PAGE -->` instead: it runs there, and the test checks
+that the two texts are still the same.
 
 In a `console` block (or any shell block with `$ ` lines) the commands are the `$ ` lines and the
 lines under each are its expected output, checked for shape (`output_matches`); in a plain shell
@@ -24,6 +26,7 @@ SHELL = {"sh", "bash", "shell", "console"}
 PYTHON = {"python", "py"}
 FENCE = re.compile(r"^```([\w+-]*)\s*$")
 NOT_RUN = re.compile(r"^<!-- not-run: (\S.*?) -->$")
+SAME_AS = re.compile(r"^<!-- same-as: (\S+\.md) -->$")  # the same block runs on that page
 # Ports the docs name: HTTP 8000, binary 8001, gRPC 8002, and the 80xx/90xx of a second server.
 PORT = re.compile(r"(?<![\w.-])(80[0-9]{2}|81[0-9]{2}|90[0-9]{2})(?![\w])")
 SERVE = re.compile(r"^(?:\S*/)?ringserve serve\b.*&\s*(?:#.*)?$")
@@ -51,6 +54,7 @@ class Block:
     lang: str
     text: str
     not_run: str | None  # the reason, when marked
+    same_as: str | None = None  # the page (relative to the repository) that runs this block
 
     @property
     def runnable(self) -> bool:
@@ -87,9 +91,15 @@ def blocks(path: Path) -> list[Block]:
         k = start - 1
         while k >= 0 and not lines[k].strip():
             k -= 1
-        marked = NOT_RUN.match(lines[k].strip()) if k >= 0 else None
+        before = lines[k].strip() if k >= 0 else ""
+        marked, same = NOT_RUN.match(before), SAME_AS.match(before)
         text = "\n".join(lines[start + 1 : j]) + "\n"
-        out.append(Block(path, start + 1, m[1].lower(), text, marked[1] if marked else None))
+        out.append(
+            Block(
+                path, start + 1, m[1].lower(), text,
+                marked[1] if marked else None, same[1] if same else None,
+            )
+        )  # fmt: skip
         i = j + 1
     return out
 
@@ -199,8 +209,10 @@ def output_matches(expected: list[str], actual: str) -> str | None:
             if not _same_shape(_shape(shown), _shape(answer)):
                 return f"shape differs: expected {_shape(shown)}, got {_shape(answer)}"
             return None
-        missing = [k for k in re.findall(r'"(\w+)":', want) if f'"{k}":' not in got]
-        return f"keys {missing} missing from {got[:300]!r}" if missing else None
+        keys = re.findall(r'"(\w+)":', want)
+        if keys:
+            missing = [k for k in keys if f'"{k}":' not in got]
+            return f"keys {missing} missing from {got[:300]!r}" if missing else None
     for line in expected:
         if line.strip() and not _line_pattern(line).search(got):
             return f"no line like {line.strip()!r} in {got[:300]!r}"

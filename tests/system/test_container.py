@@ -54,7 +54,7 @@ def image() -> str:
         timeout=3600, check=False,
     )  # fmt: skip
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    print(f"make image: {time.monotonic() - start:.0f} s (a cached rebuild is seconds)")
+    print(f"make image: {time.monotonic() - start:.0f} s (the layers before a change are reused)")
     assert shutil.which("docker")
     return IMAGE
 

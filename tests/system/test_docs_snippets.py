@@ -4,11 +4,14 @@ One module-scoped server (the default model, 1 worker, no spare, gRPC on) stands
 `make serve` the pages assume: `localhost:8000`, `:8001` and `:8002` in a block become its ports,
 and `ringserve ctl` reaches its control socket. A block that starts servers of its own
 (`ringserve serve ... &`) gets fresh free ports for every port it names, no spare
-(`RINGSERVE_SPARES=0`, less CPU) and the binary and gRPC ports off unless it names them; its
+(`RINGSERVE_SPARES=0`, less CPU), the plain ONNX graph without timing both at start
+(`RINGSERVE_GRAPH=plain`), and the binary and gRPC ports off unless it names them; its
 servers are stopped when it ends. The blocks of one page run in order in one directory (a page
-may build a model in one block and serve it in the next). Output shown under a `$ ` command is
-checked for shape (devkit/snippets.py). A block marked `<!-- not-run: REASON -->` is skipped
-with that reason: it needs a GPU, root, systemd, another host, or minutes of CPU.
+may build a model in one block and serve it in the next); two pages run at a time. Output shown
+under a `$ ` command is checked for shape (devkit/snippets.py). A block marked
+`<!-- not-run: REASON -->` is skipped with that reason: it needs a GPU, root, systemd, another
+host, or minutes of CPU; one marked `<!-- same-as: PAGE -->` must read exactly as a block that
+runs on PAGE.
 
 The same server checks the two reference pages a running server can contradict: the HTTP page's
 routes are the server's own OpenAPI operations, and every metric family and label the server
@@ -22,7 +25,9 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -102,6 +107,7 @@ def environment(block: Block, srv: ServerProc) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGSERVE_")}
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
     env.update(RINGSERVE_SPARES="0", RINGSERVE_BINARY_PORT="0", RINGSERVE_GRPC_PORT="0")
+    env["RINGSERVE_GRAPH"] = "plain"  # no graph timing at each block server's start (~1 s)
     if not block.starts_server:
         env["RINGSERVE_CONTROL"] = srv.control
     return env
@@ -139,16 +145,59 @@ def run_block(block: Block, srv: ServerProc, cwd: Path) -> None:
     where = f"{block.name} ({block.lang})"
     assert done.returncode == 0, f"{where} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     outputs = re.split(r"\n?@@command \d+@@\n", done.stdout)[1:]
+    record = os.environ.get("RINGSERVE_DOCS_RECORD")  # a file: what each command printed
+    if record:
+        with open(record, "a", encoding="utf-8") as f:
+            for i, out in enumerate(outputs or [done.stdout]):
+                f.write(f"== {block.name} command {i + 1}\n{out.strip()[:600]}\n")
     for i, want in enumerate(expected):
         why = output_matches(want, outputs[i] if i < len(outputs) else "")
         assert why is None, f"{where}, command {i + 1}: {why}"
 
 
+def to_run(block: Block) -> bool:
+    return not block.not_run and not block.same_as
+
+
+@pytest.fixture(scope="module")
+def outcomes(docs_server: ServerProc, workdirs: dict[Path, Path]) -> dict[str, str | None]:
+    """Every page's runnable blocks, in order, two pages at a time (the blocks are subprocesses
+    and their servers; two cores): block name -> None, or why it failed."""
+    by_page: dict[Path, list[Block]] = {}
+    for block in ALL:
+        if to_run(block):
+            by_page.setdefault(block.path, []).append(block)
+    results: dict[str, str | None] = {}
+
+    def run_page(page: Path) -> None:
+        for block in by_page[page]:  # a later block may use what an earlier one made
+            try:
+                run_block(block, docs_server, workdirs[page])
+                results[block.name] = None
+            except (AssertionError, subprocess.TimeoutExpired) as exc:
+                results[block.name] = str(exc)
+
+    # the pages that build models first, so the two lanes end together
+    order = sorted(
+        by_page, key=lambda p: -sum(b.starts_server + 2 * (b.lang in PYTHON) for b in by_page[p])
+    )
+    start = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(run_page, order))
+    print(f"{len(results)} blocks of {len(by_page)} pages in {time.monotonic() - start:.1f} s")
+    return results
+
+
 @pytest.mark.parametrize("block", ALL, ids=[b.name for b in ALL])
-def test_snippet(block: Block, docs_server: ServerProc, workdirs: dict[Path, Path]) -> None:
+def test_snippet(block: Block, outcomes: dict[str, str | None]) -> None:
     if block.not_run:
         pytest.skip(f"not-run: {block.not_run}")
-    run_block(block, docs_server, workdirs[block.path])
+    if block.same_as:
+        there = [b for b in blocks(ROOT / block.same_as) if b.runnable and not b.not_run]
+        twin = next((b for b in there if (b.lang, b.text) == (block.lang, block.text)), None)
+        assert twin is not None, f"{block.name}: no block of {block.same_as} reads the same"
+        pytest.skip(f"runs as {twin.name}")
+    assert outcomes[block.name] is None, outcomes[block.name]
 
 
 def test_every_runnable_block_is_run_or_says_why() -> None:
@@ -162,7 +211,7 @@ def test_every_runnable_block_is_run_or_says_why() -> None:
         and re.search(r"^\s*(\$ |curl |ringserve |\.venv/bin/|python -m )", b.text, re.M)
     ]
     assert hidden == [], f"commands in blocks of no runnable language: {hidden}"
-    assert sum(1 for b in ALL if not b.not_run) >= 30
+    assert sum(1 for b in ALL if not b.not_run and not b.same_as) >= 30
 
 
 def test_http_reference_lists_the_servers_routes(docs_server: ServerProc) -> None:
