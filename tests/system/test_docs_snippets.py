@@ -169,13 +169,17 @@ def outcomes(docs_server: ServerProc, workdirs: dict[Path, Path]) -> dict[str, s
             by_page.setdefault(block.path, []).append(block)
     results: dict[str, str | None] = {}
 
+    took: dict[str, float] = {}
+
     def run_page(page: Path) -> None:
+        start = time.monotonic()
         for block in by_page[page]:  # a later block may use what an earlier one made
             try:
                 run_block(block, docs_server, workdirs[page])
                 results[block.name] = None
             except (AssertionError, subprocess.TimeoutExpired) as exc:
                 results[block.name] = str(exc)
+        took[page.name] = time.monotonic() - start
 
     # the pages that build models first, so the two lanes end together
     order = sorted(
@@ -184,7 +188,8 @@ def outcomes(docs_server: ServerProc, workdirs: dict[Path, Path]) -> dict[str, s
     start = time.monotonic()
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(run_page, order))
-    print(f"{len(results)} blocks of {len(by_page)} pages in {time.monotonic() - start:.1f} s")
+    print(f"{len(results)} blocks of {len(by_page)} pages in {time.monotonic() - start:.1f} s:")
+    print(", ".join(f"{name} {s:.1f} s" for name, s in sorted(took.items(), key=lambda t: -t[1])))
     return results
 
 
