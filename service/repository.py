@@ -357,9 +357,11 @@ def memory_check(s: Config, sup: Supervisor, models: M.ModelSet, info: ModelInfo
     for m in models.infos():
         rss = measured_rss(ctls, m.index)
         if rss is not None:
-            sized = weights_bytes(m.model_dir, m.manifest, m.runtime, s.precision, s.graph)
+            own = dict(m.options).get("precision", s.precision)
+            sized = weights_bytes(m.model_dir, m.manifest, m.runtime, own, s.graph)
             known.append((rss, sized))
-    weights = weights_bytes(info.model_dir, info.manifest, info.runtime, s.precision, s.graph)
+    own = dict(info.options).get("precision", s.precision)
+    weights = weights_bytes(info.model_dir, info.manifest, info.runtime, own, s.graph)
     per_worker = per_worker_estimate(weights, known)
     # Every serving worker and spare, the one more a roll starts, and the zygote.
     processes = sup.target + max(1, sup.target_spares) + (1 if sup.forker.wanted else 0)
