@@ -239,6 +239,7 @@ def add_model_tables(config: S.Config, file: ConfigFile, sources: dict[str, str]
             sources[f"models.{name}"] = f"{file.path}:{table.line}"
     tables = tuple((n, t.path) for n, t in file.models.items() if n not in flagged)
     config.named_models = (*config.named_models, *tables)
+    config.file_models = tuple(name for name, _ in tables)
 
 
 def show(resolved: Resolved) -> str:

@@ -542,6 +542,7 @@ class Config:
     named_models: tuple[tuple[str, str], ...] = ()  # --model NAME=DIR, in order (split_models)
     # The config file's [models.NAME] tables: NAME -> {setting: value} (MODEL_SETTINGS).
     model_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    file_models: tuple[str, ...] = ()  # the models a config file's tables serve (SIGHUP's)
 
     def for_model(self, name: str | None) -> Config:
         """These settings as one model serves with them: its [models.NAME] table's per-model
