@@ -162,15 +162,16 @@ MODEL_SETTINGS: tuple[ModelSetting, ...] = (
     ModelSetting("precision", "as --precision, for this model alone", parse_precision),
     ModelSetting("long-text", "as --long-text, for this model alone", parse_long_text),
     ModelSetting("max-batch", "as --max-batch, for this model alone", int),
+    ModelSetting("max-delay-ms", "as --max-delay-ms, for this model alone", float),
     ModelSetting("max-length", "not honoured per model yet (the artifact's max_length serves)",
                  int, served=False),
-    ModelSetting("prompts", "not honoured per model yet (the server adds no prompt)",
+    ModelSetting("prompt-name", "not honoured per model yet (a request names its prompt)",
                  served=False),
     ModelSetting("priority", "not honoured per model yet (a key's priority applies: --api-keys)",
                  served=False),
 )  # fmt: skip
 # The per-model settings a worker and the front-end read from the model's own Config.
-PER_MODEL_SERVED = frozenset(("runtime", "precision", "long_text", "max_batch"))
+PER_MODEL_SERVED = frozenset(("runtime", "precision", "long_text", "max_batch", "max_delay_ms"))
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -379,15 +380,16 @@ class Config:
     )
     operator_port: int = option(
         0,
-        "serve /metrics, /v1/stats and /dashboard on this port, without the key, and not on "
+        "serve /metrics, /v1/stats, /dashboard and /docs on this port, without the key, and "
+        "not on "
         "the HTTP port (0 = on the HTTP port)",
         int,
     )
     operator_host: str | None = option(None, "bind address of the operator port (default: --host)")
-    docs: bool = option(
-        True,
-        "serve Swagger UI for /openapi.json at /docs (on the operator port when one is set; "
-        "0 = off)",
+    no_docs_page: bool = option(
+        False,
+        "do not serve /docs, the Swagger UI page for /openapi.json (served on the operator "
+        "port when one is set, else on the HTTP port)",
         parse_flag,
     )
     control: str = option("./ringserve.sock", "Unix control socket path (mode 0600)")

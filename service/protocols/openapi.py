@@ -696,6 +696,17 @@ def operator_routes() -> dict[tuple[str, str], Route]:
         ("GET", "/dashboard"): Route(
             "The operator page", "operator", ok("an HTML page", None, "text/html")
         ),
+        ("GET", "/docs"): Route(
+            "Swagger UI for this document (off: --no-docs-page)",
+            "meta",
+            ok("an HTML page", None, "text/html"),
+        ),
+        ("GET", "/docs/swagger-ui.css"): Route(
+            "Swagger UI's style sheet", "meta", ok("CSS", None, "text/css")
+        ),
+        ("GET", "/docs/swagger-ui-bundle.js"): Route(
+            "Swagger UI's script", "meta", ok("JavaScript", None, "text/javascript")
+        ),
         ("GET", "/openapi.json"): Route(
             "This document",
             "meta",

@@ -44,7 +44,8 @@ def write_config(path: Path, model: str, tables: str = TABLES) -> Path:
         "# the server of test_config_serve.py\n"
         "workers = 2       # --workers 1 wins\n"
         "max-texts = 100   # RINGSERVE_MAX_TEXTS=3 wins\n"
-        "spares = 0\n" + tables.format(model=model)
+        "spares = 0\n"
+        "no_docs_page = true\n" + tables.format(model=model)
     )
     return path
 
@@ -100,6 +101,8 @@ def test_a_flag_and_a_variable_win_over_the_file(srv: ServerProc) -> None:
     assert len(serving_workers) == 1  # --workers 1 over the file's 2
     status, doc = post(srv, {"texts": ["one", "two", "three", "four"], "model": "loose"})
     assert status == 400 and "1 to 3" in doc["error"], doc  # RINGSERVE_MAX_TEXTS=3 over 100
+    assert srv.request("GET", "/docs")[0] == 404  # the file's no_docs_page = true
+    assert "/docs" not in json.loads(srv.request("GET", "/openapi.json")[2])["paths"]
 
 
 def test_config_show_says_where_each_setting_came_from(config_path: Path) -> None:
@@ -111,7 +114,7 @@ def test_config_show_says_where_each_setting_came_from(config_path: Path) -> Non
     assert rows["threads"].split()[1:] == ["1", "default"]
     assert "long-text=refuse runtime=torch" in rows["models.strict"]
     checked = cli("config", "check", str(config_path))
-    assert checked.returncode == 0 and "ok (3 settings, 2 models)" in checked.stdout
+    assert checked.returncode == 0 and "ok (4 settings, 2 models)" in checked.stdout
 
 
 @pytest.mark.parametrize(
@@ -119,8 +122,8 @@ def test_config_show_says_where_each_setting_came_from(config_path: Path) -> Non
     [
         ("max-txets = 3\n", "key max-txets: unknown key"),
         ("max-texts = '3'\n", "key max-texts: expected integer, got string '3'"),
-        ("[models.x]\npath = '/m'\nprompts = 'query: '\n", "key models.x.prompts: prompts is "
-         "not honoured per model yet"),
+        ("[models.x]\npath = '/m'\nprompt_name = 'query'\n",
+         "key models.x.prompt_name: prompt-name is not honoured per model yet"),
     ],
 )  # fmt: skip
 def test_a_bad_file_is_refused_before_anything_starts(

@@ -182,8 +182,8 @@ def test_the_file_sits_under_the_environment_and_the_flags(
         ('port = "x"', ":3: key port: expected integer, got string 'x'"),
         ("threads = 1.5", ":3: key threads: expected integer, got float"),
         ('long_text = "wrap"', ":3: key long_text: bad value: long-text must be"),
-        ('[models.a]\npath = "/a"\nprompts = "query: "', ":5: key models.a.prompts: prompts is "
-         "not honoured per model yet"),
+        ('[models.a]\npath = "/a"\nprompt-name = "query"',
+         ":5: key models.a.prompt-name: prompt-name is not honoured per model yet"),
         ('[models.a]\npath = "/a"\nmax-length = 64', ":5: key models.a.max-length"),
         ('[models.a]\npath = "/a"\ncolour = 1', ":5: key models.a.colour: unknown key"),
         ('[models.a]\nruntime = "onnx"', ":3: key models.a: a model table needs a path"),
