@@ -48,6 +48,7 @@ class App:
         self.started = time.monotonic()
         self.keys = load_keys(settings)  # a bad key file stops the start first
         self.api_key = ApiKey(settings.api_key) if settings.api_key is not None else None
+        self.api_router: Router | None = None  # the HTTP port's routes (/docs on the operator's)
 
     def prepare(self) -> None:
         """Every part, built and wired here: nobody rewires another object as it is built."""
@@ -94,6 +95,7 @@ class App:
             if not self.settings.no_docs_page:
                 apidocs.register(router)
         openapi.register(router, key=self.keys is not None)
+        self.api_router = router
         return router
 
     def add_metrics(self, router: Router) -> None:
@@ -134,7 +136,9 @@ class App:
         router = Router(self.front)
         self.add_metrics(router)
         if not s.no_docs_page:
-            apidocs.register(router)
+            api, key = self.api_router, self.keys is not None
+            assert api is not None  # start_listeners builds it before the operator listener
+            apidocs.register(router, lambda: openapi.render(api, key))
         openapi.register(router, key=False)
         state = ports.operator_state = HttpServerState(s, router, self.stats.count)
         state.access_log = ports.http_state.access_log if ports.http_state else None

@@ -8,6 +8,7 @@ operator port when one is set (beside /metrics and /dashboard), else on the HTTP
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 from ringserve.service.protocols.http import Exchange, HttpProtocol
@@ -18,7 +19,7 @@ ASSETS = {
     "swagger-ui.css": b"text/css; charset=utf-8",
     "swagger-ui-bundle.js": b"text/javascript; charset=utf-8",
 }
-PAGE = b"""<!doctype html>
+PAGE = """<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -31,7 +32,7 @@ PAGE = b"""<!doctype html>
 <script src="docs/swagger-ui-bundle.js"></script>
 <script>
 window.ui = SwaggerUIBundle({
-  url: "openapi.json",
+  url: "%s",
   dom_id: "#swagger-ui",
   deepLinking: true,
   validatorUrl: null,
@@ -53,9 +54,12 @@ def static_dir() -> Path | None:
     return folder if all((folder / name).is_file() for name in ASSETS) else None
 
 
-def register(router: Router) -> None:
-    """Add GET /docs and its assets (read now, into memory: about 1.6 MB). Raises SystemExit
-    when the package is missing (the page is on unless --no-docs-page)."""
+def register(router: Router, api: Callable[[], bytes] | None = None) -> None:
+    """Add GET /docs and its assets (read now, into memory: about 1.6 MB). The page shows this
+    listener's /openapi.json; on the operator listener, `api` gives the HTTP port's document,
+    served as /docs/openapi.json and shown instead (the API is what a reader comes for; its
+    requests go to the HTTP port). Raises SystemExit when the package is missing (the page is
+    on unless --no-docs-page)."""
     folder = static_dir()
     if folder is None:
         raise SystemExit(
@@ -64,10 +68,19 @@ def register(router: Router) -> None:
         )
     cache = [(b"cache-control", b"max-age=3600")]
 
+    html = (PAGE % ("openapi.json" if api is None else "docs/openapi.json")).encode()
+
     def page(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-        conn.respond(ex, 200, PAGE, b"text/html; charset=utf-8", [(b"cache-control", b"no-store")])
+        conn.respond(ex, 200, html, b"text/html; charset=utf-8", [(b"cache-control", b"no-store")])
 
     router.add("GET", "/docs", page)
+    if api is not None:
+        document = api
+
+        def api_document(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+            conn.respond(ex, 200, document(), extra=[(b"cache-control", b"no-store")])
+
+        router.add("GET", "/docs/openapi.json", api_document)
     for name, kind in ASSETS.items():
         body = (folder / name).read_bytes()
 
