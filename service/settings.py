@@ -705,13 +705,13 @@ _JSON_TYPES: dict[str, dict[str, Any]] = {
 
 
 def model_kind(m: ModelSetting) -> str:
-    return (
-        "integer"
-        if m.parse is int
-        else "integer or string"
-        if m.parse is parse_version
-        else ("string")
-    )
+    """A model table key's value type in the file (as Setting.kind)."""
+    kinds: dict[Callable[[str], Any], str] = {
+        int: "integer",
+        float: "number",
+        parse_version: "integer or string",
+    }
+    return kinds.get(m.parse, "string")
 
 
 def toml_schema() -> dict[str, Any]:

@@ -208,3 +208,14 @@ def test_the_reference_page_and_the_schema_come_from_the_settings() -> None:
         assert s.name == "config" or f"`{s.env}`" in page
     table = schema["properties"]["models"]["additionalProperties"]["properties"]
     assert set(table) == {m.name for m in MODEL_SETTINGS if m.served}
+
+
+def test_the_example_in_the_api_docs_checks(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    example = re.search(r"```toml\n(.*?)```", page, re.S)
+    assert example is not None
+    path = tmp_path / "ringserve.toml"
+    path.write_text(example.group(1))
+    c = resolve(["--config", str(path)], {}).config
+    assert c.model_version("topics") == 3 and c.for_model("topics").max_delay_ms == 2.0
+    assert (c.for_model("sentiment").long_text, c.operator_port) == ("refuse", 9000)
