@@ -602,8 +602,8 @@ class Config:
             why = "the device is not the CPU"
         elif any(r != "onnx" for r in runtimes):
             why = "the runtime is not ONNX Runtime"
-        elif len(runtimes) != 1 or self.model_control == "explicit":
-            why = "more than one model may be served"
+        elif len(runtimes) != 1 or self.model_control == "explicit" or self.file_models:
+            why = "more than one model may be served"  # a config file's tables: by SIGHUP
         elif self.threads != 1:
             why = "--threads is not 1"
         if self.lanes is not None:
