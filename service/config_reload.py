@@ -97,6 +97,12 @@ class ModelTables:
         version = pinned if isinstance(pinned, int) else max(versions, default=0)
         if version not in versions:
             return problem or f"{where} has no version {version}"
+        serving = {e.info.name for e in self.repo.models}
+        if name not in serving and self.settings.lane_count() > 1:
+            return (
+                f"the workers run {self.settings.lane_count()} lanes, which serve one model: "
+                "restart the server to serve more (--lanes 1)"
+            )
         before = self.settings.model_options.get(name)
         self.settings.model_options[name] = dict(options)
         if (name, version) in self.repo.models.entries:
