@@ -143,7 +143,8 @@ def test_a_bad_file_is_refused_before_anything_starts(
 def test_sighup_rereads_the_model_tables(
     srv: ServerProc, config_path: Path, default_model: str
 ) -> None:
-    """`strict` goes, `third` comes (long texts in windows); `loose` answers throughout."""
+    """`strict` goes, `third` comes (long texts in windows), `loose` changes (long texts
+    refused from now on, swapped in place); `loose` answers throughout."""
     stop = threading.Event()
     answers: list[int] = []
 
@@ -155,7 +156,7 @@ def test_sighup_rereads_the_model_tables(
     thread.start()
     try:
         wait_for(lambda: len(answers) >= 3, 30, "traffic to loose")
-        tables = TABLES.split("[models.loose]")[1]
+        tables = TABLES.split("[models.loose]")[1] + 'long_text = "refuse"\n'
         third = '\n[models.third]\npath = "{model}"\nlong-text = "window"\n'
         write_config(config_path, default_model, "[models.loose]" + tables + third)
         os.kill(srv.pid, signal.SIGHUP)
@@ -165,6 +166,8 @@ def test_sighup_rereads_the_model_tables(
             return {m["name"] for m in json.loads(data)["models"] if m["state"] == "READY"}
 
         wait_for(lambda: names() == {"loose", "third"}, 180, "strict gone and third served")
+        refused = lambda: post(srv, {"text": LONG, "model": "loose"})[0] == 413  # noqa: E731
+        wait_for(refused, 120, "loose swapped in place: long texts refused")
         wait_for(lambda: "config_models_changed" in srv.logs(), 10, "the change logged")
         during = len(answers)
         wait_for(lambda: len(answers) > during + 3, 30, "loose answering after the reload")
@@ -174,6 +177,7 @@ def test_sighup_rereads_the_model_tables(
     assert answers and set(answers) == {200}, sorted(set(answers))
     logged = next(line for line in srv.logs().splitlines() if "config_models_changed" in line)
     assert '"added": ["third"]' in logged and '"removed": ["strict"]' in logged, logged
+    assert '"changed": ["loose"]' in logged, logged
     status, doc = post(srv, {"text": LONG, "model": "third"})
     assert status == 200 and doc.get("windows", 0) > 1, doc
     assert post(srv, {"text": "x", "model": "strict"})[0] == 404
