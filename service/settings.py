@@ -716,8 +716,8 @@ def model_kind(m: ModelSetting) -> str:
 
 def toml_schema() -> dict[str, Any]:
     """The config file's JSON Schema, from SETTINGS and MODEL_SETTINGS (`ringserve config
-    schema`; an editor with a TOML language server checks a file by it). Keys are the option
-    names with dashes; underscores are taken too."""
+    schema`; an editor with a TOML language server checks a file by it). Each key is there
+    with dashes and with underscores, as the file takes both."""
     options: dict[str, Any] = {
         s.name: {**_JSON_TYPES[s.kind], "description": s.help}
         for s in SETTINGS
@@ -738,6 +738,8 @@ def toml_schema() -> dict[str, Any]:
             "additionalProperties": False,
         },
     }  # fmt: skip
+    options = with_underscores(options)
+    options["models"]["additionalProperties"]["properties"] = with_underscores(table)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "ringserve serve --config FILE",
@@ -745,6 +747,11 @@ def toml_schema() -> dict[str, Any]:
         "properties": options,
         "additionalProperties": False,
     }
+
+
+def with_underscores(properties: dict[str, Any]) -> dict[str, Any]:
+    """Each dashed key also under its underscored name."""
+    return {**properties, **{k.replace("-", "_"): v for k, v in properties.items() if "-" in k}}
 
 
 def config_reference() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -207,7 +208,7 @@ def test_the_reference_page_and_the_schema_come_from_the_settings() -> None:
         assert s.name == "config" or s.name in schema["properties"]
         assert s.name == "config" or f"`{s.env}`" in page
     table = schema["properties"]["models"]["additionalProperties"]["properties"]
-    assert set(table) == {m.name for m in MODEL_SETTINGS if m.served}
+    assert set(table) == {n for m in MODEL_SETTINGS if m.served for n in (m.name, m.attr)}
 
 
 def test_the_example_in_the_api_docs_checks(tmp_path: Path) -> None:
@@ -219,3 +220,11 @@ def test_the_example_in_the_api_docs_checks(tmp_path: Path) -> None:
     c = resolve(["--config", str(path)], {}).config
     assert c.model_version("topics") == 3 and c.for_model("topics").max_delay_ms == 2.0
     assert (c.for_model("sentiment").long_text, c.operator_port) == ("refuse", 9000)
+    # the JSON Schema an editor checks a file by takes the example, and not a bad key
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = tomllib.loads(example.group(1))
+    jsonschema.validate(doc, toml_schema())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**doc, "prot": 1}, toml_schema())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"models": {"a": {"path": "/a", "prompt-name": "q"}}}, toml_schema())
