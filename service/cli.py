@@ -43,11 +43,23 @@ def serve_main(argv: list[str]) -> int:
     return serve(cfg)
 
 
+CONFIG_HELP = """the TOML file of `ringserve serve --config FILE` (docs/api.md, The config file)
+
+  show [--config FILE] [serve flags]  every effective setting, its value and where it came
+                                      from: flag, env RINGSERVE_X, FILE:LINE or default
+  check FILE                          validate FILE without starting (exit 0, or 2 naming the
+                                      file, the line and the key)
+  schema                              the file's JSON Schema"""
+
+
 def config_main(argv: list[str]) -> int:
     """`ringserve config show|check|schema`: nothing starts."""
     from ringserve.service import config_file
 
     usage = "ringserve config show [--config FILE] [serve flags] | check FILE | schema"
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"usage: {usage}\n\n{CONFIG_HELP}")
+        return 0
     if not argv or argv[0] not in ("show", "check", "schema"):
         print(f"usage: {usage}", file=sys.stderr)
         return 2
