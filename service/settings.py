@@ -767,7 +767,8 @@ def config_reference() -> str:
         "one model served under NAME. Command-line flags win over `RINGSERVE_*` variables, "
         "which win over the file, which wins over the defaults. `ringserve config check FILE` "
         "validates a file; `ringserve config show --config FILE` prints every effective "
-        "setting and where it came from.",
+        "setting and where it came from. Relative paths are taken from the working directory, "
+        "as on the command line.",
         "",
         "## Top-level keys",
         "",
