@@ -112,6 +112,27 @@ class Browser:
         data = self.call("Page.captureScreenshot", format="png")["data"]
         path.write_bytes(base64.b64decode(data))
 
+    def resize(self, width: int, height: int = 900) -> None:
+        """Lay the page out as a window `width` CSS pixels wide."""
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
+                  deviceScaleFactor=1, mobile=False)  # fmt: skip
+
+    def wait_eval(self, expression: str) -> Any:
+        """An expression whose value is a promise, awaited."""
+        result = self.call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression[:80]}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def image_facts(self, png: Path) -> dict[str, Any]:
+        """A PNG's size and how varied its pixels are, decoded by the browser (a blank page is
+        one colour): {width, height, colours (distinct among a sample), dark (share of pixels
+        darker than mid grey)}."""
+        data = base64.b64encode(png.read_bytes()).decode()
+        return dict(self.wait_eval(IMAGE_FACTS % data))
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.call("Browser.close", timeout=5)
@@ -126,7 +147,48 @@ class Browser:
 
 CARD = "document.querySelector('.card[data-worker-id=\"0\"]')"
 
+# Every element of a <section> that reaches past that section's box (its panel), as
+# "section-id: tag.class (left..right outside left..right)"; hidden sections are skipped.
+PAST_PANEL = """(() => {
+  const out = [];
+  for (const section of document.querySelectorAll("main > section")) {
+    if (section.hidden || section.offsetParent === null) continue;
+    const box = section.getBoundingClientRect();
+    for (const el of section.querySelectorAll("*")) {
+      const r = el.getBoundingClientRect();
+      if (r.width === 0 && r.height === 0) continue;
+      if (r.left < box.left - 0.5 || r.right > box.right + 0.5) {
+        out.push(`${section.id || section.className}: ${el.tagName.toLowerCase()}` +
+          `.${el.className} (${Math.round(r.left)}..${Math.round(r.right)} outside ` +
+          `${Math.round(box.left)}..${Math.round(box.right)})`);
+      }
+    }
+  }
+  return out;
+})()"""
+
 
 def card_field(b: Browser, field: str) -> str | None:
     value: str | None = b.eval(f"{CARD}?.querySelector('.w-{field}')?.textContent ?? null")
     return value
+
+
+# Decodes a PNG into a canvas and samples every 7th pixel (the browser's own PNG decoder).
+IMAGE_FACTS = """(async () => {
+  const img = new Image();
+  img.src = "data:image/png;base64,%s";
+  await img.decode();
+  const c = document.createElement("canvas");
+  c.width = img.width; c.height = img.height;
+  const ctx = c.getContext("2d");
+  ctx.drawImage(img, 0, 0);
+  const d = ctx.getImageData(0, 0, c.width, c.height).data;
+  const seen = new Set();
+  let dark = 0, n = 0;
+  for (let i = 0; i < d.length; i += 4 * 7) {
+    seen.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
+    if (d[i] + d[i + 1] + d[i + 2] < 384) dark++;
+    n++;
+  }
+  return {width: img.width, height: img.height, colours: seen.size, dark: dark / n};
+})()"""

@@ -22,7 +22,7 @@ from ringserve.service.lifecycle import Admin, Lifecycle
 from ringserve.service.logs import EventLog
 from ringserve.service.model_info import ModelInfo, resolve_models
 from ringserve.service.notify import sd_notify
-from ringserve.service.ops import metrics, tracing
+from ringserve.service.ops import apidocs, metrics, tracing
 from ringserve.service.ops.stats import Stats
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.ports import Ports
@@ -48,6 +48,7 @@ class App:
         self.started = time.monotonic()
         self.keys = load_keys(settings)  # a bad key file stops the start first
         self.api_key = ApiKey(settings.api_key) if settings.api_key is not None else None
+        self.api_router: Router | None = None  # the HTTP port's routes (/docs on the operator's)
 
     def prepare(self) -> None:
         """Every part, built and wired here: nobody rewires another object as it is built."""
@@ -91,7 +92,10 @@ class App:
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener
             self.add_metrics(router)
+            if not self.settings.no_docs_page:
+                apidocs.register(router)
         openapi.register(router, key=self.keys is not None)
+        self.api_router = router
         return router
 
     def add_metrics(self, router: Router) -> None:
@@ -126,11 +130,15 @@ class App:
         ports.inherited = {}
 
     async def start_operator(self) -> asyncio.AbstractServer:
-        """The operator listener: /metrics, /v1/stats and /dashboard only, no key (bind it to a
-        private address with --operator-host)."""
+        """The operator listener: /metrics, /v1/stats, /dashboard and /docs only, no key (bind
+        it to a private address with --operator-host)."""
         s, ports = self.settings, self.ports
         router = Router(self.front)
         self.add_metrics(router)
+        if not s.no_docs_page:
+            api, key = self.api_router, self.keys is not None
+            assert api is not None  # start_listeners builds it before the operator listener
+            apidocs.register(router, lambda: openapi.render(api, key))
         openapi.register(router, key=False)
         state = ports.operator_state = HttpServerState(s, router, self.stats.count)
         state.access_log = ports.http_state.access_log if ports.http_state else None

@@ -15,7 +15,9 @@ from ringserve.service.protocols import auth
 USAGE = """ringserve <command> [options]
 
 commands:
-  serve      start the server (see `ringserve serve --help`)
+  serve      start the server (see `ringserve serve --help`; `--config FILE` reads a TOML file)
+  config     show [--config FILE] [flags]: the effective settings and where each came from |
+             check FILE: validate a config file without starting | schema: its JSON Schema
   ctl        control a running server: status | restart ID | scale N | drain | reload |
              models | load NAME [--version V] | unload NAME
   export     build a model artifact from an encoder directory and a classifier head
@@ -27,13 +29,60 @@ commands:
 
 
 def serve_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="ringserve serve", description="start the server")
-    S.add_arguments(parser)
-    cfg = S.from_namespace(parser.parse_args(argv))
+    from ringserve.service import config_file
+
+    try:
+        resolved = config_file.resolve(argv)
+    except config_file.ConfigError as exc:
+        print(f"ringserve: {exc}", file=sys.stderr)
+        return 2
+    cfg = resolved.config
     keep_key_out_of_sight(cfg.api_key)
     from ringserve.service.app import serve
 
     return serve(cfg)
+
+
+CONFIG_HELP = """the TOML file of `ringserve serve --config FILE` (docs/api.md, The config file)
+
+  show [--config FILE] [serve flags]  every effective setting, its value and where it came
+                                      from: flag, env RINGSERVE_X, FILE:LINE or default
+  check FILE                          validate FILE without starting (exit 0, or 2 naming the
+                                      file, the line and the key)
+  schema                              the file's JSON Schema"""
+
+
+def config_main(argv: list[str]) -> int:
+    """`ringserve config show|check|schema`: nothing starts."""
+    from ringserve.service import config_file
+
+    usage = "ringserve config show [--config FILE] [serve flags] | check FILE | schema"
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"usage: {usage}\n\n{CONFIG_HELP}")
+        return 0
+    if not argv or argv[0] not in ("show", "check", "schema"):
+        print(f"usage: {usage}", file=sys.stderr)
+        return 2
+    command, rest = argv[0], argv[1:]
+    if command == "schema":
+        print(json.dumps(S.toml_schema(), indent=2))
+        return 0
+    if command == "check" and len(rest) != 1:
+        print("usage: ringserve config check FILE", file=sys.stderr)
+        return 2
+    try:
+        resolved = config_file.resolve(["--config", rest[0]] if command == "check" else rest,
+                                       prog=f"ringserve config {command}")  # fmt: skip
+    except config_file.ConfigError as exc:
+        print(f"ringserve: {exc}", file=sys.stderr)
+        return 2
+    if command == "show":
+        print(config_file.show(resolved))
+        return 0
+    file = resolved.file
+    assert file is not None
+    print(f"{file.path}: ok ({len(file.options)} settings, {len(file.models)} models)")
+    return 0
 
 
 def keep_key_out_of_sight(key: str | None) -> None:
@@ -114,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(rest)
     if command == "ctl":
         return ctl_main(rest)
+    if command == "config":
+        return config_main(rest)
     if command == "export":
         from ringserve.factory import export
 

@@ -18,6 +18,7 @@ import time
 from multiprocessing import resource_tracker
 from typing import Any
 
+from ringserve.service.config_reload import ModelTables
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.front import Front, RunState
 from ringserve.service.logs import EventLog
@@ -178,6 +179,7 @@ class Reloader:
         self.front = front
         self.supervisor = supervisor
         self.reloading: asyncio.Future[str | None] | None = None  # one reload at a time
+        self.tables: ModelTables | None = None  # --config's model tables, from the first reload
 
     async def reload(self, reason: str) -> str | None:
         """Re-read and verify the artifact (hashing it in a thread, off the loop), then roll
@@ -198,6 +200,13 @@ class Reloader:
                 return f"reload refused: {error}"
             self.log.info("keys_reloaded", keys=len(keys.entries), by=reason)
         repository = self.front.repository
+        if repository is not None and repository.settings.config:  # the file's model tables
+            if self.tables is None:
+                self.tables = ModelTables(repository, self.log)
+            error = await self.tables.reload(reason)
+            if error is not None:
+                self.log.error("reload_refused", reason=error, by=reason)
+                return error
         if repository is not None:  # every model re-verified, one roll (service/repository.py)
             error = await repository.reload(reason)
             if error is not None:

@@ -15,7 +15,7 @@ from typing import Any
 from ringserve.factory.build import default_in_child
 from ringserve.service.device import resolve_device
 from ringserve.service.logs import EventLog
-from ringserve.service.settings import Config
+from ringserve.service.settings import PER_MODEL_SERVED, Config
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
     ArtifactError,
@@ -41,6 +41,8 @@ class ModelInfo:
     buckets: tuple[int, ...]  # the length classes latency is reported in
     index: int = 0  # its index on the wire to the workers (shm.layout.with_model); 0: the first
     version: int = 1  # the repository's version directory it came from (1 without versions)
+    # Its config file table's per-model settings the workers apply (Config.for_model).
+    options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def name(self) -> str:
@@ -53,7 +55,7 @@ class ModelInfo:
     @property
     def ref(self) -> ModelRef:
         """What a worker is told to load for this model (workers.spec)."""
-        return ModelRef(self.index, self.name, self.version, self.model_dir)
+        return ModelRef(self.index, self.name, self.version, self.model_dir, self.options)
 
     def reloaded(self, manifest: Manifest) -> ModelInfo:
         """The same facts for a new artifact in the same place (a reload)."""
@@ -136,7 +138,7 @@ def wanted_at_start(settings: Config, log: EventLog) -> list[Wanted]:
     if bare is not None or (not named and (not repo or s.model_control == "explicit")):
         where = bare or str(default_in_child(s.cache_dir))
         out.append(one_wanted(s.model_name, where, True))
-    out += [one_wanted(name, where, True) for name, where in named]
+    out += [one_wanted(name, where, True, s.model_version(name)) for name, where in named]
     if s.model_control == "none":
         for cand in repo.values():
             if any(w.served_as == cand.name for w in out):
@@ -151,11 +153,16 @@ def wanted_at_start(settings: Config, log: EventLog) -> list[Wanted]:
     return out
 
 
-def one_wanted(served_as: str | None, where: str, named: bool) -> Wanted:
+def one_wanted(
+    served_as: str | None, where: str, named: bool, version: int | None = None
+) -> Wanted:
+    """The model at `where`: its highest version, or `version` (a config file's table)."""
     versions, problem = artifact_versions(where)
     if not versions:
         raise ArtifactError(f"model artifact {problem}")
-    v = max(versions)
+    v = max(versions) if version is None else version
+    if v not in versions:
+        raise ArtifactError(f"model {served_as}: {where} has no version {v}")
     return Wanted(served_as, versions[v], v, named)
 
 
@@ -207,7 +214,12 @@ def describe(
     first: ModelInfo | None,
 ) -> ModelInfo:
     """The facts of one verified artifact on `device`: its runtime (and fp32 graph) and length
-    grids. Raises SystemExit (at start) when --runtime cannot serve it."""
+    grids, with its own per-model settings (a config file's table). Raises SystemExit (at
+    start) when --runtime cannot serve it."""
+    server = settings
+    settings = settings.for_model(wanted.served_as)
+    served = {k: v for k, v in server.model_options.get(wanted.served_as or "", {}).items()
+              if k in PER_MODEL_SERVED}  # fmt: skip
     max_len = manifest.max_length
     on_gpu = device != "cpu"
     grid = pad_grid(settings.buckets, on_gpu, max_len)
@@ -216,6 +228,7 @@ def describe(
     if runtime == "onnx" and settings.precision == "fp32":
         if first is None:
             graph = pick_graph(settings, wanted.model_dir, manifest, log)
+            server.graph = settings.graph  # the workers are told the choice by the settings
         else:  # the first model's timing decides for all (resolve_models says why)
             graph = {"graph": settings.graph, "chosen_by": f"as for {first.name}"}
     return ModelInfo(
@@ -230,6 +243,7 @@ def describe(
         buckets=length_grid(grid or REPORT_GRID, max_len),
         index=index,
         version=wanted.version,
+        options=tuple(sorted(served.items())),
     )
 
 

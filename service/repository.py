@@ -223,15 +223,18 @@ class Repository:
         return None
 
     # -- unload ------------------------------------------------------------------------------------
-    async def unload(self, name: str) -> Error | None:
-        """Stop serving `name` (every version): new requests for it get 404 at once, what was
-        admitted is answered, then the pool rolls onto the others (its memory is freed)."""
-        if self.settings.model_control != "explicit":
+    async def unload(
+        self, name: str, by_file: bool = False, keep: int | None = None
+    ) -> Error | None:
+        """Stop serving `name` (every version, but `keep`): new requests for it get 404 at
+        once, what was admitted is answered, then the pool rolls onto the others (its memory is
+        freed). `by_file`: a config file's table went (service/config_reload.py)."""
+        if self.settings.model_control != "explicit" and not by_file:
             return 400, "models load and unload on request only with --model-control explicit"
         if self.front.draining:
             return DRAINING
         async with self.lock:
-            going = [e.info for e in self.models if e.info.name == name]
+            going = [e.info for e in self.models if e.info.name == name and e.info.version != keep]
             if not going:
                 return 404, f"unknown model: {name} (not loaded)"
             if len(going) == len(self.models):
@@ -357,9 +360,11 @@ def memory_check(s: Config, sup: Supervisor, models: M.ModelSet, info: ModelInfo
     for m in models.infos():
         rss = measured_rss(ctls, m.index)
         if rss is not None:
-            sized = weights_bytes(m.model_dir, m.manifest, m.runtime, s.precision, s.graph)
+            own = dict(m.options).get("precision", s.precision)
+            sized = weights_bytes(m.model_dir, m.manifest, m.runtime, own, s.graph)
             known.append((rss, sized))
-    weights = weights_bytes(info.model_dir, info.manifest, info.runtime, s.precision, s.graph)
+    own = dict(info.options).get("precision", s.precision)
+    weights = weights_bytes(info.model_dir, info.manifest, info.runtime, own, s.graph)
     per_worker = per_worker_estimate(weights, known)
     # Every serving worker and spare, the one more a roll starts, and the zygote.
     processes = sup.target + max(1, sup.target_spares) + (1 if sup.forker.wanted else 0)

@@ -8,9 +8,10 @@ generated from the same list.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar, cast
 
@@ -125,6 +126,53 @@ parse_long_text = one_of("long-text", "truncate", "refuse", "window")
 parse_model_control = one_of("model-control", "none", "explicit")
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def parse_version(text: str) -> int | str:
+    """A [models.NAME] table's version: `latest` (the highest) or a version number above 0."""
+    value = str(text).strip().lower()
+    if value == "latest":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"version must be latest or a number above 0, got {text!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ModelSetting:
+    """One key of a config file's [models.NAME] table. `served`: honoured per model today (the
+    rest are refused by name, so a file never seems to set what the server ignores)."""
+
+    name: str
+    help: str
+    parse: Callable[[str], Any] = str
+    served: bool = True
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace("-", "_")
+
+
+MODEL_SETTINGS: tuple[ModelSetting, ...] = (
+    ModelSetting("path", "the model's artifact directory, or a directory of numbered versions "
+                 "(required)"),
+    ModelSetting("version", "the version served from a directory of numbered versions: latest "
+                 "(the highest; default) or a number", parse_version),
+    ModelSetting("runtime", "as --runtime, for this model alone", parse_runtime),
+    ModelSetting("precision", "as --precision, for this model alone", parse_precision),
+    ModelSetting("long-text", "as --long-text, for this model alone", parse_long_text),
+    ModelSetting("max-batch", "as --max-batch, for this model alone", int),
+    ModelSetting("max-delay-ms", "as --max-delay-ms, for this model alone", float),
+    ModelSetting("max-length", "not honoured per model yet (the artifact's max_length serves)",
+                 int, served=False),
+    ModelSetting("prompt-name", "not honoured per model yet (a request names its prompt)",
+                 served=False),
+    ModelSetting("priority", "not honoured per model yet (a key's priority applies: --api-keys)",
+                 served=False),
+)  # fmt: skip
+# The per-model settings a worker and the front-end read from the model's own Config.
+PER_MODEL_SERVED = frozenset(("runtime", "precision", "long_text", "max_batch", "max_delay_ms"))
+
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -245,6 +293,11 @@ class Setting:
         return self.name.replace("-", "_")
 
     @property
+    def kind(self) -> str:
+        """Its value's type in a config file (toml_schema, config_file)."""
+        return TOML_KINDS.get(self.type, "integer" if self.type is int else "string")
+
+    @property
     def shown(self) -> str:
         """The default as a user would type it."""
         if isinstance(self.default, tuple):
@@ -270,6 +323,12 @@ class Config:
         None,
         "model artifact directory (default: the built-in default model); repeatable as "
         "NAME=DIR, one more model served under NAME (a DIR of numbered versions: the highest)",
+    )
+    config: str | None = option(
+        None,
+        "a TOML file of settings: any option below by its name (dashes or underscores), and a "
+        "[models.NAME] table per model (path and per-model settings; docs/api.md); flags and "
+        "RINGSERVE_* variables override it; SIGHUP re-reads its model tables",
     )
     model_repository: str | None = option(
         None,
@@ -321,11 +380,18 @@ class Config:
     )
     operator_port: int = option(
         0,
-        "serve /metrics, /v1/stats and /dashboard on this port, without the key, and not on "
+        "serve /metrics, /v1/stats, /dashboard and /docs on this port, without the key, and "
+        "not on "
         "the HTTP port (0 = on the HTTP port)",
         int,
     )
     operator_host: str | None = option(None, "bind address of the operator port (default: --host)")
+    no_docs_page: bool = option(
+        False,
+        "do not serve /docs, the Swagger UI page for /openapi.json (served on the operator "
+        "port when one is set, else on the HTTP port)",
+        parse_flag,
+    )
     control: str = option("./ringserve.sock", "Unix control socket path (mode 0600)")
     workers: int | None = option(
         None,
@@ -476,6 +542,21 @@ class Config:
     binary_group: int = option(32, "most binary frames admitted (and answered) as one group", int)
     binary_linger_s: float = option(2.0, "oversize frame: drop input this long, then close", float)
     named_models: tuple[tuple[str, str], ...] = ()  # --model NAME=DIR, in order (split_models)
+    # The config file's [models.NAME] tables: NAME -> {setting: value} (MODEL_SETTINGS).
+    model_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    file_models: tuple[str, ...] = ()  # the models a config file's tables serve (SIGHUP's)
+
+    def for_model(self, name: str | None) -> Config:
+        """These settings as one model serves with them: its [models.NAME] table's per-model
+        settings over the server's (this object itself when it has none)."""
+        options = self.model_options.get(name or "", {})
+        served = {k: v for k, v in options.items() if k in PER_MODEL_SERVED}
+        return dataclasses.replace(self, **served) if served else self
+
+    def model_version(self, name: str | None) -> int | None:
+        """The version a [models.NAME] table pins (None: the highest)."""
+        version = self.model_options.get(name or "", {}).get("version")
+        return version if isinstance(version, int) else None
 
     def batch_rows(self, device: str) -> int:
         """--max-batch, or its default for the device ("cuda..." is a GPU; the test-only fake
@@ -521,8 +602,8 @@ class Config:
             why = "the device is not the CPU"
         elif any(r != "onnx" for r in runtimes):
             why = "the runtime is not ONNX Runtime"
-        elif len(runtimes) != 1 or self.model_control == "explicit":
-            why = "more than one model may be served"
+        elif len(runtimes) != 1 or self.model_control == "explicit" or self.file_models:
+            why = "more than one model may be served"  # a config file's tables: by SIGHUP
         elif self.threads != 1:
             why = "--threads is not 1"
         if self.lanes is not None:
@@ -548,11 +629,22 @@ SETTINGS: tuple[Setting, ...] = tuple(
 BY_NAME = {s.name: s for s in SETTINGS}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    from_file: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Every setting as a flag; its default is its RINGSERVE_* variable's, else the config
+    file's value (`from_file`, Config attr -> value, service/config_file.py), else its own."""
+    env = os.environ if environ is None else environ
+    from_file = from_file or {}
     for s in SETTINGS:
-        default = os.environ.get(s.env, s.default)
+        default = env.get(s.env) or from_file.get(s.attr, s.default)
         if s.name == "model":  # repeatable; the environment may hold several, comma-separated
-            many = [v for v in str(default).split(",") if v] if default is not None else []
+            if isinstance(default, list):  # the file's: a string or an array of them
+                many = default
+            else:
+                many = [v for v in str(default).split(",") if v] if default is not None else []
             parser.add_argument(
                 "--model", dest="model", action="append", default=None, type=str,
                 help=f"{s.help} [env {s.env}, comma-separated, default built-in]",
@@ -596,7 +688,119 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+TOML_KINDS: dict[Callable[[str], Any], str] = {
+    float: "number",
+    parse_flag: "boolean",
+    parse_buckets: "array of integers",
+    parse_bytes: "integer or string",
+}
+_JSON_TYPES: dict[str, dict[str, Any]] = {
+    "integer": {"type": "integer"},
+    "number": {"type": "number"},
+    "boolean": {"type": ["boolean", "integer"]},
+    "array of integers": {"type": ["array", "string"], "items": {"type": "integer"}},
+    "integer or string": {"type": ["integer", "string"]},
+    "string": {"type": "string"},
+}
+
+
+def model_kind(m: ModelSetting) -> str:
+    """A model table key's value type in the file (as Setting.kind)."""
+    kinds: dict[Callable[[str], Any], str] = {
+        int: "integer",
+        float: "number",
+        parse_version: "integer or string",
+    }
+    return kinds.get(m.parse, "string")
+
+
+def toml_schema() -> dict[str, Any]:
+    """The config file's JSON Schema, from SETTINGS and MODEL_SETTINGS (`ringserve config
+    schema`; an editor with a TOML language server checks a file by it). Each key is there
+    with dashes and with underscores, as the file takes both."""
+    options: dict[str, Any] = {
+        s.name: {**_JSON_TYPES[s.kind], "description": s.help}
+        for s in SETTINGS
+        if s.name != "config"
+    }
+    options["model"] = {"type": ["string", "array"], "items": {"type": "string"},
+                        "description": BY_NAME["model"].help}  # fmt: skip
+    table = {
+        m.name: {**_JSON_TYPES[model_kind(m)], "description": m.help}
+        for m in MODEL_SETTINGS
+        if m.served
+    }
+    options["models"] = {
+        "type": "object",
+        "description": "one table per model, [models.NAME]",
+        "additionalProperties": {
+            "type": "object", "properties": table, "required": ["path"],
+            "additionalProperties": False,
+        },
+    }  # fmt: skip
+    options = with_underscores(options)
+    options["models"]["additionalProperties"]["properties"] = with_underscores(table)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "ringserve serve --config FILE",
+        "type": "object",
+        "properties": options,
+        "additionalProperties": False,
+    }
+
+
+def with_underscores(properties: dict[str, Any]) -> dict[str, Any]:
+    """Each dashed key also under its underscored name."""
+    return {**properties, **{k.replace("-", "_"): v for k, v in properties.items() if "-" in k}}
+
+
+def config_reference() -> str:
+    """The config file's reference page (docs/reference/config.md), from the same tables."""
+    lines = [
+        "# Config file reference",
+        "",
+        "<!-- generated by `python -m ringserve.service.settings --config-reference`: edit "
+        "service/settings.py, not this page -->",
+        "",
+        "`ringserve serve --config FILE` reads a TOML file. Its top-level keys are the options "
+        "of `ringserve serve` by name (dashes or underscores); each `[models.NAME]` table is "
+        "one model served under NAME. Command-line flags win over `RINGSERVE_*` variables, "
+        "which win over the file, which wins over the defaults. `ringserve config check FILE` "
+        "validates a file; `ringserve config show --config FILE` prints every effective "
+        "setting and where it came from. Relative paths are taken from the working directory, "
+        "as on the command line.",
+        "",
+        "## Top-level keys",
+        "",
+        "| key | type | flag | env | default |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for s in SETTINGS:
+        if s.name == "config":
+            continue
+        kind = "string or array of strings" if s.name == "model" else s.kind
+        lines.append(f"| `{s.name}` | {kind} | `--{s.name}` | `{s.env}` | `{s.shown}` |")
+    lines += [
+        "",
+        "## `[models.NAME]` tables",
+        "",
+        "| key | type | meaning |",
+        "| --- | --- | --- |",
+    ]
+    for m in MODEL_SETTINGS:
+        lines.append(f"| `{m.name}` | {model_kind(m)} | {m.help} |")
+    lines += [
+        "",
+        "A key marked *not honoured per model yet* is refused with its name and line, so that "
+        "a file never appears to set what the server would ignore.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 if (
     __name__ == "__main__"
 ):  # `python -m ringserve.service.settings` prints the README's option table
-    print(markdown_table())
+    import sys
+
+    print(config_reference() if "--config-reference" in sys.argv else markdown_table())

@@ -108,7 +108,7 @@ class Loader:
 
     def load(self, ref: ModelRef, pre: Preloaded | None) -> Served:
         """Load (or take the zygote's CPU model for) one model, and warm its shapes."""
-        spec = self.spec
+        spec = self.spec.for_model(ref)  # a config file's per-model settings, when it has any
         self.model_ok = False
         self.current = ref
         on_gpu = is_gpu_device(spec.device)
@@ -164,7 +164,8 @@ class Loader:
     ) -> Runner:
         """The model's runner, warmed; on a GPU its report callback joins `started`."""
         if runtime == "onnx":  # the session is made here, after any fork: ORT keeps threads
-            runner: Runner = ort_runner(self.spec, manifest, activation, ref.model_dir)
+            spec = self.spec.for_model(ref)
+            runner: Runner = ort_runner(spec, manifest, activation, ref.model_dir)
             self.model_ok = True
             runner.warm()
             return runner
@@ -187,7 +188,7 @@ class Loader:
         import torch
         from ringserve.workers.cuda import make_runner
 
-        spec = self.spec
+        spec = self.spec.for_model(ref)
         torch.set_num_threads(spec.threads)
         set_graph_optimize(not is_gpu_device(spec.device))  # before the model's first call
         model = pre.model if pre is not None and pre.model is not None else None

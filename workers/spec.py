@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,9 @@ class ModelRef:
     name: str
     version: int
     model_dir: str
+    # Per-model settings over the worker's own (WorkerSpec fields: runtime, precision,
+    # long_text, max_batch), from a config file's [models.NAME] table.
+    options: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass
@@ -77,6 +81,10 @@ class WorkerSpec:
     # Batches run at once, each by a thread pinned to its own `threads` of `cpus` with its own
     # runner, from one Batcher (workers/worker.py Lanes); 1: the serving loop alone.
     lanes: int = 1
+
+    def for_model(self, ref: ModelRef) -> WorkerSpec:
+        """This spec as one model is served: its per-model settings over the worker's."""
+        return dataclasses.replace(self, **dict(ref.options)) if ref.options else self
 
     def refs(self) -> tuple[ModelRef, ...]:
         """The models to load: `models`, or the one at `model_dir` as index 0."""

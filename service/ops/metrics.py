@@ -77,13 +77,17 @@ class Metrics:
         )
 
     def worker_rows(self) -> list[dict[str, Any]]:
-        """The control socket's status rows, plus what each process has served."""
+        """The control socket's status rows, plus what each has served: a serving slot's row
+        what its processes served together (a replacement keeps counting on), a spare's its
+        own."""
         sup = self.server.supervisor
         by_pid = {h.pid: h for h in sup.all.values()}
         rows = sup.status_rows()
         for row in rows:
             handle = by_pid.get(row["pid"])
             seen = self.workers.seen.get(handle.serial if handle is not None else -1)
+            if row["id"] >= 0:  # a serving slot: every process it had, across replacements
+                seen = self.workers.slot_totals(row["id"])
             row["requests"] = seen[0] if seen else 0
             row["batches"] = seen[1] if seen else 0
             if handle is not None and is_gpu_device(handle.device):

@@ -365,13 +365,16 @@ class WorkerTotals:
     """Worker counters summed over live and retired processes, so totals never go backwards.
 
     Each process's counters are kept as last seen (by its serial); when it is released, what it
-    counted moves into `retired`.
+    counted moves into `retired`, and into its slot's `by_slot`: a slot's totals (`slot_totals`)
+    go on across the processes that served it (a restart, or the roll of a model load).
     """
 
     def __init__(self) -> None:
         width = NCOUNTERS + len(L.BATCH_BOUNDS)
         self.retired = [0] * width
         self.seen: dict[int, list[int]] = {}
+        self.slot_of: dict[int, int] = {}  # serial -> the serving slot it held last
+        self.by_slot: dict[int, list[int]] = {}  # slot -> its released processes' counts
 
     def sample(self, handle: WorkerHandle) -> None:
         try:
@@ -382,13 +385,32 @@ class WorkerTotals:
         if prev is not None:
             now = [max(a, b) for a, b in zip(prev, now, strict=True)]
         self.seen[handle.serial] = now
+        if handle.slot is not None:
+            self.slot_of[handle.serial] = handle.slot
 
     def retire(self, handle: WorkerHandle) -> None:
         """The process is about to be released: keep its final counts."""
         self.sample(handle)
-        last = self.seen.pop(handle.serial, None)
-        if last is not None:
-            self.retired = [a + b for a, b in zip(self.retired, last, strict=True)]
+        self.release(handle.serial)
+
+    def release(self, serial: int) -> None:
+        last = self.seen.pop(serial, None)
+        slot = self.slot_of.pop(serial, None)
+        if last is None:
+            return
+        self.retired = [a + b for a, b in zip(self.retired, last, strict=True)]
+        if slot is not None:
+            kept = self.by_slot.get(slot, [0] * len(last))
+            self.by_slot[slot] = [a + b for a, b in zip(kept, last, strict=True)]
+
+    def slot_totals(self, slot: int) -> list[int]:
+        """What every process that served `slot` counted, live ones included."""
+        width = len(self.retired)
+        totals = list(self.by_slot.get(slot, [0] * width))
+        for serial, held in self.slot_of.items():
+            if held == slot and serial in self.seen:
+                totals = [a + b for a, b in zip(totals, self.seen[serial], strict=True)]
+        return totals
 
     def refresh(self, supervisor: PoolView) -> list[int]:
         """Sample every live worker, retire any that vanished unseen, return the totals."""
@@ -396,8 +418,7 @@ class WorkerTotals:
         for handle in list(live.values()):
             self.sample(handle)
         for serial in [s for s in self.seen if s not in live]:
-            last = self.seen.pop(serial)
-            self.retired = [a + b for a, b in zip(self.retired, last, strict=True)]
+            self.release(serial)
         totals = list(self.retired)
         for counts in self.seen.values():
             totals = [a + b for a, b in zip(totals, counts, strict=True)]

@@ -5,6 +5,7 @@ are ready), and replaced by a new one on a reload. Workers spawn whenever none i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
@@ -61,7 +62,9 @@ class Forker:
 
     def start(self, generation: int) -> None:
         dirs = tuple(m.model_dir for m in self.models) or (self.model_dir,)
-        torch = tuple(runs_torch(self.settings, d, self.on_gpu) for d in dirs)
+        own = [dataclasses.replace(self.settings, **dict(m.options)) for m in self.models]
+        pairs = zip(own or [self.settings], dirs, strict=True)
+        torch = tuple(runs_torch(s, d, self.on_gpu) for s, d in pairs)
         self.zygote = Zygote(dirs, generation, torch, verify=not self.verified)
         self.verified = False
         self.zygote.started_at = self.clock()

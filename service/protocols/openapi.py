@@ -696,6 +696,22 @@ def operator_routes() -> dict[tuple[str, str], Route]:
         ("GET", "/dashboard"): Route(
             "The operator page", "operator", ok("an HTML page", None, "text/html")
         ),
+        ("GET", "/docs"): Route(
+            "Swagger UI for this document (off: --no-docs-page)",
+            "meta",
+            ok("an HTML page", None, "text/html"),
+        ),
+        ("GET", "/docs/openapi.json"): Route(
+            "On the operator port: the HTTP port's document, which /docs there shows",
+            "meta",
+            ok("OpenAPI 3.1", obj(["openapi", "info", "paths"], closed=False)),
+        ),
+        ("GET", "/docs/swagger-ui.css"): Route(
+            "Swagger UI's style sheet", "meta", ok("CSS", None, "text/css")
+        ),
+        ("GET", "/docs/swagger-ui-bundle.js"): Route(
+            "Swagger UI's script", "meta", ok("JavaScript", None, "text/javascript")
+        ),
         ("GET", "/openapi.json"): Route(
             "This document",
             "meta",
@@ -951,6 +967,12 @@ def facts(server: ModelView, key: bool) -> Facts:
         key=key,
         models=tuple(sorted({info.name for info in server.models.ready()})),
     )
+
+
+def render(router: Router, key: bool) -> bytes:
+    """The document of `router`'s routes, as /openapi.json serves it (also on the operator
+    port's /docs/openapi.json: service/ops/apidocs.py)."""
+    return json.dumps(document(router.routes, facts(router.server, key))).encode()
 
 
 def register(router: Router, key: bool) -> None:

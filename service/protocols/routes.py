@@ -252,13 +252,13 @@ def model_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
         "buckets": list(info.pad_grid),
         "length_classes": list(info.buckets),
         "runtime": info.runtime,
-        "precision": server.settings.precision,
+        "precision": server.settings.for_model(info.name).precision,
         "task": m.task,
         "dimension": m.dimension,
     }
     if info.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
         body["graph"] = info.graph
-    if server.settings.precision == "int8" and info.runtime == "onnx":
+    if server.settings.for_model(info.name).precision == "int8" and info.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built
     return body
 

@@ -347,7 +347,7 @@ def test_key_hidden_from_ps(operated: ServerProc) -> None:
 
 
 def test_operator_pages_move(operated: ServerProc) -> None:
-    for path in ("/metrics", "/v1/stats", "/dashboard"):
+    for path in ("/metrics", "/v1/stats", "/dashboard", "/docs"):
         status, _, _ = operated.request("GET", path, headers=bearer(KEY))
         assert status == 404, path  # gone from the inference port
         assert operated.request("GET", path)[0] == 401  # which says nothing without the key
@@ -403,7 +403,12 @@ def test_openapi_document_names_the_key_and_the_ports(operated: ServerProc) -> N
     status, body = operator_request(operated, "/openapi.json")
     ops = json.loads(body)
     validate(ops)
-    assert set(ops["paths"]) == {"/metrics", "/v1/stats", "/dashboard", "/openapi.json"}
+    docs = {"/docs", "/docs/openapi.json", "/docs/swagger-ui.css", "/docs/swagger-ui-bundle.js"}
+    assert set(ops["paths"]) == {"/metrics", "/v1/stats", "/dashboard", "/openapi.json", *docs}
+    # /docs there shows the HTTP port's document, its key scheme included
+    status, body = operator_request(operated, "/docs/openapi.json")
+    assert status == 200 and json.loads(body)["paths"].keys() == doc["paths"].keys()
+    assert "bearer" in json.loads(body)["components"]["securitySchemes"]
     assert "components" not in ops and "401" not in ops["paths"]["/metrics"]["get"]["responses"]
 
 

@@ -455,6 +455,32 @@ def test_worker_totals_never_go_backwards() -> None:
         b.close()
 
 
+def test_a_slots_count_goes_on_across_replacements() -> None:
+    """The dashboard's `served`: slot 0's new process (a restart, a model load's roll) adds to
+    what its predecessor served; a spare's counts belong to no slot."""
+    old, new, spare = FakeWorker(1, 0), FakeWorker(2, 0), FakeWorker(3, None)
+    try:
+        sup: Any = SimpleNamespace(all={1: old, 3: spare})
+        totals = S.WorkerTotals()
+        old.ctl.set("requests", 10)
+        spare.ctl.set("requests", 4)
+        totals.refresh(sup)
+        assert totals.slot_totals(0)[0] == 10
+        old.ctl.set("requests", 11)
+        totals.retire(old)
+        del sup.all[1]
+        sup.all[2] = new
+        new.ctl.set("requests", 3)
+        totals.refresh(sup)
+        assert (totals.slot_totals(0)[0], totals.slot_totals(1)[0]) == (14, 0)
+        del sup.all[2]  # gone without the hook: still the slot's
+        totals.refresh(sup)
+        assert totals.slot_totals(0)[0] == 14
+    finally:
+        for w in (old, new, spare):
+            w.close()
+
+
 def test_dashboard_file_is_packaged() -> None:
     assert M.DASHBOARD.is_file()
     assert (

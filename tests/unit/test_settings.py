@@ -5,19 +5,27 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
+from ringserve.service.config_file import ConfigError, resolve, show
 from ringserve.service.settings import (
+    MODEL_SETTINGS,
     SETTINGS,
     Config,
     add_arguments,
     cgroup_cpu_limit,
+    config_reference,
     from_namespace,
     parse_buckets,
     parse_flag,
     parse_start_method,
+    toml_schema,
 )
+
+from devkit.launcher import ROOT
 
 
 def parsed(*argv: str) -> Config:
@@ -121,3 +129,102 @@ def test_lanes_asked_for_are_kept_or_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Config(lanes=0).resolve_lanes("cpu", ["onnx"], cores=2)
     assert Config(lanes=1, threads=4).resolve_lanes("cpu", ["onnx"], cores=2) == "as --lanes asks"
+
+
+# -- the config file (service/config_file.py) ------------------------------------------------------
+FILE = """# a server of two models
+port = 9000
+max_batch = 8
+reuse-port = true
+buckets = [64, 16]
+memory-budget = "8G"
+
+[models.a]
+path = "/models/a"
+long-text = "refuse"
+
+[models.b]
+path = "/models/b"
+version = 2
+max_batch = 4
+runtime = "torch"
+"""
+
+
+def test_the_file_sits_under_the_environment_and_the_flags(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "ringserve.toml"
+    path.write_text(FILE)
+    r = resolve(["--config", str(path)], {"RINGSERVE_PORT": "9100"})
+    c = r.config
+    assert (c.port, c.max_batch, c.reuse_port, c.buckets, c.memory_budget) == (
+        9100, 8, True, (16, 64), 8 << 30,
+    )  # fmt: skip
+    assert r.sources["port"] == "env RINGSERVE_PORT"
+    assert r.sources["max-batch"] == f"{path}:3" and r.sources["threads"] == "default"
+    assert c.named_models == (("a", "/models/a"), ("b", "/models/b"))
+    assert c.for_model("a").long_text == "refuse" and c.for_model("a").max_batch == 8
+    assert (c.for_model("b").max_batch, c.for_model("b").runtime) == (4, "torch")
+    assert c.model_version("b") == 2 and c.model_version("a") is None
+    flagged = resolve(["--config", str(path), "--max-batch", "3", "--port", "1"], {})
+    assert (flagged.config.max_batch, flagged.config.port) == (3, 1)
+    assert flagged.sources["max-batch"] == "flag"
+    shown = show(flagged)
+    assert "models.b             path=/models/b max-batch=4 runtime=torch version=2" in shown
+    # the file named by its variable, as a container would
+    assert resolve([], {"RINGSERVE_CONFIG": str(path)}).config.port == 9000
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("prot = 1", ":3: key prot: unknown key"),
+        ('port = "x"', ":3: key port: expected integer, got string 'x'"),
+        ("threads = 1.5", ":3: key threads: expected integer, got float"),
+        ('long_text = "wrap"', ":3: key long_text: bad value: long-text must be"),
+        ('[models.a]\npath = "/a"\nprompt-name = "query"',
+         ":5: key models.a.prompt-name: prompt-name is not honoured per model yet"),
+        ('[models.a]\npath = "/a"\nmax-length = 64', ":5: key models.a.max-length"),
+        ('[models.a]\npath = "/a"\ncolour = 1', ":5: key models.a.colour: unknown key"),
+        ('[models.a]\nruntime = "onnx"', ":3: key models.a: a model table needs a path"),
+        ("port =", "not valid TOML"),
+    ],
+)  # fmt: skip
+def test_a_bad_file_is_refused_naming_the_key_and_the_line(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(f"# bad\n\n{text}\n")
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + ".*" + re.escape(said)):
+        resolve(["--config", str(path)], {})
+
+
+def test_the_reference_page_and_the_schema_come_from_the_settings() -> None:
+    page = (ROOT / "docs" / "reference" / "config.md").read_text(encoding="utf-8")
+    assert page.strip() == config_reference().strip(), "regenerate docs/reference/config.md"
+    schema = toml_schema()
+    for s in SETTINGS:
+        assert s.name == "config" or s.name in schema["properties"]
+        assert s.name == "config" or f"`{s.env}`" in page
+    table = schema["properties"]["models"]["additionalProperties"]["properties"]
+    assert set(table) == {n for m in MODEL_SETTINGS if m.served for n in (m.name, m.attr)}
+
+
+def test_the_example_in_the_api_docs_checks(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    example = re.search(r"```toml\n(.*?)```", page, re.S)
+    assert example is not None
+    path = tmp_path / "ringserve.toml"
+    path.write_text(example.group(1))
+    c = resolve(["--config", str(path)], {}).config
+    assert c.model_version("topics") == 3 and c.for_model("topics").max_delay_ms == 2.0
+    assert (c.for_model("sentiment").long_text, c.operator_port) == ("refuse", 9000)
+    # the JSON Schema an editor checks a file by takes the example, and not a bad key
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = tomllib.loads(example.group(1))
+    jsonschema.validate(doc, toml_schema())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**doc, "prot": 1}, toml_schema())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"models": {"a": {"path": "/a", "prompt-name": "q"}}}, toml_schema())
