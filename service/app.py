@@ -29,11 +29,13 @@ from ringserve.service.ports import Ports
 from ringserve.service.protocols import kserve, openapi
 from ringserve.service.protocols.auth import ApiKey, guard_http
 from ringserve.service.protocols.binary import start_binary
+from ringserve.service.protocols.cohere_api import cohere_routes
 from ringserve.service.protocols.control import ControlProtocol, choose_control_path, start_control
 from ringserve.service.protocols.handover import fetch_listeners, listen, live_peer
 from ringserve.service.protocols.http import HttpProtocol, HttpServerState
 from ringserve.service.protocols.routes import Router, v1_routes
 from ringserve.service.protocols.tasks import task_routes
+from ringserve.service.protocols.tei_api import tei_routes
 from ringserve.service.repository import Repository
 from ringserve.service.settings import Config, default_memory_budget
 from ringserve.shm import segment
@@ -89,6 +91,8 @@ class App:
         router = Router(self.front)
         v1_routes(router)
         task_routes(router)
+        tei_routes(router)  # TEI's /info, /predict, /tokenize, ... and POST /
+        cohere_routes(router)  # Cohere's v2
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener
             self.add_metrics(router)

@@ -4,7 +4,6 @@ or to a failed text (413, 500, 503, 504)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from ringserve.service.engine.admission import (
 )
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.tenants import PRIORITIES, PRIORITY_NAMES, Tenant
+from ringserve.service.protocols.errors import error_body
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.shm import layout as L
 
@@ -39,7 +39,7 @@ def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
         extra += RETRY_AFTER
     if failed.status == L.STATUS_TOO_LONG:  # the counts as fields too, for programs
         message, counts = too_long(failed)
-        body = json.dumps({"error": message, **counts}).encode()
+        body = error_body(ex.url, 413, message, **counts)
         conn.respond(ex, 413, body, extra=extra)
         return
     conn.respond_error(ex, status, STATUS_MESSAGE.get(failed.status, "internal error"), extra)

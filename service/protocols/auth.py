@@ -28,7 +28,9 @@ ENV = "RINGSERVE_API_KEY"
 DENIED = "missing or invalid API key"
 CHALLENGE = (b"www-authenticate", b'Bearer realm="ringserve"')
 # Probes stay open: a kubelet or load balancer must see health without holding the key.
-OPEN_PATH = re.compile(rb"^/v2/health/(live|ready)$|^/v2/models/[^/]+(/versions/[^/]+)?/ready$")
+OPEN_PATH = re.compile(
+    rb"^/health$|^/v2/health/(live|ready)$|^/v2/models/[^/]+(/versions/[^/]+)?/ready$"
+)  # TEI's /health too
 AUTH_MAX = 4096  # longest AUTH frame text: a key is short; a longer first frame is refused
 AUTH_OK = status_answer(0, OK)
 _KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")

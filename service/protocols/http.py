@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import httptools
+from ringserve.service.protocols.errors import error_body as shaped_error
 from ringserve.service.settings import Config
 
 REASONS = {
@@ -163,8 +164,9 @@ def build_response(
 
 
 def protocol_of(url: bytes) -> str:
-    """The label an answer is counted under: KServe v2 owns every /v2 path."""
-    return "kserve" if url.startswith(b"/v2") else "http"
+    """The label an answer is counted under: KServe v2 owns every /v2 path but Cohere's."""
+    cohere = url.startswith((b"/v2/embed", b"/v2/rerank"))
+    return "kserve" if url.startswith(b"/v2") and not cohere else "http"
 
 
 def error_body(message: str) -> bytes:
@@ -418,7 +420,7 @@ class HttpProtocol(asyncio.Protocol):
         message: str,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        self.respond(ex, status, error_body(message), extra=extra)
+        self.respond(ex, status, shaped_error(ex.url, status, message), extra=extra)
 
     def flush(self) -> None:
         q = self.queue
@@ -455,7 +457,8 @@ class HttpProtocol(asyncio.Protocol):
         if not ex.request_id:
             ex.request_id = self.state.new_request_id()
         ex.keep_alive = False
-        ex.response = build_response(status, error_body(message), ex.request_id, keep_alive=False)
+        body = shaped_error(ex.url, status, message)  # in the shape of the route's family
+        ex.response = build_response(status, body, ex.request_id, keep_alive=False)
         if self.state.access_log is not None:
             self.state.access_log(ex, status)
         ex.status = status

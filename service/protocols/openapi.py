@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ringserve.service.protocols.auth import OPEN_PATH
+from ringserve.service.protocols.cohere_api import EMBEDDING_TYPES, INPUT_TYPES, TRUNCATE
+from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.kserve import MAX_TIMEOUT_US, VERSION, server_version
 from ringserve.service.protocols.routes import ModelView, Router
@@ -76,6 +78,7 @@ class Facts:
     server_version: str
     key: bool  # --api-key is set: every route but the probes needs it
     models: tuple[str, ...] = ()  # every loaded model's name (empty: `model` alone)
+    activation: str = "softmax"  # the model's: softmax or sigmoid
 
     @property
     def embeds(self) -> bool:
@@ -360,6 +363,14 @@ def model_info_schema(f: Facts) -> Schema:
     )
 
 
+def named_model_schema(f: Facts) -> Schema:
+    """GET /v1/models/{model}: /v1/model's fields and OpenAI's model object's."""
+    out = model_info_schema(f)
+    out["required"] = [*OPENAI_MODEL, *out["required"]]
+    out["properties"] = {**out["properties"], **OPENAI_MODEL}
+    return out
+
+
 STATES = ["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]  # service/models.py
 
 
@@ -373,7 +384,19 @@ def models_schema() -> Schema:
         task=array(STRING),
         labels=array(STRING),
     )
-    return obj(["models"], models=array(row))
+    data = {**row, "required": ["id", "object", "created", "owned_by", *row["required"]]}
+    data["properties"] = {**row["properties"], **OPENAI_MODEL}
+    return obj(
+        ["object", "data", "models"], object={"const": "list"}, data=array(data), models=array(row)
+    )
+
+
+OPENAI_MODEL: dict[str, Schema] = {  # routes.openai_model
+    "id": STRING,
+    "object": {"const": "model"},
+    "created": COUNT,
+    "owned_by": STRING,
+}
 
 
 def repository_schemas() -> dict[str, Schema]:
@@ -578,6 +601,7 @@ def ok(
 def routes(f: Facts) -> dict[tuple[str, str], Route]:
     """Every HTTP route the server can register, by (method, path template)."""
     return {
+        **compat_routes(f),
         **v1_routes(f),
         **health_routes(),
         **task_routes(f),
@@ -606,9 +630,9 @@ def v1_routes(f: Facts) -> dict[tuple[str, str], Route]:
             "Every model the server holds, with its state", "v1", ok("the models", models_schema())
         ),
         ("GET", "/v1/models/{model}"): Route(
-            "One loaded model, as /v1/model gives it",
+            "One loaded model, as /v1/model gives it, with OpenAI's fields",
             "v1",
-            ok("the model", model_info_schema(f)),
+            ok("the model", named_model_schema(f)),
             model_path=True,
         ),
     }
@@ -682,6 +706,255 @@ def task_route(
         examples={"one": example},
         model_body=True,
     )
+
+
+# -- peers' shapes: TEI's routes, Cohere's v2, and each family's error body --------------------
+NULL: Schema = {"type": "null"}
+MAYBE_COUNT: Schema = {"type": ["integer", "null"], "minimum": 0}
+TEI_ERROR_TYPES = ["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
+TOO_LONG_FIELDS: dict[str, Schema] = {
+    "tokens": COUNT,
+    "max_length": COUNT,
+    "windows": COUNT,
+    "max_windows": COUNT,
+}
+
+
+def error_schema(family: str, too_long: bool) -> Schema:
+    """The error body of a family of routes (errors.error_doc), with a too-long text's counts."""
+    if family == "openai":
+        inner = obj(
+            ["message", "type", "param", "code"],
+            message=STRING,
+            type=STRING,
+            param=nullable(STRING),
+            code=nullable(STRING),
+        )
+        return obj(["error"], error=counted(inner, too_long))
+    if family == "tei":
+        tei = obj(["error", "error_type"], error=STRING, error_type={"enum": TEI_ERROR_TYPES})
+        return counted(tei, too_long)
+    return counted(obj(["error", "message"], error=STRING, message=STRING), too_long)  # cohere
+
+
+def counted(schema: Schema, too_long: bool) -> Schema:
+    """`schema` with a too-long text's counts (admit.respond_failure) when `too_long`."""
+    if too_long:
+        schema["properties"] = {**schema["properties"], **TOO_LONG_FIELDS}
+    return schema
+
+
+# -- TEI -----------------------------------------------------------------------------------------
+def prediction(f: Facts) -> Schema:
+    label = {"enum": f.labels} if f.labels else STRING
+    return obj(["score", "label"], score=NUMBER, label=label)
+
+
+def predict_input(f: Facts) -> Schema:
+    one = array(TEXT, 1, 2)  # [text] or [text, pair]
+    return {"oneOf": [TEXT, one, array(one, 1, f.max_texts)]}
+
+
+def predict_schemas(f: Facts) -> tuple[Schema, Schema]:
+    request = obj(
+        ["inputs"],
+        closed=False,
+        inputs=predict_input(f),
+        raw_scores=BOOL,
+        **LONG_TEXT,
+        **model_fields(f),
+    )
+    pred = array(prediction(f), 1)
+    return request, {"anyOf": [pred, array(pred, 1, f.max_texts)]}
+
+
+def similarity_schemas(f: Facts) -> tuple[Schema, Schema]:
+    pair = obj(
+        ["source_sentence", "sentences"],
+        closed=False,
+        source_sentence=TEXT,
+        sentences=array(TEXT, 1, f.max_texts - 1),
+    )
+    options = obj([], closed=False, prompt_name=NULL, **LONG_TEXT)
+    request = obj(["inputs"], closed=False, inputs=pair, parameters=nullable(options),
+                  **model_fields(f))  # fmt: skip
+    return request, array(NUMBER, 1, f.max_texts - 1)
+
+
+def hf_classify_request(f: Facts) -> Schema:
+    """The Inference API's text-classification body (tei_api.hf_classify)."""
+    params = obj(
+        [],
+        closed=False,
+        top_k=nullable({"type": "integer", "minimum": 0}),
+        function_to_apply=nullable({"enum": [f.activation, "none"]}),
+    )
+    return obj(["inputs", "parameters"], closed=False, inputs=predict_input(f),
+               parameters=nullable(params), **model_fields(f))  # fmt: skip
+
+
+def root_schemas(f: Facts) -> tuple[Schema, Schema]:
+    """POST /: each body the route tells apart (tei_api.tei_root), and each answer."""
+    neither = {"not": {"anyOf": [{"required": ["parameters"]}, {"required": ["query"]}]}}
+    tei = tei_schemas(f)
+    bodies: list[Schema] = []
+    answers: list[Schema] = []
+    if f.embeds:
+        embed_in, embed_out = tei["embed"]
+        bodies.append({**embed_in, **neither})
+        answers.append(embed_out)
+        sim_in, sim_out = similarity_schemas(f)
+        bodies.append(sim_in)
+        answers.append(sim_out)
+    elif "classify" in f.tasks:
+        pred_in, pred_out = predict_schemas(f)
+        bodies.append({**pred_in, **neither})
+        answers.append(pred_out)
+    if "classify" in f.tasks:
+        bodies.append(hf_classify_request(f))
+        answers.append(array(array(prediction(f)), 1, f.max_texts))
+    if "rerank" in f.tasks:
+        bodies.append(tei["rerank"][0])
+        answers.append(tei["rerank"][1])
+    return {"anyOf": bodies or [obj([], closed=False)]}, {"anyOf": answers or [array(NUMBER)]}
+
+
+def root_route(f: Facts) -> Route:
+    request, response = root_schemas(f)
+    return Route(
+        "TEI's root: the model's task, as the Inference API calls a TEI endpoint",
+        "tei",
+        ok("the task's answer", response, "application/json", *LATENCY),
+        request,
+        inference=True,
+        model_body=True,
+        beyond_schema=tuple(r for t in ("classify", "embed", "rerank") for r in needs(f, t))
+        + MODEL_REQUIRED,
+        examples={"one": {"inputs": "a fine film"}},
+    )
+
+
+def info_schema(f: Facts) -> Schema:
+    return obj(
+        ["model_id", "model_type", "max_input_length", "max_batch_tokens",
+         "max_client_batch_size", "version"],
+        model_id={"enum": f.names},
+        model_sha=nullable(STRING),
+        model_dtype=STRING,
+        model_type={"type": "object", "minProperties": 1, "maxProperties": 1},
+        max_concurrent_requests=COUNT,
+        max_input_length=COUNT,
+        max_batch_tokens=COUNT,
+        max_batch_requests=MAYBE_COUNT,
+        max_client_batch_size=COUNT,
+        auto_truncate=BOOL,
+        tokenization_workers=COUNT,
+        version=STRING,
+        sha=nullable(STRING),
+        docker_label=nullable(STRING),
+        tasks=array(STRING),
+    )  # fmt: skip
+
+
+def token_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
+    token = obj(
+        ["id", "text", "special", "start", "stop"],
+        id=COUNT, text=STRING, special=BOOL, start=MAYBE_COUNT, stop=MAYBE_COUNT,
+    )  # fmt: skip
+    tokenize = obj(["inputs"], closed=False, inputs={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
+                   add_special_tokens=BOOL, **model_fields(f))  # fmt: skip
+    ids = array(COUNT, 1)
+    decode = obj(["ids"], closed=False, ids={"oneOf": [ids, array(ids, 1, f.max_texts)]},
+                 skip_special_tokens=BOOL, **model_fields(f))  # fmt: skip
+    embed_all = obj(["inputs"], closed=False, **model_fields(f))
+    return {
+        "tokenize": (tokenize, array(array(token), 1, f.max_texts)),
+        "decode": (decode, array(STRING, 1, f.max_texts)),
+        "embed_all": (embed_all, array(array(array(NUMBER)))),
+    }
+
+
+def tool_route(summary: str, answer: tuple[Schema, Schema], rules: tuple[str, ...]) -> Route:
+    """A TEI route that answers in the front-end (no worker): its refusals still carry
+    x-latency-ms (routes.inference)."""
+    request, response = answer
+    return Route(summary, "tei", ok("the answer", response), request, model_body=True,
+                 beyond_schema=(*rules, *MODEL_REQUIRED))  # fmt: skip
+
+
+def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
+    tokens = token_schemas(f)
+    health = {503: error("no worker is ready")}
+    return {
+        ("GET", "/info"): Route("TEI's model and server facts", "tei", ok("info", info_schema(f))),
+        ("GET", "/health"): Route(
+            "TEI's health: 200 with an empty body while a worker serves",
+            "health",
+            {**ok("healthy", None, "text/plain"), **health},
+        ),
+        ("POST", "/"): root_route(f),
+        ("POST", "/predict"): task_route(
+            f, "Classify a text, a pair or a batch, in TEI's shape", "classify",
+            ("[{score, label}] highest first, a list a text for a batch", predict_schemas(f)),
+            {"inputs": "a fine film"},
+        ),
+        ("POST", "/similarity"): task_route(
+            f, "Cosine similarity of source_sentence to each of sentences", "embed",
+            ("one similarity a sentence", similarity_schemas(f)),
+            {"inputs": {"source_sentence": "a film", "sentences": ["a movie", "a cat"]}},
+        ),
+        ("POST", "/tokenize"): tool_route("The model's tokens of each text", tokens["tokenize"],
+                                          ()),
+        ("POST", "/decode"): tool_route("The text of token ids", tokens["decode"],
+                                        (r"must be a list of token ids from 0 to ",)),
+        ("POST", "/embed_all"): tool_route(
+            "Refused: the graph gives pooled vectors only", tokens["embed_all"],
+            (r"^/embed_all is not served",)),
+    }  # fmt: skip
+
+
+# -- Cohere v2 -----------------------------------------------------------------------------------
+def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
+    d = max(f.dimension, 1)
+    embed_in = obj(
+        ["texts"],
+        closed=False,
+        texts=array(TEXT, 1, f.max_texts),
+        input_type=nullable({"enum": list(INPUT_TYPES)}),
+        embedding_types=nullable(array({"enum": list(EMBEDDING_TYPES)}, 1)),
+        truncate=nullable({"enum": list(TRUNCATE)}),
+        output_dimension=nullable({"type": "integer", "minimum": 1, "maximum": d}),
+        max_tokens=NULL,
+        images=NULL,
+        inputs=NULL,
+        **model_fields(f, vendor=True),
+    )
+    meta: Schema = {"type": "object"}
+    vectors = obj([], float=array(array(NUMBER, 1, d)), base64=array(STRING))
+    embed_out = obj(["id", "response_type", "embeddings", "texts", "meta"], id=STRING,
+                    response_type={"const": "embeddings_by_type"}, embeddings=vectors,
+                    texts=array(STRING), meta=meta)  # fmt: skip
+    rerank_in = obj(["query", "documents"], closed=False, documents=document_list(f),
+                    max_tokens_per_doc=NULL, **rerank_common(f),
+                    **model_fields(f, vendor=True))  # fmt: skip
+    hit = obj(["index", "relevance_score"], index=COUNT,
+              relevance_score={"type": "number", "minimum": 0, "maximum": 1})  # fmt: skip
+    rerank_out = obj(["id", "results", "meta"], id=STRING, results=array(hit, 1), meta=meta)
+    return {
+        ("POST", "/v2/embed"): task_route(
+            f, "Embeddings, in Cohere's v2 shape", "embed", ("by type", (embed_in, embed_out)),
+            {"texts": ["a fine film"], "input_type": "search_document"},
+        ),
+        ("POST", "/v2/rerank"): task_route(
+            f, "Rerank documents, in Cohere's v2 shape", "rerank",
+            ("highest score first", (rerank_in, rerank_out)),
+            {"query": "films", "documents": ["a film", "a cat"]},
+        ),
+    }  # fmt: skip
+
+
+def compat_routes(f: Facts) -> dict[tuple[str, str], Route]:
+    return {**tei_routes(f), **cohere_routes(f)}
 
 
 def operator_routes() -> dict[tuple[str, str], Route]:
@@ -864,6 +1137,11 @@ def answers_of(route: Route, path: str, f: Facts) -> dict[int, Answer]:
     if route.model_body:
         out[404] = MODEL_404
     out.update(route.answers)
+    kind = family(path.encode())
+    if kind:  # OpenAI's, TEI's and Cohere's routes answer errors in their own shape
+        for status, a in out.items():
+            if a.schema is ERROR or a.schema is TOO_LONG:
+                out[status] = replace(a, schema=error_schema(kind, a.schema is TOO_LONG))
     return dict(sorted(out.items()))
 
 
@@ -935,9 +1213,11 @@ def document(registered: list[tuple[str, str]], f: Facts) -> Schema:
         "info": {
             "title": "ringserve",
             "version": f.server_version,
-            "description": 'Every error is {"error": message}; every answer carries '
-            "x-request-id. HEAD is answered for every GET route; any other method a path does "
-            "not list is 405 with Allow. See docs/api.md.",
+            "description": 'Every error is {"error": message}, but on OpenAI\'s routes '
+            '(/v1/embeddings, /v1/models) {"error": {"message", "type", "param", "code"}}, on '
+            'TEI\'s {"error", "error_type"} and on Cohere\'s {"error", "message"}; every '
+            "answer carries x-request-id. HEAD is answered for every GET route; any other "
+            "method a path does not list is 405 with Allow. See docs/api.md.",
         },
         "paths": dict(sorted(paths.items())),
     }
@@ -966,6 +1246,7 @@ def facts(server: ModelView, key: bool) -> Facts:
         server_version=server_version(),
         key=key,
         models=tuple(sorted({info.name for info in server.models.ready()})),
+        activation=m.activation,
     )
 
 

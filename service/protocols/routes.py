@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import unquote
@@ -17,6 +18,7 @@ from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.texts import require
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
+from ringserve.workers.artifact import MANIFEST_FILE
 
 
 class ModelView(Protocol):
@@ -227,16 +229,30 @@ def named_model(
 ) -> None:
     """GET /v1/models/{model}: what /v1/model gives, for the version that serves that name."""
     info = find_model(server, unquote(params["model"]))
-    conn.respond(ex, 200, json.dumps(model_doc(server, info)).encode())
+    conn.respond(ex, 200, json.dumps({**openai_model(info), **model_doc(server, info)}).encode())
 
 
 def list_models(
     server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    """GET /v1/models: every model the server holds, with its state."""
+    """GET /v1/models: every model the server holds, with its state; in OpenAI's list shape
+    (`data`) and, as before, under `models`."""
     keys = ("name", "version", "state", "task", "labels")
     rows = [{k: row[k] for k in keys} for row in server.models.listing()]
-    conn.respond(ex, 200, json.dumps({"models": rows}).encode())
+    infos = {(e.info.name, str(e.info.version)): e.info for e in server.models}
+    data = [{**openai_model(infos[str(r["name"]), str(r["version"])]), **r} for r in rows]
+    body = {"object": "list", "data": data, "models": rows}
+    conn.respond(ex, 200, json.dumps(body).encode())
+
+
+def openai_model(info: ModelInfo) -> dict[str, Any]:
+    """OpenAI's fields of a model object. `created` is when the artifact was written (its
+    manifest's modification time, Unix seconds), the nearest thing to OpenAI's meaning."""
+    try:
+        created = int(os.stat(os.path.join(info.model_dir, MANIFEST_FILE)).st_mtime)
+    except OSError:
+        created = 0
+    return {"id": info.name, "object": "model", "created": created, "owned_by": "ringserve"}
 
 
 def model_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:

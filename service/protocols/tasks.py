@@ -32,10 +32,11 @@ from ringserve.service.protocols.routes import (
     request_model,
 )
 from ringserve.service.protocols.texts import require
+from ringserve.service.protocols.vocab import id_list, text_of_ids
 from ringserve.shm import layout as L
 
 
-def _object(ex: Exchange) -> dict[str, Any]:
+def json_object(ex: Exchange) -> dict[str, Any]:
     doc = parse_json(ex)
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
@@ -54,7 +55,7 @@ def text_list(value: Any, where: str, limit: int, one_ok: bool = True) -> list[b
     return [require(t, f"{where}[{i}]") for i, t in enumerate(value)]
 
 
-def _with_options(doc: dict[str, Any], texts: list[bytes], embed: bool) -> list[bytes]:
+def with_options(doc: dict[str, Any], texts: list[bytes], embed: bool) -> list[bytes]:
     """Each payload with its options byte: `truncate` and friends, and OPT_EMBED."""
     prefix = long_text_prefix(doc, "")
     if not embed:
@@ -64,7 +65,7 @@ def _with_options(doc: dict[str, Any], texts: list[bytes], embed: bool) -> list[
     return [head + t for t in texts]
 
 
-def _submit(
+def submit_texts(
     server: ModelView,
     conn: HttpProtocol,
     ex: Exchange,
@@ -106,29 +107,31 @@ def float_json(vecs: np.ndarray) -> bytes:
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
-def _dimensions(doc: dict[str, Any], dimension: int) -> int:
-    keep = doc.get("dimensions")
+def dimensions(doc: dict[str, Any], dimension: int, key: str = "dimensions") -> int:
+    """OpenAI's `dimensions` (Cohere's `output_dimension`): how many leading components to
+    keep, 0 for all."""
+    keep = doc.get(key)
     if keep is None:
         return 0
     n = as_integer(keep)
     if n is None or not 1 <= n <= dimension:
-        raise HttpError(400, f"dimensions must be an integer from 1 to the model's {dimension}")
+        raise HttpError(400, f"{key} must be an integer from 1 to the model's {dimension}")
     return n
 
 
 def openai_embeddings(
     server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    doc = _object(ex)
+    doc = json_object(ex)
     info = request_model(server, doc, vendor=True)  # OpenAI's "model"
     needs_task(info, "embed")
     if "input" not in doc:
         raise HttpError(400, 'body must have "input": a string or a list of strings')
-    texts = text_list(doc["input"], "input", server.settings.max_texts)
+    texts = openai_inputs(doc["input"], info, server.settings.max_texts)
     fmt = doc.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise HttpError(400, 'encoding_format must be "float" or "base64"')
-    keep = _dimensions(doc, info.manifest.dimension)
+    keep = dimensions(doc, info.manifest.dimension)
     name = info.name
     # A cut vector is renormalized (OpenAI's `dimensions`); a whole one as the model does.
     normalize = info.manifest.normalize or bool(keep)
@@ -144,7 +147,26 @@ def openai_embeddings(
         tail = f'"model":{json.dumps(name)},"usage":{json.dumps(usage)}}}'.encode()
         return b'{"object":"list","data":[%s],%s' % (data, tail)
 
-    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer, "embed", info)
+    submit_texts(server, conn, ex, with_options(doc, texts, embed=True), answer, "embed", info)
+
+
+def openai_inputs(value: Any, info: ModelInfo, limit: int) -> list[bytes]:
+    """OpenAI's `input`: a string, a list of strings, a list of token ids, or a list of such
+    lists, as UTF-8 texts (ids spelled out by the model's tokenizer: service/protocols/vocab)."""
+    ids = id_list(value, "input")
+    if ids is not None:
+        return [text_of_ids(info, ids, "input")]
+    if not (isinstance(value, list) and value and all(isinstance(v, list) for v in value)):
+        return text_list(value, "input", limit)
+    if len(value) > limit:
+        raise HttpError(400, f"input must hold 1 to {limit} items, not {len(value)}")
+    out = []
+    for i, item in enumerate(value):
+        one = id_list(item, f"input[{i}]")
+        if one is None:
+            raise HttpError(400, f"input[{i}] must be a string or a non-empty list of token ids")
+        out.append(text_of_ids(info, one, f"input[{i}]"))
+    return out
 
 
 def _encode(vec: np.ndarray, fmt: str) -> bytes:
@@ -156,7 +178,7 @@ def _encode(vec: np.ndarray, fmt: str) -> bytes:
 
 
 def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    doc = _object(ex)
+    doc = json_object(ex)
     info = request_model(server, doc)
     needs_task(info, "embed")
     if "inputs" not in doc:
@@ -169,11 +191,11 @@ def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[
     def answer(results: list[Result]) -> bytes:
         return float_json(vectors(results, normalize))  # the [N, D] matrix in one call
 
-    _submit(server, conn, ex, _with_options(doc, texts, embed=True), answer, "embed", info)
+    submit_texts(server, conn, ex, with_options(doc, texts, embed=True), answer, "embed", info)
 
 
 # -- rerank --------------------------------------------------------------------------------------
-def _top_n(doc: dict[str, Any], n: int) -> int:
+def top_n(doc: dict[str, Any], n: int) -> int:
     top = doc.get("top_n")
     if top is None:
         return n
@@ -183,7 +205,7 @@ def _top_n(doc: dict[str, Any], n: int) -> int:
     return min(k, n)
 
 
-def _flag(doc: dict[str, Any], key: str) -> bool:
+def flag(doc: dict[str, Any], key: str) -> bool:
     value = doc.get(key, False)
     if not isinstance(value, bool):
         raise HttpError(400, f"{key} must be true or false")
@@ -201,14 +223,14 @@ def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int
     return [(i, float(probs[i])) for i in order]
 
 
-def _pairs(info: ModelInfo, doc: dict[str, Any], docs: list[Any], where: str) -> list[bytes]:
+def rerank_pairs(info: ModelInfo, doc: dict[str, Any], docs: list[Any], where: str) -> list[bytes]:
     needs_task(info, "rerank")
     query = require(doc.get("query"), "query")
     queries = [query] * len(docs)
-    return _with_options(doc, pair_payloads(queries, docs, where), embed=False)
+    return with_options(doc, pair_payloads(queries, docs, where), embed=False)
 
 
-def _documents(doc: dict[str, Any], key: str, limit: int) -> list[str]:
+def documents(doc: dict[str, Any], key: str, limit: int) -> list[str]:
     """The documents as strings; Cohere's may also be objects with a `text`."""
     items = doc.get(key)
     if not isinstance(items, list):
@@ -219,14 +241,14 @@ def _documents(doc: dict[str, Any], key: str, limit: int) -> list[str]:
 
 
 def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    doc = _object(ex)
+    doc = json_object(ex)
     info = request_model(server, doc)
-    docs = _documents(doc, "texts", server.settings.max_documents)
-    payloads = _pairs(info, doc, docs, "texts")
+    docs = documents(doc, "texts", server.settings.max_documents)
+    payloads = rerank_pairs(info, doc, docs, "texts")
     top, raw, with_text = (
-        _top_n(doc, len(docs)),
-        _flag(doc, "raw_scores"),
-        _flag(doc, "return_text"),
+        top_n(doc, len(docs)),
+        flag(doc, "raw_scores"),
+        flag(doc, "return_text"),
     )
 
     def answer(results: list[Result]) -> list[dict[str, Any]]:
@@ -238,17 +260,17 @@ def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
             out.append(item)
         return out
 
-    _submit(server, conn, ex, payloads, answer, "rerank", info)
+    submit_texts(server, conn, ex, payloads, answer, "rerank", info)
 
 
 def cohere_rerank(
     server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    doc = _object(ex)
+    doc = json_object(ex)
     info = request_model(server, doc, vendor=True)  # Cohere's "model"
-    docs = _documents(doc, "documents", server.settings.max_documents)
-    payloads = _pairs(info, doc, docs, "documents")
-    top, with_docs = _top_n(doc, len(docs)), _flag(doc, "return_documents")
+    docs = documents(doc, "documents", server.settings.max_documents)
+    payloads = rerank_pairs(info, doc, docs, "documents")
+    top, with_docs = top_n(doc, len(docs)), flag(doc, "return_documents")
 
     def answer(results: list[Result]) -> dict[str, Any]:
         out = []
@@ -259,7 +281,7 @@ def cohere_rerank(
             out.append(item)
         return {"results": out}
 
-    _submit(server, conn, ex, payloads, answer, "rerank", info)
+    submit_texts(server, conn, ex, payloads, answer, "rerank", info)
 
 
 def task_routes(router: Router) -> None:

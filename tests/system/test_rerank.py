@@ -125,6 +125,29 @@ def test_cohere_rerank(reranker: Any, rserver: ServerProc) -> None:
     assert status == 200 and all(set(r) == {"index", "relevance_score"} for r in doc["results"])
 
 
+def test_cohere_v2_client_reranks(reranker: Any, rserver: ServerProc) -> None:
+    """The `cohere` SDK's ClientV2, unchanged, against /v2/rerank (its own model name)."""
+    cohere = pytest.importorskip("cohere")
+    import httpx
+
+    with httpx.Client() as http:  # closed here, not left to the collector (warnings are errors)
+        url = f"http://127.0.0.1:{rserver.port}"
+        cohere_v2_rerank(cohere, cohere.ClientV2(api_key="-", base_url=url, httpx_client=http),
+                         reranker)  # fmt: skip
+
+
+def cohere_v2_rerank(cohere: Any, co: Any, reranker: Any) -> None:
+    got = co.rerank(model="rerank-v3.5", query=QUERY, documents=DOCS, top_n=4)
+    want = expected(reranker, DOCS)
+    order = [r.index for r in got.results]
+    assert len(order) == 4 and np.all(np.diff(want[order]) <= TOL), order
+    assert np.sort(want)[::-1][4] <= want[order[-1]] + TOL  # none better left out
+    np.testing.assert_allclose([r.relevance_score for r in got.results], want[order], atol=TOL)
+    with pytest.raises(cohere.errors.BadRequestError) as refused:
+        co.rerank(model="m", query=QUERY, documents=DOCS[:1], max_tokens_per_doc=10)
+    assert "max_tokens_per_doc" in refused.value.body["message"]
+
+
 def test_the_model_field(rserver: ServerProc) -> None:
     """TEI's /rerank: "model" names a loaded model or is 404; Cohere's /v1/rerank takes any
     name it never held (its clients send theirs) as its only model, and a loaded one's name."""
@@ -187,7 +210,8 @@ BAD = [
 def test_bad_input_is_400(rserver: ServerProc, path: str, body: Any, message: str) -> None:
     status, doc = post(rserver, path, body)
     assert status == 400, doc
-    assert message in doc["error"], doc
+    error = doc["error"]  # OpenAI's routes: {"error": {"message", ...}}
+    assert message in (error["message"] if isinstance(error, dict) else error), doc
     status, doc = post(rserver, "/rerank", {"query": QUERY, "texts": DOCS[:1]})
     assert status == 200 and len(doc) == 1
 

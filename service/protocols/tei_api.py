@@ -1,0 +1,296 @@
+"""TEI's (text-embeddings-inference) HTTP routes beside /embed and /rerank (tasks.py), in TEI's
+shapes: /info, /health, /predict, /tokenize, /decode, /embed_all (refused: see below),
+/similarity, and the root `POST /` that serves the model's task, as huggingface_hub's
+InferenceClient calls a TEI endpoint. Errors on these paths carry TEI's `error_type`
+(service/protocols/errors.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from ringserve.service.engine.dispatcher import Result
+from ringserve.service.model_info import ModelInfo
+from ringserve.service.protocols import tasks
+from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.kserve import server_version
+from ringserve.service.protocols.routes import (
+    ModelView,
+    Router,
+    as_integer,
+    inference,
+    long_text_prefix,
+    needs_task,
+    parse_json,
+    request_model,
+)
+from ringserve.service.protocols.texts import require
+from ringserve.service.protocols.vocab import id_list, tokenizer_for
+from ringserve.shm import layout as L
+
+PREDICT_SHAPE = "a string, a pair [string, string] or a batch [[string], [string, string], ...]"
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # TEI's names
+
+
+# -- /info and /health ---------------------------------------------------------------------------
+def model_type(info: ModelInfo) -> dict[str, Any]:
+    """TEI's `model_type`: one of classifier, embedding, reranker (TEI's are exclusive). A
+    model that both classifies and embeds is given by its first task; `tasks` lists all."""
+    tasks_ = info.manifest.task
+    labels = info.labels
+    if tasks_[0] == "embed":
+        pooling = str(info.manifest.extra.get("pooling", "mean"))
+        return {"embedding": {"pooling": pooling}}
+    kind = "reranker" if tasks_[0] == "rerank" else "classifier"
+    id2label = {str(i): name for i, name in enumerate(labels)}
+    return {kind: {"id2label": id2label, "label2id": {n: i for i, n in enumerate(labels)}}}
+
+
+def info_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
+    s = server.settings
+    rows = s.batch_rows(info.device)
+    return {
+        "model_id": info.name,
+        "model_sha": info.manifest.fingerprint,
+        "model_dtype": DTYPES.get(s.precision, s.precision),
+        "model_type": model_type(info),
+        "max_concurrent_requests": s.max_queue,
+        "max_input_length": info.manifest.max_length,
+        "max_batch_tokens": s.batch_tokens(info.device),
+        "max_batch_requests": rows,
+        "max_client_batch_size": s.max_texts,
+        "auto_truncate": s.long_text == "truncate",
+        "tokenization_workers": s.serving_workers(),
+        "version": server_version(),
+        "sha": None,
+        "docker_label": None,
+        "tasks": info.manifest.task,  # ringserve's: every task the model does
+    }
+
+
+def tei_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    conn.respond(ex, 200, json.dumps(info_doc(server, server.model)).encode())
+
+
+def tei_health(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    """200 with an empty body while a worker serves; else 503 (TEI's Unhealthy)."""
+    if not server.ready():
+        raise HttpError(503, "no worker is ready")
+    conn.respond(ex, 200, b"", content_type=b"text/plain")
+
+
+# -- /predict ------------------------------------------------------------------------------------
+def sequence(items: list[Any], where: str) -> bytes:
+    """[text] or [text, pair] as one worker payload."""
+    if not 1 <= len(items) <= 2 or not all(isinstance(t, str) for t in items):
+        raise HttpError(400, f"{where} must be [string] or [string, string]")
+    first = require(items[0], f"{where}[0]")
+    if len(items) == 1:
+        return first
+    return first + L.PAIR_SEPARATOR + require(items[1], f"{where}[1]")
+
+
+def predict_inputs(value: Any, limit: int) -> tuple[list[bytes], bool]:
+    """TEI's PredictInput: (payloads, whether it is a batch)."""
+    if isinstance(value, str):
+        return [require(value, "inputs")], False
+    if not isinstance(value, list) or not value:
+        raise HttpError(400, f"inputs must be {PREDICT_SHAPE}")
+    if all(isinstance(v, str) for v in value):
+        return [sequence(value, "inputs")], False
+    if not all(isinstance(v, list) for v in value):
+        raise HttpError(400, f"inputs must be {PREDICT_SHAPE}")
+    if len(value) > limit:
+        raise HttpError(400, f"inputs must hold 1 to {limit} items, not {len(value)}")
+    return [sequence(v, f"inputs[{i}]") for i, v in enumerate(value)], True
+
+
+def predictions(info: ModelInfo, r: Result, raw: bool, top: int = 0) -> list[dict[str, Any]]:
+    """[{score, label}] highest first. `raw`: the scores before the model's activation, as far
+    as they can be had from its probabilities: a sigmoid's logit exactly, a softmax's log
+    probability (the logits less their log-sum-exp: same order, same differences)."""
+    p = np.asarray(r.scores, dtype=np.float64)
+    if raw:
+        q = np.clip(p, 1e-45, 1.0)
+        p = np.log(q) - np.log1p(-np.minimum(q, 1 - 1e-7)) if sigmoid(info) else np.log(q)
+    order = sorted(range(len(p)), key=lambda i: -p[i])
+    items = [{"score": float(p[i]), "label": info.labels[i]} for i in order]
+    return items[:top] if top else items
+
+
+def sigmoid(info: ModelInfo) -> bool:
+    return info.manifest.activation == "sigmoid"
+
+
+def tei_predict(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
+    doc = tasks.json_object(ex)
+    info = request_model(server, doc)
+    needs_task(info, "classify")
+    if "inputs" not in doc:
+        raise HttpError(400, f'body must have "inputs": {PREDICT_SHAPE}')
+    payloads, batch = predict_inputs(doc["inputs"], server.settings.max_texts)
+    raw = tasks.flag(doc, "raw_scores")
+
+    def answer(results: list[Result]) -> Any:
+        out = [predictions(info, r, raw) for r in results]
+        return out if batch else out[0]
+
+    classify = tasks.with_options(doc, payloads, embed=False)
+    tasks.submit_texts(server, conn, ex, classify, answer, "classify", info)
+
+
+def hf_classify(server: ModelView, conn: HttpProtocol, ex: Exchange, doc: dict[str, Any]) -> None:
+    """The Inference API's text-classification (`inputs`, `parameters`: top_k,
+    function_to_apply), answered as it is: a list of [{label, score}] a text."""
+    info = request_model(server, doc)
+    needs_task(info, "classify")
+    params = {} if doc.get("parameters") is None else doc["parameters"]
+    if not isinstance(params, dict):
+        raise HttpError(400, "parameters must be an object")
+    top = params.get("top_k")
+    k = 0 if top is None else as_integer(top)
+    if k is None or k < 0:
+        raise HttpError(400, "parameters.top_k must be a positive integer")
+    apply = params.get("function_to_apply")
+    own = info.manifest.activation
+    if apply not in (None, own, "none"):
+        raise HttpError(400, f"parameters.function_to_apply may be {own} or none for {info.name}")
+    payloads, _ = predict_inputs(doc.get("inputs"), server.settings.max_texts)
+
+    def answer(results: list[Result]) -> Any:
+        return [predictions(info, r, apply == "none", k) for r in results]
+
+    tasks.submit_texts(server, conn, ex, payloads, answer, "classify", info)
+
+
+# -- /similarity ---------------------------------------------------------------------------------
+def tei_similarity(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
+    """Cosine similarity of `source_sentence` to each of `sentences`, one embedding request."""
+    doc = tasks.json_object(ex)
+    info = request_model(server, doc)
+    needs_task(info, "embed")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, dict):
+        raise HttpError(400, 'body must have "inputs": {"source_sentence", "sentences"}')
+    source = require(inputs.get("source_sentence"), "inputs.source_sentence")
+    limit = server.settings.max_texts - 1
+    others = tasks.text_list(inputs.get("sentences"), "inputs.sentences", limit, one_ok=False)
+    options = {} if doc.get("parameters") is None else doc["parameters"]
+    if not isinstance(options, dict):
+        raise HttpError(400, "parameters must be an object")
+    if options.get("prompt_name") is not None:
+        raise HttpError(400, "parameters.prompt_name is not taken on /similarity")
+    long_text_prefix(options, "parameters.")  # checked here, applied below
+
+    def answer(results: list[Result]) -> list[float]:
+        vecs = tasks.vectors(results, normalize=True).astype(np.float64)
+        return [float(x) for x in vecs[1:] @ vecs[0]]
+
+    payloads = tasks.with_options(options, [source, *others], embed=True)
+    tasks.submit_texts(server, conn, ex, payloads, answer, "embed", info)
+
+
+# -- /tokenize, /decode, /embed_all --------------------------------------------------------------
+def tokens_of(info: ModelInfo, text: str, special: bool) -> list[dict[str, Any]]:
+    """TEI's tokens: id, the text it covers, whether it is special, and its UTF-8 byte offsets
+    in the input (null for a special token, which covers none)."""
+    enc = tokenizer_for(info).encode(text, add_special_tokens=special)
+    out = []
+    for tid, token, (a, b), is_special in zip(
+        enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
+    ):
+        if is_special:
+            out.append({"id": tid, "text": token, "special": True, "start": None, "stop": None})
+            continue
+        start = len(text[:a].encode())
+        piece = text[a:b]
+        stop = start + len(piece.encode())
+        out.append({"id": tid, "text": piece, "special": False, "start": start, "stop": stop})
+    return out
+
+
+def tei_tokenize(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
+    doc = tasks.json_object(ex)
+    info = request_model(server, doc)
+    texts = tasks.text_list(doc.get("inputs"), "inputs", server.settings.max_texts)
+    special = doc.get("add_special_tokens", True)
+    if not isinstance(special, bool):
+        raise HttpError(400, "add_special_tokens must be true or false")
+    body = [tokens_of(info, t.decode(), special) for t in texts]
+    conn.respond(ex, 200, json.dumps(body).encode())
+
+
+def tei_decode(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    doc = tasks.json_object(ex)
+    info = request_model(server, doc)
+    value = doc.get("ids")
+    one = id_list(value, "ids")
+    batch = [one] if one is not None else value
+    if not isinstance(batch, list) or not 1 <= len(batch) <= server.settings.max_texts:
+        raise HttpError(400, "ids must be a list of token ids, or a list of such lists")
+    skip = doc.get("skip_special_tokens", True)
+    if not isinstance(skip, bool):
+        raise HttpError(400, "skip_special_tokens must be true or false")
+    tokenizer = tokenizer_for(info)
+    size = tokenizer.get_vocab_size()
+    out = []
+    for i, ids in enumerate(batch):
+        where = "ids" if one is not None else f"ids[{i}]"
+        got = id_list(ids, where)
+        if got is None or not all(0 <= t < size for t in got):
+            raise HttpError(400, f"{where} must be a list of token ids from 0 to {size - 1}")
+        out.append(tokenizer.decode(got, skip_special_tokens=skip))
+    conn.respond(ex, 200, json.dumps(out).encode())
+
+
+def tei_embed_all(
+    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
+    """Refused: an artifact's graph gives one pooled vector a text (and the logits), not one
+    vector a token, so there are no token vectors to return."""
+    info = request_model(server, tasks.json_object(ex))
+    raise HttpError(
+        400,
+        f"/embed_all is not served: model {info.name}'s graph gives one pooled vector a text, "
+        "not one a token; use /embed",
+    )
+
+
+# -- POST / --------------------------------------------------------------------------------------
+def tei_root(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+    """TEI's root route, by the body as the Inference API sends it: `inputs` with
+    `source_sentence` is a similarity, `query` a rerank, a `parameters` object a
+    text-classification; else the model's task: embed when it embeds (feature-extraction),
+    else predict."""
+    doc = parse_json(ex)
+    if not isinstance(doc, dict):
+        raise HttpError(400, "body must be a JSON object")
+    if isinstance(doc.get("inputs"), dict):
+        tei_similarity(server, conn, ex, params)
+    elif "query" in doc:
+        tasks.tei_rerank(server, conn, ex, params)
+    elif "parameters" in doc:
+        hf_classify(server, conn, ex, doc)
+    elif "embed" in request_model(server, doc).manifest.task:
+        tasks.tei_embed(server, conn, ex, params)
+    else:
+        tei_predict(server, conn, ex, params)
+
+
+def tei_routes(router: Router) -> None:
+    s = router.server
+    router.add("GET", "/info", lambda c, e, p: tei_info(s, c, e, p))
+    router.add("GET", "/health", lambda c, e, p: tei_health(s, c, e, p))
+    router.add("POST", "/", inference(s, tei_root))
+    router.add("POST", "/predict", inference(s, tei_predict))
+    router.add("POST", "/similarity", inference(s, tei_similarity))
+    router.add("POST", "/tokenize", inference(s, tei_tokenize))  # for x-latency-ms on errors
+    router.add("POST", "/decode", inference(s, tei_decode))
+    router.add("POST", "/embed_all", inference(s, tei_embed_all))
