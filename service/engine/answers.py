@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.requests import Request, Result
-from ringserve.service.pool.handle import WorkerHandle
 
 
-def read_answers(worker: WorkerHandle, read_ns: int) -> Iterator[tuple[Request, Result]]:
+def read_answers(worker: WorkerLink, read_ns: int) -> Iterator[tuple[Request, Result]]:
     """Drain the worker's doorbell and response ring: each answer with the request it answers
     (one no longer assigned to it, rerouted or timed out, is dropped)."""
     worker.eventfd.drain()
@@ -28,9 +28,9 @@ def read_answers(worker: WorkerHandle, read_ns: int) -> Iterator[tuple[Request, 
 class Owner(Protocol):
     """Who started a worker (the supervisor), as the dispatcher tells it about one."""
 
-    def worker_ready(self, worker: WorkerHandle) -> None: ...  # its first answer doorbell
+    def worker_ready(self, worker: WorkerLink) -> None: ...  # its first answer doorbell
 
-    def worker_drained(self, worker: WorkerHandle) -> None: ...  # draining, holding nothing
+    def worker_drained(self, worker: WorkerLink) -> None: ...  # draining, holding nothing
 
 
 @dataclass(slots=True)
@@ -45,22 +45,22 @@ class Reader:
 class Doorbells:
     """Every worker whose answers are read, and what to do when one rings."""
 
-    def __init__(self, on_answers: Callable[[WorkerHandle], None]) -> None:
-        self.readers: dict[WorkerHandle, Reader] = {}
+    def __init__(self, on_answers: Callable[[WorkerLink], None]) -> None:
+        self.readers: dict[WorkerLink, Reader] = {}
         self.on_answers = on_answers  # Dispatcher.on_answers: read the ring, complete
 
-    def add(self, worker: WorkerHandle, loop: asyncio.AbstractEventLoop, owner: Owner) -> None:
+    def add(self, worker: WorkerLink, loop: asyncio.AbstractEventLoop, owner: Owner) -> None:
         self.readers[worker] = Reader(loop, owner)
         loop.add_reader(worker.eventfd.fd, self.rang, worker)
 
-    def remove(self, worker: WorkerHandle) -> None:
+    def remove(self, worker: WorkerLink) -> None:
         reader = self.readers.pop(worker, None)
         if reader is not None:
             reader.loop.remove_reader(worker.eventfd.fd)
 
-    def rang(self, worker: WorkerHandle) -> None:
+    def rang(self, worker: WorkerLink) -> None:
         reader = self.readers.get(worker)
-        if worker.dead or reader is None:
+        if worker.gone or reader is None:
             return
         if not reader.ready and worker.loaded():  # its first ring after boot: it is ready
             reader.ready = True

@@ -29,6 +29,7 @@ from ringserve.service.engine.answers import Doorbells, Owner, read_answers
 from ringserve.service.engine.bounds import Free, queue_by, room
 from ringserve.service.engine.expiry import Expiry
 from ringserve.service.engine.lanes import Lane, Lanes, Lines
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import (
     BULK,
@@ -39,7 +40,6 @@ from ringserve.service.engine.requests import (
     text_cost,
 )
 from ringserve.service.engine.routing import take_back
-from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
 __all__ = ["BULK", "INTERACTIVE", "Dispatcher", "Group", "Request", "Result", "text_cost"]
@@ -89,7 +89,7 @@ class Dispatcher:
         self.waiting = Lines(int(bulk_wait_ms * 1e6))  # admitted, not in any ring yet
         self.table = Lanes()  # the models' lanes (lanes.Lanes: open, close, when_empty)
         self.lanes, self.names = self.table.lanes, self.table.names
-        self.serving: list[WorkerHandle] = []  # set_serving(), by the pool
+        self.serving: list[WorkerLink] = []  # set_serving(), by the pool
         # Whether every slot of the pool has a serving worker, and since when. While a worker is
         # being replaced the queue's delay says nothing of overload: a request never gets 503
         # merely because its workers died, it waits for their replacements.
@@ -226,7 +226,7 @@ class Dispatcher:
         return 0.0 if oldest is None else round((self.clock() - oldest) / 1e6, 1)
 
     # -- the pool -------------------------------------------------------------------------------
-    def set_serving(self, workers: list[WorkerHandle], whole: bool) -> None:
+    def set_serving(self, workers: list[WorkerLink], whole: bool) -> None:
         """The workers that take new requests now (the pool calls this whenever its set
         changes), and whether every slot has one: the queue's delay counts only while it
         does (delay_ns)."""
@@ -245,18 +245,16 @@ class Dispatcher:
         self.waiting.flush(self.serving, self.hold_cost, self.meter, self.clock())
 
     # -- workers and their answers --------------------------------------------------------------
-    def add_worker(
-        self, worker: WorkerHandle, loop: asyncio.AbstractEventLoop, owner: Owner
-    ) -> None:
+    def add_worker(self, worker: WorkerLink, loop: asyncio.AbstractEventLoop, owner: Owner) -> None:
         """Read the worker's answers whenever its answer doorbell rings (answers.Doorbells)."""
         self.doorbells.add(worker, loop, owner)
 
-    def remove_worker(self, worker: WorkerHandle) -> None:
+    def remove_worker(self, worker: WorkerLink) -> None:
         """Stop reading the worker's doorbell and drop its meter (it left the pool)."""
         self.doorbells.remove(worker)
         self.meter.forget(worker)
 
-    def on_answers(self, worker: WorkerHandle) -> None:
+    def on_answers(self, worker: WorkerLink) -> None:
         """The worker's eventfd fired: drain its response ring, complete what it answered."""
         answered = 0
         for req, result in read_answers(worker, self.clock()):
@@ -282,7 +280,7 @@ class Dispatcher:
             group.callback(group.results)  # type: ignore[arg-type]
 
     # -- failure ------------------------------------------------------------------------------
-    def reroute(self, worker: WorkerHandle) -> int:
+    def reroute(self, worker: WorkerLink) -> int:
         """A worker died or hung: what it answered before still counts; every request it held
         goes back to the front, in order. Returns how many moved."""
         try:

@@ -14,10 +14,10 @@ import asyncio
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import BULK, Request, Waiting
 from ringserve.service.engine.routing import Homes, assign
-from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
 # Priority (service.engine.tenants): bulk texts may fill the queue only up to this share of
@@ -262,7 +262,7 @@ class Lines:
     def place(
         self,
         reqs: list[Request],
-        serving: Sequence[WorkerHandle],
+        serving: Sequence[WorkerLink],
         hold: int,
         meter: Meter,
         now_ns: int,
@@ -275,7 +275,7 @@ class Lines:
             return
         self.extend(assign(reqs, serving, hold, meter, now_ns, self.homes))
 
-    def flush(self, serving: Sequence[WorkerHandle], hold: int, meter: Meter, now_ns: int) -> None:
+    def flush(self, serving: Sequence[WorkerLink], hold: int, meter: Meter, now_ns: int) -> None:
         """Hand the oldest waiting requests to workers with room, as many as they take."""
         if not self or not serving:
             return

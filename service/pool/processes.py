@@ -13,8 +13,8 @@ from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.pool.watch import stop_all
 from ringserve.service.settings import Config
+from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.spec import ModelRef
-from ringserve.workers.zygote import Zygote
 
 
 class Processes:
@@ -62,12 +62,12 @@ class Processes:
         self.all[handle.serial] = handle
         assert self.loop is not None
         self.loop.add_reader(handle.sentinel, self.on_exit, handle)
-        self.dispatcher.add_worker(handle, self.loop, owner)  # its answers are read there
+        self.dispatcher.add_worker(handle.link, self.loop, owner)  # its answers are read there
         return handle
 
     def finish(self, handle: WorkerHandle) -> None:
         """A worker declared dead: release it, or KILL it first when it still runs (hung)."""
-        self.dispatcher.remove_worker(handle)
+        self.dispatcher.remove_worker(handle.link)
         if handle.process.exitcode is None:
             handle.signal(signal.SIGKILL)  # on_exit releases it once the kernel has freed it
             return
@@ -86,9 +86,9 @@ class Processes:
         handles = list(self.all.values())
         assert self.loop is not None
         for h in handles:  # from here on this method alone reaps and releases
-            self.dispatcher.remove_worker(h)
+            self.dispatcher.remove_worker(h.link)
             self.loop.remove_reader(h.sentinel)
         await stop_all(handles, self.clock(), timeout)
         for h in handles:
-            h.dead = True
+            h.mark_dead()
             self.release(h)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ringserve.service.engine.dispatcher import Dispatcher
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.logs import EventLog
 from ringserve.service.pool.forker import Forker
 from ringserve.service.pool.handle import WorkerHandle
@@ -137,17 +138,20 @@ class Supervisor:
         self._event("worker_started", worker=slot, serial=handle.serial, pid=handle.pid, how=how)
         return handle
 
-    def worker_ready(self, handle: WorkerHandle) -> None:
+    def worker_ready(self, link: WorkerLink) -> None:
         """The dispatcher heard the worker's first answer doorbell after it loaded."""
-        if handle.ready_at is None:
+        handle = self.procs.all.get(link.serial)
+        if handle is not None and handle.ready_at is None:
             handle.ready_at = self.clock()
             boot_ms = handle.ctl.get("boot_ms")
             self._event("worker_ready", worker=handle.slot, pid=handle.pid, boot_ms=boot_ms)
             self.wake.set()
 
-    def worker_drained(self, handle: WorkerHandle) -> None:
+    def worker_drained(self, link: WorkerLink) -> None:
         """A draining worker answered the last it held: it may stop now."""
-        handle.terminate(self.clock())
+        handle = self.procs.all.get(link.serial)
+        if handle is not None:
+            handle.terminate(self.clock())
 
     def on_exit(self, handle: WorkerHandle) -> None:
         """The process sentinel fired: the worker is gone (any signal, any exit)."""
@@ -164,7 +168,7 @@ class Supervisor:
         if handle.dead:
             return
         loaded = handle.ready_at is not None or handle.loaded()
-        handle.dead = True
+        handle.mark_dead()
         key = self.roster.take_out(handle, self.stopping)
         boot_error = self.policy.died(handle, key, code, loaded) and not self.stopping
         # A load's new list that cannot load fails that load (Rolls), not the server.
@@ -173,7 +177,7 @@ class Supervisor:
         self.roster.update_serving()  # before rerouting, so nothing goes back to the dead worker
         if not self.fatal:
             self.reconcile()  # a warm spare takes the slot now, not at the next tick
-        moved = self.dispatcher.reroute(handle)
+        moved = self.dispatcher.reroute(handle.link)
         level = logging.INFO if handle.draining else logging.WARNING
         self._event("worker_died", level=level, worker=handle.slot, pid=handle.pid,
                     reason=reason, exit_code=code, rerouted=moved)  # fmt: skip

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from ringserve.factory import int8
 from ringserve.factory.onnx import read_heldout
-from ringserve.workers import graphpick
 from ringserve.workers.artifact import (
     ArtifactError,
     Manifest,
@@ -24,9 +23,10 @@ from ringserve.workers.artifact import (
     load_tokenizer,
     reference_logits,
 )
-from ringserve.workers.batcher import Item
-from ringserve.workers.onnx_model import choose_runtime, open_session
-from ringserve.workers.runtime import CpuRunner, OrtRunner, softmax
+from ringserve.workers.process.batcher import Item
+from ringserve.workers.runtimes import graphpick
+from ringserve.workers.runtimes.cpu import CpuRunner, OrtRunner, softmax
+from ringserve.workers.runtimes.onnx_model import choose_runtime, open_session
 
 from devkit.models import old_artifact
 from devkit.server import ServerProc

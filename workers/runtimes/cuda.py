@@ -29,9 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from ringserve.shm import layout as L
-from ringserve.workers.batcher import BATCH_OVERHEAD_TOKENS, Item, row_limit
 from ringserve.workers.events import EventLog
-from ringserve.workers.runtime import CpuRunner, Runner, fill_rows, softmax
+from ringserve.workers.process.batcher import BATCH_OVERHEAD_TOKENS, Item, row_limit
+from ringserve.workers.runtimes.cpu import CpuRunner, Runner, fill_rows, softmax
 from ringserve.workers.spec import FAKE_GPU, is_gpu_device
 from ringserve.workers.testhooks import HOOKS
 
@@ -520,7 +520,7 @@ class WorkerSink:
         self.report(runner, warm_s)
         if not runner.on_cuda:
             return None
-        from ringserve.workers.nvml import GpuMonitor
+        from ringserve.workers.runtimes.nvml import GpuMonitor
 
         monitor = GpuMonitor(self.ctl, runner.torch_device.index or 0, runner.torch_device)
         monitor.tick()
