@@ -1,17 +1,19 @@
-"""The workers' answers: each worker's answer doorbell, and reading its response ring. The
-dispatcher reads a worker's answers when its eventfd rings, and tells the worker's owner (the
-supervisor) two things only: the worker's first ring after boot (it is ready), and a draining
-worker that holds nothing any more."""
+"""The workers' answers: each worker's answer doorbell, reading its response ring, and each
+request's completion (Answers). A worker's answers are read when its eventfd rings, and the
+worker's owner (the pool) is told two things only: the worker's first ring after boot (it is
+ready), and a draining worker that holds nothing any more."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from ringserve.service.engine.lanes import Lane
 from ringserve.service.engine.link import WorkerLink
-from ringserve.service.engine.requests import Request, Result
+from ringserve.service.engine.meter import Meter
+from ringserve.service.engine.requests import Group, Request, Result
 
 
 def read_answers(worker: WorkerLink, read_ns: int) -> Iterator[tuple[Request, Result]]:
@@ -68,3 +70,56 @@ class Doorbells:
         self.on_answers(worker)
         if worker.draining and not worker.assigned:
             reader.owner.worker_drained(worker)
+
+
+class Answers:
+    """Every admitted request until it is answered: the workers' doorbells, each answer
+    matched to its request, a group's callback once its last text is answered, and the counts
+    by task. `refill` runs after each worker's answers (the dispatcher places what waits)."""
+
+    def __init__(
+        self,
+        inflight: dict[int, Request],
+        lanes: Mapping[int, Lane],
+        meter: Meter,
+        clock: Callable[[], int],
+        refill: Callable[[], None],
+    ) -> None:
+        self.inflight, self.lanes, self.meter, self.clock = inflight, lanes, meter, clock
+        self.refill = refill
+        self.doorbells = Doorbells(self.read)  # the workers whose answers are read here
+        self.on_result: Callable[[Group, Result, int], None] | None = None  # metrics hook
+        # Texts answered (any status) by task; a rerank counts its documents.
+        self.by_task = dict.fromkeys(("classify", "embed", "rerank"), 0)
+
+    def add(self, worker: WorkerLink, loop: asyncio.AbstractEventLoop, owner: Owner) -> None:
+        """Read the worker's answers whenever its answer doorbell rings."""
+        self.doorbells.add(worker, loop, owner)
+
+    def remove(self, worker: WorkerLink) -> None:
+        """Stop reading the worker's doorbell and drop its meter (it left the pool)."""
+        self.doorbells.remove(worker)
+        self.meter.forget(worker)
+
+    def read(self, worker: WorkerLink) -> None:
+        """The worker's eventfd fired: drain its response ring, complete what it answered."""
+        answered = 0
+        for req, result in read_answers(worker, self.clock()):
+            answered += req.cost
+            self.complete(req, result)
+        if answered:
+            self.meter.answered(worker, answered, self.clock())
+        self.refill()
+
+    def complete(self, req: Request, result: Result) -> None:
+        if self.inflight.pop(req.id, None) is None:
+            return
+        group = req.group
+        self.lanes[group.model].answered(req.cost)
+        group.results[req.index] = result
+        group.remaining -= 1
+        if self.on_result is not None:
+            self.on_result(group, result, self.clock() - group.admitted_ns)
+        if group.remaining == 0:
+            self.by_task[group.task] += len(group.results)
+            group.callback(group.results)  # type: ignore[arg-type]

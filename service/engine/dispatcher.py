@@ -19,13 +19,12 @@ so a one-model server behaves as it always has.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ringserve.service.engine.answers import Doorbells, Owner, read_answers
+from ringserve.service.engine.answers import Answers
 from ringserve.service.engine.bounds import Free, queue_by, room
 from ringserve.service.engine.expiry import Expiry
 from ringserve.service.engine.lanes import Lane, Lanes, Lines
@@ -95,15 +94,14 @@ class Dispatcher:
         # merely because its workers died, it waits for their replacements.
         self.whole = True
         self.whole_since_ns = self.clock()
-        self.doorbells = Doorbells(self.on_answers)  # the workers whose answers are read here
         self.meter = Meter()
+        # The workers' doorbells and each request's completion (add, remove, read, complete).
+        self.answers = Answers(self.inflight, self.lanes, self.meter, clock, self.refill)
+        self.answered_by_task = self.answers.by_task
         self.next_id = 1
-        self.accepting = True
-        self.on_result: Callable[[Group, Result, int], None] | None = None  # metrics hook
+        self.accepting = True  # stop_accepting(): the server drains
         self.expiry = Expiry(self)  # deadlines: the one place the front-end enforces them
         self.rejected = 0
-        # Texts answered (any status) by task; a rerank counts its documents.
-        self.answered_by_task = dict.fromkeys(("classify", "embed", "rerank"), 0)
         self.why = "queue is full"  # the reason of the last refusal
 
     # -- admission ----------------------------------------------------------------------------
@@ -225,7 +223,11 @@ class Dispatcher:
         oldest = self.waiting.oldest_of_all()
         return 0.0 if oldest is None else round((self.clock() - oldest) / 1e6, 1)
 
-    # -- the pool -------------------------------------------------------------------------------
+    # -- the pool and the server ---------------------------------------------------------------
+    def stop_accepting(self) -> None:
+        """The server drains: every new text is refused (what was admitted is answered)."""
+        self.accepting = False
+
     def set_serving(self, workers: list[WorkerLink], whole: bool) -> None:
         """The workers that take new requests now (the pool calls this whenever its set
         changes), and whether every slot has one: the queue's delay counts only while it
@@ -244,47 +246,17 @@ class Dispatcher:
     def flush_waiting(self) -> None:
         self.waiting.flush(self.serving, self.hold_cost, self.meter, self.clock())
 
-    # -- workers and their answers --------------------------------------------------------------
-    def add_worker(self, worker: WorkerLink, loop: asyncio.AbstractEventLoop, owner: Owner) -> None:
-        """Read the worker's answers whenever its answer doorbell rings (answers.Doorbells)."""
-        self.doorbells.add(worker, loop, owner)
-
-    def remove_worker(self, worker: WorkerLink) -> None:
-        """Stop reading the worker's doorbell and drop its meter (it left the pool)."""
-        self.doorbells.remove(worker)
-        self.meter.forget(worker)
-
-    def on_answers(self, worker: WorkerLink) -> None:
-        """The worker's eventfd fired: drain its response ring, complete what it answered."""
-        answered = 0
-        for req, result in read_answers(worker, self.clock()):
-            answered += req.cost
-            self.complete(req, result)
-        if answered:
-            self.meter.answered(worker, answered, self.clock())
+    def refill(self) -> None:
+        """After a worker's answers: what waits goes to the room they left."""
         if self.waiting:
             self.flush_waiting()
-
-    def complete(self, req: Request, result: Result) -> None:
-        if self.inflight.pop(req.id, None) is None:
-            return
-        group = req.group
-        self.lanes[group.model].answered(req.cost)
-        group.results[req.index] = result
-        group.remaining -= 1
-        latency_ns = self.clock() - group.admitted_ns
-        if self.on_result is not None:
-            self.on_result(group, result, latency_ns)
-        if group.remaining == 0:
-            self.answered_by_task[group.task] += len(group.results)
-            group.callback(group.results)  # type: ignore[arg-type]
 
     # -- failure ------------------------------------------------------------------------------
     def reroute(self, worker: WorkerLink) -> int:
         """A worker died or hung: what it answered before still counts; every request it held
         goes back to the front, in order. Returns how many moved."""
         try:
-            self.on_answers(worker)
+            self.answers.read(worker)
         except Exception:
             log.exception("reading the answers of a dead worker")
         moved = take_back(worker)
@@ -304,7 +276,7 @@ class Dispatcher:
 
     def fail_all(self, status: int = L.STATUS_INTERNAL) -> None:
         for r in list(self.inflight.values()):
-            self.complete(r, Result(status))
+            self.answers.complete(r, Result(status))
         self.waiting.clear()
 
     # -- views ----------------------------------------------------------------------------------

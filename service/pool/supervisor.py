@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ringserve.service.engine.dispatcher import Dispatcher
-from ringserve.service.engine.link import WorkerLink
 from ringserve.service.logs import EventLog
 from ringserve.service.pool.forker import Forker
 from ringserve.service.pool.handle import WorkerHandle
@@ -68,9 +67,8 @@ class Supervisor:
         self.generation = 0
         self.rolls = Rolls(self, clock)  # the rolls onto a new model list (set_models)
         self.roster = Roster(dispatcher, clock, self._event)  # who holds which place now
-        self.procs = Processes(
-            settings, self.models, model_dir, dispatcher, make_handle, self.on_exit, clock
-        )
+        self.procs = Processes(settings, self.models, model_dir, dispatcher, make_handle,
+                               self.on_exit, clock, self.worker_ready)  # fmt: skip
         # The same containers, under the names the control status and metrics read.
         self.slots, self.spares = self.roster.slots, self.roster.spares
         self.retiring, self.restarts = self.roster.retiring, self.roster.restarts
@@ -133,25 +131,16 @@ class Supervisor:
     def spawn(self, slot: int | None) -> WorkerHandle:
         cpus, device = self.cpus_for(slot), self.device_for(slot)
         zygote = self.forker.ready(self.generation)
-        handle = self.procs.start(slot, cpus, device, self.generation, zygote, self)
+        handle = self.procs.start(slot, cpus, device, self.generation, zygote)
         how = "fork" if handle.forked else "spawn"
         self._event("worker_started", worker=slot, serial=handle.serial, pid=handle.pid, how=how)
         return handle
 
-    def worker_ready(self, link: WorkerLink) -> None:
-        """The dispatcher heard the worker's first answer doorbell after it loaded."""
-        handle = self.procs.all.get(link.serial)
-        if handle is not None and handle.ready_at is None:
-            handle.ready_at = self.clock()
-            boot_ms = handle.ctl.get("boot_ms")
-            self._event("worker_ready", worker=handle.slot, pid=handle.pid, boot_ms=boot_ms)
-            self.wake.set()
-
-    def worker_drained(self, link: WorkerLink) -> None:
-        """A draining worker answered the last it held: it may stop now."""
-        handle = self.procs.all.get(link.serial)
-        if handle is not None:
-            handle.terminate(self.clock())
+    def worker_ready(self, handle: WorkerHandle) -> None:
+        """A worker said it is ready (Processes heard its first answer doorbell)."""
+        boot_ms = handle.ctl.get("boot_ms")
+        self._event("worker_ready", worker=handle.slot, pid=handle.pid, boot_ms=boot_ms)
+        self.wake.set()
 
     def on_exit(self, handle: WorkerHandle) -> None:
         """The process sentinel fired: the worker is gone (any signal, any exit)."""
