@@ -104,8 +104,12 @@ class Answers:
     def read(self, worker: WorkerLink) -> None:
         """The worker's eventfd fired: drain its response ring, complete what it answered."""
         answered = 0
-        for req, result in read_answers(worker, self.clock()):
+        now = self.clock()
+        for req, result in read_answers(worker, now):
             answered += req.cost
+            lane = self.lanes.get(req.group.model)
+            if lane is not None:
+                lane.drain.answered(req.cost, now)  # the lane's rate (bounds.Drain)
             self.complete(req, result)
         if answered:
             self.meter.answered(worker, answered, self.clock())
