@@ -88,6 +88,7 @@ class Dispatcher:
         self.waiting = Lines(int(bulk_wait_ms * 1e6))  # admitted, not in any ring yet
         self.table = Lanes()  # the models' lanes (lanes.Lanes: open, close, when_empty)
         self.lanes, self.names = self.table.lanes, self.table.names
+        self.models: Mapping[int, Lane] = self.lanes  # the models' lanes, as ops read them
         self.serving: list[WorkerLink] = []  # set_serving(), by the pool
         # Whether every slot of the pool has a serving worker, and since when. While a worker is
         # being replaced the queue's delay says nothing of overload: a request never gets 503
@@ -185,21 +186,12 @@ class Dispatcher:
         slots, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
         now = self.clock()
         delay_ns = self.delay_ns(model, priority, now)
-        ahead_ms = self.ahead_ms(model, priority, now, delay_ns)
+        ahead_ms = None  # only for a queue that is not fresh (Lane.ahead_ms)
+        if self.max_queue_ms > 0 and delay_ns >= INTERVAL_MS * 1e6:
+            bulk = self.waiting.bulk_cost(model) if priority == INTERACTIVE else 0
+            ahead_ms = self.lanes[model].ahead_ms(now, delay_ns, bulk)
         free = Free(slots, empty, fits, delay_ns / 1e6, self.max_queue_ms, ahead_ms)
         return room(n, whole, free)
-
-    def ahead_ms(self, model: int, priority: int, now: int, delay_ns: int) -> float | None:
-        """For a queue that is not fresh: how long the model's work admitted so far takes at
-        the rate it is answered in this stretch (bounds.Drain); None otherwise."""
-        if self.max_queue_ms <= 0 or delay_ns < INTERVAL_MS * 1e6:
-            return None
-        lane = self.lanes[model]
-        rate = lane.drain.per_s(now, now - delay_ns)
-        if rate is None:
-            return None
-        ahead = lane.cost - (self.waiting.bulk_cost(model) if priority == INTERACTIVE else 0)
-        return max(ahead, 0) * 1e3 / rate
 
     def delay_ns(self, model: int = 0, priority: int = INTERACTIVE, now: int = 0) -> int:
         """The queue's measured delay for a new text of this model and priority: how long the
@@ -216,11 +208,6 @@ class Dispatcher:
         lane = self.lanes.get(model)
         if lane is not None:
             lane.rejected += n
-
-    # -- models (their lanes: self.table, lanes.Lanes) --------------------------------------------
-    @property
-    def models(self) -> Mapping[int, Lane]:
-        return self.lanes
 
     @property
     def many(self) -> bool:

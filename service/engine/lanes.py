@@ -62,6 +62,15 @@ class Lane:
         self.depth += n
         self.cost += cost
 
+    def ahead_ms(self, now: int, delay_ns: int, skipped: int) -> float | None:
+        """How long the work admitted so far (less `skipped` cost a new text goes before) takes
+        at the rate it is answered since the oldest waiting text came (bounds.Drain); None
+        while that rate is not measured."""
+        rate = self.drain.per_s(now, now - delay_ns)
+        if rate is None:
+            return None
+        return max(self.cost - skipped, 0) * 1e3 / rate
+
     def answered(self, cost: int) -> None:
         """One of its texts was answered: wake who waits for none to be left."""
         self.depth -= 1
