@@ -112,6 +112,8 @@ class Worker:
                 if self.stop or self.ended is not None:
                     return
                 took, run, wait_ns = self.pick(k)
+                if self.ended is not None:  # the parent is gone
+                    return
             if run is not None:
                 self.run(k, run)
             elif not took:
