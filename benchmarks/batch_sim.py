@@ -6,7 +6,7 @@ worker's own Python share the same cores), and on a shared machine one run's rat
 sending its next text (the mix's own texts, in turn) as soon as its answer comes back, W
 workers, and a batch of n texts padded to L tokens taking A + n * L units of time (one unit is
 one token's forward cost, A the fixed cost of a batch in tokens: BATCH_OVERHEAD, measured by
-benchmarks.batch_cost). Batches are chosen by the real workers/batcher.py. Nothing but the
+benchmarks.batch_cost). Batches are chosen by the real workers/process/batcher.py. Nothing but the
 model is costed, so the figures are the batch shape's share of served/ceiling alone.
 
 Rules compared with today's (each worker its own Batcher, a text to the least-held worker):
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringserve.service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
-from ringserve.workers.batcher import BATCH_OVERHEAD, Batcher, Item
+from ringserve.workers.process.batcher import BATCH_OVERHEAD, Batcher, Item
 
 from benchmarks.serving import LIMITS, MIXES, plan
 from devkit.launcher import load_texts

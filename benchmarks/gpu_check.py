@@ -60,7 +60,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from ringserve.service.settings import GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS  # noqa: E402
-from ringserve.workers.batcher import CUDA_BUCKETS as GRID  # noqa: E402 - the CUDA default grid
+from ringserve.workers.process.batcher import CUDA_BUCKETS as GRID  # noqa: E402 - the CUDA default grid
 
 from devkit.http import classify_request, get_json, http_request  # noqa: E402 - after the path set-up above
 from devkit.launcher import AG_NEWS, SST2, Launched, load_texts  # noqa: E402
@@ -282,14 +282,14 @@ def check_env(table: Table, device: str) -> bool:
 # -- in-process runner checks ----------------------------------------------------------------------
 def tokenize(model_dir: str, texts: list[str]) -> list[Any]:
     from ringserve.workers.artifact import load_tokenizer
-    from ringserve.workers.batcher import Item
+    from ringserve.workers.process.batcher import Item
 
     tok = load_tokenizer(model_dir, max(GRID))
     return [Item(i, 0, 0, e.ids) for i, e in enumerate(tok.encode_batch(texts))]
 
 
 def synthetic(length: int, n: int) -> list[Any]:
-    from ringserve.workers.batcher import Item
+    from ringserve.workers.process.batcher import Item
 
     body = [[2000 + (i * 31 + k * 7) % 20000 for k in range(length - 2)] for i in range(n)]
     return [Item(i, 0, 0, [101, *ids, 102]) for i, ids in enumerate(body)]
@@ -309,7 +309,7 @@ def time_ms(fn: Callable[[], Any], reps: int) -> float:
 def score_all(runner: Any, items: list[Any]) -> Any:
     """Probabilities for every item, batched on the grid as a worker would."""
     import numpy as np
-    from ringserve.workers.batcher import bucket_index
+    from ringserve.workers.process.batcher import bucket_index
 
     out = np.zeros((len(items), 2), dtype=np.float32)
     groups: dict[int, list[Any]] = {}
@@ -324,7 +324,7 @@ def score_all(runner: Any, items: list[Any]) -> Any:
 
 
 def new_runner(args: argparse.Namespace, model: Any, grid: tuple[int, ...], precision: str) -> Any:
-    from ringserve.workers.cuda import CudaRunner
+    from ringserve.workers.runtimes.cuda import CudaRunner
 
     return CudaRunner(
         model, grid, args.max_batch, args.device, precision, max_tokens=args.max_tokens
@@ -414,8 +414,8 @@ def check_precision(args: argparse.Namespace, table: Table, fp32: Any, items: li
 def check_real_oom(args: argparse.Namespace, table: Table, model: Any) -> None:
     """Fill the GPU from this process, then run an eager batch: the real error falls back."""
     import torch
-    from ringserve.workers.cuda import CudaRunner, FallbackRunner
-    from ringserve.workers.runtime import CpuRunner
+    from ringserve.workers.runtimes.cpu import CpuRunner
+    from ringserve.workers.runtimes.cuda import CudaRunner, FallbackRunner
 
     eager = CudaRunner(model, (256,), 64, args.device, graphs=False, max_tokens=args.max_tokens)
     cpu = CpuRunner(model, 256, 64)
@@ -494,7 +494,7 @@ def check_workers(args: argparse.Namespace, table: Table, srv: Launched) -> None
 def check_served(table: Table, srv: Launched, model_dir: str, texts: list[str]) -> None:
     import numpy as np
     from ringserve.workers.artifact import reference_logits
-    from ringserve.workers.runtime import softmax
+    from ringserve.workers.runtimes.cpu import softmax
 
     want = softmax(reference_logits(model_dir, texts))
     got = []
@@ -511,7 +511,7 @@ def check_served(table: Table, srv: Launched, model_dir: str, texts: list[str]) 
 
 
 def gpu_memory(args: argparse.Namespace) -> int | None:
-    from ringserve.workers import nvml
+    from ringserve.workers.runtimes import nvml
 
     reader = nvml.Nvml()
     index = int(args.device.split(":")[1]) if ":" in args.device else 0

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel
 from ringserve.factory.build import default_artifact_dir
 from ringserve.workers.artifact import load_manifest, load_tokenizer
-from ringserve.workers.runtime import ACTIVATIONS
+from ringserve.workers.runtimes.cpu import ACTIVATIONS
 
 
 class Text(BaseModel):
@@ -28,7 +28,7 @@ class Text(BaseModel):
 
 class Classifier(ls.LitAPI):  # type: ignore[misc]
     def setup(self, device: str) -> None:
-        from ringserve.workers.onnx_model import open_session
+        from ringserve.workers.runtimes.onnx_model import open_session
 
         model_dir = default_artifact_dir()
         m = load_manifest(model_dir)

@@ -275,7 +275,7 @@ class MemorySampler(threading.Thread):
 
     @staticmethod
     def _gpus() -> list[Any]:
-        from ringserve.workers import nvml
+        from ringserve.workers.runtimes import nvml
 
         lib = nvml.default()
         return [lib.handle(i) for i in range(lib.device_count())]
@@ -291,7 +291,7 @@ class MemorySampler(threading.Thread):
             "processes": float(len(pids)),
         }
         if self.gpus:
-            from ringserve.workers import nvml
+            from ringserve.workers.runtimes import nvml
 
             used = [nvml.default().sample(h) for h in self.gpus]
             row["gpu_mem"] = float(sum(s.mem_used for s in used if s is not None))

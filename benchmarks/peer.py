@@ -22,7 +22,7 @@ from ringserve.workers.artifact import (
     load_model,
     load_tokenizer,
 )
-from ringserve.workers.runtime import ACTIVATIONS
+from ringserve.workers.runtimes.cpu import ACTIVATIONS
 
 app = FastAPI()
 
@@ -44,7 +44,7 @@ class Model:
         self.session: Any = None
         self.module: Any = None
         if runtime == "onnx":
-            from ringserve.workers.onnx_model import open_session
+            from ringserve.workers.runtimes.onnx_model import open_session
 
             self.session = open_session(f"{model_dir}/{m.onnx_for(precision)}", 1)
         else:

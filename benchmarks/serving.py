@@ -53,7 +53,7 @@ from typing import Any
 
 import psutil
 from ringserve.service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
-from ringserve.workers.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
+from ringserve.workers.process.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
 
 from benchmarks.int8_frontier import table
 from benchmarks.memory import tree_pss
@@ -81,7 +81,7 @@ Batch = list[list[int]]  # token ids of each text
 # -- the ceiling: pinned processes running planned batches -----------------------------------------
 def _ceiling_loop(conn: Any, cpu: int) -> None:
     os.sched_setaffinity(0, [cpu])
-    from ringserve.workers.batcher import Item
+    from ringserve.workers.process.batcher import Item
 
     runner: Any = None
     while True:
@@ -168,7 +168,7 @@ def plan(
     """Batches as a server seeing `window` arriving texts at once could form them: each window
     sorted by length, padded to each batch's longest, cut under the limit either greedily
     (overhead None: as full as the limit allows) or at the least total cost, a batch costing
-    its padded tokens plus `overhead` (the server's own split, workers/batcher.py)."""
+    its padded tokens plus `overhead` (the server's own split, workers/process/batcher.py)."""
     batches: list[Batch] = []
     for start in range(0, len(encodings), window):
         chunk = sorted(encodings[start : start + window], key=len)

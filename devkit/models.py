@@ -14,14 +14,14 @@ from ringserve.workers.artifact import compute_fingerprint
 def raw_runner(
     model_dir: str, runtime: str, precision: str, max_batch: int, graph: str = "plain"
 ) -> Any:
-    """The model alone on one thread, run as a CPU worker runs it (workers/worker.py): an
+    """The model alone on one thread, run as a CPU worker runs it (workers/process/): an
     OrtRunner on the artifact's ONNX file for `precision`, or TorchScript without the profiling
     executor. For the benchmarks' ceilings; imports torch, so call it in the measuring process."""
     import torch
     from ringserve.workers.artifact import load_manifest, load_model
-    from ringserve.workers.onnx_model import open_session
-    from ringserve.workers.runtime import CpuRunner, OrtRunner
-    from ringserve.workers.worker import set_graph_optimize
+    from ringserve.workers.process.served import set_graph_optimize
+    from ringserve.workers.runtimes.cpu import CpuRunner, OrtRunner
+    from ringserve.workers.runtimes.onnx_model import open_session
 
     torch.set_num_threads(1)
     m = load_manifest(model_dir)

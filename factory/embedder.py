@@ -76,7 +76,7 @@ class SentenceEncoder(Encoder):
 
     @torch.jit.export
     def classify_embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """What workers/joined.py Joined calls: no labels, so the row is the vector alone."""
+        """What workers.runtimes.joined.Joined calls: no labels, so the row is the vector alone."""
         return self.forward(input_ids, attention_mask)
 
 

@@ -59,7 +59,7 @@ class Classifier(nn.Module):
     def classify_embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """One forward, both answers: the head's logits [B, C] (of the normalized embedding)
         and the mean-pooled vector before normalization [B, H], side by side as [B, C + H]
-        (workers/runtime.py splits them; the front-end normalizes unless asked not to)."""
+        (workers/runtimes/cpu.py splits them; the front-end normalizes unless asked not to)."""
         pooled = self.mean_pool(input_ids, attention_mask)
         return torch.cat([self.head(F.normalize(pooled, p=2.0, dim=1)), pooled], dim=1)
 

@@ -1,6 +1,7 @@
 """The ONNX side of building an artifact: export the classifier, fuse it, store each graph with
 its weights beside it (mapped, so workers share them) and measure what int8 costs. The int8
-recipe search is factory/int8.py; the sessions a worker serves with, workers/onnx_model.py."""
+recipe search is factory/int8.py; the sessions a worker serves with,
+workers/runtimes/onnx_model.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ringserve.workers.onnx_model import open_session as open_session  # the factory's too
+from ringserve.workers.runtimes.onnx_model import open_session as open_session  # the factory's too
 
 ONNX_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"

@@ -73,7 +73,7 @@ class App:
         self.supervisor = Supervisor(s, dispatcher, refs, model.device, log)
         self.stats = Stats(model.buckets, self.keys)
         if s.metrics:  # 0: nothing is counted per request (the overhead baseline)
-            dispatcher.on_result = self.stats.observe
+            dispatcher.answers.on_result = self.stats.observe
         state = RunState(dispatcher, self.supervisor, self.started)
         spans = start_tracing(s, model.runtime)
         admission = Admission(dispatcher, state.refusal, s.request_timeout_s, self.keys, spans)

@@ -9,7 +9,7 @@ import os
 import re
 
 from ringserve.service.logs import EventLog
-from ringserve.workers import nvml
+from ringserve.workers.runtimes import nvml
 from ringserve.workers.spec import FAKE_GPU, is_gpu_device
 from ringserve.workers.testhooks import HOOKS
 

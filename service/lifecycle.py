@@ -138,7 +138,7 @@ class Lifecycle:
             if self.state.hurry:
                 break
             await asyncio.sleep(0.01)
-        self.dispatcher.accepting = False
+        self.dispatcher.stop_accepting()
         if self.dispatcher.depth:
             self.log.warning("drain_timeout", unanswered=self.dispatcher.depth)
             self.dispatcher.fail_all()

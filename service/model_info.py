@@ -23,9 +23,9 @@ from ringserve.workers.artifact import (
     default_cache_dir,
     load_manifest,
 )
-from ringserve.workers.batcher import REPORT_GRID, length_grid, pad_grid
-from ringserve.workers.graphpick import choose
-from ringserve.workers.onnx_model import choose_runtime
+from ringserve.workers.process.batcher import REPORT_GRID, length_grid, pad_grid
+from ringserve.workers.runtimes.graphpick import choose
+from ringserve.workers.runtimes.onnx_model import choose_runtime
 from ringserve.workers.spec import ModelRef
 
 
@@ -285,7 +285,7 @@ def int8_note(cost: dict[str, Any]) -> str:
 def pick_graph(
     settings: Config, model_dir: str, manifest: Manifest, log: EventLog
 ) -> dict[str, Any]:
-    """Resolve --graph auto by timing both fp32 graphs on this CPU (workers/graphpick.py);
+    """Resolve --graph auto by timing both fp32 graphs on this CPU (workers/runtimes/graphpick.py);
     the workers are given the resolved choice through the settings they are built from."""
     s = settings
     cache = Path(s.cache_dir) if s.cache_dir else default_cache_dir()

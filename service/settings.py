@@ -592,7 +592,7 @@ class Config:
 
         A lane is a thread of one worker process, pinned to its own core, running the whole
         serving loop with its own ONNX Runtime session; the lanes of a worker take their
-        batches from one Batcher (workers/worker.py). Measured on 2 cores (docs/design.md, "A
+        batches from one Batcher (workers/process/). Measured on 2 cores (docs/design.md, "A
         lane per core"): one worker of 2 lanes served 0.95-0.97 of the ceiling on short texts
         at c=32, against 0.81-0.84 for two workers of one, since both cores' texts wait in one
         pool and form fuller batches. The default pairs cores: one worker's lanes share its

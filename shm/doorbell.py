@@ -11,7 +11,7 @@ with loop.add_reader and reads it (which resets it to zero) before draining the 
 published after that read writes the eventfd again, so none waits unseen.
 
 Both travel to a worker as file descriptors: through the spawn machinery (pass_fds) while a
-spawn-started worker is being started, or by SCM_RIGHTS to the zygote (workers/zygote.py).
+spawn-started worker is being started, or by SCM_RIGHTS to the zygote (workers/process/zygote.py).
 """
 
 from __future__ import annotations

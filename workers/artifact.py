@@ -305,7 +305,7 @@ def onnx_available() -> bool:
 
 
 def default_cache_dir() -> Path:
-    """Where built artifacts (and the graph timings, workers/graphpick.py) are kept."""
+    """Where built artifacts (and the graph timings, workers/runtimes/graphpick.py) are kept."""
     return Path(os.environ.get("RINGSERVE_CACHE_DIR") or Path.home() / ".cache" / "ringserve")
 
 

@@ -70,16 +70,16 @@ class WorkerSpec:
     eventfd: Any  # shm.doorbell.EventFd: written once per batch of answers (as above)
     precision: str = "fp32"  # CUDA: fp32, fp16 or bf16 (autocast); CPU: fp32 or int8
     max_batch_tokens: int = 512  # CPU batches: most padded tokens (rows x padded length)
-    runtime: str = "auto"  # CPU: torch, onnx or auto (workers.onnx_model.choose_runtime)
+    runtime: str = "auto"  # CPU: torch, onnx or auto (workers.runtimes.onnx_model.choose_runtime)
     graph: str = "plain"  # ONNX Runtime fp32: plain or fused (the front-end resolves auto)
-    long_text: str = "truncate"  # --long-text: truncate, refuse or window (workers/longtext.py)
+    long_text: str = "truncate"  # --long-text: truncate, refuse or window (process.longtext)
     window_stride: int = 32  # --window-stride
     max_windows: int = 16  # --max-windows
     bulk_max_wait_ms: float = 2000.0  # --bulk-max-wait-ms: a bulk text's wait behind others
     # Every model this worker serves; empty: the one model at model_dir, index 0.
     models: tuple[ModelRef, ...] = ()
     # Batches run at once, each by a thread pinned to its own `threads` of `cpus` with its own
-    # runner, from one Batcher (workers/worker.py Lanes); 1: the serving loop alone.
+    # runner, from one Batcher (workers/process/worker.py Lanes); 1: the serving loop alone.
     lanes: int = 1
 
     def for_model(self, ref: ModelRef) -> WorkerSpec:

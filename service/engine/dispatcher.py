@@ -19,16 +19,16 @@ so a one-model server behaves as it always has.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ringserve.service.engine.answers import Doorbells, Owner, read_answers
+from ringserve.service.engine.answers import Answers
 from ringserve.service.engine.bounds import INTERVAL_MS, Free, queue_by, room
 from ringserve.service.engine.expiry import Expiry
 from ringserve.service.engine.lanes import Lane, Lanes, Lines
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import (
     BULK,
@@ -39,7 +39,6 @@ from ringserve.service.engine.requests import (
     text_cost,
 )
 from ringserve.service.engine.routing import take_back
-from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
 __all__ = ["BULK", "INTERACTIVE", "Dispatcher", "Group", "Request", "Result", "text_cost"]
@@ -89,21 +88,21 @@ class Dispatcher:
         self.waiting = Lines(int(bulk_wait_ms * 1e6))  # admitted, not in any ring yet
         self.table = Lanes()  # the models' lanes (lanes.Lanes: open, close, when_empty)
         self.lanes, self.names = self.table.lanes, self.table.names
-        self.serving: list[WorkerHandle] = []  # set_serving(), by the pool
+        self.models: Mapping[int, Lane] = self.lanes  # the models' lanes, as ops read them
+        self.serving: list[WorkerLink] = []  # set_serving(), by the pool
         # Whether every slot of the pool has a serving worker, and since when. While a worker is
         # being replaced the queue's delay says nothing of overload: a request never gets 503
         # merely because its workers died, it waits for their replacements.
         self.whole = True
         self.whole_since_ns = self.clock()
-        self.doorbells = Doorbells(self.on_answers)  # the workers whose answers are read here
         self.meter = Meter()
+        # The workers' doorbells and each request's completion (add, remove, read, complete).
+        self.answers = Answers(self.inflight, self.lanes, self.meter, clock, self.refill)
+        self.answered_by_task = self.answers.by_task
         self.next_id = 1
-        self.accepting = True
-        self.on_result: Callable[[Group, Result, int], None] | None = None  # metrics hook
+        self.accepting = True  # stop_accepting(): the server drains
         self.expiry = Expiry(self)  # deadlines: the one place the front-end enforces them
         self.rejected = 0
-        # Texts answered (any status) by task; a rerank counts its documents.
-        self.answered_by_task = dict.fromkeys(("classify", "embed", "rerank"), 0)
         self.why = "queue is full"  # the reason of the last refusal
 
     # -- admission ----------------------------------------------------------------------------
@@ -187,21 +186,12 @@ class Dispatcher:
         slots, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
         now = self.clock()
         delay_ns = self.delay_ns(model, priority, now)
-        ahead_ms = self.ahead_ms(model, priority, now, delay_ns)
+        ahead_ms = None  # only for a queue that is not fresh (Lane.ahead_ms)
+        if self.max_queue_ms > 0 and delay_ns >= INTERVAL_MS * 1e6:
+            bulk = self.waiting.bulk_cost(model) if priority == INTERACTIVE else 0
+            ahead_ms = self.lanes[model].ahead_ms(now, delay_ns, bulk)
         free = Free(slots, empty, fits, delay_ns / 1e6, self.max_queue_ms, ahead_ms)
         return room(n, whole, free)
-
-    def ahead_ms(self, model: int, priority: int, now: int, delay_ns: int) -> float | None:
-        """For a queue that is not fresh: how long the model's work admitted so far takes at
-        the rate it is answered in this stretch (bounds.Drain); None otherwise."""
-        if self.max_queue_ms <= 0 or delay_ns < INTERVAL_MS * 1e6:
-            return None
-        lane = self.lanes[model]
-        rate = lane.drain.per_s(now, now - delay_ns)
-        if rate is None:
-            return None
-        ahead = lane.cost - (self.waiting.bulk_cost(model) if priority == INTERACTIVE else 0)
-        return max(ahead, 0) * 1e3 / rate
 
     def delay_ns(self, model: int = 0, priority: int = INTERACTIVE, now: int = 0) -> int:
         """The queue's measured delay for a new text of this model and priority: how long the
@@ -219,11 +209,6 @@ class Dispatcher:
         if lane is not None:
             lane.rejected += n
 
-    # -- models (their lanes: self.table, lanes.Lanes) --------------------------------------------
-    @property
-    def models(self) -> Mapping[int, Lane]:
-        return self.lanes
-
     @property
     def many(self) -> bool:
         """More than one model was ever opened: metrics label what they count by model."""
@@ -240,8 +225,12 @@ class Dispatcher:
         oldest = self.waiting.oldest_of_all()
         return 0.0 if oldest is None else round((self.clock() - oldest) / 1e6, 1)
 
-    # -- the pool -------------------------------------------------------------------------------
-    def set_serving(self, workers: list[WorkerHandle], whole: bool) -> None:
+    # -- the pool and the server ---------------------------------------------------------------
+    def stop_accepting(self) -> None:
+        """The server drains: every new text is refused (what was admitted is answered)."""
+        self.accepting = False
+
+    def set_serving(self, workers: list[WorkerLink], whole: bool) -> None:
         """The workers that take new requests now (the pool calls this whenever its set
         changes), and whether every slot has one: the queue's delay counts only while it
         does (delay_ns)."""
@@ -259,53 +248,17 @@ class Dispatcher:
     def flush_waiting(self) -> None:
         self.waiting.flush(self.serving, self.hold_cost, self.meter, self.clock())
 
-    # -- workers and their answers --------------------------------------------------------------
-    def add_worker(
-        self, worker: WorkerHandle, loop: asyncio.AbstractEventLoop, owner: Owner
-    ) -> None:
-        """Read the worker's answers whenever its answer doorbell rings (answers.Doorbells)."""
-        self.doorbells.add(worker, loop, owner)
-
-    def remove_worker(self, worker: WorkerHandle) -> None:
-        """Stop reading the worker's doorbell and drop its meter (it left the pool)."""
-        self.doorbells.remove(worker)
-        self.meter.forget(worker)
-
-    def on_answers(self, worker: WorkerHandle) -> None:
-        """The worker's eventfd fired: drain its response ring, complete what it answered."""
-        answered = 0
-        now = self.clock()
-        for req, result in read_answers(worker, now):
-            answered += req.cost
-            lane = self.lanes.get(req.group.model)
-            if lane is not None:
-                lane.drain.answered(req.cost, now)
-            self.complete(req, result)
-        if answered:
-            self.meter.answered(worker, answered, self.clock())
+    def refill(self) -> None:
+        """After a worker's answers: what waits goes to the room they left."""
         if self.waiting:
             self.flush_waiting()
 
-    def complete(self, req: Request, result: Result) -> None:
-        if self.inflight.pop(req.id, None) is None:
-            return
-        group = req.group
-        self.lanes[group.model].answered(req.cost)
-        group.results[req.index] = result
-        group.remaining -= 1
-        latency_ns = self.clock() - group.admitted_ns
-        if self.on_result is not None:
-            self.on_result(group, result, latency_ns)
-        if group.remaining == 0:
-            self.answered_by_task[group.task] += len(group.results)
-            group.callback(group.results)  # type: ignore[arg-type]
-
     # -- failure ------------------------------------------------------------------------------
-    def reroute(self, worker: WorkerHandle) -> int:
+    def reroute(self, worker: WorkerLink) -> int:
         """A worker died or hung: what it answered before still counts; every request it held
         goes back to the front, in order. Returns how many moved."""
         try:
-            self.on_answers(worker)
+            self.answers.read(worker)
         except Exception:
             log.exception("reading the answers of a dead worker")
         moved = take_back(worker)
@@ -325,7 +278,7 @@ class Dispatcher:
 
     def fail_all(self, status: int = L.STATUS_INTERNAL) -> None:
         for r in list(self.inflight.values()):
-            self.complete(r, Result(status))
+            self.answers.complete(r, Result(status))
         self.waiting.clear()
 
     # -- views ----------------------------------------------------------------------------------

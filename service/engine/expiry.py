@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
+from ringserve.service.engine.answers import Answers
 from ringserve.service.engine.lanes import Lines
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import Request, Result
@@ -29,8 +30,7 @@ class Owed(Protocol):
     meter: Meter
     clock: Callable[[], int]
     whole: bool  # every slot of the pool has a serving worker
-
-    def complete(self, req: Request, result: Result) -> None: ...
+    answers: Answers  # complete()
 
     def refuse(self, n: int, model: int = 0) -> None: ...
 
@@ -93,10 +93,10 @@ class Expiry:
                 with contextlib.suppress(ValueError):
                     owed.waiting.remove(r)
             self.expired += 1
-            owed.complete(r, Result(L.STATUS_DEADLINE))
+            owed.answers.complete(r, Result(L.STATUS_DEADLINE))
         for r in shed:
             with contextlib.suppress(ValueError):
                 owed.waiting.remove(r)
             owed.refuse(1, r.group.model)
-            owed.complete(r, Result(L.STATUS_OVERLOADED))
+            owed.answers.complete(r, Result(L.STATUS_OVERLOADED))
         return len(late) + len(shed)

@@ -15,10 +15,10 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
 from ringserve.service.engine.bounds import Drain
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import BULK, Request, Waiting
 from ringserve.service.engine.routing import Homes, assign
-from ringserve.service.pool.handle import WorkerHandle
 from ringserve.shm import layout as L
 
 # Priority (service.engine.tenants): bulk texts may fill the queue only up to this share of
@@ -61,6 +61,15 @@ class Lane:
     def admitted(self, n: int, cost: int) -> None:
         self.depth += n
         self.cost += cost
+
+    def ahead_ms(self, now: int, delay_ns: int, skipped: int) -> float | None:
+        """How long the work admitted so far (less `skipped` cost a new text goes before) takes
+        at the rate it is answered since the oldest waiting text came (bounds.Drain); None
+        while that rate is not measured."""
+        rate = self.drain.per_s(now, now - delay_ns)
+        if rate is None:
+            return None
+        return max(self.cost - skipped, 0) * 1e3 / rate
 
     def answered(self, cost: int) -> None:
         """One of its texts was answered: wake who waits for none to be left."""
@@ -279,7 +288,7 @@ class Lines:
     def place(
         self,
         reqs: list[Request],
-        serving: Sequence[WorkerHandle],
+        serving: Sequence[WorkerLink],
         hold: int,
         meter: Meter,
         now_ns: int,
@@ -292,7 +301,7 @@ class Lines:
             return
         self.extend(assign(reqs, serving, hold, meter, now_ns, self.homes))
 
-    def flush(self, serving: Sequence[WorkerHandle], hold: int, meter: Meter, now_ns: int) -> None:
+    def flush(self, serving: Sequence[WorkerLink], hold: int, meter: Meter, now_ns: int) -> None:
         """Hand the oldest waiting requests to workers with room, as many as they take."""
         if not self or not serving:
             return

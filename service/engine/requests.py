@@ -28,7 +28,7 @@ def text_cost(payload: bytes, max_tokens: int) -> int:
 
 
 class Holder(Protocol):
-    """The worker a request was handed to, as a request sees it (a pool.handle.WorkerHandle)."""
+    """The worker a request was handed to, as a request sees it (an engine.link.WorkerLink)."""
 
     assigned: dict[int, Request]  # msg id -> request, in dispatch order
 

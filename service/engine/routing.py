@@ -7,14 +7,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import Request
-from ringserve.service.pool.handle import WorkerHandle
 
 # Many models: a model whose recent work (cost placed, decayed with HOME_HALF_LIFE_NS) is at
 # most 1/HOME_RATIO of another model's has a home, the first serving worker that holds it, and
 # its texts go there alone, past `hold` up to HOME_HOLD_SHARE times it. Only that worker's Turns
-# then sees the light model's texts and shortens the busy model's batches (workers.served
+# then sees the light model's texts and shortens the busy model's batches (workers.process.served
 # SHORT_SHARE), while the other workers keep whole batches; the light text waits behind one short
 # busy batch, not behind the whole one that runs on whichever worker it was sent to. Its home
 # goes when it is no longer light, or when the worker leaves `serving` (died, replaced, drained):
@@ -63,14 +63,14 @@ class Homes:
 
 def assign(
     reqs: list[Request],
-    workers: Sequence[WorkerHandle],
+    workers: Sequence[WorkerLink],
     hold: int,
     meter: Meter,
     now_ns: int,
     homes: Homes | None = None,
 ) -> list[Request]:
     """Give each request, in order, to the serving worker holding the least among those that
-    hold its model (WorkerHandle.models), while one has room under `hold` (a worker holding
+    hold its model (WorkerLink.models), while one has room under `hold` (a worker holding
     nothing takes any one text); the rest, in order. Once a model's text finds no room, none
     of that model's later texts is placed (none overtakes it); other models' still may be.
     With `homes`, a light model's texts go only to the first worker that holds it (Homes)."""
@@ -128,7 +128,7 @@ def assign(
     return rest
 
 
-def take_back(worker: WorkerHandle) -> list[Request]:
+def take_back(worker: WorkerLink) -> list[Request]:
     """Every request a dead or hung worker held, in order."""
     moved = sorted(worker.assigned.values(), key=lambda r: r.id)
     worker.assigned.clear()

@@ -73,7 +73,7 @@ class Metrics:
     def inflight(self) -> int:
         """Requests handed to a worker and not yet answered."""
         return sum(len(h.assigned) for h in self.server.dispatcher.serving) + sum(
-            len(h.assigned) for h in self.server.supervisor.retiring
+            len(h.link.assigned) for h in self.server.supervisor.retiring
         )
 
     def worker_rows(self) -> list[dict[str, Any]]:

@@ -478,7 +478,7 @@ def gpu_readings(supervisor: PoolView) -> list[dict[str, Any]]:
     return [gpus[k] for k in sorted(gpus)]
 
 
-CAPTURE_ERRORS = {  # the control block's capture_error word (workers/cuda.py)
+CAPTURE_ERRORS = {  # the control block's capture_error word (workers/runtimes/cuda.py)
     1: "out of memory while capturing CUDA graphs: serving eagerly",
     2: "CUDA graph capture failed: serving eagerly (the worker's cuda_graphs_failed log line)",
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Sized
 from typing import Any, Protocol
 
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.tenants import KeyRing
 from ringserve.service.logs import EventLog
 from ringserve.service.pool.handle import WorkerHandle
@@ -57,7 +58,7 @@ class QueueView(Protocol):
     @property
     def waiting(self) -> Waiting: ...
     @property
-    def serving(self) -> Sequence[WorkerHandle]: ...
+    def serving(self) -> Sequence[WorkerLink]: ...
     @property
     def rejected(self) -> int: ...
     @property

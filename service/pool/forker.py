@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 
 from ringserve.service.settings import Config
 from ringserve.workers.artifact import ArtifactError, load_manifest
-from ringserve.workers.onnx_model import choose_runtime
+from ringserve.workers.process.zygote import Zygote
+from ringserve.workers.runtimes.onnx_model import choose_runtime
 from ringserve.workers.spec import ModelRef
-from ringserve.workers.zygote import Zygote
 
 ZYGOTE_RETRY_S = 5.0  # a dead zygote is replaced at most this often; workers spawn meanwhile
 ZYGOTE_RETRY_MAX_S = 300.0  # ... doubling for each zygote in a row that died before it was ready

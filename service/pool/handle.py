@@ -1,4 +1,6 @@
-"""One worker process as the front-end sees it: its segments, doorbells and assigned requests."""
+"""One worker process as the pool sees it: start, signal, reap, pin, RSS, and its state. Its
+rings, doorbells and assigned requests are the engine's WorkerLink (service.engine.link),
+which the handle makes and releases."""
 
 from __future__ import annotations
 
@@ -7,16 +9,14 @@ import multiprocessing
 import os
 import select
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells, request_ring_slots, response_ring_slots
+from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.spec import STOP_SIGNAL, ModelRef, WorkerSpec
-from ringserve.workers.zygote import Zygote
-
-if TYPE_CHECKING:
-    from ringserve.service.engine.requests import Request
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -112,7 +112,7 @@ def worker_spec(
 
 
 class WorkerHandle:
-    """Owns one worker process and the channel it attaches to."""
+    """Owns one worker process, and the engine's link to it (`link`)."""
 
     def __init__(
         self,
@@ -128,33 +128,25 @@ class WorkerHandle:
         self.serial = serial
         self.generation = generation
         self.slot: int | None = None  # serving slot id, None while spare
-        self.draining = False
-        self.dead = False
         self.exitcode: int | None = None
         self.cpus = list(cpus)
         self.device = device
-        self.assigned: dict[int, Request] = {}  # msg id -> request, in dispatch order
         self.started_at = time.monotonic()
         self.ready_at: float | None = None
         self.kill_sent_at: float | None = None
         self.forked = False
-        self.channel = Channel.create(
+        self.link = WorkerLink.open(
             pid,
             serial,
             request_ring_slots(settings.max_body, settings.max_frame, settings.ring_slots),
             response_ring_slots(settings.ring_slots, settings.max_queue),
+            frozenset(m.index for m in models) or frozenset({0}),
         )
-        self.requests = self.channel.requests
-        self.responses = self.channel.responses
-        self.ctl = self.channel.ctl
-        self.bells = Doorbells()
-        self.doorbell = self.bells.request
-        self.eventfd = self.bells.answer
+        self.ctl = self.link.ctl
         self.spec = worker_spec(
-            settings, serial, pid, self.cpus, device, model_dir, self.bells, self.channel, models
-        )
-        # The models' wire indexes it serves: only their texts are routed to it.
-        self.models = frozenset(m.index for m in self.spec.models) or frozenset({0})
+            settings, serial, pid, self.cpus, device, model_dir, self.link.bells,
+            self.link.channel, models,
+        )  # fmt: skip
         self.process: Any = None
         self.pidfd = -1  # the sentinel of a spawned worker (a forked one's is its own pidfd)
 
@@ -165,7 +157,7 @@ class WorkerHandle:
             self.process = ForkedProcess(pid)
             self.forked = True
             return
-        from ringserve.workers.worker import main as worker_main
+        from ringserve.workers.process.worker import main as worker_main
 
         self.process = SPAWN.Process(
             target=worker_main,
@@ -189,8 +181,24 @@ class WorkerHandle:
         """Readable once the worker's exit status can be collected (a pidfd either way)."""
         return self.process.sentinel if self.forked else self.pidfd
 
+    @property
+    def draining(self) -> bool:
+        return self.link.draining
+
+    @property
+    def dead(self) -> bool:
+        return self.link.gone
+
+    def drain(self) -> None:
+        """Retire it: the engine gives it no new work (it stops once it holds none)."""
+        self.link.drain()
+
+    def mark_dead(self) -> None:
+        """Its process is gone (or hung, and killed): the engine reads nothing more of it."""
+        self.link.lose()
+
     def loaded(self) -> bool:
-        return self.ctl.get("state") in (L.W_READY, L.W_DEGRADED)
+        return self.link.loaded()
 
     def state(self) -> str:
         if self.dead:
@@ -224,14 +232,6 @@ class WorkerHandle:
     def rss_bytes(self) -> int:
         return 0 if self.dead else pid_rss(self.pid)
 
-    def submit(self, messages: list[tuple[int, bytes, int]]) -> int:
-        """Write requests into the ring and post the doorbell once per request written (one
-        write of n to the semaphore eventfd)."""
-        n = self.requests.write_many(messages)
-        if n:
-            self.doorbell.release(n)
-        return n
-
     def signal(self, signum: int) -> None:
         pid = self.pid
         if pid is not None and self.process.exitcode is None:
@@ -252,9 +252,7 @@ class WorkerHandle:
 
     def release(self) -> None:
         """Close and unlink this worker's segments and doorbells (after it has exited)."""
-        self.channel.close()
-        self.channel.unlink()
-        self.bells.close()
+        self.link.release()
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
@@ -272,7 +270,7 @@ def status_row(slot: int | None, h: WorkerHandle, restarts: int) -> dict[str, An
         "cpus": h.cpus,
         "lanes": h.spec.lanes,
         "rss_bytes": h.rss_bytes(),
-        "inflight": len(h.assigned),
+        "inflight": len(h.link.assigned),
         "restarts": restarts,
         "heartbeat_age_ms": _age(h.ctl.heartbeat_age_ms()),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ringserve.service.device import gpu_indices
-from ringserve.workers import nvml
+from ringserve.workers.runtimes import nvml
 from ringserve.workers.spec import FAKE_GPU
 
 

@@ -1,6 +1,8 @@
 """The worker processes themselves: each started (forked from the zygote, else spawned) with
-its exit sentinel on the loop and its answer doorbell with the dispatcher, and released once
-it is gone; at the end, all stopped together."""
+its exit sentinel on the loop and its link (answer doorbell) with the dispatcher, and released
+once it is gone; at the end, all stopped together. The dispatcher tells this room, its links'
+owner, when a worker's first answer doorbell rings (ready) and when a draining one holds
+nothing any more (drained)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,13 @@ import asyncio
 import signal
 from collections.abc import Callable
 
-from ringserve.service.engine.answers import Owner
 from ringserve.service.engine.dispatcher import Dispatcher
+from ringserve.service.engine.link import WorkerLink
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.pool.watch import stop_all
 from ringserve.service.settings import Config
+from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.spec import ModelRef
-from ringserve.workers.zygote import Zygote
 
 
 class Processes:
@@ -27,6 +29,7 @@ class Processes:
         make_handle: Callable[..., WorkerHandle],
         on_exit: Callable[[WorkerHandle], None],
         clock: Callable[[], float],
+        on_ready: Callable[[WorkerHandle], None] = lambda handle: None,
     ) -> None:
         self.settings = settings
         self.models = models  # what a worker started now serves (Supervisor.set_models)
@@ -34,6 +37,7 @@ class Processes:
         self.dispatcher = dispatcher
         self.make_handle = make_handle  # WorkerHandle; tests give a fake
         self.on_exit = on_exit  # the sentinel fired (Supervisor.on_exit)
+        self.on_ready = on_ready  # a worker's first answer doorbell after it loaded
         self.clock = clock
         self.all: dict[int, WorkerHandle] = {}  # serial -> handle, every live process
         self.serial = 0
@@ -48,7 +52,6 @@ class Processes:
         device: str,
         generation: int,
         zygote: Zygote | None,
-        owner: Owner,
     ) -> WorkerHandle:
         """A new worker for `slot` (None: a spare), forked from `zygote` when one is given."""
         self.serial += 1
@@ -62,12 +65,25 @@ class Processes:
         self.all[handle.serial] = handle
         assert self.loop is not None
         self.loop.add_reader(handle.sentinel, self.on_exit, handle)
-        self.dispatcher.add_worker(handle, self.loop, owner)  # its answers are read there
+        self.dispatcher.answers.add(handle.link, self.loop, self)  # its answers are read there
         return handle
+
+    def worker_ready(self, link: WorkerLink) -> None:
+        """The dispatcher heard the worker's first answer doorbell after it loaded."""
+        handle = self.all.get(link.serial)
+        if handle is not None and handle.ready_at is None:
+            handle.ready_at = self.clock()
+            self.on_ready(handle)
+
+    def worker_drained(self, link: WorkerLink) -> None:
+        """A draining worker answered the last it held: it may stop now."""
+        handle = self.all.get(link.serial)
+        if handle is not None:
+            handle.terminate(self.clock())
 
     def finish(self, handle: WorkerHandle) -> None:
         """A worker declared dead: release it, or KILL it first when it still runs (hung)."""
-        self.dispatcher.remove_worker(handle)
+        self.dispatcher.answers.remove(handle.link)
         if handle.process.exitcode is None:
             handle.signal(signal.SIGKILL)  # on_exit releases it once the kernel has freed it
             return
@@ -86,9 +102,9 @@ class Processes:
         handles = list(self.all.values())
         assert self.loop is not None
         for h in handles:  # from here on this method alone reaps and releases
-            self.dispatcher.remove_worker(h)
+            self.dispatcher.answers.remove(h.link)
             self.loop.remove_reader(h.sentinel)
         await stop_all(handles, self.clock(), timeout)
         for h in handles:
-            h.dead = True
+            h.mark_dead()
             self.release(h)

@@ -40,10 +40,10 @@ class Roster:
 
     def retire(self, handle: WorkerHandle) -> None:
         """Stop sending it work; it is stopped once what it holds is answered."""
-        handle.draining = True
+        handle.drain()
         if handle not in self.retiring:
             self.retiring.append(handle)
-        if not handle.assigned:
+        if not handle.link.assigned:
             handle.terminate(self.clock())
 
     def take_out(self, handle: WorkerHandle, stopping: bool) -> int | None:
@@ -64,7 +64,7 @@ class Roster:
 
     def update_serving(self) -> None:
         """Tell the dispatcher which workers take new requests."""
-        serving = [h for h in self.slots.values() if h is not None and h.serving()]
+        serving = [h.link for h in self.slots.values() if h is not None and h.serving()]
         self.dispatcher.set_serving(serving, whole=len(serving) == len(self.slots))
 
     def spares_wanted(self, want: int, generation: int, zygote_booting: Callable[[], bool]) -> int:

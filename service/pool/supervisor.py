@@ -67,9 +67,8 @@ class Supervisor:
         self.generation = 0
         self.rolls = Rolls(self, clock)  # the rolls onto a new model list (set_models)
         self.roster = Roster(dispatcher, clock, self._event)  # who holds which place now
-        self.procs = Processes(
-            settings, self.models, model_dir, dispatcher, make_handle, self.on_exit, clock
-        )
+        self.procs = Processes(settings, self.models, model_dir, dispatcher, make_handle,
+                               self.on_exit, clock, self.worker_ready)  # fmt: skip
         # The same containers, under the names the control status and metrics read.
         self.slots, self.spares = self.roster.slots, self.roster.spares
         self.retiring, self.restarts = self.roster.retiring, self.roster.restarts
@@ -132,22 +131,16 @@ class Supervisor:
     def spawn(self, slot: int | None) -> WorkerHandle:
         cpus, device = self.cpus_for(slot), self.device_for(slot)
         zygote = self.forker.ready(self.generation)
-        handle = self.procs.start(slot, cpus, device, self.generation, zygote, self)
+        handle = self.procs.start(slot, cpus, device, self.generation, zygote)
         how = "fork" if handle.forked else "spawn"
         self._event("worker_started", worker=slot, serial=handle.serial, pid=handle.pid, how=how)
         return handle
 
     def worker_ready(self, handle: WorkerHandle) -> None:
-        """The dispatcher heard the worker's first answer doorbell after it loaded."""
-        if handle.ready_at is None:
-            handle.ready_at = self.clock()
-            boot_ms = handle.ctl.get("boot_ms")
-            self._event("worker_ready", worker=handle.slot, pid=handle.pid, boot_ms=boot_ms)
-            self.wake.set()
-
-    def worker_drained(self, handle: WorkerHandle) -> None:
-        """A draining worker answered the last it held: it may stop now."""
-        handle.terminate(self.clock())
+        """A worker said it is ready (Processes heard its first answer doorbell)."""
+        boot_ms = handle.ctl.get("boot_ms")
+        self._event("worker_ready", worker=handle.slot, pid=handle.pid, boot_ms=boot_ms)
+        self.wake.set()
 
     def on_exit(self, handle: WorkerHandle) -> None:
         """The process sentinel fired: the worker is gone (any signal, any exit)."""
@@ -164,7 +157,7 @@ class Supervisor:
         if handle.dead:
             return
         loaded = handle.ready_at is not None or handle.loaded()
-        handle.dead = True
+        handle.mark_dead()
         key = self.roster.take_out(handle, self.stopping)
         boot_error = self.policy.died(handle, key, code, loaded) and not self.stopping
         # A load's new list that cannot load fails that load (Rolls), not the server.
@@ -173,7 +166,7 @@ class Supervisor:
         self.roster.update_serving()  # before rerouting, so nothing goes back to the dead worker
         if not self.fatal:
             self.reconcile()  # a warm spare takes the slot now, not at the next tick
-        moved = self.dispatcher.reroute(handle)
+        moved = self.dispatcher.reroute(handle.link)
         level = logging.INFO if handle.draining else logging.WARNING
         self._event("worker_died", level=level, worker=handle.slot, pid=handle.pid,
                     reason=reason, exit_code=code, rerouted=moved)  # fmt: skip

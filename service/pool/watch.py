@@ -100,7 +100,7 @@ async def stop_all(handles: list[WorkerHandle], now: float, timeout: float) -> N
     """TERM every worker, KILL what is left after KILL_AFTER_S (or `timeout`, if shorter) and
     everything at `timeout`; return once every one has exited."""
     for h in handles:
-        h.draining = True
+        h.drain()
         h.terminate(now)
     deadline = time.monotonic() + timeout
     while any(h.process.exitcode is None for h in handles if h.pid is not None):

@@ -34,10 +34,11 @@ from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.shm.segment import Segment, segment_name
-from ringserve.workers import nvml
 from ringserve.workers.artifact import load_model, load_tokenizer
-from ringserve.workers.batcher import Item, batch_limits, bucket_index
-from ringserve.workers.cuda import (
+from ringserve.workers.process.batcher import Item, batch_limits, bucket_index
+from ringserve.workers.runtimes import nvml
+from ringserve.workers.runtimes.cpu import CpuRunner
+from ringserve.workers.runtimes.cuda import (
     CAPTURE_FAILED,
     MAX_GRAPHS,
     CudaRunner,
@@ -48,7 +49,6 @@ from ringserve.workers.cuda import (
     is_out_of_memory,
     padded_rows,
 )
-from ringserve.workers.runtime import CpuRunner
 from ringserve.workers.spec import FAKE_GPU
 
 from devkit.server import wait_for

@@ -29,9 +29,9 @@ from ringserve.workers.artifact import (
     load_model,
     load_tokenizer,
 )
-from ringserve.workers.batcher import Item
-from ringserve.workers.joined import Joined
-from ringserve.workers.runtime import CpuRunner, joined, ort_runner, softmax
+from ringserve.workers.process.batcher import Item
+from ringserve.workers.runtimes.cpu import CpuRunner, joined, ort_runner, softmax
+from ringserve.workers.runtimes.joined import Joined
 from tokenizers import Tokenizer
 
 from devkit.hfmodels import NEWS, SST2, bpe_tokenizer
@@ -174,7 +174,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 def runner_vectors(artifact: Path, runtime: str, texts: list[str]) -> np.ndarray:
     """The vectors the worker's runner gives for `texts` in one padded batch, normalized as the
-    front-end does when the manifest says so (workers/worker.py boot, protocols/tasks.py)."""
+    front-end does when the manifest says so (workers/process/ boot, protocols/tasks.py)."""
     manifest = load_manifest(artifact)
     tok = load_tokenizer(artifact, manifest.max_length)
     items = [Item(i, 0, 0, tok.encode(t).ids) for i, t in enumerate(texts)]

@@ -342,9 +342,9 @@ def test_torchscript_and_cuda_runners_match(served: dict[str, Served], name: str
     """The artifact's TorchScript model through the CPU runner and the CUDA runner's static-shape
     path (on the test-only fake GPU: there is no GPU here), singles and pairs in one batch."""
     from ringserve.workers.artifact import load_model, load_tokenizer
-    from ringserve.workers.batcher import Item
-    from ringserve.workers.cuda import CudaRunner
-    from ringserve.workers.runtime import ACTIVATIONS, CpuRunner
+    from ringserve.workers.process.batcher import Item
+    from ringserve.workers.runtimes.cpu import ACTIVATIONS, CpuRunner
+    from ringserve.workers.runtimes.cuda import CudaRunner
     from ringserve.workers.spec import FAKE_GPU
 
     s = served[name]
@@ -403,7 +403,8 @@ def test_export_and_serving_code_never_import_transformers(
 import sys
 sys.modules["transformers"] = None  # any import of it now raises ImportError
 import ringserve.service.app, ringserve.service.cli
-import ringserve.workers.worker, ringserve.workers.runtime, ringserve.workers.cuda
+import ringserve.workers.process.worker, ringserve.workers.runtimes.cpu
+import ringserve.workers.runtimes.cuda
 from ringserve.factory.export import main
 assert main(["--from", {str(source)!r}, "--out", {str(out)!r}]) == 0
 from ringserve.workers.artifact import load_model

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 from ringserve.factory import int8
-from ringserve.workers import graphpick
 from ringserve.workers.artifact import (
     ArtifactError,
     Manifest,
@@ -23,9 +22,10 @@ from ringserve.workers.artifact import (
     load_tokenizer,
     reference_logits,
 )
-from ringserve.workers.batcher import Item
-from ringserve.workers.onnx_model import choose_runtime, open_session
-from ringserve.workers.runtime import CpuRunner, OrtRunner, softmax
+from ringserve.workers.process.batcher import Item
+from ringserve.workers.runtimes import graphpick
+from ringserve.workers.runtimes.cpu import CpuRunner, OrtRunner, softmax
+from ringserve.workers.runtimes.onnx_model import choose_runtime, open_session
 
 from devkit.models import old_artifact
 from devkit.server import ServerProc

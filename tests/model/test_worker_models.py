@@ -18,9 +18,10 @@ from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells
 from ringserve.shm.control import model_rss
 from ringserve.workers.artifact import ArtifactError
+from ringserve.workers.process.answers import Running
+from ringserve.workers.process.worker import Worker
+from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.spec import STOP_SIGNAL, ModelRef, WorkerSpec
-from ringserve.workers.worker import Worker
-from ringserve.workers.zygote import Zygote
 
 from devkit.hfmodels import MAX_LENGTH, save_model
 
@@ -110,17 +111,18 @@ class InProcess:
         msgs = payloads(requests)
         assert self.channel.requests.write_many(msgs) == len(msgs)
         w = self.worker
-        assert w.take_requests() == len(msgs)
+        assert w.intake.take_requests() == len(msgs)
         while True:
             # max_delay 0: whatever waits is due; a batch behind holds back its model's next
-            index, wait = w.turns.next(0, w.behind is not None)
+            index, wait = w.models.turns.next(0, w.behind.busy)
             if index is None:
-                if w.behind is not None:
-                    w.finish_behind()
+                if w.behind.busy:
+                    w.answer(*w.behind.finish())
                     continue
                 assert wait == -1
                 break
-            w.run_next(w.models[index])
+            served = w.models.served[index]
+            w.run(0, Running(served, *served.batcher.take()))
         got = answers(self.channel.responses.read())
         assert sorted(got) == list(range(len(msgs)))
         return got
@@ -188,11 +190,11 @@ def test_a_busy_model_s_batches_run_behind_a_light_one_s_with_the_same_answers(
     w = workers["both"]
     requests: list[tuple[int, str | tuple[str, str]]] = [(0, t) for t in TEXTS * 3]
     requests.insert(5, (NLI, TEXTS[0]))
-    before = w.worker.behind_runs
+    before = w.worker.behind.runs
     got = w.ask(requests)
-    assert w.worker.behind_runs > before
-    assert w.worker.turns.owes(0) and not w.worker.turns.owes(NLI)
-    assert all(b.cap_tokens == 0 for b in w.worker.turns.batchers.values())  # whole batches
+    assert w.worker.behind.runs > before
+    assert w.worker.models.turns.owes(0) and not w.worker.models.turns.owes(NLI)
+    assert all(b.cap_tokens == 0 for b in w.worker.models.turns.batchers.values())  # whole batches
     alone = workers["sst2"].ask([(0, t) for i, t in requests if i == 0])
     mine = [got[k] for k, (i, _) in enumerate(requests) if i == 0]
     assert mine == [alone[k] for k in range(len(alone))]
@@ -229,8 +231,8 @@ def test_a_bad_second_model_names_itself_and_is_the_model_s_fault(
     try:
         with pytest.raises(ArtifactError):
             made.worker.boot()
-        assert made.worker.loader.current == refs[1]
-        assert not made.worker.cpu_model_ok  # main() exits EXIT_BOOT_ERROR, not a device's
+        assert made.worker.models.loader.current == refs[1]
+        assert not made.worker.models.model_ok  # main() exits EXIT_BOOT_ERROR, not a device's
         assert made.worker.ctl.get("state") == L.W_STARTING
     finally:
         made.close()

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from ringserve.service.pool.forker import Forker
 from ringserve.service.settings import Config
+from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.spec import ModelRef
-from ringserve.workers.zygote import Zygote
 
 from devkit.repository import break_fingerprint
 

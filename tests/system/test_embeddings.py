@@ -375,7 +375,7 @@ def test_stats_and_metrics_count_embeddings(server: ServerProc) -> None:
 
 
 def test_a_worker_refuses_a_response_ring_too_small_for_its_embeddings() -> None:
-    from ringserve.workers.worker import check_answer_room
+    from ringserve.workers.process.served import check_answer_room
 
     check_answer_room(8192 * 64 - 32, 1024)  # the default ring holds 1,024 floats easily
     with pytest.raises(RuntimeError, match="1024-float embeddings need 4120 bytes"):

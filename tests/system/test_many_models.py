@@ -541,8 +541,8 @@ def test_sigkill_a_worker_under_traffic_to_all_three(many: ServerProc) -> None:
 
 def behind_threads(pid: int) -> list[int]:
     """The threads of a process at the nice value a worker's background thread takes
-    (workers.worker.BEHIND_NICE), read from /proc/PID/task/TID/stat (field 19)."""
-    from ringserve.workers.worker import BEHIND_NICE
+    (workers.process.behind.BEHIND_NICE), read from /proc/PID/task/TID/stat (field 19)."""
+    from ringserve.workers.process.behind import BEHIND_NICE
 
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():

@@ -127,7 +127,7 @@ def consume(
 
 
 def semaphore_side(doorbell: Any) -> tuple[Callable[[float], bool], Callable[[int], None]]:
-    """The worker's way: one post per message, taken back per message read (workers/worker.py)."""
+    """The worker's way: one post per message, taken back per message read (process/intake.py)."""
 
     def took(n: int) -> None:
         for _ in range(n):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ringserve.workers.batcher import (
+from ringserve.workers.process.batcher import (
     CUDA_BUCKETS,
     Batcher,
     Item,

@@ -157,7 +157,7 @@ def test_admission_refuses_a_group_past_the_queue_bound_whole() -> None:
     assert not d.submit([b"d", b"e"], clock.now + S, done)  # 3 + 2 > 4: all or nothing
     assert d.submit([b"d"], clock.now + S, done)
     assert d.depth == 4 and d.rejected == 2
-    d.accepting = False  # draining
+    d.stop_accepting()  # draining
     assert not d.submit([b"e"], clock.now + S, done)
     assert d.rejected == 3 and done.results == []
 
@@ -169,7 +169,7 @@ def test_least_loaded_placement_and_waiting_when_rings_are_full() -> None:
     assert [m[1] for m in a.ring] == [b"1", b"3"] and [m[1] for m in b.ring] == [b"2"]
     assert [r.payload for r in d.waiting] == [b"4", b"5"]
     a.answer()
-    d.on_answers(a)  # answers read: the waiting ones take the room they leave
+    d.answers.read(a)  # answers read: the waiting ones take the room they leave
     assert [m[1] for m in a.ring] == [b"4", b"5"] and not d.waiting
 
 
@@ -187,12 +187,12 @@ def test_answers_complete_a_group_once_with_its_latency_on_the_clock() -> None:
     w = Worker()
     d, clock = dispatcher(w)
     seen: list[int] = []
-    d.on_result = lambda group, result, latency_ns: seen.append(latency_ns)
+    d.answers.on_result = lambda group, result, latency_ns: seen.append(latency_ns)
     done = Calls()
     d.submit([b"x", b"y"], clock.now + S, done)
     clock.now += 3_000_000
     w.answer(label=1)
-    d.on_answers(w)
+    d.answers.read(w)
     (results,) = done.results
     assert [r.label_id for r in results] == [1, 1] and results[0].scores is not None
     assert seen == [3_000_000, 3_000_000] and d.depth == 0
@@ -210,10 +210,10 @@ def test_reroute_puts_a_dead_workers_requests_first_in_their_order() -> None:
     d.flush_waiting()
     assert [m[1] for m in alive.ring] == [b"1", b"2", b"3", b"4", b"5"]
     dead.answer()  # a late answer from the dead worker's ring is dropped
-    d.on_answers(dead)
+    d.answers.read(dead)
     assert done.results == []
     alive.answer()
-    d.on_answers(alive)
+    d.answers.read(alive)
     assert len(done.results) == 2 and d.depth == 0  # each group answered once
 
 
@@ -230,7 +230,7 @@ def test_expiry_answers_504_only_past_the_deadline_and_drops_the_late_answer() -
     assert d.expire(clock.now) == 1  # the deadline itself is past it
     assert [r.status for r in early.results[0]] == [L.STATUS_DEADLINE]
     w.answer()  # its late answer finds nothing to complete
-    d.on_answers(w)
+    d.answers.read(w)
     assert len(early.results) == 1
     clock.now += 3 * S
     assert d.expire(clock.now) == 1 and not d.waiting  # a waiting one expires too
@@ -250,7 +250,7 @@ def measured(d: Dispatcher, w: Worker, clock: Clock, n: int, busy_s: float) -> N
     d.submit([b"x" * 40] * n, 0, Calls())
     clock.now += int(busy_s * S)
     w.answer()
-    d.on_answers(w)
+    d.answers.read(w)
 
 
 def test_the_pool_rate_counts_only_the_time_a_worker_had_work() -> None:
@@ -365,7 +365,7 @@ def test_a_queue_that_stood_refuses_at_once_what_its_measured_drain_cannot_answe
     for _ in range(10):  # the worker answers 4 texts every 50 ms: 80 texts a second
         clock.now += 50_000_000
         w.answer()
-        d.on_answers(w)
+        d.answers.read(w)
     assert d.depth == 60 and d.wait_ms() == 500.0
     assert d.submit([b"b"] * 16, clock.now + 30 * S, Calls())  # 60 ahead: about 750 ms
     late = Calls()
@@ -375,7 +375,7 @@ def test_a_queue_that_stood_refuses_at_once_what_its_measured_drain_cannot_answe
     for _ in range(4):  # 200 ms more at the same rate: 16 fewer ahead
         clock.now += 50_000_000
         w.answer()
-        d.on_answers(w)
+        d.answers.read(w)
     assert d.submit([b"d"] * 8, clock.now + 30 * S, Calls())  # 60 ahead: 750 ms again
 
 
@@ -421,13 +421,13 @@ def test_a_worker_holds_only_what_it_can_start_soon() -> None:
     d.submit([b"x" * 40] * 20, 0, Calls())
     assert len(a.ring) == 5 and len(b.ring) == 5 and len(d.waiting) == 10
     a.answer()
-    d.on_answers(a)  # its room is refilled from the front-end's queue, oldest first
+    d.answers.read(a)  # its room is refilled from the front-end's queue, oldest first
     assert [m[0] for m in a.ring] == [11, 12, 13, 14, 15] and len(d.waiting) == 5
     d.serving = [a]  # b died: the supervisor took it out
     moved = d.reroute(b)  # what it held goes before what waited, in order
     assert moved == 5 and [r.id for r in d.waiting] == [2, 4, 6, 8, 10, 16, 17, 18, 19, 20]
     a.answer()
-    d.on_answers(a)
+    d.answers.read(a)
     assert [m[0] for m in a.ring] == [2, 4, 6, 8, 10]
 
 
@@ -450,7 +450,7 @@ def test_interactive_texts_go_before_waiting_bulk_ones() -> None:
     assert [m[1] for m in w.ring] == [bulk(b"b1")]
     assert [r.payload for r in d.waiting] == [b"i1", bulk(b"b2")]
     w.answer()
-    d.on_answers(w)
+    d.answers.read(w)
     assert [m[1] for m in w.ring] == [b"i1"]  # the interactive text overtook the older bulk one
 
 
@@ -469,7 +469,7 @@ def flood_until_bulk_runs(bound_ms: float, horizon_ms: int) -> int | None:
         d.submit([b"i%d" % step, b"j%d" % step], clock.now + 60 * S, Calls())  # 2 per 10 ms
         clock.now += 10_000_000
         w.answer()
-        d.on_answers(w)
+        d.answers.read(w)
         if any(m[1] == L.with_bulk(b"bulk") for m in w.ring):
             return (clock.now - start) // 1_000_000
     return None

@@ -194,6 +194,12 @@ def worker_loads_factory(g: Graph) -> set[tuple[str, str]]:
     return crossing(g, ("ringserve.workers",), ("ringserve.factory",), top_only=True)
 
 
+def engine_imports_pool(g: Graph) -> set[tuple[str, str]]:
+    """The engine owns the request channel (engine.link.WorkerLink); the pool owns the process
+    and tells the engine what changed through calls: the engine imports nothing of the pool."""
+    return crossing(g, ("ringserve.service.engine",), ("ringserve.service.pool",))
+
+
 def installed_imports_scaffolding(g: Graph) -> set[tuple[str, str]]:
     """devkit, benchmarks and tests are not installed: no installed module may import them."""
     return crossing(g, ("ringserve",), SCAFFOLDING)
@@ -221,6 +227,7 @@ RULES: dict[str, Callable[[Graph], set[tuple[str, str]]]] = {
     "lower": lower_imports_service,
     "wire": wire_imports_server,
     "factory": worker_loads_factory,
+    "engine": engine_imports_pool,
     "scaffolding": installed_imports_scaffolding,
     "bare": bare_imports,
     "tests": imports_between_tests,
@@ -236,12 +243,14 @@ PLANTED_OK: Graph = {
     "ringserve.wire.client": {("ringserve.wire.frames", True)},
     "tests.unit.test_x": {("devkit.launch", True), ("ringserve.service.app", True)},
     "benchmarks.b": {("devkit.load", True)},
+    "ringserve.service.pool.handle": {("ringserve.service.engine.link", True)},
 }
 PLANTED: dict[str, tuple[str, tuple[str, bool]]] = {
     "app": ("ringserve.service.protocols.routes", (APP, False)),
-    "lower": ("ringserve.workers.worker", ("ringserve.service.logs", False)),
+    "lower": ("ringserve.workers.process.worker", ("ringserve.service.logs", False)),
     "wire": ("ringserve.wire.client", ("ringserve.service.settings", True)),
-    "factory": ("ringserve.workers.worker", ("ringserve.factory.model", True)),
+    "factory": ("ringserve.workers.process.worker", ("ringserve.factory.model", True)),
+    "engine": ("ringserve.service.engine.routing", ("ringserve.service.pool.handle", False)),
     "scaffolding": ("ringserve.service.offline.batch", ("devkit.launch", False)),
     "bare": ("tests.unit.test_x", ("service.app", True)),
     "tests": ("tests.system.test_y", ("tests.unit.test_x", True)),

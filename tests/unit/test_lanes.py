@@ -87,7 +87,7 @@ def in_ring(w: Worker) -> list[tuple[int, bytes]]:
 
 def answer(d: Dispatcher, w: Worker) -> None:
     w.answer()
-    d.on_answers(w)
+    d.answers.read(w)
 
 
 # -- fairness -------------------------------------------------------------------------------------

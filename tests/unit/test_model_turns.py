@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.shm.segment import Segment, segment_name
-from ringserve.workers.batcher import Batcher, Item
-from ringserve.workers.longtext import split_options
-from ringserve.workers.served import (
+from ringserve.workers.process.batcher import Batcher, Item
+from ringserve.workers.process.longtext import split_options
+from ringserve.workers.process.served import (
     LIGHT_FIRST_RUNS,
     LIGHT_KEEP_RATIO,
     LIGHT_RATIO,

@@ -61,6 +61,27 @@ class NoAnswers:
         return []
 
 
+class FakeLink:
+    """What the dispatcher reads of a WorkerLink: no ring behind it, no answers."""
+
+    def __init__(self, serial: int, ctl: FakeCtl) -> None:
+        self.serial, self.ctl = serial, ctl
+        self.models = frozenset({0})
+        self.assigned: dict[int, Any] = {}
+        self.draining = self.gone = False
+        self.responses = NoAnswers()
+        self.eventfd = EventFd()
+
+    def loaded(self) -> bool:
+        return self.ctl.state in (L.W_READY, L.W_DEGRADED)
+
+    def drain(self) -> None:
+        self.draining = True
+
+    def lose(self) -> None:
+        self.gone = True
+
+
 class FakeHandle:
     """What the supervisor reads and calls on a WorkerHandle, with no process behind it."""
 
@@ -71,17 +92,14 @@ class FakeHandle:
         self.generation = rest[1]
         self.refs = rest[3] if len(rest) > 3 else ()  # the ModelRefs it was told to serve
         self.slot: int | None = None
-        self.draining = self.dead = self.forked = False
-        self.assigned: dict[int, Any] = {}
-        self.models = frozenset({0})
+        self.forked = False
         self.started_at = 0.0
         self.ready_at: float | None = None
         self.kill_sent_at: float | None = None
         self.exitcode: int | None = None
         self.ctl = FakeCtl()
+        self.link = FakeLink(serial, self.ctl)
         self.process = FakeProcess()
-        self.responses = NoAnswers()
-        self.eventfd = EventFd()
         self.sentinel_fd = EventFd()
         self.signals: list[int] = []
         self.pid = 100 + serial
@@ -90,6 +108,20 @@ class FakeHandle:
     @property
     def sentinel(self) -> int:
         return self.sentinel_fd.fd
+
+    @property
+    def draining(self) -> bool:
+        return self.link.draining
+
+    @property
+    def dead(self) -> bool:
+        return self.link.gone
+
+    def drain(self) -> None:
+        self.link.drain()
+
+    def mark_dead(self) -> None:
+        self.link.lose()
 
     def start(self, zygote: Any = None) -> None:
         pass
@@ -113,7 +145,7 @@ class FakeHandle:
         return self.exitcode
 
     def release(self) -> None:
-        self.eventfd.close()
+        self.link.eventfd.close()
         self.sentinel_fd.close()
 
     def pin(self, cpus: list[int]) -> None:

@@ -1,6 +1,6 @@
-"""A worker's heartbeat (workers.worker.Worker.beat) over a real control block: with lanes, a
-lane stuck in its batch ages the beat while another lane still loops, as one loop stuck in a
-batch would; with no batch running it is stamped now."""
+"""A worker's heartbeat (workers.process.worker.Worker.beat) over a real control block: with
+lanes, a lane stuck in its batch ages the beat while another lane still loops, as one loop
+stuck in a batch would; with no batch running it is stamped now."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 from ringserve.shm.channel import Channel, Doorbells
+from ringserve.workers.process.worker import Worker
 from ringserve.workers.spec import WorkerSpec
-from ringserve.workers.worker import Worker
 
 
 @pytest.fixture
@@ -35,18 +35,18 @@ def worker() -> Iterator[Worker]:
 
 def test_a_lane_stuck_in_its_batch_ages_the_heartbeat(worker: Worker) -> None:
     stuck_since = time.monotonic_ns() - 3_000_000_000  # lane 1's batch began 3 s ago
-    worker.started_ns = [0, stuck_since]
+    worker.lanes.started_ns = [0, stuck_since]
     worker.beat()  # lane 0 loops on
     age = worker.ctl.heartbeat_age_ms()
     assert age is not None and age >= 3000
-    worker.started_ns = [time.monotonic_ns(), 0]  # lane 1 done; lane 0 just began a batch
+    worker.lanes.started_ns = [time.monotonic_ns(), 0]  # lane 1 done; lane 0 just began a batch
     worker.beat()
     age = worker.ctl.heartbeat_age_ms()
     assert age is not None and age < 1000
 
 
 def test_one_lane_beats_now(worker: Worker) -> None:
-    worker.started_ns = []
+    worker.lanes.started_ns = [0, 0]
     worker.ctl.beat(1)  # long ago
     worker.beat()
     age = worker.ctl.heartbeat_age_ms()

@@ -1,4 +1,4 @@
-"""A batch's answers packed at once (workers.worker.Scores) carry the same labels and score
+"""A batch's answers packed at once (workers.process.answers.Scores) carry the same labels and score
 bytes as each row packed alone."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ringserve.workers.worker import Scores
+from ringserve.workers.process.answers import Scores
 
 
 @settings(max_examples=60, deadline=None)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from ringserve.workers.batcher import BATCH_OVERHEAD, Item
+from ringserve.workers.process.batcher import BATCH_OVERHEAD, Item
 
 
 class Runner(Protocol):
@@ -133,7 +133,7 @@ class CpuRunner:
     def warm(self) -> float:
         """Run one short batch before the worker says ready. The slow first calls of a fresh
         TorchScript model (DESIGN.md) are the profiling executor's, which the worker turns off
-        on the CPU (workers/worker.py set_graph_optimize): measured without it, the first call
+        on the CPU (served.set_graph_optimize): measured without it, the first call
         on 16 tokens took 0.027-0.034 s against 0.020 steady, so more warming buys nothing and
         costs a replacement worker its boot time (a call on the longest length took 0.3-1 s
         under load)."""
@@ -161,7 +161,7 @@ class OrtRunner(CpuRunner):
         self.session = session
         self.overhead_tokens = BATCH_OVERHEAD["onnx", precision]
         # `both`: an embed artifact's second output, the embedding, joined to the logits (as
-        # workers/joined.py Joined does for TorchScript); else the logits alone.
+        # workers/runtimes/joined.py Joined does for TorchScript); else the logits alone.
         self.both = both
 
     def forward(self, length: int, n: int) -> np.ndarray:
@@ -179,7 +179,7 @@ def ort_runner(
 ) -> OrtRunner:
     """The ONNX Runtime runner of a worker: fp32 (plain or fused graph) or int8, from the
     ONNX files of the artifact at `model_dir` (default: the spec's)."""
-    from ringserve.workers.onnx_model import open_session
+    from ringserve.workers.runtimes.onnx_model import open_session
 
     path = Path(model_dir or spec.model_dir) / manifest.onnx_for(spec.precision, spec.graph)
     session = open_session(path, spec.threads)

@@ -16,10 +16,10 @@ from typing import Any
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.workers.artifact import load_manifest, load_model, load_tokenizer
-from ringserve.workers.batcher import REPORT_GRID, Batcher, length_grid, pad_grid
-from ringserve.workers.longtext import LongText
-from ringserve.workers.onnx_model import choose_runtime
-from ringserve.workers.runtime import ACTIVATIONS, Runner, joined, ort_runner
+from ringserve.workers.process.batcher import REPORT_GRID, Batcher, length_grid, pad_grid
+from ringserve.workers.process.longtext import LongText
+from ringserve.workers.runtimes.cpu import ACTIVATIONS, Runner, joined, ort_runner
+from ringserve.workers.runtimes.onnx_model import choose_runtime
 from ringserve.workers.spec import ModelRef, WorkerSpec, is_gpu_device
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -186,7 +186,7 @@ class Loader:
         """The TorchScript runner (CPU, or CUDA graphs on a GPU) and, on a GPU, the callback
         that reports its graphs; the zygote's CPU model when it preloaded one."""
         import torch
-        from ringserve.workers.cuda import make_runner
+        from ringserve.workers.runtimes.cuda import make_runner
 
         spec = self.spec.for_model(ref)
         torch.set_num_threads(spec.threads)
@@ -195,7 +195,7 @@ class Loader:
         if model is None:
             model = load_model(ref.model_dir, "cpu")
         if manifest.embeds:
-            from ringserve.workers.joined import Joined
+            from ringserve.workers.runtimes.joined import Joined
 
             model = Joined(model)
         self.model_ok = True  # a failure from here on is the device's, not the model's
@@ -206,7 +206,7 @@ def _import_runtime(runtime: str) -> None:
     if runtime == "onnx":
         import onnxruntime  # noqa: F401
     else:
-        import ringserve.workers.cuda  # noqa: F401
+        import ringserve.workers.runtimes.cuda  # noqa: F401
         import torch  # noqa: F401
 
 
@@ -244,7 +244,7 @@ def set_graph_optimize(cpu: bool) -> None:
 # and the load generator sharing its core, not its rows: an eighth.
 # On the CPU a worker of many models no longer cuts (Turns(behind=True)): the owed model's
 # batches stay whole and run on the worker's background thread at a lower priority, beside the
-# lighter model's on the loop (workers/worker.py, BEHIND_NICE), so its text waits for no batch
+# lighter model's on the loop (workers/process/behind.py), so its text waits for no batch
 # at all; the cut is what a GPU worker, which runs one batch at a time, still does.
 LIGHT_RATIO = 2.0
 LIGHT_KEEP_RATIO = 1.25

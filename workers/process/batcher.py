@@ -45,9 +45,11 @@ class Item:
     seq: int = 0  # arrival order, set by Batcher.add: items read in one pass share arrived_ns
     taken: bool = False  # left the batcher (run or expired); the arrival queue drops it lazily
     types: list[int] | None = None  # token types of a pair, on models that take them
-    tokens: int = 0  # the text's own token count, before any cut (workers/longtext.py)
+    tokens: int = 0  # the text's own token count, before any cut (workers/process/longtext.py)
     flags: int = 0  # shm.layout.RSP_TRUNCATED when the text was cut
-    whole: Any = None  # a window's workers.longtext.Whole; None for a text scored as one row
+    whole: Any = (
+        None  # a window's workers.process.longtext.Whole; None for a text scored as one row
+    )
     window: int = 0  # a window's index among its text's windows
     embed: bool = False  # answer the embedding (shm.layout.OPT_EMBED), not the scores
     bulk: bool = False  # a bulk text (shm.layout.OPT_BULK): interactive texts go first
@@ -146,7 +148,7 @@ class Batcher:
         self.size = 0
         self.seq = 0
         self.next_expiry = 0  # earliest deadline queued (a lower bound; 0 = none)
-        self.cap_tokens = 0  # a budget set from outside (workers.served.Turns); 0: none
+        self.cap_tokens = 0  # a budget set from outside (workers.process.served.Turns); 0: none
         self.recent = 0.0  # texts arrived, decayed (work()), as of recent_ns
         self.recent_ns = 0
 
@@ -196,7 +198,7 @@ class Batcher:
         """Padded tokens for the next batch (see BULK_SHARE_WHILE_INTERACTIVE): a sixteenth
         for a batch of bulk texts while interactive ones came in the last second; never more than
         `cap_tokens` when that is set (another model of the worker is owed short batches,
-        workers.served.Turns)."""
+        workers.process.served.Turns)."""
         budget = self.max_tokens
         recent = self.newest_ns - self.last_interactive_ns < INTERACTIVE_RECENT_NS
         if first.bulk and self.last_interactive_ns and recent:

@@ -29,9 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from ringserve.shm import layout as L
-from ringserve.workers.batcher import BATCH_OVERHEAD_TOKENS, Item, row_limit
 from ringserve.workers.events import EventLog
-from ringserve.workers.runtime import CpuRunner, Runner, fill_rows, softmax
+from ringserve.workers.process.batcher import BATCH_OVERHEAD_TOKENS, Item, row_limit
+from ringserve.workers.runtimes.cpu import CpuRunner, Runner, fill_rows, softmax
 from ringserve.workers.spec import FAKE_GPU, is_gpu_device
 from ringserve.workers.testhooks import HOOKS
 
@@ -95,6 +95,30 @@ def gpu_batch_limits(buckets: tuple[int, ...], max_batch: int, max_tokens: int) 
     return [row_limit(b, max_batch, max_tokens or max_batch * b) for b in buckets]
 
 
+def shape_sizes(limits: list[int], buckets: tuple[int, ...], max_batch: int) -> list[list[int]]:
+    """Each bucket's graph batch sizes; refused when they make over MAX_GRAPHS shapes (checked
+    on the fake GPU too, so tests see the same refusal)."""
+    sizes = [graph_sizes(n) for n in limits]
+    shapes = sum(len(s) for s in sizes)
+    if shapes > MAX_GRAPHS:
+        raise ValueError(
+            f"{shapes} CUDA graphs for buckets {list(buckets)} at {max_batch} rows: over "
+            f"{MAX_GRAPHS}; use fewer buckets or a smaller --max-batch"
+        )
+    return sizes
+
+
+def side_stream(device: torch.device) -> Any:
+    """Make `device` current with TF32 off, and the one side stream for every warm-up and
+    capture (each stream that runs a matmul keeps its own cuBLAS workspace for the life of the
+    process)."""
+    torch.cuda.set_device(device)
+    # fp32 means fp32: TF32 matmuls would break "same text, same scores" (1e-5).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch.cuda.Stream(device)
+
+
 def device_model(model: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
     """The model on `device`, its weights cast once to `dtype` (a half-precision graph then
     reads half weights instead of re-casting every weight on every replay). The caller's copy
@@ -147,14 +171,8 @@ class CudaRunner:
             max_tokens = max_batch * buckets[0]  # a CPU-sized budget (tests, the fake GPU)
         self.max_tokens = max_tokens
         self.limits = gpu_batch_limits(buckets, max_batch, max_tokens)
-        self.sizes = [graph_sizes(n) for n in self.limits]
-        shapes = sum(len(s) for s in self.sizes)
-        if shapes > MAX_GRAPHS:  # checked on the fake GPU too, so tests see the same refusal
-            raise ValueError(
-                f"{shapes} CUDA graphs for buckets {list(buckets)} at {max_batch} rows: over "
-                f"{MAX_GRAPHS}; use fewer buckets or a smaller --max-batch"
-            )
-        self.expected_graphs = shapes if self.use_graphs else 0
+        self.sizes = shape_sizes(self.limits, buckets, max_batch)
+        self.expected_graphs = sum(len(s) for s in self.sizes) if self.use_graphs else 0
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # -> (graph, out)
         self.graph_stats: list[dict[str, Any]] = []
         self.pool_bytes = 0  # the graphs' shared pool, measured after every capture
@@ -162,15 +180,7 @@ class CudaRunner:
         self.capture_error = ""
         self.capture_code = CAPTURE_OK
         self.inject_capture_error = False  # test-only hook: the capture raises, as a real one can
-        self.side: Any = None
-        if self.on_cuda:
-            torch.cuda.set_device(self.torch_device)
-            # fp32 means fp32: TF32 matmuls would break "same text, same scores" (1e-5).
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-            # One side stream for every warm-up and capture: each stream that runs a matmul
-            # keeps its own cuBLAS workspace for the life of the process.
-            self.side = torch.cuda.Stream(self.torch_device)
+        self.side: Any = side_stream(self.torch_device) if self.on_cuda else None
         self.model = device_model(model, self.torch_device, PRECISIONS[precision])
         self._alloc_buffers()
 
@@ -321,13 +331,10 @@ class CudaRunner:
             out = self.model(self.dev_ids[b][:rows], self.dev_mask[b][:rows]).float()
         torch.cuda.synchronize(dev)
         self.graphs[(b, rows)] = (graph, out)
+        capture_ms = round((time.perf_counter() - t0) * 1000, 2)
+        grown = int(torch.cuda.memory_reserved(dev) - reserved0)  # the pool's growth
         self.graph_stats.append(
-            {
-                "bucket": self.buckets[b],
-                "rows": rows,
-                "capture_ms": round((time.perf_counter() - t0) * 1000, 2),
-                "bytes": int(torch.cuda.memory_reserved(dev) - reserved0),  # pool growth
-            }
+            {"bucket": self.buckets[b], "rows": rows, "capture_ms": capture_ms, "bytes": grown}
         )
 
     def _warmup(self, bucket: int, rows: int) -> None:
@@ -520,7 +527,7 @@ class WorkerSink:
         self.report(runner, warm_s)
         if not runner.on_cuda:
             return None
-        from ringserve.workers.nvml import GpuMonitor
+        from ringserve.workers.runtimes.nvml import GpuMonitor
 
         monitor = GpuMonitor(self.ctl, runner.torch_device.index or 0, runner.torch_device)
         monitor.tick()

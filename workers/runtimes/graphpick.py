@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 from ringserve.workers.artifact import load_manifest, load_tokenizer
-from ringserve.workers.onnx_model import open_session
+from ringserve.workers.runtimes.onnx_model import open_session
 
 GRAPHS = ("plain", "fused")
 CHOICES = ("auto", *GRAPHS)
@@ -94,7 +94,7 @@ def _cache_file(cache_dir: Path | None, fingerprint: str) -> Path | None:
 
 
 def _run_child(model_dir: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "ringserve.workers.graphpick", model_dir]
+    cmd = [sys.executable, "-m", "ringserve.workers.runtimes.graphpick", model_dir]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=True)
         return dict(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -1,6 +1,6 @@
 """The TorchScript module an embed artifact's runners call: its forward is the scripted model's
 classify_embed (factory/model.py, factory/embedder.py), so every runner's one output carries
-the logits and the embedding side by side (workers/runtime.py splits them)."""
+the logits and the embedding side by side (workers/runtimes/cpu.py splits them)."""
 
 from __future__ import annotations
 

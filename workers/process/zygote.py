@@ -2,9 +2,9 @@
 
 It preloads every model of its list (TorchScript ones; an ONNX Runtime model's session is made
 in the worker after the fork) and hands each forked worker the lot, keyed by model directory
-(workers.served.Preloaded), with the RSS each load added to the zygote. The artifacts' hashes
-were checked by the front-end just before (preload's `verify`), except for a zygote that
-replaces a dead one, which checks them again.
+(workers.process.served.Preloaded), with the RSS each load added to the zygote. The
+artifacts' hashes were checked by the front-end just before (preload's `verify`), except for
+a zygote that replaces a dead one, which checks them again.
 
 Why forking from it is as safe as spawn, for CUDA and for OpenMP:
 - The zygote is started with spawn (a fresh interpreter). It imports torch and loads the
@@ -48,7 +48,7 @@ from collections.abc import Iterator, Sequence
 
 from ringserve.shm.doorbell import EventFd, Semaphore
 from ringserve.workers.artifact import load_manifest, load_model
-from ringserve.workers.served import Preloaded, rss_bytes
+from ringserve.workers.process.served import Preloaded, rss_bytes
 from ringserve.workers.spec import EXIT_PARENT_GONE, ModelRef, WorkerSpec, ignore_group_signals
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -136,9 +136,9 @@ def preload(
     artifact's weights (importing onnxruntime starts a thread, so not even the import happens
     here). Each model's entry carries the RSS its load added here, measured after the imports."""
     if any(torch_models):
-        import ringserve.workers.cuda
+        import ringserve.workers.runtimes.cuda
         import torch  # noqa: F401 - the point is to have it imported before the fork
-    import ringserve.workers.worker  # noqa: F401
+    import ringserve.workers.process.worker  # noqa: F401
 
     models: dict[str, Preloaded] = {}
     for model_dir, torch_model in zip(model_dirs, torch_models, strict=True):
@@ -187,7 +187,7 @@ def _run_child(
             if time.monotonic() > deadline:
                 os._exit(EXIT_PARENT_GONE)
             time.sleep(0.0005)
-        from ringserve.workers.worker import main
+        from ringserve.workers.process.worker import main
 
         main(spec, models)
     except SystemExit as exc:

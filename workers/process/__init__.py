@@ -1,0 +1,2 @@
+"""The worker process: boot, the serving loop and its rooms (intake, answers, the model set,
+lanes, the background batch), the zygote that forks it, and the batcher."""
