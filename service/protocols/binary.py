@@ -30,6 +30,7 @@ from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import ModelRequired, ModelSet, UnknownModel
+from ringserve.service.protocols import prompts
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
 from ringserve.service.protocols.handover import Listeners, listen
 from ringserve.service.protocols.texts import checked
@@ -314,7 +315,7 @@ class BinaryProtocol(asyncio.Protocol):
             return partial(self.answer, tags[:k], traces, unit=embed and m.normalize)
 
         admission = self.server.admission
-        prefix = EMBED if embed else b""
+        prefix = EMBED + prompts.prompt_bytes(m) if embed else b""  # the default prompt
         admitted = admission.submit_each(
             texts, deadline, on_admit, "binary", task, self.tenant, prefix, model=info.index
         )
