@@ -121,9 +121,9 @@ def save_sentence_transformers(family: str, root: Path, dense: int = 24) -> Path
     )
     fast.save_pretrained(base)
     word = st.Transformer(str(base), max_seq_length=48)
-    pooling = st.Pooling(word.get_word_embedding_dimension(), pooling_mode="mean")
+    pooling = st.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
     torch.manual_seed(13)
-    proj = st.Dense(word.get_word_embedding_dimension(), dense, activation_function=torch.nn.Tanh())
+    proj = st.Dense(word.get_embedding_dimension(), dense, activation_function=torch.nn.Tanh())
     prompts = {"query": "query: ", "document": "search_document: "}
     model = SentenceTransformer(modules=[word, pooling, proj, st.Normalize()], prompts=prompts)
     out = root / "st"
