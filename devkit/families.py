@@ -107,7 +107,7 @@ def save_sentence_transformers(family: str, root: Path, dense: int = 24) -> Path
     features and Normalize, with query/document prompts."""
     import transformers
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers import models as st
+    from sentence_transformers.sentence_transformer import modules as st
 
     tok = tokenizer_for(family)
     base = root / "base"
