@@ -102,7 +102,9 @@ def save_classifier(family: str, root: Path, **extra: Any) -> Path:
     return root
 
 
-def save_sentence_transformers(family: str, root: Path, dense: int = 24) -> Path:
+def save_sentence_transformers(
+    family: str, root: Path, dense: int = 24, default_prompt: str | None = None
+) -> Path:
     """A sentence-transformers directory: the base model, mean pooling, a Tanh Dense to `dense`
     features and Normalize, with query/document prompts."""
     import transformers
@@ -125,7 +127,11 @@ def save_sentence_transformers(family: str, root: Path, dense: int = 24) -> Path
     torch.manual_seed(13)
     proj = st.Dense(word.get_embedding_dimension(), dense, activation_function=torch.nn.Tanh())
     prompts = {"query": "query: ", "document": "search_document: "}
-    model = SentenceTransformer(modules=[word, pooling, proj, st.Normalize()], prompts=prompts)
+    model = SentenceTransformer(
+        modules=[word, pooling, proj, st.Normalize()],
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+    )
     out = root / "st"
     model.save(str(out))
     return out

@@ -33,6 +33,8 @@ MAX_LENGTH = 40  # the classifiers' --max-length: the news texts and pairs are t
 TEXTS = ["ok", "Crème brûlée in Zürich — naïve café", *SST2[:5], *NEWS[:3]]
 PAIRS = [(SST2[10 + i], NEWS[5 + i] if i % 2 else SST2[30 + i]) for i in range(5)]
 QUERY = SST2[40]
+# ModernBERT's sentence-transformers directory has a default prompt: every path applies it.
+DEFAULT_PROMPT = {"modernbert": "document"}
 # Each family's classifier: DeBERTa 3 labels (softmax), ModernBERT multi-label with mean
 # pooling, MPNet 2 labels; and each family's one-output cross-encoder.
 HEADS: dict[str, dict[str, Any]] = {
@@ -81,7 +83,11 @@ class Built:
             self._export(
                 f"{family}-rerank", save_classifier(family, root / f"{family}-rr", num_labels=1)
             )
-            self._export(f"{family}-st", save_sentence_transformers(family, root / f"{family}-st"))
+            default = DEFAULT_PROMPT.get(family)
+            st_dir = save_sentence_transformers(
+                family, root / f"{family}-st", default_prompt=default
+            )
+            self._export(f"{family}-st", st_dir)
 
     def _export(self, name: str, source: Path) -> None:
         out = self.root / "art" / name
@@ -170,6 +176,24 @@ def test_embeddings_with_dense_normalize_and_prompts(
     assert not np.allclose(query, plain, atol=1e-3)  # the prompt changed the vectors
 
 
+def test_kserve_prompt_name_parameter(built: Built, server: ServerProc) -> None:
+    """KServe's `prompt_name` parameter with output `embedding`, and the default prompt without
+    one (ModernBERT's directory names `document`)."""
+    for name, prompt in (("mpnet-st", "query"), ("modernbert-st", None)):
+        model = sentence_transformers.SentenceTransformer(str(built.sources[name]), device="cpu")
+        want = model.encode(TEXTS[:3], prompt_name=prompt, convert_to_numpy=True)
+        body: dict[str, Any] = {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "data": TEXTS[:3]}],
+            "outputs": [{"name": "embedding"}],
+        }
+        if prompt is not None:
+            body["parameters"] = {"prompt_name": prompt}
+        status, doc = post(server, f"/v2/models/{name}/infer", body)
+        assert status == 200, doc
+        got = np.array(doc["outputs"][0]["data"], dtype=np.float64).reshape(3, -1)
+        np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
 def test_unknown_prompt_is_a_400_naming_the_prompts(server: ServerProc) -> None:
     body = {"input": "hello", "model": "mpnet-st", "prompt_name": "passage"}
     status, doc = post(server, "/v1/embeddings", body)
@@ -181,6 +205,7 @@ def test_unknown_prompt_is_a_400_naming_the_prompts(server: ServerProc) -> None:
     rows = {r["name"]: r for r in json.loads(data)["models"]}
     assert rows["mpnet-st"]["prompts"] == {"query": "query: ", "document": "search_document: "}
     assert "prompts" not in rows["mpnet-cls"]
+    assert rows["modernbert-st"]["default_prompt_name"] == "document"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
