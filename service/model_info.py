@@ -250,16 +250,20 @@ def pick_runtime(settings: Config, manifest: Manifest, on_gpu: bool, log: EventL
 
 
 def int8_note(cost: dict[str, Any]) -> str:
+    """What int8 costs, as published from the split no choice read (factory/int8.py publish)."""
+    where = f"{cost.get('texts')} texts of the publication split"
     if "min_cosine" in cost:  # an embed-only model: how far int8 turns its vectors
         return (
             f"ringserve: --precision int8: cosine to fp32 at least {cost['min_cosine']} "
-            f"(mean {cost.get('mean_cosine')}) on {cost.get('texts')} held-out texts"
+            f"(mean {cost.get('mean_cosine')}) on {where}"
         )
     speed = f", {cost['speedup']}x fp32's speed here" if "speedup" in cost else ""
+    ci = cost.get("accuracy_cost_ci95")
+    within = f", 95% interval {ci[0]} to {ci[1]}" if ci else ""
     return (
-        f"ringserve: --precision int8: accuracy cost {cost.get('accuracy_cost')} "
+        f"ringserve: --precision int8: accuracy cost {cost.get('accuracy_cost')}{within} "
         f"({cost.get('accuracy_fp32')} -> {cost.get('accuracy_int8')}), same decision "
-        f"as fp32 on {cost.get('argmax_agreement')} of {cost.get('texts')} held-out texts "
+        f"as fp32 on {cost.get('argmax_agreement')} of {where} "
         f"(recipe: {cost.get('recipe', 'dynamic')}{speed})"
     )
 

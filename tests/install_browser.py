@@ -1,5 +1,6 @@
 """Installs what the tests need from Debian when it is missing: chromium (the dashboard browser
-test) and haproxy (tests/system/test_cluster.py, benchmarks/cluster.py)."""
+test), haproxy (tests/system/test_cluster.py, benchmarks/cluster.py) and h2load (nghttp2-client:
+tests/system/test_h2_attacks.py drives the gRPC port with it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import shutil
 import subprocess
 import sys
 
-NEEDED = {"chromium": "chromium", "haproxy": "haproxy"}  # command: Debian package
+NEEDED = {
+    "chromium": "chromium",
+    "haproxy": "haproxy",
+    "h2load": "nghttp2-client",
+}  # command: package
 
 
 def main() -> int:

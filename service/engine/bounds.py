@@ -20,10 +20,18 @@ into a queue that was not fresh (its oldest waiting text had waited an interval 
 wait for a worker only until `queue_by`: past it, it is refused (503) without running, within
 --max-queue-ms of its arrival, together with its request's other texts (a request a worker has
 started is run whole). A burst into a fresh queue waits as long as its deadline allows.
+
+Waiting to refuse is slow, though: under 5x overload most texts would be refused only after
+waiting the whole bound. So a queue that is not fresh also looks ahead, with the one figure an
+estimate needs: how fast the work admitted so far is being answered, measured in this stretch
+(Drain), at the batch sizes the standing queue is served at. When that work takes longer than
+the bound, a new text would be refused after waiting it out: it is refused at once instead.
+A fresh queue never looks ahead, so bursts are judged by the measured delay alone.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 # CoDel's interval: how long the delay must stand above the target before new work is refused,
@@ -35,6 +43,11 @@ INTERVAL_MS = 200.0
 # The expiry timer's tick (service.engine.expiry): a text past its queue_by is refused at the
 # next tick, so queue_by leaves two ticks' room within --max-queue-ms (the timer can run late).
 TICK_MS = 50.0
+# The drain (how fast a model's admitted work is answered) is measured over at most the last
+# DRAIN_WINDOW_NS of the queue's current stretch, and only once that stretch is DRAIN_MIN_NS
+# long: a few batches' answers (a long-text batch takes 100-300 ms here).
+DRAIN_WINDOW_NS = 1_000_000_000
+DRAIN_MIN_NS = int(2 * INTERVAL_MS * 1e6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +59,21 @@ class Free:
     fits: int  # empty: the most one request may bring at once
     delay_ms: float  # how long the oldest text waiting before it has waited (0: none waits)
     target_ms: float  # --max-queue-ms (0: no bound by time)
+    # A queue that is not fresh: how long the work admitted before it takes to answer at the
+    # drain measured in this stretch (None: fresh, or not measured yet; see Drain)
+    ahead_ms: float | None = None
 
     @property
     def standing(self) -> bool:
         """The delay has stood above the target for a whole interval."""
         return self.target_ms > 0 and self.delay_ms > self.target_ms + INTERVAL_MS
+
+    @property
+    def too_late(self) -> bool:
+        """A queue that stood an interval already holds more work than its measured drain
+        answers within the bound a text admitted now would get (queue_by): the text would be
+        refused after waiting, so it is refused now."""
+        return self.ahead_ms is not None and self.ahead_ms > bound_ms(self.target_ms)
 
 
 def room(n: int, whole: bool, free: Free) -> tuple[int, str | None]:
@@ -66,6 +89,12 @@ def room(n: int, whole: bool, free: Free) -> tuple[int, str | None]:
             f"queue is standing: its oldest text has waited {free.delay_ms:.0f} ms, over "
             f"--max-queue-ms {free.target_ms:g} for {INTERVAL_MS:g} ms"
         )
+    if free.too_late:
+        return 0, (
+            f"queue is standing: the work admitted before this text takes about "
+            f"{free.ahead_ms:.0f} ms at the rate it is answered, over --max-queue-ms "
+            f"{free.target_ms:g}"
+        )
     if whole and n > 1:
         limit = free.fits if free.empty else free.slots
         return (n, None) if n <= limit else (0, "queue is full")
@@ -79,4 +108,44 @@ def queue_by(admitted_ns: int, delay_ms: float, target_ms: float) -> int:
     an interval already; then it is refused within --max-queue-ms of its arrival."""
     if target_ms <= 0 or delay_ms < INTERVAL_MS:
         return 0
-    return admitted_ns + int(max(target_ms - 2 * TICK_MS, TICK_MS) * 1e6)
+    return admitted_ns + int(bound_ms(target_ms) * 1e6)
+
+
+def bound_ms(target_ms: float) -> float:
+    """How long a text admitted into a queue that was not fresh may wait for a worker."""
+    return max(target_ms - 2 * TICK_MS, TICK_MS)
+
+
+class Drain:
+    """How fast one model's admitted work is answered: its answered cost, sampled at most
+    every tick. Measured, in the stretch the queue now stands, at the batch sizes it is served
+    at: the rate a standing queue drains at, never a rate taken at another load."""
+
+    __slots__ = ("samples", "total")
+
+    def __init__(self) -> None:
+        self.total = 0  # cost answered, ever
+        self.samples: deque[tuple[int, int]] = deque()  # (when, total then)
+
+    def answered(self, cost: int, now_ns: int) -> None:
+        self.total += cost
+        samples = self.samples
+        if samples and samples[-1][0] == now_ns:  # one read of a ring: one instant
+            samples[-1] = (now_ns, self.total)
+        elif not samples or now_ns - samples[-1][0] >= TICK_MS * 1e6:
+            samples.append((now_ns, self.total))
+        while samples and now_ns - samples[0][0] > 2 * DRAIN_WINDOW_NS:
+            samples.popleft()
+
+    def per_s(self, now_ns: int, since_ns: int) -> float | None:
+        """Cost answered a second since `since_ns` (the queue's stretch), over at most the last
+        window; None when that is shorter than DRAIN_MIN_NS or nothing was answered in it
+        (a stalled pool is the standing test's and the supervisor's to judge)."""
+        start = max(since_ns, now_ns - DRAIN_WINDOW_NS)
+        for when, total in self.samples:
+            if when >= start:
+                span = now_ns - when
+                if span < DRAIN_MIN_NS or self.total == total:
+                    return None
+                return (self.total - total) * 1e9 / span
+        return None

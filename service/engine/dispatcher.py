@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ringserve.service.engine.answers import Doorbells, Owner, read_answers
-from ringserve.service.engine.bounds import Free, queue_by, room
+from ringserve.service.engine.bounds import INTERVAL_MS, Free, queue_by, room
 from ringserve.service.engine.expiry import Expiry
 from ringserve.service.engine.lanes import Lane, Lanes, Lines
 from ringserve.service.engine.meter import Meter
@@ -185,8 +185,23 @@ class Dispatcher:
 
     def _room(self, n: int, whole: bool, priority: int, model: int) -> tuple[int, str | None]:
         slots, empty, fits = self.table.free(model, priority, len(self.inflight), self.max_queue)
-        delay_ms = self.delay_ns(model, priority) / 1e6
-        return room(n, whole, Free(slots, empty, fits, delay_ms, self.max_queue_ms))
+        now = self.clock()
+        delay_ns = self.delay_ns(model, priority, now)
+        ahead_ms = self.ahead_ms(model, priority, now, delay_ns)
+        free = Free(slots, empty, fits, delay_ns / 1e6, self.max_queue_ms, ahead_ms)
+        return room(n, whole, free)
+
+    def ahead_ms(self, model: int, priority: int, now: int, delay_ns: int) -> float | None:
+        """For a queue that is not fresh: how long the model's work admitted so far takes at
+        the rate it is answered in this stretch (bounds.Drain); None otherwise."""
+        if self.max_queue_ms <= 0 or delay_ns < INTERVAL_MS * 1e6:
+            return None
+        lane = self.lanes[model]
+        rate = lane.drain.per_s(now, now - delay_ns)
+        if rate is None:
+            return None
+        ahead = lane.cost - (self.waiting.bulk_cost(model) if priority == INTERACTIVE else 0)
+        return max(ahead, 0) * 1e3 / rate
 
     def delay_ns(self, model: int = 0, priority: int = INTERACTIVE, now: int = 0) -> int:
         """The queue's measured delay for a new text of this model and priority: how long the
@@ -259,8 +274,12 @@ class Dispatcher:
     def on_answers(self, worker: WorkerHandle) -> None:
         """The worker's eventfd fired: drain its response ring, complete what it answered."""
         answered = 0
-        for req, result in read_answers(worker, self.clock()):
+        now = self.clock()
+        for req, result in read_answers(worker, now):
             answered += req.cost
+            lane = self.lanes.get(req.group.model)
+            if lane is not None:
+                lane.drain.answered(req.cost, now)
             self.complete(req, result)
         if answered:
             self.meter.answered(worker, answered, self.clock())

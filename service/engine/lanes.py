@@ -14,6 +14,7 @@ import asyncio
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
+from ringserve.service.engine.bounds import Drain
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import BULK, Request, Waiting
 from ringserve.service.engine.routing import Homes, assign
@@ -34,7 +35,17 @@ MODEL_RESERVE_SHARE = 0.5
 class Lane:
     """One model as the dispatcher admits it."""
 
-    __slots__ = ("cost", "depth", "index", "max_queue", "name", "open", "rejected", "waiters")
+    __slots__ = (
+        "cost",
+        "depth",
+        "drain",
+        "index",
+        "max_queue",
+        "name",
+        "open",
+        "rejected",
+        "waiters",
+    )
 
     def __init__(self, index: int, name: str, max_queue: int) -> None:
         self.index = index  # the wire index (shm.layout.with_model), never reused
@@ -44,6 +55,7 @@ class Lane:
         self.depth = 0  # admitted, not yet answered
         self.cost = 0  # of those (requests.text_cost)
         self.rejected = 0  # texts refused for lack of room (503)
+        self.drain = Drain()  # how fast its answered cost comes back (bounds.Drain)
         self.waiters: list[asyncio.Future[None]] = []  # when_empty
 
     def admitted(self, n: int, cost: int) -> None:
@@ -202,6 +214,11 @@ class Lines:
         line, taken in turn, so a flood of one model does not make another's queue stand."""
         w = self.lines.get(model)
         return w.oldest_ns(priority) if w is not None else None
+
+    def bulk_cost(self, model: int) -> int:
+        """The cost of the model's bulk texts waiting (an interactive text goes before them)."""
+        w = self.lines.get(model)
+        return w.bulk_cost if w is not None else 0
 
     def oldest_of_all(self) -> int | None:
         """When the oldest text waiting for any model was admitted (for /v1/stats)."""

@@ -140,11 +140,12 @@ class Waiting:
     behind them, unless the oldest bulk text has waited `max_wait_ns`: then it goes first. So a
     bulk text waits behind interactive ones at most that long (tests/unit/test_clock.py)."""
 
-    __slots__ = ("bulk", "interactive", "max_wait_ns")
+    __slots__ = ("bulk", "bulk_cost", "interactive", "max_wait_ns")
 
     def __init__(self, max_wait_ns: int) -> None:
         self.interactive: deque[Request] = deque()
         self.bulk: deque[Request] = deque()
+        self.bulk_cost = 0  # of the bulk texts waiting (an interactive text goes before them)
         self.max_wait_ns = max_wait_ns
 
     def __len__(self) -> int:
@@ -161,6 +162,7 @@ class Waiting:
         for r in reqs:
             if r.group.priority:
                 self.bulk.append(r)
+                self.bulk_cost += r.cost
             else:
                 self.interactive.append(r)
 
@@ -169,6 +171,7 @@ class Waiting:
         for r in reversed(reqs):
             if r.group.priority:
                 self.bulk.appendleft(r)
+                self.bulk_cost += r.cost
             else:
                 self.interactive.appendleft(r)
 
@@ -200,16 +203,20 @@ class Waiting:
     def pop(self, now_ns: int) -> Request:
         """The request that should go to a worker next (raises IndexError when empty)."""
         if self.bulk and (not self.interactive or self.bulk_due(now_ns)):
-            return self.bulk.popleft()
+            r = self.bulk.popleft()
+            self.bulk_cost -= r.cost
+            return r
         return self.interactive.popleft()
 
     def remove(self, r: Request) -> None:
         """Raises ValueError when it is not waiting."""
         if r.group.priority:
             self.bulk.remove(r)
+            self.bulk_cost -= r.cost
         else:
             self.interactive.remove(r)
 
     def clear(self) -> None:
         self.interactive.clear()
         self.bulk.clear()
+        self.bulk_cost = 0

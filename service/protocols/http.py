@@ -36,6 +36,12 @@ REASONS = {
     504: "Gateway Timeout",
 }
 MAX_PIPELINE = 64  # answers owed on one connection before its reading pauses
+# The parser is fed SLICE bytes at a time, and the slices of one read stop for the loop's turn
+# once REQUESTS_PER_TURN requests are framed (so at most that and one slice's worth of the
+# smallest requests, about 110). A body may come in BODY_PIECES pieces of any size, past that
+# of MIN_PIECE bytes on average (a chunked body of 1-byte chunks costs a parser callback each).
+REQUESTS_PER_TURN, SLICE = 32, 2048
+BODY_PIECES, MIN_PIECE = 1024, 64
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 _ID_PREFIX = os.urandom(4).hex()
 log = logging.getLogger("ringserve.http")
@@ -103,6 +109,16 @@ class HttpServerState:
         self.refused = 0
         self.access_log: Callable[[Exchange, int], None] | None = None  # --access-log 1
 
+    def refuse(self, transport: asyncio.Transport) -> None:
+        """A connection over --max-connections: 503 and close."""
+        self.refused += 1
+        body = error_body("too many connections")
+        extra = [(b"retry-after", b"1")]
+        transport.write(build_response(503, body, self.new_request_id(), extra=extra,
+                                       keep_alive=False))  # fmt: skip
+        transport.close()
+        self.count("http", 503)
+
     def begin_drain(self) -> None:
         """Idle connections close now, as uvicorn and Go's Shutdown close theirs; one with
         answers owed closes after the last, and one in the middle of a request serves it, then
@@ -155,123 +171,56 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
-class HttpProtocol(asyncio.Protocol):
-    def __init__(self, state: HttpServerState) -> None:
-        self.state = state
-        self.settings = state.settings
-        self.transport: asyncio.Transport | None = None
+class RequestReader:
+    """The parser's side of one connection: httptools calls these as it frames each request, and
+    the limits on a head, a body and the pieces a body comes in are checked here (a body of
+    many tiny chunks costs a callback each: past BODY_PIECES, their mean must be at least
+    MIN_PIECE bytes). Each whole request goes to the connection (`HttpProtocol.received`)."""
+
+    def __init__(self, conn: HttpProtocol) -> None:
+        self.conn = conn
+        self.settings = conn.settings
         self.parser = httptools.HttpRequestParser(self)
         self.current: Exchange | None = None
-        self.queue: deque[Exchange] = deque()  # answers owed, in request order
         self.head_bytes = 0  # of the request head being parsed
         self.raw_head_bytes = 0  # bytes received while a head is incomplete
         self.body_bytes = 0
+        self.body_pieces = 0
         self.in_head = False
-        self.started_ns = 0  # when the request being read began (0 = between requests)
-        self.clock = state.clock
-        self.last_active_ns = self.clock()
-        self.closing = False  # transport closed or closing: nothing more is written
-        self.reading_done = False  # a request could not be framed: read nothing more
-        self.paused_reading = False
-        self.paused_writing = False
-        self.write_blocked_ns = 0  # when the transport last asked us to pause
+        self.requests = 0  # framed in this loop turn
 
-    # -- connection -----------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = t = cast(asyncio.Transport, transport)  # uvloop's is no subclass
-        if len(self.state.connections) >= self.settings.max_connections:
-            # A connection accepted while draining is served (its answer closes it); only the
-            # connection limit refuses one.
-            self.state.refused += 1
-            body = error_body("too many connections")
-            t.write(
-                build_response(
-                    503,
-                    body,
-                    self.state.new_request_id(),
-                    extra=[(b"retry-after", b"1")],
-                    keep_alive=False,
-                )
-            )
-            t.close()
-            self.closing = True
-            self.state.count("http", 503)
-            return
-        self.state.connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.state.connections.discard(self)
-        self.closing = True
-        self.queue.clear()
-
-    def pause_writing(self) -> None:
-        self.paused_writing = True
-        self.write_blocked_ns = self.clock()
-        self._pause()
-
-    def resume_writing(self) -> None:
-        self.paused_writing = False
-        self._maybe_resume()
-
-    def _pause(self) -> None:
-        if not self.paused_reading and self.transport is not None:
-            self.paused_reading = True
-            self.transport.pause_reading()
-
-    def _maybe_resume(self) -> None:
-        if (
-            self.paused_reading
-            and not self.paused_writing
-            and len(self.queue) < MAX_PIPELINE
-            and self.transport is not None
-            and not self.closing
-            and not self.reading_done
-        ):
-            self.paused_reading = False
-            if self.started_ns:  # the wait was ours, not the client's: restart its read clock
-                self.started_ns = self.clock()
-            self.transport.resume_reading()
-
-    def data_received(self, data: bytes) -> None:
-        if self.closing or self.reading_done:
-            return
-        self.last_active_ns = now = self.clock()
-        if not self.started_ns:
-            self.started_ns = now
+    def feed(self, data: bytes) -> bool:
+        """Frame what `data` completes; False once the connection failed (read no more)."""
         if not self.current or self.in_head:
             self.raw_head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except HttpError as exc:
-            self.fail(exc.status, exc.message)
-            return
+            self.conn.fail(exc.status, exc.message)
         except httptools.HttpParserUpgrade:
             if self.current is None:  # CONNECT or Upgrade: the request itself is answered
-                self.end_after_owed()
+                self.conn.end_after_owed()
             else:
-                self.fail(400, "protocol upgrade is not supported")
-            return
+                self.conn.fail(400, "protocol upgrade is not supported")
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
             if isinstance(cause, HttpError):
-                self.fail(cause.status, cause.message)
+                self.conn.fail(cause.status, cause.message)
             else:
-                self.fail(400, "malformed HTTP request")
-            return
+                self.conn.fail(400, "malformed HTTP request")
         except httptools.HttpParserError as exc:
-            self.fail(400, f"malformed HTTP request: {exc}")
-            return
-        if self.raw_head_bytes > self.settings.max_head * 2 + 65536:
-            self.fail(431, "request head too large")
+            self.conn.fail(400, f"malformed HTTP request: {exc}")
+        else:
+            if self.raw_head_bytes > self.settings.max_head * 2 + 65536:
+                self.conn.fail(431, "request head too large")
+        return not (self.conn.closing or self.conn.reading_done)
 
-    # -- parser callbacks -----------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.current = Exchange()
         self.in_head = True
-        self.head_bytes = 0
-        self.body_bytes = 0
-        if not self.started_ns:
-            self.started_ns = self.clock()
+        self.head_bytes = self.body_bytes = self.body_pieces = 0
+        if not self.conn.started_ns:
+            self.conn.started_ns = self.conn.clock()
 
     def on_url(self, url: bytes) -> None:
         assert self.current is not None
@@ -295,7 +244,7 @@ class HttpProtocol(asyncio.Protocol):
         ex.method = self.parser.get_method()
         ex.keep_alive = bool(self.parser.should_keep_alive())
         rid = ex.headers.get(b"x-request-id")
-        ex.request_id = rid if rid and _REQUEST_ID.match(rid) else self.state.new_request_id()
+        ex.request_id = rid if rid and _REQUEST_ID.match(rid) else self.conn.state.new_request_id()
         length = ex.headers.get(b"content-length")
         if length is not None:
             try:
@@ -304,20 +253,125 @@ class HttpProtocol(asyncio.Protocol):
                 raise HttpError(400, "invalid Content-Length") from None
             if declared > self.settings.max_body:
                 raise HttpError(413, f"body over {self.settings.max_body} bytes")
-        if ex.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        transport = self.conn.transport
+        if ex.headers.get(b"expect", b"").lower() == b"100-continue" and transport:
+            transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         assert self.current is not None
         self.body_bytes += len(body)
+        self.body_pieces += 1
         if self.body_bytes > self.settings.max_body:
             raise HttpError(413, f"body over {self.settings.max_body} bytes")
+        if self.body_pieces > BODY_PIECES and self.body_bytes < MIN_PIECE * self.body_pieces:
+            raise HttpError(400, f"body in pieces of under {MIN_PIECE} bytes on average")
         self.current.body.append(body)
 
     def on_message_complete(self) -> None:
         ex = self.current
         assert ex is not None
         self.current = None
+        self.requests += 1
+        self.conn.received(ex)
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One connection: its life, reading paced by the answers owed and by the loop's turns,
+    and its answers, written in request order."""
+
+    def __init__(self, state: HttpServerState) -> None:
+        self.state = state
+        self.settings = state.settings
+        self.transport: asyncio.Transport | None = None
+        self.reader = RequestReader(self)
+        self.queue: deque[Exchange] = deque()  # answers owed, in request order
+        self.started_ns = 0  # when the request being read began (0 = between requests)
+        self.clock = state.clock
+        self.last_active_ns = self.clock()
+        self.closing = False  # transport closed or closing: nothing more is written
+        self.reading_done = False  # a request could not be framed: read nothing more
+        self.paused_reading = False
+        self.paused_writing = False
+        self.write_blocked_ns = 0  # when the transport last asked us to pause
+        self.backlog = b""  # read, not yet framed: waits for the loop's next turn
+
+    # -- connection -----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        if len(self.state.connections) >= self.settings.max_connections:
+            # A connection accepted while draining is served (its answer closes it); only the
+            # connection limit refuses one.
+            self.state.refuse(self.transport)
+            self.closing = True
+            return
+        self.state.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state.connections.discard(self)
+        self.closing = True
+        self.queue.clear()
+        self.backlog = b""
+
+    def pause_writing(self) -> None:
+        self.paused_writing = True
+        self.write_blocked_ns = self.clock()
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self.paused_writing = False
+        self._maybe_resume()
+
+    def _pause(self) -> None:
+        if not self.paused_reading and self.transport is not None:
+            self.paused_reading = True
+            self.transport.pause_reading()
+
+    def _maybe_resume(self) -> None:
+        if (
+            self.paused_reading
+            and not self.paused_writing
+            and not self.backlog
+            and len(self.queue) < MAX_PIPELINE
+            and self.transport is not None
+            and not self.closing
+            and not self.reading_done
+        ):
+            self.paused_reading = False
+            if self.started_ns:  # the wait was ours, not the client's: restart its read clock
+                self.started_ns = self.clock()
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing or self.reading_done:
+            return
+        self.last_active_ns = now = self.clock()
+        if not self.started_ns:
+            self.started_ns = now
+        self.feed(data)
+
+    def feed(self, data: bytes) -> None:
+        """Frame `data` in slices; once REQUESTS_PER_TURN requests are framed, the rest waits
+        for the loop's next turn (the socket unread), so pipelined junk cannot hold the loop."""
+        reader = self.reader
+        reader.requests = 0
+        for pos in range(0, len(data), SLICE):
+            piece = data if len(data) <= SLICE else data[pos : pos + SLICE]
+            if not reader.feed(piece):
+                return
+            if reader.requests >= REQUESTS_PER_TURN and pos + SLICE < len(data):
+                self.backlog = data[pos + SLICE :]
+                self._pause()
+                asyncio.get_running_loop().call_soon(self.feed_backlog)
+                return
+
+    def feed_backlog(self) -> None:
+        data, self.backlog = self.backlog, b""
+        if data and not (self.closing or self.reading_done):
+            self.feed(data)
+        self._maybe_resume()
+
+    def received(self, ex: Exchange) -> None:
+        """A whole request: queued for its answer, and routed."""
         self.started_ns = 0
         ex.done_ns = self.clock()
         if self.state.closing:  # draining: serve this one, then close; read nothing more
@@ -397,7 +451,7 @@ class HttpProtocol(asyncio.Protocol):
         """A request that cannot be framed: answer it after those owed, then close."""
         if self.closing or self.transport is None:
             return
-        ex = self.current or Exchange()
+        ex = self.reader.current or Exchange()
         if not ex.request_id:
             ex.request_id = self.state.new_request_id()
         ex.keep_alive = False
@@ -405,7 +459,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.state.access_log is not None:
             self.state.access_log(ex, status)
         ex.status = status
-        self.current = None
+        self.reader.current = None
         self.reading_done = True
         self._pause()
         self.queue.append(ex)

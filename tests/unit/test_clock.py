@@ -354,6 +354,31 @@ def test_a_text_admitted_into_a_queue_that_was_not_fresh_waits_at_most_the_targe
     assert d.expire(clock.now) == 0 and len(w.ring) == 4
 
 
+def test_a_queue_that_stood_refuses_at_once_what_its_measured_drain_cannot_answer_in_time() -> None:
+    """Past the first interval, the work admitted so far is timed at the rate it is answered
+    in this stretch (bounds.Drain): a text it would keep waiting past its bound is refused
+    at arrival, not after waiting; one it would not is admitted."""
+    w = Worker(room=4)
+    d, clock = dispatcher(w, max_queue=1024)
+    d.max_queue_ms = 1000
+    assert d.submit([b"a"] * 100, clock.now + 30 * S, Calls())  # into a fresh queue: whole
+    for _ in range(10):  # the worker answers 4 texts every 50 ms: 80 texts a second
+        clock.now += 50_000_000
+        w.answer()
+        d.on_answers(w)
+    assert d.depth == 60 and d.wait_ms() == 500.0
+    assert d.submit([b"b"] * 16, clock.now + 30 * S, Calls())  # 60 ahead: about 750 ms
+    late = Calls()
+    assert not d.submit([b"c"] * 8, clock.now + 30 * S, late)  # 76: 950 ms, over 1000 - 2 x 50
+    assert "takes about" in d.why and "over --max-queue-ms 1000" in d.why
+    assert d.rejected == 8 and not late.results  # refused at once, counted, never queued
+    for _ in range(4):  # 200 ms more at the same rate: 16 fewer ahead
+        clock.now += 50_000_000
+        w.answer()
+        d.on_answers(w)
+    assert d.submit([b"d"] * 8, clock.now + 30 * S, Calls())  # 60 ahead: 750 ms again
+
+
 def test_a_request_a_worker_has_started_is_never_refused_at_its_queue_bound() -> None:
     d, w, clock = stalled()
     d.submit([b"a"], 0, Calls())

@@ -1,12 +1,12 @@
 """The gRPC port: KServe v2 `inference.GRPCInferenceService`, `grpc.health.v1.Health` and server
-reflection, served on the front-end's own event loop by rpc/h2.py's HTTP/2 (no thread, no
+reflection, served on the front-end's own event loop by rpc/http2/ HTTP/2 (no thread, no
 grpcio server): a call's method runs where the dispatcher lives, and a ModelInfer's answer is
 written by the dispatcher's callback (docs/design.md, "gRPC", for why and what it measured).
 
 Every call goes through the one admission, deadline and API key the other protocols use (the
 methods are rpc/servicer.py's). Errors are the HTTP statuses of protocols/kserve.py's checks,
 mapped to gRPC codes once here. A drain closes the listener, says NOT_SERVING, ends every health
-Watch, and sends each connection GOAWAY (h2.Connection.begin_drain): the calls in flight finish,
+Watch, and sends each connection GOAWAY (http2.Connection.begin_drain): the calls in flight finish,
 calls the client sent after the GOAWAY go to another server, and each connection closes when its
 last answer is out.
 """
@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from grpc_health.v1 import health_pb2
 from ringserve.service.engine.tenants import Tenant
 from ringserve.service.protocols import handover
 from ringserve.service.protocols.auth import DENIED
 from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.rpc import h2
+from ringserve.service.protocols.rpc import http2 as h2
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
-from ringserve.service.protocols.rpc.h2 import Connection, Stream
+from ringserve.service.protocols.rpc.health import Health, end_ok, keep_one
+from ringserve.service.protocols.rpc.http2 import Connection, Stream
 from ringserve.service.protocols.rpc.servicer import GrpcHost, RateLimited, Servicer
 
 SERVICE = "inference.GRPCInferenceService"
@@ -48,9 +48,6 @@ CODES = {
 RETRY_TRAILERS = (("retry-after", "1"), ("grpc-retry-pushback-ms", "1000"))
 # Probes and metadata a kubelet or a load balancer reads without the key, as on HTTP.
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 PING_WAIT_S = 1.0  # a drain's final GOAWAY goes out by then, PING answered or not
 
 Handler = Callable[[Any, Stream, Any], Coroutine[Any, Any, Any]]  # (req, call, tenant)
@@ -87,11 +84,9 @@ class GrpcPort:
         self.listener: asyncio.AbstractServer | None = None
         self.connections: set[Connection] = set()
         self.inflight = 0  # calls not yet answered
-        self.serving: int | None = None  # the status health last said
-        self.watches: set[Stream] = set()  # open health Watch streams (of "" or SERVICE)
+        self.health = Health((SERVICE, HEALTH, REFLECTION))
         self.draining = False
         self.methods = self.method_table()
-        self.reflection: Any = None  # grpc_reflection's servicer, made at the first use
 
     # -- start and stop -------------------------------------------------------------------------
     async def start(self, address: str, port: int, ports: handover.Listeners | None = None) -> None:
@@ -126,9 +121,7 @@ class GrpcPort:
         if self.listener is not None:
             self.listener.close()
         self.update_health()
-        for stream in list(self.watches):
-            stream.finish()
-        self.watches.clear()
+        self.health.end_watches()
         for conn in list(self.connections):
             conn.begin_drain()
         asyncio.get_running_loop().call_later(PING_WAIT_S, self.final_goaways)
@@ -150,12 +143,7 @@ class GrpcPort:
 
     def update_health(self) -> None:
         """Called at start, on the sweep's tick, when a stop begins and at the drain."""
-        status = SERVING if self.host.ready() and not self.draining else NOT_SERVING
-        if status != self.serving:
-            self.serving = status
-            message = health_pb2.HealthCheckResponse(status=status).SerializeToString()
-            for stream in list(self.watches):
-                stream.send(message)
+        self.health.update(self.host.ready() and not self.draining)
 
     # -- connections (h2.Port) ------------------------------------------------------------------
     def opened(self, conn: Connection) -> None:
@@ -193,9 +181,9 @@ class GrpcPort:
         table: dict[bytes, tuple[Any, Any]] = {}
         for name, (fn, message) in unary.items():
             table[f"/{SERVICE}/{name}".encode()] = (keep_one, self.unary(name, fn, message))
-        table[f"/{HEALTH}/Check".encode()] = (keep_one, self.health_check)
-        table[f"/{HEALTH}/Watch".encode()] = (keep_one, self.health_watch)
-        table[f"/{REFLECTION}/ServerReflectionInfo".encode()] = (self.reflect, end_ok)
+        table[f"/{HEALTH}/Check".encode()] = (keep_one, self.health.check)
+        table[f"/{HEALTH}/Watch".encode()] = (keep_one, self.health.watch)
+        table[f"/{REFLECTION}/ServerReflectionInfo".encode()] = (self.health.reflect, end_ok)
         return table
 
     # -- unary calls ----------------------------------------------------------------------------
@@ -276,60 +264,3 @@ class GrpcPort:
                     return tenant
         keys.refused("grpc")
         return False
-
-    # -- health and reflection (no key, as the standard services are probed) --------------------
-    def health_status(self, stream: Stream) -> int | None:
-        """The status for the requested service; None (answered) for bad bytes."""
-        try:
-            service = health_pb2.HealthCheckRequest.FromString(stream.request or b"").service
-        except Exception:  # noqa: BLE001 - protobuf's DecodeError and its kin
-            stream.finish(h2.INVALID_ARGUMENT, "request is not a valid protobuf message")
-            return None
-        if service not in ("", SERVICE):
-            return SERVICE_UNKNOWN
-        return self.serving if self.serving is not None else NOT_SERVING
-
-    def health_check(self, stream: Stream) -> None:
-        status = self.health_status(stream)
-        if status == SERVICE_UNKNOWN:
-            stream.finish(h2.NOT_FOUND, "unknown service")
-        elif status is not None:
-            stream.reply(health_pb2.HealthCheckResponse(status=status).SerializeToString())
-
-    def health_watch(self, stream: Stream) -> None:
-        """The status now, then each change, until the drain ends the stream (or the client)."""
-        status = self.health_status(stream)
-        if status is None:
-            return
-        stream.send(health_pb2.HealthCheckResponse(status=status).SerializeToString())
-        if self.draining:
-            stream.finish()
-        elif status != SERVICE_UNKNOWN:
-            self.watches.add(stream)
-            stream.on_cancel = self.watches.discard
-
-    def reflect(self, stream: Stream, data: bytes) -> None:
-        """One ServerReflectionRequest, answered by grpc_reflection's own servicer logic."""
-        from grpc_reflection.v1alpha import reflection, reflection_pb2
-
-        if self.reflection is None:
-            self.reflection = reflection.ReflectionServicer([SERVICE, HEALTH, REFLECTION])
-        try:
-            request = reflection_pb2.ServerReflectionRequest.FromString(data)
-        except Exception:  # noqa: BLE001 - protobuf's DecodeError and its kin
-            stream.finish(h2.INVALID_ARGUMENT, "request is not a valid protobuf message")
-            return
-        for answer in self.reflection.ServerReflectionInfo(iter([request]), None):
-            stream.send(answer.SerializeToString())
-
-
-def keep_one(stream: Stream, data: bytes) -> None:
-    """A unary call's request message: the first is kept; a second is an error."""
-    if stream.request is not None:
-        stream.finish(h2.INVALID_ARGUMENT, "a unary call takes one request message")
-        return
-    stream.request = data
-
-
-def end_ok(stream: Stream) -> None:
-    stream.finish()
