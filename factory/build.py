@@ -234,11 +234,18 @@ def _max_length(wanted: int | None, default: int, limit: int) -> int:
 
 def _hf_model(source: Path, max_length: int | None) -> tuple[Any, Any, int]:
     """The HF directory's model and config, checked against its tokenizer, and the max length."""
+    from ringserve.factory import families
     from ringserve.factory.hf import build
 
     tokenizer = _tokenizer_in(source)
     with _building(source):
-        model, config = build(source)
+        family = families.read_family_config(source / "config.json", families.ARCHITECTURES)
+        model: Any
+        config: Any
+        if family is not None:
+            model, config = families.build_classifier(source, family), family
+        else:
+            model, config = build(source)
     vocab = open_tokenizer(tokenizer, 8).get_vocab_size(with_added_tokens=True)
     if vocab > config.vocab_size:
         raise ArtifactError(
@@ -287,7 +294,7 @@ def _embed_artifact(out: Path, root: Path, embed: Any, name: str, max_length: in
 
     tokenizer = _tokenizer_in(embed.model_dir)
     with _building(root):
-        model, config = build_encoder(embed)
+        model, config, dimension = build_encoder(embed)
     # sentence-transformers' own max_seq_length, when it says one
     max_length = _max_length(max_length, embed.max_length or DEFAULT_MAX_LENGTH, config.max_length)
     extra = {
@@ -297,8 +304,10 @@ def _embed_artifact(out: Path, root: Path, embed: Any, name: str, max_length: in
         "pooling": embed.pooling,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if embed.prompts:  # config_sentence_transformers.json's, for prompt_name (api.md)
+        extra |= {"prompts": embed.prompts, "default_prompt_name": embed.default_prompt}
     manifest = asdict(Manifest(name, [], max_length, "", extra=extra))
-    manifest |= {"task": ["embed"], "dimension": config.hidden_size, "normalize": embed.normalize}
+    manifest |= {"task": ["embed"], "dimension": dimension, "normalize": embed.normalize}
     check_fields(out, manifest | {"fingerprint": "-"})
     return _publish(out, lambda tmp: _save(tmp, model, tokenizer, manifest))
 

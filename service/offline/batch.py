@@ -33,6 +33,7 @@ from ringserve.service.logs import EventLog
 from ringserve.service.model_info import scan_repository
 from ringserve.service.offline import corpus as C
 from ringserve.service.pool.supervisor import Supervisor
+from ringserve.service.protocols import prompts
 from ringserve.service.protocols.routes import long_text_fields
 from ringserve.service.protocols.tasks import float_json
 from ringserve.service.settings import BY_NAME, Config
@@ -304,7 +305,9 @@ class BatchJob:
             raise ValueError(f"the model does not {args.task}; its tasks: {', '.join(m.task)}")
         embed = (m.dimension, m.normalize) if args.task == "embed" else None
         # An embedding asks its worker for the vector (shm/layout.py OPT_EMBED).
-        self.prefix = L.OPTIONS_MARK + bytes([L.OPT_EMBED]) if embed else b""
+        # An embed model's default prompt (service/protocols/prompts.py) goes before each text.
+        embed_prefix = L.OPTIONS_MARK + bytes([L.OPT_EMBED]) + prompts.prompt_bytes(m)
+        self.prefix = embed_prefix if embed else b""
         self.results = Results(Path(args.output), self.n, list(m.labels), meta, args.resume, embed)
         # Eight batches a worker: a group's answers come from both workers, so with only two
         # the workers starved between refills (measured: 181 against 393 texts/s on ONNX).

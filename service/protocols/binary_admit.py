@@ -16,6 +16,7 @@ from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import ModelRequired, ModelSet, UnknownModel
+from ringserve.service.protocols import prompts
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
@@ -139,7 +140,7 @@ class FrameAdmitter:
             return partial(self.answer, tags[:k], traces, unit=embed and m.normalize)
 
         admission = self.server.admission
-        prefix = EMBED if embed else b""
+        prefix = EMBED + prompts.prompt_bytes(m) if embed else b""  # the default prompt
         admitted = admission.submit_each(
             texts, deadline, on_admit, "binary", task, self.conn.tenant, prefix, model=info.index
         )

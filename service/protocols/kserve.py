@@ -24,7 +24,7 @@ import numpy as np
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import READY, ModelSet
-from ringserve.service.protocols import admit
+from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import asked_priority, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
@@ -38,6 +38,7 @@ from ringserve.service.protocols.routes import (
 from ringserve.service.protocols.tasks import vectors
 from ringserve.service.protocols.texts import require
 from ringserve.shm import layout as L
+from ringserve.workers.artifact import Manifest
 
 VERSION = "1"  # a model's version without numbered version directories
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
@@ -356,13 +357,14 @@ def join_pairs(server: ModelView, found: dict[str, list[bytes]]) -> list[bytes]:
 
 
 def with_options(
-    texts: list[bytes], params: dict[str, Any], wanted: list[tuple[str, bool]]
+    texts: list[bytes], params: dict[str, Any], wanted: list[tuple[str, bool]], manifest: Manifest
 ) -> tuple[list[bytes], str]:
     """The payloads with the request's long-text options and, for output `embedding`, the ask
     for a vector (layout OPT_EMBED); and the task they count under."""
     prefix = long_text_prefix(params, "parameters.")
     embed = wanted[0][0] == EMBEDDING
-    if embed:  # the worker answers each text's vector
+    if embed:  # the worker answers each text's vector, the prompt before it (prompts.py)
+        texts = prompts.with_prompt(manifest, params.get("prompt_name"), texts)
         prefix = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
     if prefix:
         texts = [prefix + t for t in texts]
@@ -499,7 +501,7 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     texts = read_texts(server, doc, blob)
     m = info.manifest
     wanted = read_outputs(doc, m.embeds, m.embed_only)
-    texts, task = with_options(texts, as_dict(doc.get("parameters"), "parameters"), wanted)
+    texts, task = with_options(texts, as_dict(doc.get("parameters"), "parameters"), wanted, m)
     deadline = request_deadline(server, ex, doc)
     encoder = encoder_for(info.labels, m.normalize)
 

@@ -12,7 +12,7 @@ from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import ModelRequired, ModelSet, UnknownModel
-from ringserve.service.protocols import admit
+from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.texts import require
@@ -238,8 +238,12 @@ def list_models(
     """GET /v1/models: every model the server holds, with its state; in OpenAI's list shape
     (`data`) and, as before, under `models`."""
     keys = ("name", "version", "state", "task", "labels")
-    rows = [{k: row[k] for k in keys} for row in server.models.listing()]
     infos = {(e.info.name, str(e.info.version)): e.info for e in server.models}
+    rows = [
+        {k: row[k] for k in keys}
+        | prompts.listing(infos[(str(row["name"]), str(row["version"]))].manifest)
+        for row in server.models.listing()
+    ]
     data = [{**openai_model(infos[str(r["name"]), str(r["version"])]), **r} for r in rows]
     body = {"object": "list", "data": data, "models": rows}
     conn.respond(ex, 200, json.dumps(body).encode())
@@ -272,6 +276,7 @@ def model_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
         "task": m.task,
         "dimension": m.dimension,
     }
+    body |= prompts.listing(m)  # sentence-transformers' prompts, for prompt_name
     if info.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
         body["graph"] = info.graph
     if server.settings.for_model(info.name).precision == "int8" and info.runtime == "onnx":

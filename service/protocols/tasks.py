@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.protocols import admit
+from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
@@ -128,6 +128,7 @@ def openai_embeddings(
     if "input" not in doc:
         raise HttpError(400, 'body must have "input": a string or a list of strings')
     texts = openai_inputs(doc["input"], info, server.settings.max_texts)
+    texts = prompts.with_prompt(info.manifest, doc.get("prompt_name"), texts)
     fmt = doc.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise HttpError(400, 'encoding_format must be "float" or "base64"')
@@ -184,6 +185,7 @@ def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[
     if "inputs" not in doc:
         raise HttpError(400, 'body must have "inputs": a string or a list of strings')
     texts = text_list(doc["inputs"], "inputs", server.settings.max_texts)
+    texts = prompts.with_prompt(info.manifest, doc.get("prompt_name"), texts)
     normalize = doc.get("normalize", True)
     if not isinstance(normalize, bool):
         raise HttpError(400, "normalize must be true or false")

@@ -85,7 +85,16 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any], str]] = {
     ),
 }
 # sentence-transformers' name of each of our poolings.
-ST_MODE = {"mean": "mean", "cls": "cls", "max": "max", "last": "lasttoken"}
+ST_MODE = {"mean": "mean", "cls": "cls", "max": "max", "last": "lasttoken",
+           "mean_sqrt_len": "mean_sqrt_len_tokens", "weightedmean": "weightedmean"}  # fmt: skip
+# BERT is exported with every pooling, the other architectures with these four.
+BASIC = ("mean", "cls", "max", "last")
+
+
+def poolings(name: str) -> tuple[str, ...]:
+    return POOLINGS if name == "bert" else BASIC
+
+
 # The sentence-transformers directories: each architecture with one pooling, normalized or not,
 # so that every pooling and both normalizations come through modules.json.
 ST_DIRS = {
@@ -154,7 +163,7 @@ class Built:
         self.st: dict[str, Path] = {}
         self.want: dict[tuple[str, str, bool], np.ndarray] = {}
         for name, base in self.bases.items():
-            for pooling in POOLINGS:
+            for pooling in poolings(name):
                 art = root / "plain" / f"{name}-{pooling}"
                 args = ("--pooling", pooling, "--max-length", str(MAX_LENGTH))
                 self.plain[name, pooling] = exported(base, art, *args)
@@ -202,7 +211,7 @@ def test_every_architecture_and_pooling_matches_sentence_transformers(
 ) -> None:
     """A plain base model with --pooling: the raw vector is sentence-transformers' encode
     without Normalize, and its L2 normalisation the encode with it, within 1e-4."""
-    for pooling in POOLINGS:
+    for pooling in poolings(name):
         art = built.plain[name, pooling]
         m = load_manifest(art)
         assert (m.task, m.labels, m.normalize) == (["embed"], [], False)
@@ -215,7 +224,7 @@ def test_every_architecture_and_pooling_matches_sentence_transformers(
 
 
 def test_poolings_differ(built: Built) -> None:
-    """The four poolings of one model give four different vectors (none is a silent default)."""
+    """The six poolings of one model give six different vectors (none is a silent default)."""
     vecs = [built.want["bert", p, False] for p in POOLINGS]
     for i in range(len(vecs)):
         for j in range(i):
@@ -240,22 +249,24 @@ def test_export_refuses_what_it_cannot_serve(built: Built, tmp_path: Path, capsy
     base = built.bases["bert"]
     out = str(tmp_path / "x")
     assert export.main(["--from", str(base), "--out", out]) == 1
-    assert "needs --pooling (mean, cls, max, last)" in capsys.readouterr().err
+    assert "needs --pooling (mean, cls, max, last, mean_sqrt_len, weightedmean)" in (
+        capsys.readouterr().err
+    )
     st_dir = tmp_path / "st"
     pipeline(base, "mean", False).save(str(st_dir))
     assert export.main(["--from", str(st_dir), "--out", out, "--pooling", "cls"]) == 1
     assert "names its own pooling" in capsys.readouterr().err
     config = st_dir / "1_Pooling" / "config.json"
-    config.write_text(json.dumps({"embedding_dimension": 32, "pooling_mode": "weightedmean"}))
+    config.write_text(json.dumps({"embedding_dimension": 32, "pooling_mode": ["mean", "max"]}))
     assert export.main(["--from", str(st_dir), "--out", out]) == 1
-    assert "pooling ['weightedmean'] is not supported" in capsys.readouterr().err
+    assert "pooling ['mean', 'max'] is not supported" in capsys.readouterr().err
     modules = json.loads((st_dir / "modules.json").read_text())
-    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
-                       "type": "sentence_transformers.models.Dense"})  # fmt: skip
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_CNN",
+                       "type": "sentence_transformers.models.CNN"})  # fmt: skip
     (st_dir / "modules.json").write_text(json.dumps(modules))
     assert export.main(["--from", str(st_dir), "--out", out]) == 1
     err = capsys.readouterr().err
-    assert "modules ['Transformer', 'Pooling', 'Dense'] are not supported" in err
+    assert "modules ['Transformer', 'Pooling', 'CNN'] are not supported" in err
     assert not (tmp_path / "x").exists()
 
 

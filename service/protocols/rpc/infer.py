@@ -90,7 +90,7 @@ def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
     asked = kserve.read_outputs({"parameters": default, "outputs": outputs}, m.embeds, m.embed_only)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     wanted = [(name, raw_out) for name, _ in asked]
-    texts, task = kserve.with_options(texts, params, wanted)
+    texts, task = kserve.with_options(texts, params, wanted, m)
     timeout = params.get("timeout")
     if timeout is not None and (isinstance(timeout, bool | str | float) or timeout <= 0):
         raise HttpError(400, "parameters.timeout must be a positive integer (microseconds)")
