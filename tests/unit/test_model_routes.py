@@ -81,6 +81,7 @@ def model(name: str, labels: list[str], task: list[str], index: int) -> Any:
         buckets=(128,),
         runtime="torch",
         graph={},
+        precision_chosen_by="",
     )
 
 
