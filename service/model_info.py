@@ -15,6 +15,7 @@ from typing import Any
 from ringserve.factory.build import default_in_child
 from ringserve.service.device import resolve_device
 from ringserve.service.logs import EventLog
+from ringserve.service.precision import auto_precision, cpu_flags, cpu_refusal
 from ringserve.service.settings import PER_MODEL_SERVED, Config
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
@@ -43,6 +44,7 @@ class ModelInfo:
     version: int = 1  # the repository's version directory it came from (1 without versions)
     # Its config file table's per-model settings the workers apply (Config.for_model).
     options: tuple[tuple[str, Any], ...] = ()
+    precision_chosen_by: str = ""  # --precision auto: what it resolved to and why; else empty
 
     @property
     def name(self) -> str:
@@ -223,6 +225,7 @@ def describe(
     max_len = manifest.max_length
     on_gpu = device != "cpu"
     grid = pad_grid(settings.buckets, on_gpu, max_len)
+    chosen_by = pick_precision(settings, manifest, on_gpu, log, first)
     runtime = pick_runtime(settings, manifest, on_gpu, log)
     graph: dict[str, Any] = {}
     if runtime == "onnx" and settings.precision == "fp32":
@@ -244,7 +247,31 @@ def describe(
         index=index,
         version=wanted.version,
         options=tuple(sorted(served.items())),
+        precision_chosen_by=chosen_by,
     )
+
+
+def pick_precision(
+    settings: Config, manifest: Manifest, on_gpu: bool, log: EventLog, first: ModelInfo | None
+) -> str:
+    """Resolve --precision auto once, on the first model (one setting serves them all, as
+    --graph auto: the others say "as for" it), from int8's published cost (service/precision.py);
+    refuse a precision this CPU cannot run. Returns why auto chose what it did ("" without auto)."""
+    s = settings
+    if s.precision == "auto":
+        if on_gpu:
+            s.precision, why = "fp32", "auto: no published cost for fp16 or bf16 on CUDA"
+        else:
+            s.precision, why = auto_precision(manifest.int8, bool(manifest.int8_file))
+        log.info("precision_chosen", precision=s.precision, reason=why)
+        print(f"ringserve: --precision auto: serving {s.precision} ({why})", file=sys.stderr)
+        return why
+    refusal = "" if on_gpu else cpu_refusal(s.precision, cpu_flags())
+    if refusal:
+        raise SystemExit(f"ringserve: {refusal}")
+    if first is not None and first.precision_chosen_by:
+        return f"as for {first.name}"
+    return ""
 
 
 def pick_runtime(settings: Config, manifest: Manifest, on_gpu: bool, log: EventLog) -> str:

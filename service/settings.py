@@ -118,8 +118,9 @@ def parse_start_method(text: str) -> str:
 
 
 parse_precision = one_of(
-    "precision", "fp32", "fp16", "bf16", "int8", said="fp32, int8 (CPU), fp16 or bf16 (CUDA)"
-)
+    "precision", "fp32", "fp16", "bf16", "int8", "auto",
+    said="fp32, int8 (CPU), fp16 or bf16 (CUDA), or auto",
+)  # fmt: skip
 parse_runtime = one_of("runtime", "auto", "torch", "onnx")
 parse_graph = one_of("graph", "auto", "plain", "fused")
 parse_long_text = one_of("long-text", "truncate", "refuse", "window")
@@ -413,8 +414,10 @@ class Config:
         "fp32",
         "CPU: fp32 or int8 (on ONNX Runtime, the recipe the artifact build chose by measuring "
         "agreement and speed; its accuracy cost is logged at start and in /v1/model); CUDA: "
-        "fp32, fp16 or bf16 (autocast; benchmarks/gpu_check.py measures their cost). Equal "
-        "scores (1e-5) are promised for fp32",
+        "fp32, fp16 or bf16 (autocast; benchmarks/gpu_check.py measures their cost); auto: int8 "
+        "when its published cost is within 0.5 point of accuracy and 0.99 agreement (embeddings: "
+        "mean cosine 0.999) and it is faster, else fp32 (the choice and why: log, /v1/model). "
+        "Equal scores (1e-5) are promised for fp32",
         parse_precision,
     )
     runtime: str = option(

@@ -277,6 +277,8 @@ def model_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
         "dimension": m.dimension,
     }
     body |= prompts.listing(m)  # sentence-transformers' prompts, for prompt_name
+    if info.precision_chosen_by:  # --precision auto: what it resolved to, and why
+        body["precision_chosen_by"] = info.precision_chosen_by
     if info.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
         body["graph"] = info.graph
     if server.settings.for_model(info.name).precision == "int8" and info.runtime == "onnx":

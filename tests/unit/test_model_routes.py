@@ -82,6 +82,7 @@ def model(name: str, labels: list[str], task: list[str], index: int) -> Any:
         runtime="torch",
         graph={},
         model_dir=f"/nonexistent/{name}",  # GET /v1/models' `created` reads its manifest's time
+        precision_chosen_by="",
     )
 
 

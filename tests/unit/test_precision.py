@@ -1,0 +1,63 @@
+"""--precision auto's rule over int8's published cost, and the CPU precisions refused by flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ringserve.service.precision import auto_precision, cpu_flags, cpu_refusal
+from ringserve.service.settings import parse_precision
+
+# the default model's published cost on the day the rule was written (manifest.int8)
+PUBLISHED = {
+    "texts": 3793,
+    "argmax_agreement": 0.9794,
+    "accuracy_cost": 0.0042,
+    "speedup": 1.31,
+    "recipe": "dynamic, fp32 ffn_out",
+}
+
+
+def test_int8_below_99_percent_agreement_is_not_chosen() -> None:
+    assert auto_precision(PUBLISHED, True) == (
+        "fp32",
+        "auto: int8 agrees on 0.9794 of 3793 texts, below 0.99",
+    )
+
+
+def test_int8_faithful_and_faster_is_chosen() -> None:
+    cost = PUBLISHED | {"argmax_agreement": 0.995, "accuracy_cost": 0.005}
+    precision, why = auto_precision(cost, True)
+    assert precision == "int8"
+    said = "int8 agrees on 0.995 of 3793 texts and costs 0.50 points of accuracy"
+    assert why == f"auto: {said}, 1.31x fp32's speed"
+
+
+def test_each_bound_alone_refuses_int8() -> None:
+    good = PUBLISHED | {"argmax_agreement": 0.995, "accuracy_cost": 0.001}
+    assert auto_precision(good | {"accuracy_cost": 0.0051}, True)[0] == "fp32"
+    assert auto_precision(good | {"argmax_agreement": 0.9899}, True)[0] == "fp32"
+    assert auto_precision(good | {"speedup": 1.0}, True)[0] == "fp32"
+    assert auto_precision(good, False) == ("fp32", "auto: the artifact has no int8 graph")
+    assert auto_precision({}, True)[0] == "fp32"
+
+
+def test_embed_only_models_go_by_mean_cosine() -> None:
+    cost = {"texts": 3793, "min_cosine": 0.98, "mean_cosine": 0.9991}
+    assert auto_precision(cost, True)[0] == "int8"
+    assert auto_precision(cost | {"mean_cosine": 0.9989}, True) == (
+        "fp32",
+        "auto: int8's mean cosine to fp32 is 0.9989 of 3793 texts, below 0.999",
+    )
+
+
+def test_auto_is_a_precision_and_bf16_is_refused_by_flag(tmp_path: Path) -> None:
+    assert parse_precision(" AUTO ") == "auto"
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    flags = cpu_flags(info)
+    assert "avx2" in flags
+    said = cpu_refusal("bf16", flags)
+    assert "avx512_bf16 or amx_bf16" in said and "neither" in said
+    assert "amx_bf16" in cpu_refusal("bf16", flags | {"amx_bf16"})
+    assert cpu_refusal("fp16", flags) == "--precision fp16 runs on CUDA only"
+    assert cpu_refusal("int8", flags) == cpu_refusal("fp32", flags) == ""
