@@ -100,6 +100,8 @@ class Dispatcher:
         self.next_id = 1
         self.accepting = True
         self.on_result: Callable[[Group, Result, int], None] | None = None  # metrics hook
+        # Once a group's reply is written, with the clock then (ops/inference_stats.py).
+        self.on_group: Callable[[Group, int], None] | None = None
         self.expiry = Expiry(self)  # deadlines: the one place the front-end enforces them
         self.rejected = 0
         # Texts answered (any status) by task; a rerank counts its documents.
@@ -280,6 +282,8 @@ class Dispatcher:
         if group.remaining == 0:
             self.answered_by_task[group.task] += len(group.results)
             group.callback(group.results)  # type: ignore[arg-type]
+            if self.on_group is not None:
+                self.on_group(group, self.clock())
 
     # -- failure ------------------------------------------------------------------------------
     def reroute(self, worker: WorkerHandle) -> int:
