@@ -550,9 +550,9 @@ class OutputEncoder:
             where = places.get(name) if places else None
             part = embedded if name == EMBEDDING else scored
             tensor, data = self.tensor(name, part, binary or where is not None)
-            if where is not None:  # the raw bytes, as the binary extension has them
-                REGIONS.write(where, data)
-                tensor["parameters"] = {"shared_memory_region": where.region}
+            if where is not None:  # the raw bytes, as the binary extension has them; the
+                REGIONS.write(where, data)  # tensor says no more (as Triton's: clients read
+                # parameters as the binary extension's)
             elif binary:
                 tensor["parameters"] = {"binary_data_size": len(data)}
                 blobs.append(data)

@@ -538,7 +538,7 @@ def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
         datatype={"enum": ["FP32", "BYTES"]},
         shape=array(COUNT, 1, 2),
         data=data,
-        parameters=obj([], binary_data_size=COUNT, shared_memory_region=STRING),
+        parameters=obj(["binary_data_size"], binary_data_size=COUNT),
     )
     long_text = obj(["truncated", "tokens"], truncated=BOOL, tokens=STRING, windows=STRING)
     answer = obj(
@@ -825,6 +825,21 @@ def shm_routes() -> dict[tuple[str, str], Route]:
         ),
         ("POST", base + "/region/{region}/unregister"): Route(
             "Unmap a region (an unknown one is no error)", "kserve", done, body_optional=True
+        ),
+        ("GET", "/v2/cudasharedmemory/status"): Route(
+            "CUDA shared memory: none is served, so none is registered",
+            "kserve",
+            ok("[]", array(region)),
+        ),
+        ("POST", "/v2/cudasharedmemory/unregister"): Route(
+            "CUDA shared memory: nothing to unregister", "kserve", done, body_optional=True
+        ),
+        ("POST", "/v2/cudasharedmemory/region/{region}/register"): Route(
+            "CUDA shared memory is not served: always 400",
+            "kserve",
+            {400: error("CUDA shared memory is not served")},
+            obj([], closed=False),
+            beyond_schema=(r"^CUDA shared memory is not served",),
         ),
     }
 

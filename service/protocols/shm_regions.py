@@ -26,6 +26,7 @@ from ringserve.service.protocols.routes import Handler, Router, parse_json
 
 MAX_REGIONS = 256  # regions at once: each holds a mapping and a file descriptor's worth
 SHM_DIR = "/dev/shm"  # where Linux keeps shm_open's objects
+NO_CUDA = "CUDA shared memory is not served: ringserve's tensors live in host memory"
 PARAM_REGION = "shared_memory_region"
 PARAM_OFFSET = "shared_memory_offset"
 PARAM_SIZE = "shared_memory_byte_size"
@@ -184,6 +185,12 @@ def register_routes(router: Router) -> None:
     router.add("POST", base + "/region/{region}/register", answered(http_register))
     router.add("POST", base + "/unregister", answered(http_unregister))
     router.add("POST", base + "/region/{region}/unregister", answered(http_unregister))
+    # CUDA shared memory: none is ever registered, so "unregister all" (clients clean up with it)
+    # has nothing to do, the status is empty, and a register says why not.
+    cuda = "/v2/cudasharedmemory"
+    router.add("GET", cuda + "/status", answered(lambda ex, region: []))
+    router.add("POST", cuda + "/unregister", answered(lambda ex, region: {}))
+    router.add("POST", cuda + "/region/{region}/register", answered(cuda_register))
 
 
 def answered(handler: Callable[[Exchange, str | None], Any]) -> Handler:
@@ -216,3 +223,7 @@ def http_register(ex: Exchange, region: str | None) -> dict[str, Any]:
 def http_unregister(ex: Exchange, region: str | None) -> dict[str, Any]:
     REGIONS.unregister(region)
     return {}
+
+
+def cuda_register(ex: Exchange, region: str | None) -> dict[str, Any]:
+    raise HttpError(400, NO_CUDA)

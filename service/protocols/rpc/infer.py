@@ -132,17 +132,18 @@ def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
     if any(r.flags for r in texts):
         for key, value in kserve.long_text_parameters(texts).items():
             set_param(rsp.parameters[key], value)
+    raw = iter(blobs)
     for tensor in tensors:
         out = rsp.outputs.add(name=tensor["name"], datatype=tensor["datatype"])
         out.shape.extend(tensor["shape"])
-        region = tensor.get("parameters", {}).get("shared_memory_region")
-        if region is not None:
-            out.parameters["shared_memory_region"].string_param = region
-        if "data" not in tensor:
-            continue
-        if tensor["datatype"] == "BYTES":
+        if "data" not in tensor:  # raw: its bytes, or none when shared memory holds them
+            # (clients index raw_output_contents by output: one entry each, as Triton's)
+            if tensor["name"] not in job.places:
+                rsp.raw_output_contents.append(next(raw))
+            elif job.wanted[0][1]:  # raw is every output or none (read_request)
+                rsp.raw_output_contents.append(b"")
+        elif tensor["datatype"] == "BYTES":
             out.contents.bytes_contents.extend([s.encode() for s in tensor["data"]])
         else:
             out.contents.fp32_contents.extend(tensor["data"])
-    rsp.raw_output_contents.extend(blobs)
     return rsp

@@ -197,6 +197,9 @@ class GrpcPort:
                 c.shm_unregister,
                 pb.SystemSharedMemoryUnregisterRequest,
             ),
+            "CudaSharedMemoryStatus": (c.cuda_status, pb.CudaSharedMemoryStatusRequest),
+            "CudaSharedMemoryRegister": (c.cuda_register, pb.CudaSharedMemoryRegisterRequest),
+            "CudaSharedMemoryUnregister": (c.cuda_unregister, pb.CudaSharedMemoryUnregisterRequest),
         }
         table: dict[bytes, tuple[Any, Any]] = {}
         for name, (fn, message) in unary.items():

@@ -8,10 +8,11 @@ from typing import Any
 
 from ringserve.service.engine.tenants import Tenant
 from ringserve.service.protocols import kserve
+from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import ModelView
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
-from ringserve.service.protocols.shm_regions import REGIONS
+from ringserve.service.protocols.shm_regions import NO_CUDA, REGIONS
 
 
 def config_message(doc: dict[str, Any]) -> pb.ModelConfig:
@@ -101,3 +102,20 @@ class TritonMethods:
         """One region by name; all of them when the name is empty (tritonclient's default)."""
         REGIONS.unregister(req.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def cuda_status(
+        self, req: pb.CudaSharedMemoryStatusRequest, context: Any, tenant: Tenant | None = None
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        if req.name:
+            raise HttpError(400, f"no CUDA shared-memory region {req.name!r} is registered")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def cuda_register(
+        self, req: pb.CudaSharedMemoryRegisterRequest, context: Any, tenant: Tenant | None = None
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        raise HttpError(400, NO_CUDA)
+
+    async def cuda_unregister(
+        self, req: pb.CudaSharedMemoryUnregisterRequest, context: Any, tenant: Tenant | None = None
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # none is registered: nothing to do
