@@ -782,6 +782,7 @@ def model_stats_schema(f: Facts) -> Schema:
 SHM_REGISTER_RULES = (  # shm_regions.SystemRegions.register: what the key and range must be
     r"^cannot open shared memory",
     r"is not a POSIX shared-memory name$",
+    r"names one of the server's own segments$",
     r"is already registered$",
     r"runs past the \d+ bytes of",
     r"shared-memory regions are registered already$",

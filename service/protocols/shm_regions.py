@@ -23,6 +23,7 @@ from urllib.parse import unquote
 
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import Handler, Router, parse_json
+from ringserve.shm import segment
 
 MAX_REGIONS = 256  # regions at once: each holds a mapping and a file descriptor's worth
 SHM_DIR = "/dev/shm"  # where Linux keeps shm_open's objects
@@ -64,8 +65,10 @@ class Placement:
 def key_path(key: str) -> str:
     """The file of a shm_open key ("/name" or "name"); nothing outside /dev/shm."""
     name = key[1:] if key.startswith("/") else key
-    if not name or "/" in name or name in (".", ".."):
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
         raise HttpError(400, f"shared-memory key {key!r} is not a POSIX shared-memory name")
+    if name.startswith(segment.PREFIX):  # the server's own rings: never a client's to map
+        raise HttpError(400, f"shared-memory key {key!r} names one of the server's own segments")
     return os.path.join(SHM_DIR, name)
 
 

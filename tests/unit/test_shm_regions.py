@@ -52,6 +52,7 @@ def test_register_refuses_what_cannot_be_mapped(segment: shared_memory.SharedMem
         (("a", key, 8000, 500), "runs past the 8192 bytes"),
         (("a", "/rs-no-such-object", 0, 8), "cannot open shared memory"),
         (("a", "/../etc/passwd", 0, 8), "not a POSIX shared-memory name"),
+        (("a", "/rs_1_2_requests", 0, 8), "the server's own segments"),
         (("a", key, -1, 8), "offset must be a non-negative integer"),
         (("a", key, 0, 0), "byte_size must be positive"),
         (("", key, 0, 8), "needs a name"),
