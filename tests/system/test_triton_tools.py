@@ -161,7 +161,7 @@ def test_system_shared_memory_in_and_out(
     region_in = shm.create_shared_memory_region("in", key_in, size)
     region_out = shm.create_shared_memory_region("out", key_out, 4096)
     try:
-        shm.set_shared_memory_region(region_in, [texts_array(TEXTS)])
+        shm.set_shared_memory_region(region_in, [texts_array(TEXTS).ravel()])  # same bytes
         want = http.infer(MODEL, [http_input(TEXTS)]).as_numpy("scores")
         for client, mod in ((http, httpclient), (rpc, grpcclient)):
             client.register_system_shared_memory("in", key_in, size)
