@@ -55,17 +55,18 @@ def main() -> None:
     texts = np.array([t.encode() for t in load_texts(n=args.texts)], dtype=np.object_)
     batch = texts.reshape(-1, 1)
     data = serialize_byte_tensor(batch)
+    size_in = len(data.item())  # tritonclient serializes BYTES into one bytes object
     out_size = args.texts * (2 + 384) * 4
     tmp = Path(tempfile.mkdtemp())
     with serving(ServerProc(tmp, ["--workers", "1", "--spares", "0"]), 1) as srv:
         front = psutil.Process(srv.proc.pid)
         client = httpclient.InferenceServerClient(f"127.0.0.1:{srv.port}", network_timeout=300)
         key_in, key_out = f"/rs-bench-in-{srv.port}", f"/rs-bench-out-{srv.port}"
-        region_in = shm.create_shared_memory_region("in", key_in, data.nbytes)
+        region_in = shm.create_shared_memory_region("in", key_in, size_in)
         region_out = shm.create_shared_memory_region("out", key_out, out_size)
         try:
-            shm.set_shared_memory_region(region_in, [batch])
-            client.register_system_shared_memory("in", key_in, data.nbytes)
+            shm.set_shared_memory_region(region_in, [data])
+            client.register_system_shared_memory("in", key_in, size_in)
             client.register_system_shared_memory("out", key_out, out_size)
 
             def binary() -> Request:
@@ -77,7 +78,7 @@ def main() -> None:
 
             def shared() -> Request:
                 inp = httpclient.InferInput("text", list(batch.shape), "BYTES")
-                inp.set_shared_memory("in", data.nbytes)
+                inp.set_shared_memory("in", size_in)
                 outs = []
                 offset = 0
                 for name, size in (("scores", args.texts * 8), ("embedding", args.texts * 1536)):
@@ -95,7 +96,7 @@ def main() -> None:
                 for name, send in paths.items():
                     rows[name].append(measure(client, front, send))
             tensor_bytes = {
-                "binary tensors": (data.nbytes, out_size),
+                "binary tensors": (size_in, out_size),
                 "system shared memory": (0, 0),
             }
             print(f"{args.texts} texts a request, {args.rounds} requests each way, alternating")

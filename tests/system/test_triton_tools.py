@@ -156,12 +156,12 @@ def test_system_shared_memory_in_and_out(
     srv: ServerProc, http: httpclient.InferenceServerClient, rpc: grpcclient.InferenceServerClient
 ) -> None:
     data = serialize_byte_tensor(texts_array(TEXTS))
-    size = data.nbytes
+    size = len(data.item())  # tritonclient serializes BYTES into one bytes object
     key_in, key_out = f"/rs-test-in-{srv.port}", f"/rs-test-out-{srv.port}"
     region_in = shm.create_shared_memory_region("in", key_in, size)
     region_out = shm.create_shared_memory_region("out", key_out, 4096)
     try:
-        shm.set_shared_memory_region(region_in, [texts_array(TEXTS).ravel()])  # same bytes
+        shm.set_shared_memory_region(region_in, [data])
         want = http.infer(MODEL, [http_input(TEXTS)]).as_numpy("scores")
         for client, mod in ((http, httpclient), (rpc, grpcclient)):
             client.register_system_shared_memory("in", key_in, size)
