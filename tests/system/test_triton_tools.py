@@ -169,7 +169,7 @@ def test_system_shared_memory_in_and_out(
             inp = mod.InferInput("text", [len(TEXTS), 1], "BYTES")
             inp.set_shared_memory("in", size)
             out = mod.InferRequestedOutput("scores")
-            out.set_shared_memory("out", 4096, offset=64)
+            out.set_shared_memory("out", 4096 - 64, offset=64)
             result = client.infer(MODEL, [inp], outputs=[out])
             tensor = result.get_output("scores", as_json=True)  # the answer is in the region
             assert not {"data", "contents", "parameters"} & set(tensor), tensor
