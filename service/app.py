@@ -78,6 +78,8 @@ class App:
         spans = start_tracing(s, model.runtime)
         admission = Admission(dispatcher, state.refusal, s.request_timeout_s, self.keys, spans)
         self.front = Front(s, log, models, admission, self.stats.count, state)
+        if s.metrics:
+            dispatcher.answers.on_group = self.front.inference_stats.record
         self.front.repository = Repository(s, log, self.front, dispatcher, self.supervisor)
         self.front.repository.problems.update(problems)
         self.ports = Ports(s, log)

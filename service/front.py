@@ -14,6 +14,7 @@ from ringserve.service.engine.tenants import KeyRing
 from ringserve.service.logs import EventLog
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import ModelSet
+from ringserve.service.ops.inference_stats import InferenceStats
 from ringserve.service.ops.stats import Stats
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.ports import Ports
@@ -68,6 +69,7 @@ class Front:
         self.repository: Repository | None = None  # load, unload, index (service/repository.py)
         self.admission = admission
         self.count = count  # every answer written: Stats.count(protocol, code, n, tenant)
+        self.inference_stats = InferenceStats()  # Triton's per-model statistics (KServe)
         self.state = state
 
     @property

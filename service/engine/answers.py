@@ -89,6 +89,8 @@ class Answers:
         self.refill = refill
         self.doorbells = Doorbells(self.read)  # the workers whose answers are read here
         self.on_result: Callable[[Group, Result, int], None] | None = None  # metrics hook
+        # Once a group's reply is written, with the clock then (ops/inference_stats.py).
+        self.on_group: Callable[[Group, int], None] | None = None
         # Texts answered (any status) by task; a rerank counts its documents.
         self.by_task = dict.fromkeys(("classify", "embed", "rerank"), 0)
 
@@ -127,3 +129,5 @@ class Answers:
         if group.remaining == 0:
             self.by_task[group.task] += len(group.results)
             group.callback(group.results)  # type: ignore[arg-type]
+            if self.on_group is not None:
+                self.on_group(group, self.clock())

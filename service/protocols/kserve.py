@@ -24,7 +24,8 @@ import numpy as np
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import READY, ModelSet
-from ringserve.service.protocols import admit, prompts
+from ringserve.service.ops.inference_stats import InferenceStats
+from ringserve.service.protocols import admit, prompts, shm_regions
 from ringserve.service.protocols.admit import asked_priority, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
@@ -35,15 +36,23 @@ from ringserve.service.protocols.routes import (
     long_text_prefix,
     parse_json,
 )
+from ringserve.service.protocols.shm_regions import REGIONS, Placement, placement
 from ringserve.service.protocols.tasks import vectors
 from ringserve.service.protocols.texts import require
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import Manifest
 
 VERSION = "1"  # a model's version without numbered version directories
-EXTENSIONS = ["binary_tensor_data", "model_repository"]
-PLATFORM = "pytorch_libtorch"  # Triton's name for TorchScript models
-OUTPUTS = ("scores", "label")  # answered when a request names none
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+    "system_shared_memory",
+]
+# Triton's platform names for the runtime that serves (ModelInfo.runtime)
+PLATFORMS = {"onnx": "onnxruntime_onnx", "torch": "pytorch_libtorch", "openvino": "openvino"}
+OUTPUTS = ("scores", "label")  # a classifier's outputs
 EMBEDDING = "embedding"  # an embed model's output, FP32 [N, D], asked for by name
 HEADER_LENGTH = b"inference-header-content-length"
 _U32 = struct.Struct("<I")
@@ -66,6 +75,9 @@ def register(router: Router) -> None:
         router.add("GET", base + "/ready", guard(server, model_ready))
         router.add("GET", base + "/config", guard(server, model_config))
         router.add("POST", base + "/infer", guard(server, infer, inference=True))
+        router.add("GET", base + "/stats", guard(server, model_stats))
+    router.add("GET", "/v2/models/stats", guard(server, model_stats))
+    shm_regions.register_routes(router)
     router.add("POST", "/v2/repository/index", guard(server, repository_index))
     router.add("POST", "/v2/repository/models/{model}/load", guard(server, repository_load))
     router.add("POST", "/v2/repository/models/{model}/unload", guard(server, repository_unload))
@@ -119,10 +131,10 @@ def metadata_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
     return {
         "name": info.name,
         "versions": versions(server.models, info.name) or [str(info.version)],
-        "platform": PLATFORM,
+        "platform": platform_of(info),
         "inputs": [
-            {"name": "text", "datatype": "BYTES", "shape": [-1]},
-            {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True},
+            {"name": "text", "datatype": "BYTES", "shape": [-1, 1]},
+            {"name": "text_pair", "datatype": "BYTES", "shape": [-1, 1], "optional": True},
         ],
         "outputs": [
             *class_outputs(info, "datatype", ("FP32", "BYTES"), "shape"),
@@ -132,28 +144,50 @@ def metadata_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
     }
 
 
+def platform_of(info: ModelInfo) -> str:
+    return PLATFORMS.get(info.runtime, info.runtime)
+
+
 def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     """Triton's model configuration view, which tools such as perf_analyzer read."""
-    info = check_model(server, p)
-    doc = {
+    respond_json(conn, ex, config_doc(server, check_model(server, p)))
+
+
+def config_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
+    """Triton's configuration of a batching model: the batch is the first dimension, left out
+    of `dims` (metadata's shapes are [-1, *dims]); a text is one element ([1]), so that
+    perf_analyzer can make inputs without being told a shape. Label's [1] is answered [N]
+    (Triton's `reshape: {shape: []}`)."""
+    return {
         "name": info.name,
-        "platform": PLATFORM,
-        "max_batch_size": 0,  # the batch is the first dimension of `text`, named in full below
+        "platform": platform_of(info),
+        "backend": platform_of(info).split("_")[0],
+        "max_batch_size": server.settings.max_texts,
         "input": [
-            {"name": "text", "data_type": "TYPE_STRING", "dims": [-1]},
-            {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
+            {"name": "text", "data_type": "TYPE_STRING", "dims": [1]},
+            {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
         ],
-        "output": [
-            *class_outputs(info, "data_type", ("TYPE_FP32", "TYPE_STRING"), "dims"),
-            *embedding_output(info, "data_type", "TYPE_FP32", "dims"),
-        ],
+        "output": config_outputs(info),
+        "dynamic_batching": {},  # the workers batch what arrives together (docs/design.md)
         "parameters": {k: {"string_value": str(v)} for k, v in task_parameters(info).items()}
         | {
             "labels": {"string_value": ",".join(info.labels)},
             "activation": {"string_value": info.manifest.activation},
         },
     }
-    respond_json(conn, ex, doc)
+
+
+def config_outputs(info: ModelInfo) -> list[dict[str, Any]]:
+    """The outputs of the configuration: metadata's shapes without the batch dimension."""
+    out = [
+        *class_outputs(info, "data_type", ("TYPE_FP32", "TYPE_STRING"), "dims"),
+        *embedding_output(info, "data_type", "TYPE_FP32", "dims"),
+    ]
+    for spec in out:
+        spec["dims"] = spec["dims"][1:] or [1]
+        if spec["name"] == "label":
+            spec["reshape"] = {"shape": []}
+    return out
 
 
 def class_outputs(
@@ -190,6 +224,32 @@ def model_ready(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str
             json.dumps({"name": name, "ready": False}).encode(),
             extra=[(b"retry-after", b"1")],
         )
+
+
+# -- statistics ----------------------------------------------------------------------------------
+def stats_doc(server: ModelView, name: str | None, version: str | None) -> dict[str, Any]:
+    """Triton's `{"model_stats": [...]}`: every ready model, a name's versions, or one."""
+    if name is not None:
+        find_model(server, name, version)  # 404 for a model or version that does not serve
+    stats: InferenceStats = getattr(server, "inference_stats", None) or InferenceStats()
+    rows = [
+        stats.doc(e.info.name, str(e.info.version), e.info.index)
+        for e in server.models
+        if e.state == READY
+        and (name is None or e.info.name == name)
+        and (version is None or str(e.info.version) == version)
+    ]
+    return {"model_stats": sorted(rows, key=lambda r: (r["name"], int(r["version"])))}
+
+
+def model_stats(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+    name, version = p.get("model"), p.get("version")
+    doc = stats_doc(
+        server,
+        None if name is None else unquote(name),
+        None if version is None else unquote(version),
+    )
+    respond_json(conn, ex, doc)
 
 
 # -- infer: request -------------------------------------------------------------------------------
@@ -298,9 +358,12 @@ def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[b
         raise HttpError(400, f"input {name} must have datatype BYTES, not {spec.get('datatype')!r}")
     n = check_shape(spec.get("shape"))
     params = as_dict(spec.get("parameters"), "input parameters")
-    if "shared_memory_region" in params:
-        raise HttpError(400, "shared-memory tensors are not supported")
-    if "binary_data_size" in params:
+    where = placement(params, f"input {name}")
+    if where is not None:
+        if "data" in spec or "binary_data_size" in params:
+            raise HttpError(400, f"input {name} has shared memory and data both")
+        texts = shm_texts(name, where)
+    elif "binary_data_size" in params:
         size = as_size(params["binary_data_size"], "binary_data_size")
         if size > len(blob) - pos:
             raise HttpError(400, f"binary_data_size {size} but {len(blob) - pos} bytes left")
@@ -315,6 +378,12 @@ def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[b
     if len(texts) != n:
         raise HttpError(400, f"input {name} has shape {spec['shape']} but {len(texts)} elements")
     return texts, pos
+
+
+def shm_texts(name: str, where: Placement) -> list[bytes]:
+    """A BYTES input's texts from a registered shared-memory region (shm_regions.py)."""
+    items = bytes_elements(memoryview(REGIONS.read(where)))
+    return [require(t, f"{name}[{i}]") for i, t in enumerate(items)]
 
 
 def read_texts(server: ModelView, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
@@ -356,27 +425,51 @@ def join_pairs(server: ModelView, found: dict[str, list[bytes]]) -> list[bytes]:
     return [t + L.PAIR_SEPARATOR + p for t, p in zip(texts, pairs, strict=True)]
 
 
+def passes(wanted: list[tuple[str, bool]]) -> tuple[bool, bool]:
+    """(classify, embed): which answers the outputs asked for need. A worker answers a text
+    its scores or its vector, so asking for both sends each text twice, in one group."""
+    names = {name for name, _ in wanted}
+    return bool(names - {EMBEDDING}), EMBEDDING in names
+
+
 def with_options(
     texts: list[bytes], params: dict[str, Any], wanted: list[tuple[str, bool]], manifest: Manifest
 ) -> tuple[list[bytes], str]:
-    """The payloads with the request's long-text options and, for output `embedding`, the ask
-    for a vector (layout OPT_EMBED); and the task they count under."""
+    """The payloads with the request's long-text options: the texts to classify, then, for
+    output `embedding`, the texts again with the ask for a vector (layout OPT_EMBED); and the
+    task they count under."""
     prefix = long_text_prefix(params, "parameters.")
-    embed = wanted[0][0] == EMBEDDING
+    classify, embed = passes(wanted)
+    out = ([prefix + t for t in texts] if prefix else texts) if classify else []
     if embed:  # the worker answers each text's vector, the prompt before it (prompts.py)
-        texts = prompts.with_prompt(manifest, params.get("prompt_name"), texts)
-        prefix = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
-    if prefix:
-        texts = [prefix + t for t in texts]
-    return texts, "embed" if embed else "classify"
+        vector = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
+        vectors = prompts.with_prompt(manifest, params.get("prompt_name"), texts)
+        out = out + [vector + t for t in vectors]
+    return out, "classify" if classify else "embed"
+
+
+def first_pass(results: list[Result], wanted: list[tuple[str, bool]]) -> list[Result]:
+    """One result a text (a group of two passes has two)."""
+    scored, embedded = split_results(results, wanted)
+    return scored or embedded
+
+
+def split_results(
+    results: list[Result], wanted: list[tuple[str, bool]]
+) -> tuple[list[Result], list[Result]]:
+    """(scores' results, vectors' results) of a group made by with_options."""
+    classify, embed = passes(wanted)
+    if classify and embed:
+        n = len(results) // 2
+        return results[:n], results[n:]
+    return (results, []) if classify else ([], results)
 
 
 def read_outputs(
     doc: dict[str, Any], embeds: bool = False, embed_only: bool = False
 ) -> list[tuple[str, bool]]:
-    """(name, binary) for each output to answer, in the order asked for. An embed model's
-    `embedding` is answered alone (the worker answers a text's vector or its scores); an
-    embed-only model has no other output."""
+    """(name, binary) for each output to answer, in the order asked for: any of the model's
+    outputs, or all of them when none is named (an embed-only model has `embedding` alone)."""
     params = as_dict(doc.get("parameters"), "parameters")
     default = params.get("binary_data_output", False)
     if not isinstance(default, bool):
@@ -384,7 +477,7 @@ def read_outputs(
     asked = doc.get("outputs")
     known = (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
     if not asked:
-        return [(name, default) for name in (known if embed_only else OUTPUTS)]
+        return [(name, default) for name in known]
     if not isinstance(asked, list):
         raise HttpError(400, "outputs must be a list")
     wanted: list[tuple[str, bool]] = []
@@ -395,15 +488,24 @@ def read_outputs(
         if any(spec["name"] == w for w, _ in wanted):
             raise HttpError(400, f"output {spec['name']!r} asked for twice")
         out_params = as_dict(spec.get("parameters"), "output parameters")
-        if "shared_memory_region" in out_params or "classification" in out_params:
-            raise HttpError(400, "shared-memory and classification outputs are not supported")
+        if "classification" in out_params:
+            raise HttpError(400, "classification outputs are not supported")
+        placement(out_params, f"output {spec['name']}")  # checked here, used by output_places
         binary = out_params.get("binary_data", default)
         if not isinstance(binary, bool):
             raise HttpError(400, "output parameters.binary_data must be true or false")
         wanted.append((spec["name"], binary))
-    if len(wanted) > 1 and any(w == EMBEDDING for w, _ in wanted):
-        raise HttpError(400, "ask for output embedding alone, or for scores and label")
     return wanted
+
+
+def output_places(doc: dict[str, Any]) -> dict[str, Placement]:
+    """The outputs a request (checked by read_outputs) has written into shared memory."""
+    found: dict[str, Placement] = {}
+    for spec in doc.get("outputs") or []:
+        where = placement(as_dict(spec.get("parameters"), "output parameters"), spec["name"])
+        if where is not None:
+            found[spec["name"]] = where
+    return found
 
 
 MAX_TIMEOUT_US = 86_400_000_000  # a day, as X-Request-Timeout-Ms allows
@@ -436,34 +538,46 @@ class OutputEncoder:
         self.label_blobs = [_U32.pack(len(b)) + b for b in encoded]
 
     def tensors(
-        self, results: list[Result], wanted: list[tuple[str, bool]]
+        self,
+        results: list[Result],
+        wanted: list[tuple[str, bool]],
+        places: dict[str, Placement] | None = None,
     ) -> tuple[list[dict[str, Any]], list[bytes]]:
-        n, c = len(results), len(self.labels)
+        """The outputs' tensors (JSON data, or binary with its bytes in the blobs, in order);
+        an output with a place in `places` is written there, answered without data."""
+        scored, embedded = split_results(results, wanted)
         tensors: list[dict[str, Any]] = []
         blobs: list[bytes] = []
-        tensor: dict[str, Any]
         for name, binary in wanted:
-            if name == EMBEDDING:
-                vecs = vectors(results, self.normalize)
-                tensor = {"name": name, "datatype": "FP32", "shape": list(vecs.shape)}
-                data: Any = vecs.tobytes() if binary else vecs.ravel().tolist()
-            elif name == "scores":
-                tensor = {"name": name, "datatype": "FP32", "shape": [n, c]}
-                scores = np.stack([r.scores for r in results]).astype("<f4", copy=False)  # type: ignore[misc]
-                data = scores.tobytes() if binary else scores.ravel().tolist()
-            else:
-                tensor = {"name": name, "datatype": "BYTES", "shape": [n]}
-                if binary:
-                    data = b"".join([self.label_blobs[r.label_id] for r in results])
-                else:
-                    data = [self.labels[r.label_id] for r in results]
-            if binary:
+            where = places.get(name) if places else None
+            part = embedded if name == EMBEDDING else scored
+            tensor, data = self.tensor(name, part, binary or where is not None)
+            if where is not None:  # the raw bytes, as the binary extension has them; the
+                REGIONS.write(where, data)  # tensor says no more (as Triton's: clients read
+                # parameters as the binary extension's)
+            elif binary:
                 tensor["parameters"] = {"binary_data_size": len(data)}
                 blobs.append(data)
             else:
                 tensor["data"] = data
             tensors.append(tensor)
         return tensors, blobs
+
+    def tensor(self, name: str, results: list[Result], binary: bool) -> tuple[dict[str, Any], Any]:
+        """One output: its tensor's head, and its data (raw bytes when `binary`)."""
+        n, c = len(results), len(self.labels)
+        if name == EMBEDDING:
+            vecs = vectors(results, self.normalize)
+            head = {"name": name, "datatype": "FP32", "shape": list(vecs.shape)}
+            return head, vecs.tobytes() if binary else vecs.ravel().tolist()
+        if name == "scores":
+            head = {"name": name, "datatype": "FP32", "shape": [n, c]}
+            scores = np.stack([r.scores for r in results]).astype("<f4", copy=False)  # type: ignore[misc]
+            return head, scores.tobytes() if binary else scores.ravel().tolist()
+        head = {"name": name, "datatype": "BYTES", "shape": [n]}
+        if binary:
+            return head, b"".join([self.label_blobs[r.label_id] for r in results])
+        return head, [self.labels[r.label_id] for r in results]
 
 
 _encoders: dict[tuple[str, ...], OutputEncoder] = {}
@@ -505,13 +619,20 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     deadline = request_deadline(server, ex, doc)
     encoder = encoder_for(info.labels, m.normalize)
 
+    places = output_places(doc)
+
     def done(results: list[Result]) -> None:
-        tensors, blobs = encoder.tensors(results, wanted)
+        try:
+            tensors, blobs = encoder.tensors(results, wanted, places)
+        except HttpError as exc:  # a region unregistered meanwhile, or too small
+            conn.respond_error(ex, exc.status, exc.message, [latency_header(ex)])
+            return
         answer: dict[str, Any] = {"model_name": name, "model_version": version}
         if request_id is not None:
             answer["id"] = request_id
-        if any(r.flags for r in results):
-            answer["parameters"] = long_text_parameters(results)
+        texts = first_pass(results, wanted)
+        if any(r.flags for r in texts):
+            answer["parameters"] = long_text_parameters(texts)
         answer["outputs"] = tensors
         head = json.dumps(answer).encode()
         extra = [latency_header(ex)]

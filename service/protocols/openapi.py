@@ -461,6 +461,8 @@ def stats_schema() -> Schema:
 
 def tensor_meta(kind: str, dims: str) -> Schema:
     props = {"name": STRING, kind: STRING, dims: array(INT), "optional": BOOL}
+    if kind == "data_type":  # a configuration's output may say how its dims are reshaped
+        props["reshape"] = obj(["shape"], shape=array(INT))
     return {
         "type": "object",
         "properties": props,
@@ -496,9 +498,11 @@ def kserve_metadata_schemas(f: Facts) -> dict[str, Schema]:
             ["name", "platform", "max_batch_size", "input", "output", "parameters"],
             name={"enum": names},
             platform=STRING,
+            backend=STRING,
             max_batch_size=COUNT,
             input=array(config),
             output=array(config),
+            dynamic_batching=obj([]),
             parameters={
                 "type": "object",
                 "additionalProperties": obj(["string_value"], string_value=STRING),
@@ -510,9 +514,13 @@ def kserve_metadata_schemas(f: Facts) -> dict[str, Schema]:
 
 def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v2/models/{model}/infer (kserve.read_texts, read_outputs)."""
-    no_shm = {"shared_memory_region": False}  # 400: shared-memory tensors are not served
+    shm = {  # shm_regions.placement: a registered region (system shared memory extension)
+        "shared_memory_region": STRING,
+        "shared_memory_offset": COUNT,
+        "shared_memory_byte_size": COUNT,
+    }
     texts = {"oneOf": [array(TEXT), array(array(TEXT))]}
-    input_params = obj([], closed=False, binary_data_size=COUNT, **no_shm)
+    input_params = obj([], closed=False, binary_data_size=COUNT, **shm)
     tensor_in = obj(
         ["name", "datatype", "shape"],
         closed=False,
@@ -523,7 +531,7 @@ def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
         parameters=nullable(input_params),
     )
     outputs = ["scores", "label", *(["embedding"] if f.embeds else [])]
-    out_params = obj([], closed=False, binary_data=BOOL, classification=False, **no_shm)
+    out_params = obj([], closed=False, binary_data=BOOL, classification=False, **shm)
     tensor_out = obj(
         ["name"], closed=False, name={"enum": outputs}, parameters=nullable(out_params)
     )
@@ -575,7 +583,18 @@ def needs(f: Facts, task: str) -> tuple[str, ...]:
 
 PAIRS_RULE = r"^text_pairs must be a list as long as texts$"
 MODEL_REQUIRED = (r"^several models are loaded \(",)  # no "model" while several are loaded
+SHM_RULES = (  # shm_regions: a region not registered, or too small
+    r"shared memory and (data|contents) both$",
+    r"shared-memory offset or size without a region$",
+    r"needs shared_memory_byte_size$",
+    r"^no shared-memory region .* is registered$",
+    r"runs past region",
+    r"^output needs \d+ bytes, shared_memory_byte_size is \d+$",
+    r"^BYTES tensor (data ends|element runs)",
+    r"^input \w+ has shape .* but \d+ texts$",
+)
 INFER_RULES = (  # what kserve.read_texts and read_outputs check across fields
+    *SHM_RULES,
     r"^inputs must be a list of one input",  # "text" present, each name once
     r"^input \w+ has shape .* but \d+ elements$",
     r"^input text_pair has \d+ texts, text has \d+$",
@@ -584,7 +603,6 @@ INFER_RULES = (  # what kserve.read_texts and read_outputs check across fields
     r"^binary data given, but no input names it",
     r"^input text must hold 1 to \d+ texts$",
     r"^output '\w+' asked for twice$",
-    r"^ask for output embedding alone",
 )
 
 
@@ -1014,8 +1032,106 @@ def kserve_routes(f: Facts) -> dict[tuple[str, str], Route]:
     }
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         table.update(kserve_model_routes(f, k, base))
+        table[("GET", base + "/stats")] = Route(
+            "Triton's statistics of a model (all its versions) or of one version",
+            "kserve",
+            ok("statistics", model_stats_schema(f)),
+            model_path=True,
+        )
+    table[("GET", "/v2/models/stats")] = Route(
+        "Triton's statistics of every model", "kserve", ok("statistics", model_stats_schema(f))
+    )
     table.update(repository_routes())
+    table.update(shm_routes())
     return table
+
+
+def model_stats_schema(f: Facts) -> Schema:
+    """kserve.stats_doc: Triton's model_stats (ops/inference_stats.py)."""
+    duration = obj(["count", "ns"], count=COUNT, ns=COUNT)
+    phases = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    row = obj(
+        ["name", "version", "last_inference", "inference_count", "execution_count"],
+        name={"enum": f.names},
+        version=STRING,
+        last_inference=COUNT,
+        inference_count=COUNT,
+        execution_count=COUNT,
+        inference_stats={
+            "type": "object",
+            "properties": dict.fromkeys(phases, duration),
+            "required": list(phases),
+            "additionalProperties": False,
+        },
+        batch_stats=array(obj([], closed=False)),
+    )
+    return obj(["model_stats"], model_stats=array(row))
+
+
+SHM_REGISTER_RULES = (  # shm_regions.SystemRegions.register: what the key and range must be
+    r"^cannot open shared memory",
+    r"is not a POSIX shared-memory name$",
+    r"names one of the server's own segments$",
+    r"is already registered$",
+    r"runs past the \d+ bytes of",
+    r"shared-memory regions are registered already$",
+)
+
+
+def shm_routes() -> dict[tuple[str, str], Route]:
+    """Triton's system shared-memory extension (shm_regions.py)."""
+    region = obj(
+        ["name", "key", "offset", "byte_size"],
+        name=STRING,
+        key=STRING,
+        offset=COUNT,
+        byte_size=COUNT,
+    )
+    status = ok("the registered regions", array(region))
+    done = ok("done", obj([]))
+    base = "/v2/systemsharedmemory"
+    unknown = (r"^no shared-memory region .* is registered$",)
+    body = obj(
+        ["key", "byte_size"],
+        closed=False,
+        key=STRING,
+        offset=COUNT,
+        byte_size={"type": "integer", "minimum": 1},
+    )
+    return {
+        ("GET", base + "/status"): Route("Every registered region", "kserve", status),
+        ("GET", base + "/region/{region}/status"): Route(
+            "One registered region", "kserve", status, beyond_schema=unknown
+        ),
+        ("POST", base + "/region/{region}/register"): Route(
+            "Map a region of a POSIX shared-memory object (the client's: never unlinked)",
+            "kserve",
+            done,
+            body,
+            beyond_schema=SHM_REGISTER_RULES,
+        ),
+        ("POST", base + "/unregister"): Route(
+            "Unmap every region", "kserve", done, body_optional=True
+        ),
+        ("POST", base + "/region/{region}/unregister"): Route(
+            "Unmap a region (an unknown one is no error)", "kserve", done, body_optional=True
+        ),
+        ("GET", "/v2/cudasharedmemory/status"): Route(
+            "CUDA shared memory: none is served, so none is registered",
+            "kserve",
+            ok("[]", array(region)),
+        ),
+        ("POST", "/v2/cudasharedmemory/unregister"): Route(
+            "CUDA shared memory: nothing to unregister", "kserve", done, body_optional=True
+        ),
+        ("POST", "/v2/cudasharedmemory/region/{region}/register"): Route(
+            "CUDA shared memory is not served: always 400",
+            "kserve",
+            {400: error("CUDA shared memory is not served")},
+            obj([], closed=False),
+            beyond_schema=(r"^CUDA shared memory is not served",),
+        ),
+    }
 
 
 REPOSITORY_ERRORS = {
@@ -1089,7 +1205,7 @@ def kserve_model_routes(f: Facts, k: dict[str, Schema], base: str) -> dict[tuple
             "KServe v2 inference",
             "kserve",
             ok(
-                "the outputs asked for (or scores and label)",
+                "the outputs asked for (all of them when none is named)",
                 infer_out,
                 "application/json",
                 *LATENCY,
@@ -1167,6 +1283,8 @@ def path_parameters(path: str, route: Route, f: Facts) -> list[Schema]:
         params.append(
             {"name": "version", "in": "path", "required": True, "schema": {"enum": [f.version]}}
         )
+    if "{region}" in path:  # a system shared-memory region's name: any
+        params.append({"name": "region", "in": "path", "required": True, "schema": STRING})
     return params
 
 

@@ -166,8 +166,8 @@ def test_probes_and_metadata(client: grpcclient.InferenceServerClient, model: st
     m = client.get_model_metadata(model, headers=AUTH)
     assert m.name == model and list(m.versions) == ["1"]
     assert [(t.name, t.datatype, list(t.shape)) for t in m.inputs] == [
-        ("text", "BYTES", [-1]),
-        ("text_pair", "BYTES", [-1]),
+        ("text", "BYTES", [-1, 1]),  # a batching model's: [batch, 1 text]
+        ("text_pair", "BYTES", [-1, 1]),
     ]
     outputs = {t.name: (t.datatype, list(t.shape)) for t in m.outputs}
     assert outputs["scores"] == ("FP32", [-1, 2]) and outputs["label"] == ("BYTES", [-1])
@@ -233,7 +233,8 @@ def test_typed_contents_answered_typed(srv: ServerProc, model: str) -> None:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         answer = stub.ModelInfer(request, metadata=tuple(AUTH.items()), timeout=30)
     assert answer.id == "req-7" and answer.model_version == "1" and not answer.raw_output_contents
-    scores, label = answer.outputs
+    scores, label, vector = answer.outputs  # none named: every output, the embedding too
+    assert (vector.name, list(vector.shape)) == ("embedding", [len(TEXTS), 384])
     assert (scores.name, list(scores.shape), label.name) == ("scores", [len(TEXTS), 2], "label")
     got = np.array(scores.contents.fp32_contents).reshape(len(TEXTS), 2)
     assert float(np.abs(got - np.array([r["scores"] for r in reference])).max()) < 1e-5
@@ -242,7 +243,7 @@ def test_typed_contents_answered_typed(srv: ServerProc, model: str) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         raw = stub.ModelInfer(request, metadata=tuple(AUTH.items()), timeout=30)
-    assert len(raw.raw_output_contents) == 2 and not raw.outputs[0].contents.fp32_contents
+    assert len(raw.raw_output_contents) == 3 and not raw.outputs[0].contents.fp32_contents
     raw_scores = np.frombuffer(raw.raw_output_contents[0], "<f4").reshape(len(TEXTS), 2)
     assert float(np.abs(raw_scores - got).max()) == 0.0
 

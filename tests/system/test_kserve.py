@@ -66,8 +66,8 @@ def test_model_metadata(client: httpclient.InferenceServerClient, model: str) ->
         assert meta["name"] == model
         assert meta["versions"] == ["1"]
         assert meta["platform"]
-        assert meta["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": [-1]}
-        pair = {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True}
+        assert meta["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": [-1, 1]}
+        pair = {"name": "text_pair", "datatype": "BYTES", "shape": [-1, 1], "optional": True}
         assert meta["inputs"][1:] == [pair]
         # The contract's "Embeddings and reranking": metadata states the task and dimension.
         want = {"activation": "softmax", "task": "classify,embed", "dimension": 384}

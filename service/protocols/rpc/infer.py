@@ -21,6 +21,7 @@ from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import ModelView, find_model
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
+from ringserve.service.protocols.shm_regions import Placement, placement
 from ringserve.service.protocols.texts import require
 
 
@@ -44,6 +45,7 @@ class InferJob:
     request_id: str
     timeout_us: int | None  # Triton's `timeout` parameter, when set
     priority: int | None  # the `priority` parameter: lower than the key's, never higher
+    places: dict[str, Placement]  # outputs written to system shared memory (shm_regions.py)
 
 
 def check_model(server: ModelView, name: str, version: str) -> ModelInfo:
@@ -59,8 +61,16 @@ def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
     if spec.datatype != "BYTES":
         raise HttpError(400, f"input {name} must have datatype BYTES, not {spec.datatype!r}")
     n = kserve.check_shape(list(spec.shape))
-    if "shared_memory_region" in spec.parameters:
-        raise HttpError(400, "shared-memory tensors are not supported")
+    where = placement(params_dict(spec.parameters), f"input {name}")
+    if where is not None:
+        if raw is not None or spec.contents.ByteSize():
+            raise HttpError(400, f"input {name} has shared memory and contents both")
+        texts = kserve.shm_texts(name, where)
+        if len(texts) != n:
+            raise HttpError(
+                400, f"input {name} has shape {list(spec.shape)} but {len(texts)} texts"
+            )
+        return texts
     if raw is not None:
         if spec.contents.ByteSize():
             raise HttpError(400, f"input {name} has both contents and raw_input_contents")
@@ -76,18 +86,21 @@ def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
 def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
     info = check_model(server, req.model_name, req.model_version)
     kserve.check_input_names([spec.name for spec in req.inputs])
-    raws = req.raw_input_contents
-    if raws and len(raws) != len(req.inputs):
+    raws = list(req.raw_input_contents)
+    in_shm = [s for s in req.inputs if "shared_memory_region" in s.parameters]
+    if raws and len(raws) != len(req.inputs) - len(in_shm):
         raise HttpError(400, f"{len(raws)} raw_input_contents for {len(req.inputs)} inputs")
-    found = {
-        spec.name: read_input(spec, raws[i] if raws else None) for i, spec in enumerate(req.inputs)
-    }
+    found = {}
+    for spec in req.inputs:  # raw contents in order, for the inputs not in shared memory
+        in_raw = raws and "shared_memory_region" not in spec.parameters
+        found[spec.name] = read_input(spec, raws.pop(0) if in_raw else None)
     texts = kserve.join_pairs(server, found)
     params = params_dict(req.parameters)
     outputs = [{"name": o.name, "parameters": params_dict(o.parameters)} for o in req.outputs]
     default = {"binary_data_output": bool(params.get("binary_data_output", True))}
     m = info.manifest
-    asked = kserve.read_outputs({"parameters": default, "outputs": outputs}, m.embeds, m.embed_only)
+    doc = {"parameters": default, "outputs": outputs}
+    asked = kserve.read_outputs(doc, m.embeds, m.embed_only)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     wanted = [(name, raw_out) for name, _ in asked]
     texts, task = kserve.with_options(texts, params, wanted, m)
@@ -95,7 +108,8 @@ def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
     if timeout is not None and (isinstance(timeout, bool | str | float) or timeout <= 0):
         raise HttpError(400, "parameters.timeout must be a positive integer (microseconds)")
     priority = asked_priority(params.get("priority"), "parameters.priority")
-    return InferJob(info, texts, task, wanted, req.id, timeout, priority)
+    places = kserve.output_places(doc)
+    return InferJob(info, texts, task, wanted, req.id, timeout, priority, places)
 
 
 def set_param(p: pb.InferParameter, value: Any) -> None:
@@ -110,21 +124,26 @@ def set_param(p: pb.InferParameter, value: Any) -> None:
 def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
     info = job.info
     encoder = kserve.encoder_for(info.labels, info.manifest.normalize)
-    tensors, blobs = encoder.tensors(results, job.wanted)
+    tensors, blobs = encoder.tensors(results, job.wanted, job.places)
     rsp = pb.ModelInferResponse(
         model_name=info.name, model_version=str(info.version), id=job.request_id
     )
-    if any(r.flags for r in results):
-        for key, value in kserve.long_text_parameters(results).items():
+    texts = kserve.first_pass(results, job.wanted)
+    if any(r.flags for r in texts):
+        for key, value in kserve.long_text_parameters(texts).items():
             set_param(rsp.parameters[key], value)
+    raw = iter(blobs)
     for tensor in tensors:
         out = rsp.outputs.add(name=tensor["name"], datatype=tensor["datatype"])
         out.shape.extend(tensor["shape"])
-        if "data" not in tensor:
-            continue
-        if tensor["datatype"] == "BYTES":
+        if "data" not in tensor:  # raw: its bytes, or none when shared memory holds them
+            # (clients index raw_output_contents by output: one entry each, as Triton's)
+            if tensor["name"] not in job.places:
+                rsp.raw_output_contents.append(next(raw))
+            elif job.wanted[0][1]:  # raw is every output or none (read_request)
+                rsp.raw_output_contents.append(b"")
+        elif tensor["datatype"] == "BYTES":
             out.contents.bytes_contents.extend([s.encode() for s in tensor["data"]])
         else:
             out.contents.fp32_contents.extend(tensor["data"])
-    rsp.raw_output_contents.extend(blobs)
     return rsp

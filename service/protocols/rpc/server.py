@@ -177,6 +177,17 @@ class GrpcPort:
             "RepositoryIndex": (c.repository_index, pb.RepositoryIndexRequest),
             "RepositoryModelLoad": (c.repository_load, pb.RepositoryModelLoadRequest),
             "RepositoryModelUnload": (c.repository_unload, pb.RepositoryModelUnloadRequest),
+            "ModelConfig": (c.model_config, pb.ModelConfigRequest),
+            "ModelStatistics": (c.model_statistics, pb.ModelStatisticsRequest),
+            "SystemSharedMemoryStatus": (c.shm_status, pb.SystemSharedMemoryStatusRequest),
+            "SystemSharedMemoryRegister": (c.shm_register, pb.SystemSharedMemoryRegisterRequest),
+            "SystemSharedMemoryUnregister": (
+                c.shm_unregister,
+                pb.SystemSharedMemoryUnregisterRequest,
+            ),
+            "CudaSharedMemoryStatus": (c.cuda_status, pb.CudaSharedMemoryStatusRequest),
+            "CudaSharedMemoryRegister": (c.cuda_register, pb.CudaSharedMemoryRegisterRequest),
+            "CudaSharedMemoryUnregister": (c.cuda_unregister, pb.CudaSharedMemoryUnregisterRequest),
         }
         table: dict[bytes, tuple[Any, Any]] = {}
         for name, (fn, message) in unary.items():

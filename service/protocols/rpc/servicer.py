@@ -19,6 +19,7 @@ from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import ModelView
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
+from ringserve.service.protocols.rpc.triton import TritonMethods
 
 
 class GrpcHost(ModelView, Protocol):
@@ -53,8 +54,9 @@ class RateLimited(Exception):
         self.retry_after_s = retry_after_s
 
 
-class Servicer:
-    """inference.GRPCInferenceService's methods: (request, context, tenant) -> answer."""
+class Servicer(TritonMethods):
+    """inference.GRPCInferenceService's methods: (request, context, tenant) -> answer (the
+    Triton extensions' in rpc/triton.py)."""
 
     def __init__(self, host: GrpcHost) -> None:
         self.host = host

@@ -1,0 +1,232 @@
+"""Triton's system shared-memory extension: regions a co-located client created (POSIX shared
+memory, `shm_open` keys) and registered by name, mapped here read/write so that a KServe
+request's inputs are read from, and its outputs written to, the client's memory instead of the
+socket. The client owns each region: the server maps it on register and unmaps it on
+unregister, at exit, or never unlinks it. Every offset and size is checked against the
+registered range before any byte is touched; a bad one is a 400 (gRPC INVALID_ARGUMENT).
+
+HTTP: `POST /v2/systemsharedmemory/region/{name}/register` (`{"key", "offset", "byte_size"}`),
+`POST /v2/systemsharedmemory[/region/{name}]/unregister`, `GET /v2/systemsharedmemory[/region/
+{name}]/status`; gRPC: SystemSharedMemoryRegister, ...Status, ...Unregister (rpc/servicer.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import mmap
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.routes import Handler, Router, parse_json
+from ringserve.shm import segment
+
+MAX_REGIONS = 256  # regions at once: each holds a mapping and a file descriptor's worth
+SHM_DIR = "/dev/shm"  # where Linux keeps shm_open's objects
+NO_CUDA = "CUDA shared memory is not served: ringserve's tensors live in host memory"
+PARAM_REGION = "shared_memory_region"
+PARAM_OFFSET = "shared_memory_offset"
+PARAM_SIZE = "shared_memory_byte_size"
+
+
+@dataclass(slots=True)
+class Region:
+    """One registered region: `byte_size` bytes from `offset` of the object named `key`."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    mapping: mmap.mmap
+    skip: int  # bytes of the mapping before `offset` (mmap maps from a page boundary)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "key": self.key,
+            "offset": self.offset,
+            "byte_size": self.byte_size,
+        }
+
+
+@dataclass(slots=True, frozen=True)
+class Placement:
+    """Where a request puts one tensor: a region, an offset in it and a byte size."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+def key_path(key: str) -> str:
+    """The file of a shm_open key ("/name" or "name"); nothing outside /dev/shm."""
+    name = key[1:] if key.startswith("/") else key
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
+        raise HttpError(400, f"shared-memory key {key!r} is not a POSIX shared-memory name")
+    if name.startswith(segment.PREFIX):  # the server's own rings: never a client's to map
+        raise HttpError(400, f"shared-memory key {key!r} names one of the server's own segments")
+    return os.path.join(SHM_DIR, name)
+
+
+def as_count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HttpError(400, f"{where} must be a non-negative integer")
+    return value
+
+
+class SystemRegions:
+    """The registered regions of this server, by name (one front-end process holds them)."""
+
+    def __init__(self) -> None:
+        self.regions: dict[str, Region] = {}
+
+    def register(self, name: str, key: str, offset: Any, byte_size: Any) -> None:
+        """Map `byte_size` bytes at `offset` of `key`; 400 when it cannot be (a name already
+        registered, a missing object, a range past its end)."""
+        if not name:
+            raise HttpError(400, "a shared-memory region needs a name")
+        if name in self.regions:
+            raise HttpError(400, f"shared-memory region {name!r} is already registered")
+        if len(self.regions) >= MAX_REGIONS:
+            raise HttpError(400, f"{MAX_REGIONS} shared-memory regions are registered already")
+        offset, byte_size = as_count(offset, "offset"), as_count(byte_size, "byte_size")
+        if byte_size == 0:
+            raise HttpError(400, "byte_size must be positive")
+        path = key_path(key)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise HttpError(400, f"cannot open shared memory {key!r}: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if offset + byte_size > size:
+                raise HttpError(
+                    400, f"region {offset}+{byte_size} runs past the {size} bytes of {key!r}"
+                )
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            mapping = mmap.mmap(fd, offset + byte_size - start, offset=start)
+        finally:
+            os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
+        self.regions[name] = Region(name, key, offset, byte_size, mapping, offset - start)
+
+    def unregister(self, name: str | None = None) -> None:
+        """Unmap one region (an unknown name is no error, as Triton has it), or all of them."""
+        names = list(self.regions) if name is None else [name]
+        for n in names:
+            region = self.regions.pop(n, None)
+            if region is not None:
+                region.mapping.close()
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        if name is None:
+            return [r.status() for r in self.regions.values()]
+        region = self.regions.get(name)
+        if region is None:
+            raise HttpError(400, f"no shared-memory region {name!r} is registered")
+        return [region.status()]
+
+    def span(self, where: Placement, size: int | None = None) -> tuple[Region, int, int]:
+        """(region, start in its mapping, length) for a placement, checked; `size` is what is
+        read or written when it is known (an output's bytes: at most the placement's)."""
+        region = self.regions.get(where.region)
+        if region is None:
+            raise HttpError(400, f"no shared-memory region {where.region!r} is registered")
+        length = where.byte_size if size is None else size
+        if size is not None and size > where.byte_size:
+            raise HttpError(
+                400,
+                f"output needs {size} bytes, shared_memory_byte_size is {where.byte_size}",
+            )
+        if where.offset + where.byte_size > region.byte_size:
+            raise HttpError(
+                400,
+                f"offset {where.offset} + byte size {where.byte_size} runs past region "
+                f"{region.name!r} ({region.byte_size} bytes)",
+            )
+        return region, region.skip + where.offset, length
+
+    def read(self, where: Placement) -> bytes:
+        """A copy of the placement's bytes (the client may change its memory after)."""
+        region, start, length = self.span(where)
+        return region.mapping[start : start + length]
+
+    def write(self, where: Placement, data: bytes) -> None:
+        region, start, length = self.span(where, len(data))
+        region.mapping[start : start + length] = data
+
+
+def placement(params: dict[str, Any], where: str) -> Placement | None:
+    """A tensor's shared-memory parameters, checked; None when it names no region."""
+    if PARAM_REGION not in params:
+        if PARAM_OFFSET in params or PARAM_SIZE in params:
+            raise HttpError(400, f"{where}: shared-memory offset or size without a region")
+        return None
+    region = params[PARAM_REGION]
+    if not isinstance(region, str) or not region:
+        raise HttpError(400, f"{where}: {PARAM_REGION} must be a region's name")
+    if PARAM_SIZE not in params:
+        raise HttpError(400, f"{where}: {PARAM_REGION} needs {PARAM_SIZE}")
+    offset = as_count(params.get(PARAM_OFFSET, 0), f"{where}: {PARAM_OFFSET}")
+    size = as_count(params[PARAM_SIZE], f"{where}: {PARAM_SIZE}")
+    return Placement(region, offset, size)
+
+
+REGIONS = SystemRegions()  # this process's: HTTP and gRPC register into the same ones
+atexit.register(REGIONS.unregister)
+
+
+# -- HTTP ------------------------------------------------------------------------------------------
+def register_routes(router: Router) -> None:
+    """The extension's HTTP routes (Triton's paths; bodies as tritonclient sends them)."""
+    base = "/v2/systemsharedmemory"
+    router.add("GET", base + "/status", answered(http_status))
+    router.add("GET", base + "/region/{region}/status", answered(http_status))
+    router.add("POST", base + "/region/{region}/register", answered(http_register))
+    router.add("POST", base + "/unregister", answered(http_unregister))
+    router.add("POST", base + "/region/{region}/unregister", answered(http_unregister))
+    # CUDA shared memory: none is ever registered, so "unregister all" (clients clean up with it)
+    # has nothing to do, the status is empty, and a register says why not.
+    cuda = "/v2/cudasharedmemory"
+    router.add("GET", cuda + "/status", answered(lambda ex, region: []))
+    router.add("POST", cuda + "/unregister", answered(lambda ex, region: {}))
+    router.add("POST", cuda + "/region/{region}/register", answered(cuda_register))
+
+
+def answered(handler: Callable[[Exchange, str | None], Any]) -> Handler:
+    """A handler's result as the JSON answer, its HttpError as the error answer."""
+
+    def run(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        region = params.get("region")
+        try:
+            doc = handler(ex, None if region is None else unquote(region))
+        except HttpError as exc:
+            conn.respond_error(ex, exc.status, exc.message)
+            return
+        conn.respond(ex, 200, json.dumps(doc).encode())
+
+    return run
+
+
+def http_status(ex: Exchange, region: str | None) -> list[dict[str, Any]]:
+    return REGIONS.status(region)
+
+
+def http_register(ex: Exchange, region: str | None) -> dict[str, Any]:
+    doc = parse_json(ex)
+    if not isinstance(doc, dict) or not isinstance(doc.get("key"), str):
+        raise HttpError(400, 'body must be {"key": "...", "offset": n, "byte_size": n}')
+    REGIONS.register(region or "", doc["key"], doc.get("offset", 0), doc.get("byte_size"))
+    return {}
+
+
+def http_unregister(ex: Exchange, region: str | None) -> dict[str, Any]:
+    REGIONS.unregister(region)
+    return {}
+
+
+def cuda_register(ex: Exchange, region: str | None) -> dict[str, Any]:
+    raise HttpError(400, NO_CUDA)
