@@ -469,7 +469,9 @@ def read_outputs(
     doc: dict[str, Any], embeds: bool = False, embed_only: bool = False
 ) -> list[tuple[str, bool]]:
     """(name, binary) for each output to answer, in the order asked for: any of the model's
-    outputs, or all of them when none is named (an embed-only model has `embedding` alone)."""
+    outputs; when none is named, those of its one pass (`label` and `scores` for a model that
+    classifies, `embedding` for an embed-only model): `embedding` beside them is a second pass
+    over every text, run only when asked for by name."""
     params = as_dict(doc.get("parameters"), "parameters")
     default = params.get("binary_data_output", False)
     if not isinstance(default, bool):
@@ -477,7 +479,7 @@ def read_outputs(
     asked = doc.get("outputs")
     known = (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
     if not asked:
-        return [(name, default) for name in known]
+        return [(name, default) for name in (known if embed_only else OUTPUTS)]
     if not isinstance(asked, list):
         raise HttpError(400, "outputs must be a list")
     wanted: list[tuple[str, bool]] = []

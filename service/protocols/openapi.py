@@ -515,7 +515,7 @@ def kserve_metadata_schemas(f: Facts) -> dict[str, Schema]:
 def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v2/models/{model}/infer (kserve.read_texts, read_outputs)."""
     shm = {  # shm_regions.placement: a registered region (system shared memory extension)
-        "shared_memory_region": STRING,
+        "shared_memory_region": {"type": "string", "minLength": 1},
         "shared_memory_offset": COUNT,
         "shared_memory_byte_size": COUNT,
     }

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.routes import Handler, Router, parse_json
+from ringserve.service.protocols.routes import Handler, Router, as_integer, parse_json
 from ringserve.shm import segment
 
 MAX_REGIONS = 256  # regions at once: each holds a mapping and a file descriptor's worth
@@ -73,9 +73,11 @@ def key_path(key: str) -> str:
 
 
 def as_count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    """A non-negative JSON integer (3.0 counts, as JSON Schema's `integer` does)."""
+    count = as_integer(value)
+    if count is None or count < 0:
         raise HttpError(400, f"{where} must be a non-negative integer")
-    return value
+    return count
 
 
 class SystemRegions:
