@@ -6,21 +6,28 @@ with a deadline; no test relies on a fixed sleep.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from devkit.builds import CHEAP_BUILDS
 from devkit.launcher import DATA
 from devkit.server import ServerProc, serving
 
 
 @pytest.fixture(scope="session")
 def default_model() -> str:
-    """Builds (once, into the user cache) and returns the default artifact directory."""
+    """Builds (once, into the user cache, whole: never with cheap_builds' settings, whichever
+    module asks first) and returns the default artifact directory."""
     from ringserve.factory.build import default_artifact_dir
 
-    return str(default_artifact_dir())
+    old = {k: os.environ.pop(k, None) for k in CHEAP_BUILDS}
+    try:
+        return str(default_artifact_dir())
+    finally:
+        os.environ.update({k: v for k, v in old.items() if v is not None})
 
 
 @pytest.fixture(scope="session")

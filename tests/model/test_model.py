@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ringserve.factory import export, int8
+from ringserve.factory import export
 from ringserve.factory.build import default_artifact_dir
 from ringserve.factory.encoder import Encoder, Layer, WeightError
 from ringserve.factory.model import BertConfig, load_encoder_weights
@@ -26,6 +25,8 @@ from ringserve.workers.artifact import (
     reference_logits,
 )
 from safetensors.torch import save_file
+
+from devkit.builds import cheap_builds
 
 LONG_TEXT = " ".join(["the movie was long and"] * 80)  # 400 tokens before truncation
 # fmt: off
@@ -43,16 +44,12 @@ OTHERS = ["ok", "a dull, lifeless mess", "the plot twists are clever but the act
 
 @pytest.fixture(scope="module", autouse=True)
 def cheap_int8_search() -> Iterator[None]:
-    """This module builds the default artifact four times to test the build itself (its lock,
-    its replacement, export); the int8 recipe search is tested in test_runtimes.py, on the
-    artifact every other module serves, so here the build makes dynamic int8 alone."""
-    old = os.environ.get(int8.SEARCH_ENV)
-    os.environ[int8.SEARCH_ENV] = "dynamic"
-    yield
-    if old is None:
-        del os.environ[int8.SEARCH_ENV]
-    else:
-        os.environ[int8.SEARCH_ENV] = old
+    """This module builds the default artifact five times to test the build itself (its lock,
+    its replacement, export); the int8 recipe search and the published cost are tested in
+    test_runtimes.py, on the artifact every other module serves, so here the build makes
+    dynamic int8 alone and reads 400 rows of the publication split (devkit/builds.py)."""
+    with cheap_builds():
+        yield
 
 
 @pytest.fixture(scope="module")

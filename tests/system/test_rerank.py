@@ -17,6 +17,7 @@ import pytest
 from ringserve.factory import export
 from ringserve.workers.artifact import load_manifest
 
+from devkit.builds import cheap_builds
 from devkit.hfmodels import MAX_LENGTH, NEWS, SST2, save_model
 from devkit.server import ServerProc, serving, wait_for
 
@@ -46,7 +47,8 @@ def reranker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     (source / "tokenizer.json").write_bytes(raw)  # the one export reads, as it was
     artifact = root / "art"
     args = ["--from", str(source), "--out", str(artifact), "--max-length", str(MAX_LENGTH)]
-    assert export.main(args) == 0
+    with cheap_builds():  # reranking is tested here, not int8's choice or its cost
+        assert export.main(args) == 0
     return source, artifact
 
 
