@@ -49,9 +49,10 @@ class RunState:
 
 
 class Front:
-    """The one object the protocols are handed (routes' ModelView, binary's BinaryHost, gRPC's
-    GrpcHost). `models` holds every model (service/models.py); `model` is the first, swapped
-    whole by a reload; the rest never changes."""
+    """The one object the protocols are handed, read through service/views.py's FrontView.
+    `models` holds every model (service/models.py); `model` is the first, swapped whole by a
+    reload; `repository` is set by app.py right after (it needs this Front); the rest never
+    changes."""
 
     def __init__(
         self,
@@ -94,7 +95,7 @@ class Front:
 
 
 class MetricsHost:
-    """What ops/metrics.py's MetricsView reads, gathered from the parts that hold it."""
+    """What ops/metrics.py reads (service/views.py's MetricsView), from the parts that hold it."""
 
     def __init__(
         self,

@@ -4,7 +4,6 @@ or to a failed text (413, 500, 503, 504)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,13 +27,15 @@ if TYPE_CHECKING:
 RETRY_AFTER = [(b"retry-after", b"1")]
 
 
-def latency_header(ex: Exchange) -> tuple[bytes, bytes]:
-    return (b"x-latency-ms", b"%.1f" % ((time.monotonic_ns() - ex.done_ns) / 1e6))
+def latency_header(conn: HttpProtocol, ex: Exchange) -> tuple[bytes, bytes]:
+    """X-Latency-Ms: from the request's last byte to now, both read on the connection's clock,
+    which app.py makes the dispatcher's (tests drive a fake one)."""
+    return (b"x-latency-ms", b"%.1f" % ((conn.clock() - ex.done_ns) / 1e6))
 
 
 def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
     status = STATUS_HTTP.get(failed.status, 500)
-    extra = [latency_header(ex)]
+    extra = [latency_header(conn, ex)]
     if status == 503:
         extra += RETRY_AFTER
     if failed.status == L.STATUS_TOO_LONG:  # the counts as fields too, for programs
@@ -48,7 +49,7 @@ def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
 def respond_refusal(conn: HttpProtocol, ex: Exchange, refusal: Refusal) -> None:
     """404 for a model not open, 429 over the key's rate or 503 from the queue, with the
     seconds until a retry fits (none for a 404)."""
-    extra = [latency_header(ex)]
+    extra = [latency_header(conn, ex)]
     if refusal.retry_after_s:
         extra.append((b"retry-after", str(refusal.retry_after_s).encode()))
     conn.respond_error(ex, refusal.code, refusal.message, extra)

@@ -11,14 +11,14 @@ from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
-from ringserve.service.engine.admission import STATUS_HTTP, Admission, Refusal
+from ringserve.service.engine.admission import STATUS_HTTP, Refusal
 from ringserve.service.engine.dispatcher import Result
-from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
+from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.models import ModelRequired, ModelSet, UnknownModel
+from ringserve.service.models import ModelRequired, UnknownModel
 from ringserve.service.protocols import prompts
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
-from ringserve.service.settings import Config
+from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.wire.frames import encode_answer, status_answer
 
@@ -31,24 +31,6 @@ STATUSES = (
 )
 CODES = {**STATUS_HTTP, L.STATUS_UNKNOWN_MODEL: 404}  # what each status is counted under
 EMBED = L.OPTIONS_MARK + bytes([L.OPT_EMBED])  # ask the worker for the text's vector
-
-
-class BinaryHost(Protocol):
-    """What the binary protocol reads of the server (service/front.py's Front)."""
-
-    @property
-    def settings(self) -> Config: ...
-    @property
-    def admission(self) -> Admission: ...
-    @property
-    def model(self) -> ModelInfo: ...
-    @property
-    def models(self) -> ModelSet: ...
-    @property
-    def keys(self) -> KeyRing | None: ...
-    @property
-    def draining(self) -> bool: ...
-    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
 
 
 class Answers(Protocol):
@@ -66,7 +48,7 @@ class Answers(Protocol):
 class FrameAdmitter:
     """One connection's frames, admitted and answered."""
 
-    def __init__(self, conn: Answers, server: BinaryHost, timeout_s: float) -> None:
+    def __init__(self, conn: Answers, server: FrontView, timeout_s: float) -> None:
         self.conn = conn
         self.server = server
         self.timeout_ns = int(timeout_s * 1e9)

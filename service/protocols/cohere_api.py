@@ -14,12 +14,12 @@ from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import tasks
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
-    ModelView,
     Router,
     inference,
     needs_task,
     request_model,
 )
+from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
 INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
@@ -69,7 +69,7 @@ def embedding_types(doc: dict[str, Any]) -> list[str]:
 
 
 def cohere_embed(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = tasks.json_object(ex)
     info = request_model(server, doc, vendor=True)
@@ -108,7 +108,7 @@ def cohere_embed(
 
 
 def cohere_rerank_v2(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = tasks.json_object(ex)
     info = request_model(server, doc, vendor=True)

@@ -21,7 +21,6 @@ from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
-    ModelView,
     Router,
     as_integer,
     inference,
@@ -33,6 +32,7 @@ from ringserve.service.protocols.routes import (
 )
 from ringserve.service.protocols.texts import require
 from ringserve.service.protocols.vocab import id_list, text_of_ids
+from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
 
@@ -66,7 +66,7 @@ def with_options(doc: dict[str, Any], texts: list[bytes], embed: bool) -> list[b
 
 
 def submit_texts(
-    server: ModelView,
+    server: FrontView,
     conn: HttpProtocol,
     ex: Exchange,
     payloads: list[bytes],
@@ -77,7 +77,7 @@ def submit_texts(
     def done(results: list[Result]) -> None:
         doc = answer(results)
         body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-        conn.respond(ex, 200, body, extra=[latency_header(ex)])
+        conn.respond(ex, 200, body, extra=[latency_header(conn, ex)])
 
     admit.submit(server.admission, conn, ex, payloads, done, "http", task=task, model=info.index)
 
@@ -120,7 +120,7 @@ def dimensions(doc: dict[str, Any], dimension: int, key: str = "dimensions") -> 
 
 
 def openai_embeddings(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = json_object(ex)
     info = request_model(server, doc, vendor=True)  # OpenAI's "model"
@@ -178,7 +178,7 @@ def _encode(vec: np.ndarray, fmt: str) -> bytes:
     return float_json(vec)
 
 
-def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def tei_embed(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = json_object(ex)
     info = request_model(server, doc)
     needs_task(info, "embed")
@@ -242,7 +242,7 @@ def documents(doc: dict[str, Any], key: str, limit: int) -> list[str]:
     return [d["text"] if isinstance(d, dict) and "text" in d else d for d in items]
 
 
-def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def tei_rerank(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = json_object(ex)
     info = request_model(server, doc)
     docs = documents(doc, "texts", server.settings.max_documents)
@@ -266,7 +266,7 @@ def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
 
 
 def cohere_rerank(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = json_object(ex)
     info = request_model(server, doc, vendor=True)  # Cohere's "model"

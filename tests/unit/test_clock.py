@@ -9,7 +9,10 @@ what they are asked to do; everything under test is the production code.
 from __future__ import annotations
 
 import numpy as np
+from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
+from ringserve.service.protocols import admit
+from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import MAX_PIPELINE, Exchange, HttpProtocol, HttpServerState
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
@@ -196,6 +199,31 @@ def test_answers_complete_a_group_once_with_its_latency_on_the_clock() -> None:
     (results,) = done.results
     assert [r.label_id for r in results] == [1, 1] and results[0].scores is not None
     assert seen == [3_000_000, 3_000_000] and d.depth == 0
+
+
+def test_the_latency_header_is_read_on_the_dispatchers_clock() -> None:
+    """X-Latency-Ms spans the request's last byte to its answer, both on the one clock the
+    dispatcher and the connection share (app.py hands the dispatcher's to the HTTP state)."""
+    w = Worker()
+    d, clock = dispatcher(w)
+    admission = Admission(d, lambda: "queue is full", 30.0)
+
+    def route(conn: HttpProtocol, ex: Exchange) -> None:
+        def answer(_results: list[Result]) -> None:
+            conn.respond(ex, 200, b"{}", extra=[latency_header(conn, ex)])
+
+        admit.submit(admission, conn, ex, [b"x"], answer, "http")
+
+    conn = HttpProtocol(HttpServerState(SETTINGS, route, lambda *_: None, d.clock))
+    transport = Transport()
+    conn.connection_made(transport)
+    conn.data_received(b"POST /v1/classify HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert transport.written == b"" and len(w.ring) == 1
+    clock.now += 12_345_678  # the worker takes 12.3 ms on the fake clock
+    w.answer()
+    d.answers.read(w)
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
+    assert b"\r\nx-latency-ms: 12.3\r\n" in transport.written.lower(), transport.written
 
 
 def test_reroute_puts_a_dead_workers_requests_first_in_their_order() -> None:

@@ -19,10 +19,11 @@ from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.routes import ModelView, find_model
+from ringserve.service.protocols.routes import find_model
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.shm_regions import Placement, placement
 from ringserve.service.protocols.texts import require
+from ringserve.service.views import FrontView
 
 
 def param_value(p: pb.InferParameter) -> Any:
@@ -48,7 +49,7 @@ class InferJob:
     places: dict[str, Placement]  # outputs written to system shared memory (shm_regions.py)
 
 
-def check_model(server: ModelView, name: str, version: str) -> ModelInfo:
+def check_model(server: FrontView, name: str, version: str) -> ModelInfo:
     """The loaded model a call names (an empty version: the one that serves), else 404."""
     if not name:
         raise HttpError(404, "unknown model: a call must name one")
@@ -83,7 +84,7 @@ def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
     return texts
 
 
-def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
+def read_request(server: FrontView, req: pb.ModelInferRequest) -> InferJob:
     info = check_model(server, req.model_name, req.model_version)
     kserve.check_input_names([spec.name for spec in req.inputs])
     raws = list(req.raw_input_contents)
