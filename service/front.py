@@ -21,7 +21,6 @@ from ringserve.service.ports import Ports
 from ringserve.service.protocols.auth import ApiKey
 from ringserve.service.protocols.http import HttpServerState
 from ringserve.service.settings import Config
-from ringserve.workers.artifact import Manifest
 
 if TYPE_CHECKING:
     from ringserve.service.repository import Repository
@@ -131,17 +130,5 @@ class MetricsHost:
         return self.stats.requests_total
 
     @property
-    def manifest(self) -> Manifest:
-        return self.front.model.manifest
-
-    @property
-    def model_name(self) -> str:
-        return self.front.model.name
-
-    @property
-    def device(self) -> str:
-        return self.front.model.device
-
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        return self.front.model.buckets
+    def model(self) -> ModelInfo:
+        return self.front.model

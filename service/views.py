@@ -23,7 +23,6 @@ from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.protocols.auth import ApiKey
 from ringserve.service.protocols.http import HttpServerState
 from ringserve.service.settings import Config
-from ringserve.workers.artifact import Manifest
 
 # -- what the protocols read ----------------------------------------------------------------------
 Failure = tuple[int, str] | None  # a repository call's error: the HTTP code and its message
@@ -159,10 +158,4 @@ class MetricsView(Protocol):
     @property
     def requests_total(self) -> Mapping[tuple[str, int, str], int]: ...
     @property
-    def manifest(self) -> Manifest: ...
-    @property
-    def model_name(self) -> str: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def buckets(self) -> tuple[int, ...]: ...
+    def model(self) -> ModelInfo: ...  # the first model (FrontView.model)

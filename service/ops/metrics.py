@@ -104,8 +104,8 @@ class Metrics:
         padded = named["padded_tokens"]
         doc: dict[str, Any] = {
             "uptime_s": round(time.monotonic() - server.started, 3),
-            "model": {"name": server.model_name, "device": server.device},
-            "buckets": list(server.buckets),
+            "model": {"name": server.model.name, "device": server.model.device},
+            "buckets": list(server.model.buckets),
             "metrics": bool(server.settings.metrics),
             "draining": server.draining,
             "overloaded": self.overload.active,
@@ -156,7 +156,7 @@ class Metrics:
         for lane in sorted(d.models.values(), key=lambda lane: lane.index):
             if not lane.open and not lane.depth:
                 continue
-            name = lane.name or server.model_name
+            name = lane.name or server.model.name
             entry = out.get(name)
             if entry is None:
                 if lane.name:

@@ -473,7 +473,7 @@ def exposition(d: Dispatcher, stats: Stats) -> dict[str, list[tuple[str, dict[st
 
     server: Any = SimpleNamespace(
         dispatcher=d, requests_total=stats.requests_total, api_key=None, keys=None,
-        model_name="first",
+        model=SimpleNamespace(name="first"),
     )  # fmt: skip
     models = P.model_labels(server)
     out = P.Exposition()
@@ -525,7 +525,7 @@ def test_stats_show_each_served_model_once_by_name() -> None:
     stats = Stats((16,))
     server: Any = SimpleNamespace(
         stats=stats, dispatcher=d, log=None, supervisor=SimpleNamespace(all={}),
-        model_name="first",
+        model=SimpleNamespace(name="first"),
     )  # fmt: skip
     m = Metrics(server)
     d.submit([b"old"], clock.now + S, Calls(), model=B)
