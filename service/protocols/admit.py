@@ -15,7 +15,7 @@ from ringserve.service.engine.admission import (
     first_failure,
     too_long,
 )
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.dispatcher import Options, Result
 from ringserve.service.engine.tenants import PRIORITIES, PRIORITY_NAMES, Tenant
 from ringserve.service.protocols.errors import error_body
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
@@ -99,12 +99,13 @@ def submit(
     task: str = "classify",
     priority: int | None = None,
     model: int = 0,
+    options: Options = 0,
 ) -> None:
     """Admit texts for inference, or answer 404, 429 or 503 at once. `deadline` overrides the
     header's, `priority` (a KServe parameter) the X-Priority header's; neither raises the
     key's priority. `model` is the model's wire index (ModelInfo.index); a model that is not
-    open (unloaded) is answered 404. `on_ok` gets the results when every text succeeded; any
-    failure is answered here."""
+    open (unloaded) is answered 404. `options`: the texts' options byte (shm.layout OPT_*).
+    `on_ok` gets the results when every text succeeded; any failure is answered here."""
     if deadline is None:
         deadline = deadline_ns(ex, admission.timeout_s)
     if priority is None:
@@ -124,7 +125,7 @@ def submit(
 
     ex.model = admission.dispatcher.names.get(model, "")  # the answer is counted under it
     refusal = admission.submit(
-        texts, deadline, done, protocol, task, tenant, level, trace, model=model
+        texts, deadline, done, protocol, task, tenant, level, trace, model, options
     )
     if refusal is not None:
         respond_refusal(conn, ex, refusal)

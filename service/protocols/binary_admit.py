@@ -30,7 +30,6 @@ STATUSES = (
     L.STATUS_UNKNOWN_MODEL,
 )
 CODES = {**STATUS_HTTP, L.STATUS_UNKNOWN_MODEL: 404}  # what each status is counted under
-EMBED = L.OPTIONS_MARK + bytes([L.OPT_EMBED])  # ask the worker for the text's vector
 
 
 class Answers(Protocol):
@@ -122,9 +121,11 @@ class FrameAdmitter:
             return partial(self.answer, tags[:k], traces, unit=embed and m.normalize)
 
         admission = self.server.admission
-        prefix = EMBED + prompts.prompt_bytes(m) if embed else b""  # the default prompt
+        prefix = prompts.prompt_bytes(m) if embed else b""  # the default prompt
+        options = L.OPT_EMBED if embed else 0  # ask the worker for the text's vector
+        tenant = self.conn.tenant
         admitted = admission.submit_each(
-            texts, deadline, on_admit, "binary", task, self.conn.tenant, prefix, model=info.index
+            texts, deadline, on_admit, "binary", task, tenant, prefix, info.index, options
         )
         if isinstance(admitted, Refusal):  # the model is not open (5), or the deadline (3)
             status = L.STATUS_DEADLINE if admitted.code == 504 else L.STATUS_UNKNOWN_MODEL

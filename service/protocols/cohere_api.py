@@ -51,12 +51,12 @@ def prompt_for(info: ModelInfo, input_type: str | None) -> str:
     return ""
 
 
-def options_byte(doc: dict[str, Any], embed: bool) -> bytes:
-    """The payloads' options prefix (shm/layout.py) for Cohere's `truncate` (END by default)."""
+def options_byte(doc: dict[str, Any], embed: bool) -> int:
+    """The texts' options byte (shm/layout.py OPT_*) for Cohere's `truncate` (END by default)."""
     truncate = "END" if doc.get("truncate") is None else doc["truncate"]
     if not isinstance(truncate, str) or truncate not in TRUNCATE:
         raise HttpError(400, 'truncate must be "NONE", "START" or "END"')
-    return L.OPTIONS_MARK + bytes([TRUNCATE[truncate] | (L.OPT_EMBED if embed else 0)])
+    return TRUNCATE[truncate] | (L.OPT_EMBED if embed else 0)
 
 
 def embedding_types(doc: dict[str, Any]) -> list[str]:
@@ -85,8 +85,7 @@ def cohere_embed(
     kinds = embedding_types(doc)
     keep = tasks.dimensions(doc, info.manifest.dimension, "output_dimension")
     prompt = prompt_for(info, input_type).encode()
-    head = options_byte(doc, embed=True)
-    payloads = [head + prompt + t for t in texts]
+    payloads = tasks.Texts([prompt + t for t in texts], options_byte(doc, embed=True))
     originals = [t.decode() for t in texts]
 
     def answer(results: list[Result]) -> dict[str, Any]:

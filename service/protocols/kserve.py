@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.dispatcher import Options, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import READY, ModelSet
 from ringserve.service.ops.inference_stats import InferenceStats
@@ -32,7 +32,7 @@ from ringserve.service.protocols.routes import (
     Router,
     as_integer,
     find_model,
-    long_text_prefix,
+    long_text_options,
     parse_json,
 )
 from ringserve.service.protocols.shm_regions import REGIONS, Placement, placement
@@ -436,18 +436,20 @@ def passes(wanted: list[tuple[str, bool]]) -> tuple[bool, bool]:
 
 def with_options(
     texts: list[bytes], params: dict[str, Any], wanted: list[tuple[str, bool]], manifest: Manifest
-) -> tuple[list[bytes], str]:
-    """The payloads with the request's long-text options: the texts to classify, then, for
-    output `embedding`, the texts again with the ask for a vector (layout OPT_EMBED); and the
-    task they count under."""
-    prefix = long_text_prefix(params, "parameters.")
+) -> tuple[list[bytes], Options, str]:
+    """The payloads and their options byte (the request's long-text options): the texts to
+    classify, then, for output `embedding`, the texts again with the ask for a vector (layout
+    OPT_EMBED); and the task they count under."""
+    opts = long_text_options(params, "parameters.")
     classify, embed = passes(wanted)
-    out = ([prefix + t for t in texts] if prefix else texts) if classify else []
-    if embed:  # the worker answers each text's vector, the prompt before it (prompts.py)
-        vector = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
-        vectors = prompts.with_prompt(manifest, params.get("prompt_name"), texts)
-        out = out + [vector + t for t in vectors]
-    return out, "classify" if classify else "embed"
+    if not embed:
+        return texts, opts, "classify"
+    # the worker answers each text's vector, the prompt before it (prompts.py)
+    vectors = prompts.with_prompt(manifest, params.get("prompt_name"), texts)
+    if not classify:
+        return vectors, opts | L.OPT_EMBED, "embed"
+    both = [opts] * len(texts) + [opts | L.OPT_EMBED] * len(vectors)
+    return texts + vectors, both, "classify"
 
 
 def first_pass(results: list[Result], wanted: list[tuple[str, bool]]) -> list[Result]:
@@ -617,7 +619,9 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     texts = read_texts(server, doc, blob)
     m = info.manifest
     wanted = read_outputs(doc, m.embeds, m.embed_only)
-    texts, task = with_options(texts, as_dict(doc.get("parameters"), "parameters"), wanted, m)
+    texts, options, task = with_options(
+        texts, as_dict(doc.get("parameters"), "parameters"), wanted, m
+    )
     deadline = request_deadline(server, ex, doc)
     encoder = encoder_for(info.labels, m.normalize)
 
@@ -648,8 +652,9 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     asked = as_dict(doc.get("parameters"), "parameters").get("priority")
     priority = asked_priority(asked, "parameters.priority")  # never above the key's
     admit.submit(
-        server.admission, conn, ex, texts, done, "kserve", deadline, task, priority, info.index
-    )
+        server.admission, conn, ex, texts, done, "kserve", deadline, task, priority, info.index,
+        options,
+    )  # fmt: skip
 
 
 # -- the repository extension ---------------------------------------------------------------------

@@ -132,7 +132,7 @@ def nullable(schema: Schema) -> Schema:
 
 
 TEXT: Schema = {"type": "string", "pattern": not_blank(), "description": "not only whitespace"}
-LONG_TEXT: Schema = {  # routes.long_text_prefix
+LONG_TEXT: Schema = {  # routes.long_text_options
     "truncate": nullable({"type": "boolean", "description": "true: cut; false: refuse (413)"}),
     "truncation_direction": nullable(
         {"enum": ["left", "right"], "description": "right keeps the start"}

@@ -55,14 +55,12 @@ def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[byte
     ]
 
 
-def long_text_prefix(doc: dict[str, Any], where: str) -> bytes:
-    """The options prefix of each payload (shm/layout.py: OPTIONS_MARK) for a request's
-    `truncate` and `truncation_direction`; empty when it sets neither, so the worker applies
-    the server's --long-text."""
+def long_text_options(doc: dict[str, Any], where: str) -> int:
+    """The options byte (shm/layout.py: OPT_*) of a request's `truncate` and
+    `truncation_direction`; 0 when it sets neither, so the worker applies the server's
+    --long-text."""
     truncate = doc.get("truncate")
     direction = doc.get("truncation_direction")
-    if truncate is None and direction is None:
-        return b""
     opts = 0
     if truncate is not None:
         if not isinstance(truncate, bool):
@@ -72,7 +70,7 @@ def long_text_prefix(doc: dict[str, Any], where: str) -> bytes:
         if direction not in ("left", "right"):
             raise HttpError(400, f'{where}truncation_direction must be "left" or "right"')
         opts |= L.OPT_LEFT if direction == "left" else 0
-    return L.OPTIONS_MARK + bytes([opts])
+    return opts
 
 
 def long_text_fields(r: Result) -> dict[str, Any]:
@@ -189,16 +187,14 @@ def classify(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[s
             texts = pair_payloads(texts, pairs, "text_pairs")
     else:
         raise HttpError(400, 'body must have exactly one of "text" or "texts"')
-    prefix = long_text_prefix(doc, "")
-    if prefix:
-        texts = [prefix + t for t in texts]
+    options = long_text_options(doc, "")
 
     def done(results: list[Result]) -> None:
         items = [result_doc(labels, r) for r in results]
         body = json.dumps(items[0] if single else {"results": items}).encode()
         conn.respond(ex, 200, body, extra=[latency_header(conn, ex)])
 
-    admit.submit(server.admission, conn, ex, texts, done, "http", model=info.index)
+    admit.submit(server.admission, conn, ex, texts, done, "http", model=info.index, options=options)
 
 
 def model_info(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:

@@ -19,7 +19,7 @@ from ringserve.service.protocols.routes import (
     Router,
     as_integer,
     inference,
-    long_text_prefix,
+    long_text_options,
     needs_task,
     parse_json,
     request_model,
@@ -163,7 +163,7 @@ def hf_classify(server: FrontView, conn: HttpProtocol, ex: Exchange, doc: dict[s
     def answer(results: list[Result]) -> Any:
         return [predictions(info, r, apply == "none", k) for r in results]
 
-    tasks.submit_texts(server, conn, ex, payloads, answer, "classify", info)
+    tasks.submit_texts(server, conn, ex, tasks.Texts(payloads), answer, "classify", info)
 
 
 # -- /similarity ---------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def tei_similarity(
         raise HttpError(400, "parameters must be an object")
     if options.get("prompt_name") is not None:
         raise HttpError(400, "parameters.prompt_name is not taken on /similarity")
-    long_text_prefix(options, "parameters.")  # checked here, applied below
+    long_text_options(options, "parameters.")  # checked here, applied below
 
     def answer(results: list[Result]) -> list[float]:
         vecs = tasks.vectors(results, normalize=True).astype(np.float64)

@@ -112,28 +112,28 @@ class Worker:
         self.room = room
         self.models = models  # the model indexes it serves (WorkerHandle.models)
         self.assigned: dict[int, object] = {}
-        self.ring: list[tuple[int, bytes, int]] = []
-        self.answers: list[tuple[int, int, bytes]] = []
+        self.ring: list[tuple[int, bytes, int, int]] = []  # msg id, text, deadline, meta
+        self.answers: list[tuple[int, int, int, bytes]] = []
         self.eventfd = self
         self.responses = self
 
-    def submit(self, messages: list[tuple[int, bytes, int]]) -> int:
+    def submit(self, messages: list[tuple[int, bytes, int, int]]) -> int:
         n = min(len(messages), self.room - len(self.ring))
         self.ring += messages[:n]
         return n
 
     def answer(self, label: int = 1) -> None:
         """Answer everything in the ring (as the worker process would, through its ring)."""
-        for msg_id, _text, _deadline in self.ring:
+        for msg_id, *_ in self.ring:
             scores = np.array([0.25, 0.75], dtype="<f4").tobytes()
             head = L.pack_response(L.STATUS_OK, 0, label, 2, queued_us=5, model_us=7)
-            self.answers.append((msg_id, 0, head + scores))
+            self.answers.append((msg_id, 0, 0, head + scores))
         self.ring.clear()
 
     def drain(self) -> None:  # the eventfd
         pass
 
-    def read(self) -> list[tuple[int, int, bytes]]:  # the response ring
+    def read(self) -> list[tuple[int, int, int, bytes]]:  # the response ring
         out, self.answers = self.answers, []
         return out
 
@@ -474,9 +474,9 @@ def test_interactive_texts_go_before_waiting_bulk_ones() -> None:
     assert d.submit([b"b1"], clock.now + S, Calls(), priority=BULK)
     assert d.submit([b"b2"], clock.now + S, Calls(), priority=BULK)
     assert d.submit([b"i1"], clock.now + S, Calls())
-    bulk = L.with_bulk  # a bulk payload carries OPT_BULK, for the worker's batcher
-    assert [m[1] for m in w.ring] == [bulk(b"b1")]
-    assert [r.payload for r in d.waiting] == [b"i1", bulk(b"b2")]
+    bulk = L.request_meta(L.OPT_BULK, 0)  # a bulk text's record carries OPT_BULK (the batcher)
+    assert [(m[1], m[3]) for m in w.ring] == [(b"b1", bulk)]
+    assert [(r.payload, r.meta) for r in d.waiting] == [(b"i1", 0), (b"b2", bulk)]
     w.answer()
     d.answers.read(w)
     assert [m[1] for m in w.ring] == [b"i1"]  # the interactive text overtook the older bulk one
@@ -498,7 +498,7 @@ def flood_until_bulk_runs(bound_ms: float, horizon_ms: int) -> int | None:
         clock.now += 10_000_000
         w.answer()
         d.answers.read(w)
-        if any(m[1] == L.with_bulk(b"bulk") for m in w.ring):
+        if any(m[1] == b"bulk" for m in w.ring):
             return (clock.now - start) // 1_000_000
     return None
 

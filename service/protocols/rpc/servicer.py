@@ -186,8 +186,9 @@ class Servicer(TritonMethods):
 
         admission = self.host.admission
         refusal = admission.submit(
-            job.texts, deadline, done, "grpc", job.task, tenant, level, trace, model=job.info.index
-        )
+            job.texts, deadline, done, "grpc", job.task, tenant, level, trace, job.info.index,
+            job.options,
+        )  # fmt: skip
         if refusal is not None and refusal.code == 429:
             raise RateLimited(refusal.retry_after_s)
         if refusal is not None:
