@@ -35,6 +35,10 @@ def aux_for(msg_id: int) -> int:
     return (msg_id * 0x9E3779B97F4A7C15) % (1 << 64) - (1 << 63)  # spans the whole i64 range
 
 
+def meta_for(msg_id: int) -> int:
+    return (msg_id * 0x9E3779B1) % (1 << 32)  # spans the whole u32 meta word
+
+
 @dataclass(frozen=True)
 class Scenario:
     slot_size: int
@@ -58,23 +62,23 @@ class Scenario:
     def need(self, length: int) -> int:
         return L.slots_for(length, self.slot_size)
 
-    def message(self, i: int) -> tuple[int, bytes, int]:
+    def message(self, i: int) -> tuple[int, bytes, int, int]:
         msg_id = self.first_id + i
-        return msg_id, payload_for(msg_id, self.lengths[i]), aux_for(msg_id)
+        return msg_id, payload_for(msg_id, self.lengths[i]), aux_for(msg_id), meta_for(msg_id)
 
 
-def check(sc: Scenario, index: int, msg: tuple[int, int, bytes]) -> str | None:
+def check(sc: Scenario, index: int, msg: tuple[int, int, int, bytes]) -> str | None:
     """What is wrong with the `index`-th message received, or None."""
-    msg_id, aux, payload = msg
+    msg_id, aux, meta, payload = msg
     if index >= len(sc.lengths):
         return f"unexpected extra message {msg_id}"
-    want_id, want_payload, want_aux = sc.message(index)
+    want_id, want_payload, want_aux, want_meta = sc.message(index)
     if msg_id != want_id:
         return f"message {index}: id {msg_id}, expected {want_id}"
     if len(payload) >= 4 and zlib.crc32(payload[:-4]) != int.from_bytes(payload[-4:], "little"):
         return f"message {msg_id}: crc mismatch"
-    if payload != want_payload or aux != want_aux:
-        return f"message {msg_id}: payload or aux differs"
+    if payload != want_payload or aux != want_aux or meta != want_meta:
+        return f"message {msg_id}: payload, aux or meta differs"
     return None
 
 

@@ -23,12 +23,19 @@ from torch import Tensor, nn
 # keys get exactly zero attention weight and padding cannot change a text's output.
 MASK_VALUE: float = float(torch.finfo(torch.float32).min)
 # HF activation names -> ours ("gelu" is the exact erf form, "gelu_new" the tanh approximation).
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
     "relu": "relu",
 }
+
+
+def head_activation(problem_type: str | None, labels: tuple[str, ...]) -> str:
+    """What turns a classifier's logits into scores: sigmoid for multi-label and one-logit
+    heads (a cross-encoder), softmax otherwise."""
+    multi = problem_type == "multi_label_classification"
+    return "sigmoid" if multi or len(labels) == 1 else "softmax"
 
 
 class WeightError(ValueError):
@@ -81,8 +88,7 @@ class HfConfig:
 
     @property
     def activation(self) -> str:
-        multi = self.problem_type == "multi_label_classification"
-        return "sigmoid" if multi or len(self.labels) == 1 else "softmax"
+        return head_activation(self.problem_type, self.labels)
 
     @property
     def max_length(self) -> int:
@@ -133,10 +139,8 @@ def read_config(path: Path, architectures: dict[str, str], family: str | None = 
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise WeightError(f"{path}: only absolute position embeddings are supported")
     act = raw.get("activation" if distil else "hidden_act", "gelu")
-    if act not in _ACTIVATIONS:
-        raise WeightError(
-            f"{path}: activation {act!r} is not supported ({', '.join(_ACTIVATIONS)})"
-        )
+    if act not in ACTIVATIONS:
+        raise WeightError(f"{path}: activation {act!r} is not supported ({', '.join(ACTIVATIONS)})")
     # A field left out of config.json takes the transformers config class's default.
     pad = raw.get("pad_token_id")
     try:
@@ -153,7 +157,7 @@ def read_config(path: Path, architectures: dict[str, str], family: str | None = 
             max_positions=int(raw["max_position_embeddings"]),
             type_vocab_size=0 if distil else int(raw.get("type_vocab_size", 2)),
             layer_norm_eps=1e-12 if distil else float(raw.get("layer_norm_eps", 1e-12)),
-            act=_ACTIVATIONS[act],
+            act=ACTIVATIONS[act],
             pad_token_id=int(pad) if pad is not None else int(family == "roberta"),
             labels=_labels(raw, path),
             problem_type=raw.get("problem_type"),

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ringserve.factory.encoder import MASK_VALUE, WeightError, activate
+from ringserve.factory.encoder import (
+    ACTIVATIONS,
+    MASK_VALUE,
+    WeightError,
+    activate,
+    head_activation,
+)
 from torch import Tensor, nn
 
 # Sequence classifiers and base models (config.json "architectures") -> family.
@@ -35,7 +41,6 @@ BASE_ARCHITECTURES = {
 _PREFIX = {"deberta-v2": "deberta.", "modernbert": "model.", "mpnet": "mpnet."}
 # Tensors a checkpoint may hold that no forward pass uses (MPNetModel's pooler, index buffers).
 _UNUSED = ("pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids")
-_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,7 @@ class FamilyConfig:
 
     @property
     def activation(self) -> str:
-        multi = self.problem_type == "multi_label_classification"
-        return "sigmoid" if multi or len(self.labels) == 1 else "softmax"
+        return head_activation(self.problem_type, self.labels)
 
     @property
     def max_length(self) -> int:
@@ -64,9 +68,9 @@ class FamilyConfig:
 
     def act(self, key: str, default: str = "gelu") -> str:
         name = str(self.raw.get(key, default))
-        if name not in _ACTS:
+        if name not in ACTIVATIONS:
             raise WeightError(f"{self.family}: activation {name!r} is not supported")
-        return _ACTS[name]
+        return ACTIVATIONS[name]
 
 
 def read_family_config(path: Path, architectures: dict[str, str]) -> FamilyConfig | None:

@@ -114,7 +114,8 @@ class App:
         s, ports = self.settings, self.ports
         router = self.inference_router()
         route = router if self.keys is None else guard_http(self.keys, router)
-        state = ports.http_state = HttpServerState(s, route, self.stats.count)
+        clock = self.dispatcher.clock  # timeouts and X-Latency-Ms on the dispatcher's clock
+        state = ports.http_state = HttpServerState(s, route, self.stats.count, clock)
         if s.access_log:
             state.access_log = metrics.access_logger(self.metrics_view)
         peer = live_peer(s.control, ports.control_path) if s.reuse_port else None
@@ -146,7 +147,9 @@ class App:
             assert api is not None  # start_listeners builds it before the operator listener
             apidocs.register(router, lambda: openapi.render(api, key))
         openapi.register(router, key=False)
-        state = ports.operator_state = HttpServerState(s, router, self.stats.count)
+        state = ports.operator_state = HttpServerState(
+            s, router, self.stats.count, self.dispatcher.clock
+        )
         state.access_log = ports.http_state.access_log if ports.http_state else None
         host = s.operator_host or s.host
         make = lambda: HttpProtocol(state)  # noqa: E731 - one line, named for the call below

@@ -21,7 +21,6 @@ from ringserve.service.ports import Ports
 from ringserve.service.protocols.auth import ApiKey
 from ringserve.service.protocols.http import HttpServerState
 from ringserve.service.settings import Config
-from ringserve.workers.artifact import Manifest
 
 if TYPE_CHECKING:
     from ringserve.service.repository import Repository
@@ -49,9 +48,10 @@ class RunState:
 
 
 class Front:
-    """The one object the protocols are handed (routes' ModelView, binary's BinaryHost, gRPC's
-    GrpcHost). `models` holds every model (service/models.py); `model` is the first, swapped
-    whole by a reload; the rest never changes."""
+    """The one object the protocols are handed, read through service/views.py's FrontView.
+    `models` holds every model (service/models.py); `model` is the first, swapped whole by a
+    reload; `repository` is set by app.py right after (it needs this Front); the rest never
+    changes."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class Front:
 
 
 class MetricsHost:
-    """What ops/metrics.py's MetricsView reads, gathered from the parts that hold it."""
+    """What ops/metrics.py reads (service/views.py's MetricsView), from the parts that hold it."""
 
     def __init__(
         self,
@@ -130,17 +130,5 @@ class MetricsHost:
         return self.stats.requests_total
 
     @property
-    def manifest(self) -> Manifest:
-        return self.front.model.manifest
-
-    @property
-    def model_name(self) -> str:
-        return self.front.model.name
-
-    @property
-    def device(self) -> str:
-        return self.front.model.device
-
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        return self.front.model.buckets
+    def model(self) -> ModelInfo:
+        return self.front.model

@@ -40,7 +40,7 @@ class ModelInfo:
     graph: dict[str, Any]  # ONNX Runtime at fp32: the graph chosen, and why; else empty
     pad_grid: tuple[int, ...]  # empty: each CPU batch padded to its own longest text
     buckets: tuple[int, ...]  # the length classes latency is reported in
-    index: int = 0  # its index on the wire to the workers (shm.layout.with_model); 0: the first
+    index: int = 0  # its index on the wire to the workers (shm.layout.request_meta); 0: the first
     version: int = 1  # the repository's version directory it came from (1 without versions)
     # Its config file table's per-model settings the workers apply (Config.for_model).
     options: tuple[tuple[str, Any], ...] = ()

@@ -26,7 +26,7 @@ import struct
 
 MAGIC_RING = 0x52494E4753525631  # "RINGSRV1"
 MAGIC_CONTROL = 0x52494E4743544C31  # "RINGCTL1"
-VERSION = 1
+VERSION = 2  # 2: a request's options and model ride in its record's meta word
 
 CACHE_LINE = 64  # each counter on a line of its own: one writer a line, no false sharing
 RING_HEADER = struct.Struct("<QQQQ")  # magic, version, slot_size, slot_count
@@ -35,7 +35,9 @@ HEAD_OFFSET = 2 * CACHE_LINE
 SLOTS_OFFSET = 3 * CACHE_LINE
 
 # Record header at the start of a message's first slot:
-#   msg_id u64 | aux i64 | length u32 | flags u32 | nslots u32 | reserved u32
+#   msg_id u64 | aux i64 | length u32 | flags u32 | nslots u32 | meta u32
+# flags is the ring's own (FLAG_PAD); meta is the message's: a request's options byte and model
+# index (request_meta), 0 on a response.
 RECORD = struct.Struct("<QqIIII")
 RECORD_SIZE = RECORD.size  # 32
 FLAG_PAD = 1  # filler up to the end of the ring; skip it
@@ -44,13 +46,12 @@ REQUEST_SLOT_SIZE = 256  # most sentences fit in one slot; long texts span sever
 RESPONSE_SLOT_SIZE = 64  # header + a two-label answer in one slot
 
 # Request payload: the UTF-8 text, or for a pair text | PAIR_SEPARATOR | text_pair (0xFF never
-# occurs in UTF-8, so a single text cannot be mistaken for a pair). aux = deadline,
-# CLOCK_MONOTONIC ns (0 = none). A request that chose how a long text is handled starts with
-# OPTIONS_MARK and one options byte (0xFE never occurs in UTF-8 either); one that did not choose
-# carries neither and the worker applies the server's --long-text, so the common payload is
-# unchanged.
+# occurs in UTF-8, so a single text cannot be mistaken for a pair): the text alone, written once
+# into the ring as the protocol read it. aux = deadline, CLOCK_MONOTONIC ns (0 = none).
+# meta = options byte | model index << 16 (request_meta): how a long text is handled (none of
+# OPT_MODE: the server's --long-text), whether to answer the vector, whether it is bulk, and
+# which model serves it (0: the first, the only one of a one-model server).
 PAIR_SEPARATOR = b"\xff"
-OPTIONS_MARK = b"\xfe"
 OPT_CUT = 1  # truncate: true
 OPT_REFUSE = 2  # truncate: false
 OPT_MODE = 3  # the bits above; neither set: the server's --long-text
@@ -118,31 +119,18 @@ def pack_response(
     )
 
 
-def with_bulk(payload: bytes) -> bytes:
-    """The payload marked bulk: OPT_BULK added to its options byte, or one put in front."""
-    if payload[:1] == OPTIONS_MARK and len(payload) >= 2:
-        return OPTIONS_MARK + bytes([payload[1] | OPT_BULK]) + payload[2:]
-    return OPTIONS_MARK + bytes([OPT_BULK]) + payload
-
-
-# Many models: a request for any model but index 0 starts with MODEL_MARK and the model's index
-# (u16, little-endian), before any options byte; index 0 (the only model of a one-model server)
-# carries neither, so the one-model payload is unchanged. 0xFD never occurs in UTF-8.
-MODEL_MARK = b"\xfd"
-MODEL_INDEX = struct.Struct("<H")
 MAX_MODELS = 64  # model indexes 0..MAX_MODELS-1 (a worker's control block has a word for each)
+META_MODEL_SHIFT = 16  # meta: the options byte in bits 0-7, the model index in bits 16-31
 
 
-def with_model(payload: bytes, index: int) -> bytes:
-    """The payload addressed to model `index` (unchanged for index 0)."""
-    return MODEL_MARK + MODEL_INDEX.pack(index) + payload if index else payload
+def request_meta(options: int, model: int) -> int:
+    """A request record's meta word: its options byte (OPT_*) and its model's wire index."""
+    return (options & 0xFF) | (model << META_MODEL_SHIFT)
 
 
-def split_model(payload: bytes) -> tuple[int, bytes]:
-    """(model index, the rest of the payload): the inverse of with_model."""
-    if payload[:1] == MODEL_MARK and len(payload) >= 3:
-        return MODEL_INDEX.unpack_from(payload, 1)[0], payload[3:]
-    return 0, payload
+def split_meta(meta: int) -> tuple[int, int]:
+    """(options byte, model index) of a request's meta word: the inverse of request_meta."""
+    return meta & 0xFF, meta >> META_MODEL_SHIFT
 
 
 def pack_batch(rows: int, padded_length: int, start_ns: int) -> int:

@@ -25,6 +25,8 @@ from ringserve.shm.segment import Segment
 
 # nslots is a u32 in the record header; 2**30 slots is far beyond any sane ring.
 MAX_SLOTS = 1 << 30
+Message = tuple[int, bytes | memoryview, int, int]  # written: msg_id, payload, aux, meta
+Record = tuple[int, int, int, bytes]  # read: msg_id, aux, meta, payload
 
 
 class RingError(Exception):
@@ -73,12 +75,15 @@ class Ring:
         self._head_seen = self._words[self._head_i]
         return tail + slots - self._head_seen <= self.slot_count
 
-    def try_write(self, msg_id: int, payload: bytes | memoryview, aux: int = 0) -> bool:
+    def try_write(
+        self, msg_id: int, payload: bytes | memoryview, aux: int = 0, meta: int = 0
+    ) -> bool:
         """Copy one message in and publish it; False when the ring is full (see write_many)."""
-        return self.write_many(((msg_id, payload, aux),)) == 1
+        return self.write_many(((msg_id, payload, aux, meta),)) == 1
 
-    def write_many(self, messages: Iterable[tuple[int, bytes | memoryview, int]]) -> int:
-        """Write messages in order and publish them with one store; returns how many fitted.
+    def write_many(self, messages: Iterable[Message]) -> int:
+        """Write messages (msg_id, payload, aux, meta) in order and publish them with one
+        store; returns how many fitted.
 
         A message that would run past the last slot is moved to slot 0 behind a PAD record.
         When the PAD fits but the message does not yet, the PAD is published alone: a message
@@ -92,7 +97,7 @@ class Ring:
         data = self._data
         size = self.slot_size
         count = 0
-        for msg_id, payload, aux in messages:
+        for msg_id, payload, aux, meta in messages:
             length = len(payload)
             need = L.slots_for(length, size)
             if need > self.slot_count:
@@ -108,7 +113,7 @@ class Ring:
             if not self._room(tail, need):
                 break
             off = start * size
-            L.RECORD.pack_into(data, off, msg_id, aux, length, 0, need, 0)
+            L.RECORD.pack_into(data, off, msg_id, aux, length, 0, need, meta)
             data[off + L.RECORD_SIZE : off + L.RECORD_SIZE + length] = payload
             tail += need
             count += 1
@@ -121,24 +126,24 @@ class Ring:
         """Slots published and not yet released (a consumer-side view)."""
         return self._words[self._tail_i] - self._words[self._head_i]
 
-    def read(self, limit: int = 1 << 30) -> list[tuple[int, int, bytes]]:
-        """Copy out up to `limit` published messages as (msg_id, aux, payload); release them."""
+    def read(self, limit: int = 1 << 30) -> list[Record]:
+        """Copy out up to `limit` published messages as (msg_id, aux, meta, payload); release
+        them."""
         head = self._words[self._head_i]
         tail = self._words[self._tail_i]
-        out: list[tuple[int, int, bytes]] = []
+        out: list[Record] = []
         data = self._data
         size = self.slot_size
         while head < tail and len(out) < limit:
             off = (head & self.mask) * size
-            msg_id, aux, length, flags, nslots, _ = L.RECORD.unpack_from(data, off)
+            msg_id, aux, length, flags, nslots, meta = L.RECORD.unpack_from(data, off)
             if nslots < 1 or head + nslots > tail or (head & self.mask) + nslots > self.slot_count:
                 raise RingError(f"corrupt record at slot {head & self.mask} of {self.segment.name}")
             if not flags & L.FLAG_PAD:
                 if L.slots_for(length, size) != nslots:
                     raise RingError(f"record length {length} disagrees with its {nslots} slots")
-                out.append(
-                    (msg_id, aux, bytes(data[off + L.RECORD_SIZE : off + L.RECORD_SIZE + length]))
-                )
+                payload = bytes(data[off + L.RECORD_SIZE : off + L.RECORD_SIZE + length])
+                out.append((msg_id, aux, meta, payload))
             head += nslots
         self._words[self._head_i] = head  # release: after the copies
         return out

@@ -42,7 +42,7 @@ def is_gpu_device(device: str) -> bool:
 
 @dataclass(frozen=True)
 class ModelRef:
-    """One model a worker loads: its index on the wire (shm.layout.with_model), its name and
+    """One model a worker loads: its index on the wire (shm.layout.request_meta), its name and
     version as clients name it, and where its artifact lies."""
 
     index: int

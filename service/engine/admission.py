@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ringserve.service.engine.dispatcher import Dispatcher, Result, text_cost
+from ringserve.service.engine.dispatcher import Dispatcher, Options, Result, text_cost
 from ringserve.service.engine.tenants import INTERACTIVE, KeyRing, Tenant
 from ringserve.shm import layout as L
 
@@ -118,10 +118,11 @@ class Admission:
         level: int,
         trace: RequestTrace | None = None,
         model: int = 0,
+        options: Options = 0,
     ) -> Refusal | None:
         """Admit a request's texts whole, or refuse them at once (the Refusal). `done` gets
         the results, whatever their status, once every text is answered. `model` is the
-        model's wire index (ModelInfo.index)."""
+        model's wire index (ModelInfo.index); `options` the texts' options byte (OPT_*)."""
         d = self.dispatcher
         if not d.table.is_open(model):
             return self.unknown(model, trace)
@@ -135,7 +136,7 @@ class Admission:
             done = traced(done, trace, d.clock)
         name = tenant.name if tenant is not None else ""
         admitted = d.clock()  # before submit: a worker may start on the texts before it returns
-        if not d.submit(texts, deadline, done, protocol, task, level, name, model):
+        if not d.submit(texts, deadline, done, protocol, task, level, name, model, options):
             if not d.table.is_open(model):  # closed meanwhile (never, on the one loop)
                 return self.unknown(model, trace)
             if trace is not None:
@@ -157,9 +158,11 @@ class Admission:
         tenant: Tenant | None,
         prefix: bytes = b"",
         model: int = 0,
+        options: int = 0,
     ) -> tuple[int, int] | Refusal:
         """Independent texts (binary frames), in order: those within the key's rate and the
-        queue's room are admitted as one group, each with `prefix` before it. `on_admit(k,
+        queue's room are admitted as one group, each with `prefix` (an embed model's prompt)
+        before it and `options` (OPT_*) in its record. `on_admit(k,
         level)` makes the group's callback, before a worker can start on it. Returns (k, within):
         texts[:k] admitted, texts[k:within] refused by the queue, texts[within:] over the rate;
         or a Refusal, none admitted: 404 when the model is not open, 504 when the queue's delay
@@ -184,7 +187,7 @@ class Admission:
             name = tenant.name if tenant is not None else ""
             sent = [prefix + t for t in texts[:k]] if prefix else texts[:k]
             done = on_admit(k, level)
-            d.admit(sent, costs[:k], deadline, done, protocol, task, level, name, model)
+            d.admit(sent, costs[:k], deadline, done, protocol, task, level, name, model, options)
             if tenant is not None and self.keys is not None:
                 self.keys.admitted(tenant.name, k, level)
         if k < within:

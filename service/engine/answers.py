@@ -21,7 +21,7 @@ def read_answers(worker: WorkerLink, read_ns: int) -> Iterator[tuple[Request, Re
     (one no longer assigned to it, rerouted or timed out, is dropped)."""
     worker.eventfd.drain()
     assigned = worker.assigned
-    for msg_id, aux, payload in worker.responses.read():
+    for msg_id, aux, _meta, payload in worker.responses.read():
         req = assigned.pop(msg_id, None)
         if req is not None:
             yield req, Result.from_ring(aux, payload, read_ns)

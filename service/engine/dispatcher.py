@@ -34,6 +34,7 @@ from ringserve.service.engine.requests import (
     BULK,
     INTERACTIVE,
     Group,
+    Options,
     Request,
     Result,
     text_cost,
@@ -41,7 +42,9 @@ from ringserve.service.engine.requests import (
 from ringserve.service.engine.routing import take_back
 from ringserve.shm import layout as L
 
-__all__ = ["BULK", "INTERACTIVE", "Dispatcher", "Group", "Request", "Result", "text_cost"]
+__all__ = [
+    "BULK", "INTERACTIVE", "Dispatcher", "Group", "Options", "Request", "Result", "text_cost",
+]  # fmt: skip
 
 log = logging.getLogger("ringserve.dispatcher")
 
@@ -116,16 +119,20 @@ class Dispatcher:
         priority: int = INTERACTIVE,
         tenant: str = "",
         model: int = 0,
+        options: Options = 0,
     ) -> bool:
         """Admit a group of texts whole, or refuse it at once (False): see room(). A model
-        that is not open refuses without counting (admission answers it 404)."""
+        that is not open refuses without counting (admission answers it 404). `options`: the
+        texts' options byte (shm.layout OPT_*), one for all or one a text."""
         n = len(texts)
         costs = [text_cost(t, self.max_tokens) for t in texts]
         if self.room(n, whole=True, priority=priority, model=model) < n:
             if self.table.is_open(model):
                 self.refuse(n, model)
             return False
-        self.admit(texts, costs, deadline_ns, callback, protocol, task, priority, tenant, model)
+        self.admit(
+            texts, costs, deadline_ns, callback, protocol, task, priority, tenant, model, options
+        )
         return True
 
     def admit(
@@ -139,17 +146,14 @@ class Dispatcher:
         priority: int = INTERACTIVE,
         tenant: str = "",
         model: int = 0,
+        options: Options = 0,
     ) -> None:
         """Admit texts that room() allowed."""
         lane = self.lanes[model]
         now = self.clock()
         group = Group(len(texts), callback, protocol, now, task, priority, tenant, model, lane.name)
         by = queue_by(now, self.delay_ns(model, priority, now) / 1e6, self.max_queue_ms)
-        if priority == BULK:  # the worker batches interactive texts first too
-            texts = [L.with_bulk(t) for t in texts]
-        if model:  # outermost: a worker reads the model before anything else
-            texts = [L.with_model(t, model) for t in texts]
-        reqs = group.requests(self.next_id, texts, costs, deadline_ns)
+        reqs = group.requests(self.next_id, texts, costs, deadline_ns, options)
         self.next_id += len(reqs)
         for r in reqs:
             self.inflight[r.id] = r

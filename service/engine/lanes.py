@@ -48,7 +48,7 @@ class Lane:
     )
 
     def __init__(self, index: int, name: str, max_queue: int) -> None:
-        self.index = index  # the wire index (shm.layout.with_model), never reused
+        self.index = index  # the wire index (shm.layout.request_meta), never reused
         self.name = name
         self.max_queue = max_queue  # its own --max-queue, within the total (0: the total)
         self.open = True  # closed: new texts are refused as for an unknown model

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ringserve.service.engine.requests import Request
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells
+from ringserve.shm.ring import Message
 
 
 class WorkerLink:
@@ -39,7 +40,7 @@ class WorkerLink:
             serial, Channel.create(server_pid, serial, req_slots, rsp_slots), Doorbells(), models
         )
 
-    def submit(self, messages: list[tuple[int, bytes, int]]) -> int:
+    def submit(self, messages: list[Message]) -> int:
         """Write requests into the ring and post the doorbell once per request written (one
         write of n to the semaphore eventfd)."""
         n = self.requests.write_many(messages)

@@ -8,7 +8,7 @@ callback once the last answer is in, so a batch costs one pass through the loop,
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +21,9 @@ BYTES_PER_TOKEN = 4
 ROW_COST = 8
 INTERACTIVE = 0  # priorities (service.engine.tenants)
 BULK = 1
+# A request's options byte (shm.layout OPT_*: long text, embed): one for all its texts, or one
+# a text (a KServe request asking for scores and vectors sends each text twice).
+Options = int | Sequence[int]
 
 
 def text_cost(payload: bytes, max_tokens: int) -> int:
@@ -98,28 +101,50 @@ class Group:
         self.task = task  # classify, embed or rerank: what /v1/stats and /metrics count
         self.priority = priority  # INTERACTIVE or BULK (service.tenants)
         self.tenant = tenant  # the caller's tenant name ("" without --api-keys)
-        self.model = model  # the model's wire index (shm.layout.with_model): its lane
+        self.model = model  # the model's wire index (shm.layout.request_meta): its lane
         self.model_name = model_name  # what metrics label it with
         self.started = False  # a worker took one of its texts: it is never refused after that
 
     def requests(
-        self, first_id: int, texts: list[bytes], costs: list[int], deadline_ns: int
+        self,
+        first_id: int,
+        texts: list[bytes],
+        costs: list[int],
+        deadline_ns: int,
+        options: Options = 0,
     ) -> list[Request]:
-        """One request a text, numbered from first_id."""
+        """One request a text, numbered from first_id, each with its ring record's meta word
+        (shm.layout.request_meta): its options, OPT_BULK for bulk (the worker batches
+        interactive texts first too) and the model."""
+        bulk = L.OPT_BULK if self.priority == BULK else 0
+        if isinstance(options, int):
+            metas = [L.request_meta(options | bulk, self.model)] * len(texts)
+        else:
+            metas = [L.request_meta(o | bulk, self.model) for o in options]
         return [
-            Request(first_id + i, t, deadline_ns, self, i, c)
-            for i, (t, c) in enumerate(zip(texts, costs, strict=True))
+            Request(first_id + i, t, deadline_ns, self, i, c, m)
+            for i, (t, c, m) in enumerate(zip(texts, costs, metas, strict=True))
         ]
 
 
 class Request:
-    __slots__ = ("cost", "deadline_ns", "group", "id", "index", "payload", "queue_by_ns", "worker")
+    __slots__ = (
+        "cost", "deadline_ns", "group", "id", "index", "meta", "payload", "queue_by_ns", "worker",
+    )  # fmt: skip
 
     def __init__(
-        self, rid: int, payload: bytes, deadline_ns: int, group: Group, index: int, cost: int
+        self,
+        rid: int,
+        payload: bytes,
+        deadline_ns: int,
+        group: Group,
+        index: int,
+        cost: int,
+        meta: int = 0,
     ):
         self.id = rid
-        self.payload = payload
+        self.payload = payload  # the text as the protocol read it, written once into a ring
+        self.meta = meta  # its options and model, the ring record's meta word
         self.deadline_ns = deadline_ns
         self.group = group
         self.index = index

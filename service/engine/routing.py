@@ -111,7 +111,7 @@ def assign(
     for w, f, batch in zip(workers, flows, by_worker, strict=True):
         if not batch:
             continue
-        n = w.submit([(r.id, r.payload, r.deadline_ns) for r in batch])
+        n = w.submit([(r.id, r.payload, r.deadline_ns, r.meta) for r in batch])
         if n and not f.held:
             f.mark_ns = now_ns  # it was idle: its busy time starts now
         for r in batch[:n]:

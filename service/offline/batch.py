@@ -304,10 +304,10 @@ class BatchJob:
         if args.task not in m.task:
             raise ValueError(f"the model does not {args.task}; its tasks: {', '.join(m.task)}")
         embed = (m.dimension, m.normalize) if args.task == "embed" else None
-        # An embedding asks its worker for the vector (shm/layout.py OPT_EMBED).
-        # An embed model's default prompt (service/protocols/prompts.py) goes before each text.
-        embed_prefix = L.OPTIONS_MARK + bytes([L.OPT_EMBED]) + prompts.prompt_bytes(m)
-        self.prefix = embed_prefix if embed else b""
+        # An embedding asks its worker for the vector (shm/layout.py OPT_EMBED), an embed
+        # model's default prompt (service/protocols/prompts.py) before each text.
+        self.prefix = prompts.prompt_bytes(m) if embed else b""
+        self.options = L.OPT_EMBED if embed else 0
         self.results = Results(Path(args.output), self.n, list(m.labels), meta, args.resume, embed)
         # Eight batches a worker: a group's answers come from both workers, so with only two
         # the workers starved between refills (measured: 181 against 393 texts/s on ONNX).
@@ -348,7 +348,7 @@ class BatchJob:
             texts.append(self.prefix + text if self.prefix else text)
         if texts:
             done = self.on_done(keep)
-            if not self.dispatcher.submit(texts, 0, done, "batch"):
+            if not self.dispatcher.submit(texts, 0, done, "batch", options=self.options):
                 raise RuntimeError("dispatcher refused a group inside the window")
             self.inflight += len(texts)
 

@@ -24,9 +24,9 @@ from ringserve.service.ops.stats import (
     gpu_readings,
     graph_report,
 )
-from ringserve.service.ops.views import MetricsView
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Router
+from ringserve.service.views import MetricsView
 from ringserve.workers.spec import is_gpu_device
 
 TICK_S = 0.25  # window rotation, worker counter sampling and overload detection
@@ -104,8 +104,8 @@ class Metrics:
         padded = named["padded_tokens"]
         doc: dict[str, Any] = {
             "uptime_s": round(time.monotonic() - server.started, 3),
-            "model": {"name": server.model_name, "device": server.device},
-            "buckets": list(server.buckets),
+            "model": {"name": server.model.name, "device": server.model.device},
+            "buckets": list(server.model.buckets),
             "metrics": bool(server.settings.metrics),
             "draining": server.draining,
             "overloaded": self.overload.active,
@@ -156,7 +156,7 @@ class Metrics:
         for lane in sorted(d.models.values(), key=lambda lane: lane.index):
             if not lane.open and not lane.depth:
                 continue
-            name = lane.name or server.model_name
+            name = lane.name or server.model.name
             entry = out.get(name)
             if entry is None:
                 if lane.name:

@@ -18,8 +18,8 @@ from ringserve.service.ops.stats import (
     gpu_readings,
     prom_buckets,
 )
-from ringserve.service.ops.views import MetricsView, PoolView
 from ringserve.service.pool.handle import DEAD, DEGRADED, DRAINING, READY, SPARE, STARTING
+from ringserve.service.views import MetricsView, PoolView
 from ringserve.shm import layout as L
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -113,7 +113,7 @@ def exposition(r: Reading) -> bytes:
     models = model_labels(r.server)
     answers(out, r.server, r.stats, models)
     refusals(out, r)
-    timings(out, r.stats, r.server.buckets, models)
+    timings(out, r.stats, r.server.model.buckets, models)
     queue(out, r)
     model_queues(out, r.server, models)
     server_facts(out, r.server)
@@ -131,7 +131,7 @@ def model_labels(server: MetricsView) -> dict[str, str]:
     d = server.dispatcher
     if not d.many:
         return {}
-    return {lane.name: lane.name or server.model_name for lane in d.models.values()}
+    return {lane.name: lane.name or server.model.name for lane in d.models.values()}
 
 
 # -- the families, in the order they are written ---------------------------------------------------
@@ -348,8 +348,8 @@ def server_facts(out: Exposition, server: MetricsView) -> None:
     out.single("ringserve_draining", "gauge", "1 while the server drains.", int(server.draining))
     out.single("ringserve_uptime_seconds", "gauge", "Seconds since start.", uptime)
     out.single("ringserve_http_connections", "gauge", "Open HTTP connections.", conns)
-    m = server.manifest
-    info = {"name": m.name, "fingerprint": m.fingerprint, "device": server.device}
+    m = server.model.manifest
+    info = {"name": m.name, "fingerprint": m.fingerprint, "device": server.model.device}
     out.labelled("ringserve_model_info", "gauge", "The model being served.", [(info, 1)])
 
 

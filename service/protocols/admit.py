@@ -4,7 +4,6 @@ or to a failed text (413, 500, 503, 504)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,7 @@ from ringserve.service.engine.admission import (
     first_failure,
     too_long,
 )
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.dispatcher import Options, Result
 from ringserve.service.engine.tenants import PRIORITIES, PRIORITY_NAMES, Tenant
 from ringserve.service.protocols.errors import error_body
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
@@ -28,13 +27,15 @@ if TYPE_CHECKING:
 RETRY_AFTER = [(b"retry-after", b"1")]
 
 
-def latency_header(ex: Exchange) -> tuple[bytes, bytes]:
-    return (b"x-latency-ms", b"%.1f" % ((time.monotonic_ns() - ex.done_ns) / 1e6))
+def latency_header(conn: HttpProtocol, ex: Exchange) -> tuple[bytes, bytes]:
+    """X-Latency-Ms: from the request's last byte to now, both read on the connection's clock,
+    which app.py makes the dispatcher's (tests drive a fake one)."""
+    return (b"x-latency-ms", b"%.1f" % ((conn.clock() - ex.done_ns) / 1e6))
 
 
 def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
     status = STATUS_HTTP.get(failed.status, 500)
-    extra = [latency_header(ex)]
+    extra = [latency_header(conn, ex)]
     if status == 503:
         extra += RETRY_AFTER
     if failed.status == L.STATUS_TOO_LONG:  # the counts as fields too, for programs
@@ -48,7 +49,7 @@ def respond_failure(conn: HttpProtocol, ex: Exchange, failed: Result) -> None:
 def respond_refusal(conn: HttpProtocol, ex: Exchange, refusal: Refusal) -> None:
     """404 for a model not open, 429 over the key's rate or 503 from the queue, with the
     seconds until a retry fits (none for a 404)."""
-    extra = [latency_header(ex)]
+    extra = [latency_header(conn, ex)]
     if refusal.retry_after_s:
         extra.append((b"retry-after", str(refusal.retry_after_s).encode()))
     conn.respond_error(ex, refusal.code, refusal.message, extra)
@@ -98,12 +99,13 @@ def submit(
     task: str = "classify",
     priority: int | None = None,
     model: int = 0,
+    options: Options = 0,
 ) -> None:
     """Admit texts for inference, or answer 404, 429 or 503 at once. `deadline` overrides the
     header's, `priority` (a KServe parameter) the X-Priority header's; neither raises the
     key's priority. `model` is the model's wire index (ModelInfo.index); a model that is not
-    open (unloaded) is answered 404. `on_ok` gets the results when every text succeeded; any
-    failure is answered here."""
+    open (unloaded) is answered 404. `options`: the texts' options byte (shm.layout OPT_*).
+    `on_ok` gets the results when every text succeeded; any failure is answered here."""
     if deadline is None:
         deadline = deadline_ns(ex, admission.timeout_s)
     if priority is None:
@@ -123,7 +125,7 @@ def submit(
 
     ex.model = admission.dispatcher.names.get(model, "")  # the answer is counted under it
     refusal = admission.submit(
-        texts, deadline, done, protocol, task, tenant, level, trace, model=model
+        texts, deadline, done, protocol, task, tenant, level, trace, model, options
     )
     if refusal is not None:
         respond_refusal(conn, ex, refusal)

@@ -94,7 +94,7 @@ def guard_http(keys: KeyRing, route: Route) -> Route:
             route(conn, ex)
             return
         keys.refused(protocol_of(path))
-        conn.respond_error(ex, 401, DENIED, [CHALLENGE, latency_header(ex)])
+        conn.respond_error(ex, 401, DENIED, [CHALLENGE, latency_header(conn, ex)])
 
     return guarded
 

@@ -25,10 +25,11 @@ import time
 from typing import Protocol
 
 from ringserve.service.engine.tenants import Tenant
-from ringserve.service.protocols.binary_admit import BinaryHost, FrameAdmitter
+from ringserve.service.protocols.binary_admit import FrameAdmitter
 from ringserve.service.protocols.budget import Budget
 from ringserve.service.protocols.handover import Listeners, listen
 from ringserve.service.protocols.texts import checked
+from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.wire.frames import (
     LENGTH,
@@ -49,7 +50,7 @@ GARBAGE_BURST, GARBAGE_RATE = 1000, 100  # bad frames a connection may send (doc
 class BinaryServerState:
     """What every binary connection of one server shares."""
 
-    def __init__(self, server: BinaryHost) -> None:
+    def __init__(self, server: FrontView) -> None:
         self.server = server
         self.settings = server.settings
         self.connections: set[BinaryProtocol] = set()
@@ -57,7 +58,7 @@ class BinaryServerState:
 
 
 async def start_binary(
-    ports: BinaryPorts, server: BinaryHost, host: str, port: int
+    ports: BinaryPorts, server: FrontView, host: str, port: int
 ) -> asyncio.AbstractServer:
     state = BinaryServerState(server)
     ports.binary_state = state  # the drain closes these connections once answers are out

@@ -11,14 +11,14 @@ from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
-from ringserve.service.engine.admission import STATUS_HTTP, Admission, Refusal
+from ringserve.service.engine.admission import STATUS_HTTP, Refusal
 from ringserve.service.engine.dispatcher import Result
-from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
+from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.models import ModelRequired, ModelSet, UnknownModel
+from ringserve.service.models import ModelRequired, UnknownModel
 from ringserve.service.protocols import prompts
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
-from ringserve.service.settings import Config
+from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.wire.frames import encode_answer, status_answer
 
@@ -30,25 +30,6 @@ STATUSES = (
     L.STATUS_UNKNOWN_MODEL,
 )
 CODES = {**STATUS_HTTP, L.STATUS_UNKNOWN_MODEL: 404}  # what each status is counted under
-EMBED = L.OPTIONS_MARK + bytes([L.OPT_EMBED])  # ask the worker for the text's vector
-
-
-class BinaryHost(Protocol):
-    """What the binary protocol reads of the server (service/front.py's Front)."""
-
-    @property
-    def settings(self) -> Config: ...
-    @property
-    def admission(self) -> Admission: ...
-    @property
-    def model(self) -> ModelInfo: ...
-    @property
-    def models(self) -> ModelSet: ...
-    @property
-    def keys(self) -> KeyRing | None: ...
-    @property
-    def draining(self) -> bool: ...
-    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
 
 
 class Answers(Protocol):
@@ -66,7 +47,7 @@ class Answers(Protocol):
 class FrameAdmitter:
     """One connection's frames, admitted and answered."""
 
-    def __init__(self, conn: Answers, server: BinaryHost, timeout_s: float) -> None:
+    def __init__(self, conn: Answers, server: FrontView, timeout_s: float) -> None:
         self.conn = conn
         self.server = server
         self.timeout_ns = int(timeout_s * 1e9)
@@ -140,9 +121,11 @@ class FrameAdmitter:
             return partial(self.answer, tags[:k], traces, unit=embed and m.normalize)
 
         admission = self.server.admission
-        prefix = EMBED + prompts.prompt_bytes(m) if embed else b""  # the default prompt
+        prefix = prompts.prompt_bytes(m) if embed else b""  # the default prompt
+        options = L.OPT_EMBED if embed else 0  # ask the worker for the text's vector
+        tenant = self.conn.tenant
         admitted = admission.submit_each(
-            texts, deadline, on_admit, "binary", task, self.conn.tenant, prefix, model=info.index
+            texts, deadline, on_admit, "binary", task, tenant, prefix, info.index, options
         )
         if isinstance(admitted, Refusal):  # the model is not open (5), or the deadline (3)
             status = L.STATUS_DEADLINE if admitted.code == 504 else L.STATUS_UNKNOWN_MODEL

@@ -14,12 +14,12 @@ from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import tasks
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
-    ModelView,
     Router,
     inference,
     needs_task,
     request_model,
 )
+from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
 INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
@@ -51,12 +51,12 @@ def prompt_for(info: ModelInfo, input_type: str | None) -> str:
     return ""
 
 
-def options_byte(doc: dict[str, Any], embed: bool) -> bytes:
-    """The payloads' options prefix (shm/layout.py) for Cohere's `truncate` (END by default)."""
+def options_byte(doc: dict[str, Any], embed: bool) -> int:
+    """The texts' options byte (shm/layout.py OPT_*) for Cohere's `truncate` (END by default)."""
     truncate = "END" if doc.get("truncate") is None else doc["truncate"]
     if not isinstance(truncate, str) or truncate not in TRUNCATE:
         raise HttpError(400, 'truncate must be "NONE", "START" or "END"')
-    return L.OPTIONS_MARK + bytes([TRUNCATE[truncate] | (L.OPT_EMBED if embed else 0)])
+    return TRUNCATE[truncate] | (L.OPT_EMBED if embed else 0)
 
 
 def embedding_types(doc: dict[str, Any]) -> list[str]:
@@ -69,7 +69,7 @@ def embedding_types(doc: dict[str, Any]) -> list[str]:
 
 
 def cohere_embed(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = tasks.json_object(ex)
     info = request_model(server, doc, vendor=True)
@@ -85,8 +85,7 @@ def cohere_embed(
     kinds = embedding_types(doc)
     keep = tasks.dimensions(doc, info.manifest.dimension, "output_dimension")
     prompt = prompt_for(info, input_type).encode()
-    head = options_byte(doc, embed=True)
-    payloads = [head + prompt + t for t in texts]
+    payloads = tasks.Texts([prompt + t for t in texts], options_byte(doc, embed=True))
     originals = [t.decode() for t in texts]
 
     def answer(results: list[Result]) -> dict[str, Any]:
@@ -108,7 +107,7 @@ def cohere_embed(
 
 
 def cohere_rerank_v2(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = tasks.json_object(ex)
     info = request_model(server, doc, vendor=True)

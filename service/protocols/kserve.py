@@ -17,11 +17,11 @@ import struct
 import zlib
 from collections.abc import Awaitable, Callable
 from importlib import metadata
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.dispatcher import Options, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import READY, ModelSet
 from ringserve.service.ops.inference_stats import InferenceStats
@@ -29,16 +29,16 @@ from ringserve.service.protocols import admit, prompts, shm_regions
 from ringserve.service.protocols.admit import asked_priority, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
-    ModelView,
     Router,
     as_integer,
     find_model,
-    long_text_prefix,
+    long_text_options,
     parse_json,
 )
 from ringserve.service.protocols.shm_regions import REGIONS, Placement, placement
 from ringserve.service.protocols.tasks import vectors
 from ringserve.service.protocols.texts import require
+from ringserve.service.views import Failure, FrontView, Repository
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import Manifest
 
@@ -50,14 +50,14 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
 ]
-# Triton's platform names for the runtime that serves (ModelInfo.runtime)
-PLATFORMS = {"onnx": "onnxruntime_onnx", "torch": "pytorch_libtorch", "openvino": "openvino"}
+# Triton's platform names for the runtime that serves (ModelInfo.runtime: onnx or torch)
+PLATFORMS = {"onnx": "onnxruntime_onnx", "torch": "pytorch_libtorch"}
 OUTPUTS = ("scores", "label")  # a classifier's outputs
 EMBEDDING = "embedding"  # an embed model's output, FP32 [N, D], asked for by name
 HEADER_LENGTH = b"inference-header-content-length"
 _U32 = struct.Struct("<I")
 
-KHandler = Callable[[ModelView, HttpProtocol, Exchange, dict[str, str]], None]
+KHandler = Callable[[FrontView, HttpProtocol, Exchange, dict[str, str]], None]
 
 
 def server_version() -> str:
@@ -84,7 +84,7 @@ def register(router: Router) -> None:
 
 
 def guard(
-    server: ModelView, handler: KHandler, inference: bool = False
+    server: FrontView, handler: KHandler, inference: bool = False
 ) -> Callable[[HttpProtocol, Exchange, dict[str, str]], None]:
     """Answer a handler's HttpError here, with the latency header every inference answer has."""
 
@@ -92,13 +92,15 @@ def guard(
         try:
             handler(server, conn, ex, params)
         except HttpError as exc:
-            extra = [latency_header(ex)] if inference else None  # every inference answer has it
+            extra = (
+                [latency_header(conn, ex)] if inference else None
+            )  # every inference answer has it
             conn.respond_error(ex, exc.status, exc.message, extra)
 
     return run
 
 
-def check_model(server: ModelView, params: dict[str, str]) -> ModelInfo:
+def check_model(server: FrontView, params: dict[str, str]) -> ModelInfo:
     """The loaded model a path names (and its version, under /versions/{v}), else 404."""
     version = params.get("version")
     return find_model(
@@ -111,12 +113,12 @@ def respond_json(conn: HttpProtocol, ex: Exchange, doc: Any, status: int = 200) 
 
 
 # -- metadata and health --------------------------------------------------------------------------
-def server_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def server_metadata(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     doc = {"name": "ringserve", "version": server_version(), "extensions": EXTENSIONS}
     respond_json(conn, ex, doc)
 
 
-def model_metadata(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def model_metadata(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     respond_json(conn, ex, metadata_doc(server, check_model(server, p)))
 
 
@@ -126,7 +128,7 @@ def versions(models: ModelSet, name: str) -> list[str]:
     return [str(v) for v in found]
 
 
-def metadata_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
+def metadata_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
     """The model's KServe metadata, as HTTP and gRPC (service/protocols/rpc) answer it."""
     return {
         "name": info.name,
@@ -148,12 +150,12 @@ def platform_of(info: ModelInfo) -> str:
     return PLATFORMS.get(info.runtime, info.runtime)
 
 
-def model_config(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def model_config(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     """Triton's model configuration view, which tools such as perf_analyzer read."""
     respond_json(conn, ex, config_doc(server, check_model(server, p)))
 
 
-def config_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
+def config_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
     """Triton's configuration of a batching model: the batch is the first dimension, left out
     of `dims` (metadata's shapes are [-1, *dims]); a text is one element ([1]), so that
     perf_analyzer can make inputs without being told a shape. Label's [1] is answered [N]
@@ -213,7 +215,7 @@ def task_parameters(info: ModelInfo) -> dict[str, Any]:
     return {"task": ",".join(m.task), "dimension": m.dimension}
 
 
-def model_ready(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def model_ready(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     name = check_model(server, p).name
     if server.ready():
         respond_json(conn, ex, {"name": name, "ready": True})
@@ -227,7 +229,7 @@ def model_ready(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str
 
 
 # -- statistics ----------------------------------------------------------------------------------
-def stats_doc(server: ModelView, name: str | None, version: str | None) -> dict[str, Any]:
+def stats_doc(server: FrontView, name: str | None, version: str | None) -> dict[str, Any]:
     """Triton's `{"model_stats": [...]}`: every ready model, a name's versions, or one."""
     if name is not None:
         find_model(server, name, version)  # 404 for a model or version that does not serve
@@ -242,7 +244,7 @@ def stats_doc(server: ModelView, name: str | None, version: str | None) -> dict[
     return {"model_stats": sorted(rows, key=lambda r: (r["name"], int(r["version"])))}
 
 
-def model_stats(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def model_stats(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     name, version = p.get("model"), p.get("version")
     doc = stats_doc(
         server,
@@ -253,7 +255,7 @@ def model_stats(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str
 
 
 # -- infer: request -------------------------------------------------------------------------------
-def read_body(server: ModelView, ex: Exchange) -> bytes:
+def read_body(server: FrontView, ex: Exchange) -> bytes:
     """The request body, inflated when the client compressed it (tritonclient can)."""
     body = b"".join(ex.body)
     encoding = ex.headers.get(b"content-encoding", b"identity").strip().lower()
@@ -274,7 +276,7 @@ def read_body(server: ModelView, ex: Exchange) -> bytes:
     return data
 
 
-def split_body(server: ModelView, ex: Exchange) -> tuple[dict[str, Any], memoryview]:
+def split_body(server: FrontView, ex: Exchange) -> tuple[dict[str, Any], memoryview]:
     """The JSON inference header and the binary tensor data after it."""
     body = read_body(server, ex)
     raw = ex.headers.get(HEADER_LENGTH)
@@ -386,7 +388,7 @@ def shm_texts(name: str, where: Placement) -> list[bytes]:
     return [require(t, f"{name}[{i}]") for i, t in enumerate(items)]
 
 
-def read_texts(server: ModelView, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
+def read_texts(server: FrontView, doc: dict[str, Any], blob: memoryview) -> list[bytes]:
     """The request's texts; with the optional input `text_pair`, each text joined to its pair."""
     inputs = doc.get("inputs")
     if not isinstance(inputs, list):
@@ -412,7 +414,7 @@ def check_input_names(names: list[Any]) -> None:
         raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
 
 
-def join_pairs(server: ModelView, found: dict[str, list[bytes]]) -> list[bytes]:
+def join_pairs(server: FrontView, found: dict[str, list[bytes]]) -> list[bytes]:
     """The payloads of checked inputs: each text, joined to its pair when `text_pair` is given."""
     texts = found["text"]
     if not 1 <= len(texts) <= server.settings.max_texts:
@@ -434,18 +436,20 @@ def passes(wanted: list[tuple[str, bool]]) -> tuple[bool, bool]:
 
 def with_options(
     texts: list[bytes], params: dict[str, Any], wanted: list[tuple[str, bool]], manifest: Manifest
-) -> tuple[list[bytes], str]:
-    """The payloads with the request's long-text options: the texts to classify, then, for
-    output `embedding`, the texts again with the ask for a vector (layout OPT_EMBED); and the
-    task they count under."""
-    prefix = long_text_prefix(params, "parameters.")
+) -> tuple[list[bytes], Options, str]:
+    """The payloads and their options byte (the request's long-text options): the texts to
+    classify, then, for output `embedding`, the texts again with the ask for a vector (layout
+    OPT_EMBED); and the task they count under."""
+    opts = long_text_options(params, "parameters.")
     classify, embed = passes(wanted)
-    out = ([prefix + t for t in texts] if prefix else texts) if classify else []
-    if embed:  # the worker answers each text's vector, the prompt before it (prompts.py)
-        vector = L.OPTIONS_MARK + bytes([(prefix[1] if prefix else 0) | L.OPT_EMBED])
-        vectors = prompts.with_prompt(manifest, params.get("prompt_name"), texts)
-        out = out + [vector + t for t in vectors]
-    return out, "classify" if classify else "embed"
+    if not embed:
+        return texts, opts, "classify"
+    # the worker answers each text's vector, the prompt before it (prompts.py)
+    vectors = prompts.with_prompt(manifest, params.get("prompt_name"), texts)
+    if not classify:
+        return vectors, opts | L.OPT_EMBED, "embed"
+    both = [opts] * len(texts) + [opts | L.OPT_EMBED] * len(vectors)
+    return texts + vectors, both, "classify"
 
 
 def first_pass(results: list[Result], wanted: list[tuple[str, bool]]) -> list[Result]:
@@ -513,7 +517,7 @@ def output_places(doc: dict[str, Any]) -> dict[str, Placement]:
 MAX_TIMEOUT_US = 86_400_000_000  # a day, as X-Request-Timeout-Ms allows
 
 
-def request_deadline(server: ModelView, ex: Exchange, doc: dict[str, Any]) -> int | None:
+def request_deadline(server: FrontView, ex: Exchange, doc: dict[str, Any]) -> int | None:
     """Triton's `timeout` parameter (microseconds), unless X-Request-Timeout-Ms says otherwise;
     checked either way, so a bad one is refused whatever the header says."""
     raw = as_dict(doc.get("parameters"), "parameters").get("timeout")
@@ -607,7 +611,7 @@ def long_text_parameters(results: list[Result]) -> dict[str, Any]:
     return params
 
 
-def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     info = check_model(server, params)
     name, version = info.name, str(info.version)
     doc, blob = split_body(server, ex)
@@ -617,7 +621,9 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     texts = read_texts(server, doc, blob)
     m = info.manifest
     wanted = read_outputs(doc, m.embeds, m.embed_only)
-    texts, task = with_options(texts, as_dict(doc.get("parameters"), "parameters"), wanted, m)
+    texts, options, task = with_options(
+        texts, as_dict(doc.get("parameters"), "parameters"), wanted, m
+    )
     deadline = request_deadline(server, ex, doc)
     encoder = encoder_for(info.labels, m.normalize)
 
@@ -627,7 +633,7 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
         try:
             tensors, blobs = encoder.tensors(results, wanted, places)
         except HttpError as exc:  # a region unregistered meanwhile, or too small
-            conn.respond_error(ex, exc.status, exc.message, [latency_header(ex)])
+            conn.respond_error(ex, exc.status, exc.message, [latency_header(conn, ex)])
             return
         answer: dict[str, Any] = {"model_name": name, "model_version": version}
         if request_id is not None:
@@ -637,7 +643,7 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
             answer["parameters"] = long_text_parameters(texts)
         answer["outputs"] = tensors
         head = json.dumps(answer).encode()
-        extra = [latency_header(ex)]
+        extra = [latency_header(conn, ex)]
         if blobs:
             extra.append((HEADER_LENGTH, b"%d" % len(head)))
             body = b"".join([head, *blobs])
@@ -648,22 +654,12 @@ def infer(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     asked = as_dict(doc.get("parameters"), "parameters").get("priority")
     priority = asked_priority(asked, "parameters.priority")  # never above the key's
     admit.submit(
-        server.admission, conn, ex, texts, done, "kserve", deadline, task, priority, info.index
-    )
+        server.admission, conn, ex, texts, done, "kserve", deadline, task, priority, info.index,
+        options,
+    )  # fmt: skip
 
 
 # -- the repository extension ---------------------------------------------------------------------
-Failure = tuple[int, str] | None  # a repository call's error: the HTTP code and its message
-
-
-class Repository(Protocol):
-    """What the repository extension calls (service/repository.py's, on Front.repository)."""
-
-    def index(self) -> list[dict[str, Any]]: ...
-    def load(self, name: str, version: str | None = None) -> Awaitable[Failure]: ...
-    def unload(self, name: str) -> Awaitable[Failure]: ...
-
-
 class FixedModels:
     """The repository of a server that has none (front.repository unset): the models it
     started with, listed; it loads and unloads nothing, as --model-control none refuses."""
@@ -684,8 +680,8 @@ class FixedModels:
         return self.REFUSAL
 
 
-def repository_of(server: ModelView) -> Repository:
-    repository: Repository | None = getattr(server, "repository", None)
+def repository_of(server: FrontView) -> Repository:
+    repository = server.repository
     return repository if repository is not None else FixedModels(server.models)
 
 
@@ -693,7 +689,7 @@ _pending: set[asyncio.Task[None]] = set()  # repository calls in progress (kept 
 
 
 def repository_index(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]
 ) -> None:
     """POST /v2/repository/index: tritonclient sends an empty body; `{"ready": true}` keeps
     the models that serve."""
@@ -718,7 +714,7 @@ def repository_params(ex: Exchange) -> dict[str, Any]:
     return as_dict(doc.get("parameters"), "parameters")
 
 
-def repository_load(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
+def repository_load(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     """POST /v2/repository/models/{name}/load; parameter `version` names one (else the
     highest); Triton's `config` and `file:` overrides are not taken."""
     params = repository_params(ex)
@@ -734,7 +730,7 @@ def repository_load(server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict
 
 
 def repository_unload(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]
 ) -> None:
     """POST /v2/repository/models/{name}/unload (`unload_dependents` has nothing to do here)."""
     if not isinstance(repository_params(ex).get("unload_dependents", False), bool):

@@ -28,7 +28,8 @@ from ringserve.service.protocols.cohere_api import EMBEDDING_TYPES, INPUT_TYPES,
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.kserve import MAX_TIMEOUT_US, VERSION, server_version
-from ringserve.service.protocols.routes import ModelView, Router
+from ringserve.service.protocols.routes import Router
+from ringserve.service.views import FrontView
 
 Schema = dict[str, Any]
 OPENAPI = "3.1.0"
@@ -131,7 +132,7 @@ def nullable(schema: Schema) -> Schema:
 
 
 TEXT: Schema = {"type": "string", "pattern": not_blank(), "description": "not only whitespace"}
-LONG_TEXT: Schema = {  # routes.long_text_prefix
+LONG_TEXT: Schema = {  # routes.long_text_options
     "truncate": nullable({"type": "boolean", "description": "true: cut; false: refuse (413)"}),
     "truncation_direction": nullable(
         {"enum": ["left", "right"], "description": "right keeps the start"}
@@ -1350,7 +1351,7 @@ def beyond_schema(op: Schema) -> Callable[[str], bool]:
     return lambda message: any(r.search(message) for r in rules)
 
 
-def facts(server: ModelView, key: bool) -> Facts:
+def facts(server: FrontView, key: bool) -> Facts:
     m, s = server.model.manifest, server.settings
     return Facts(
         model=server.model.name,

@@ -5,37 +5,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote
 
-from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.models import ModelRequired, ModelSet, UnknownModel
+from ringserve.service.models import ModelRequired, UnknownModel
 from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.texts import require
-from ringserve.service.settings import Config
+from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import MANIFEST_FILE
-
-
-class ModelView(Protocol):
-    """What the /v1 and KServe routes read of the server (service/front.py's Front): a
-    read-only view. `models` holds every model, each one frozen value a request resolves once
-    (`find`); `model` is the first, what /v1/model gives."""
-
-    @property
-    def settings(self) -> Config: ...
-    @property
-    def admission(self) -> Admission: ...
-    @property
-    def model(self) -> ModelInfo: ...
-    @property
-    def models(self) -> ModelSet: ...
-    def ready(self) -> bool: ...
-
 
 Handler = Callable[[HttpProtocol, Exchange, dict[str, str]], None]
 
@@ -73,14 +55,12 @@ def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[byte
     ]
 
 
-def long_text_prefix(doc: dict[str, Any], where: str) -> bytes:
-    """The options prefix of each payload (shm/layout.py: OPTIONS_MARK) for a request's
-    `truncate` and `truncation_direction`; empty when it sets neither, so the worker applies
-    the server's --long-text."""
+def long_text_options(doc: dict[str, Any], where: str) -> int:
+    """The options byte (shm/layout.py: OPT_*) of a request's `truncate` and
+    `truncation_direction`; 0 when it sets neither, so the worker applies the server's
+    --long-text."""
     truncate = doc.get("truncate")
     direction = doc.get("truncation_direction")
-    if truncate is None and direction is None:
-        return b""
     opts = 0
     if truncate is not None:
         if not isinstance(truncate, bool):
@@ -90,7 +70,7 @@ def long_text_prefix(doc: dict[str, Any], where: str) -> bytes:
         if direction not in ("left", "right"):
             raise HttpError(400, f'{where}truncation_direction must be "left" or "right"')
         opts |= L.OPT_LEFT if direction == "left" else 0
-    return L.OPTIONS_MARK + bytes([opts])
+    return opts
 
 
 def long_text_fields(r: Result) -> dict[str, Any]:
@@ -109,7 +89,7 @@ def result_doc(labels: list[str], r: Result) -> dict[str, Any]:
     return doc
 
 
-def find_model(server: ModelView, name: str | None, version: int | str | None = None) -> ModelInfo:
+def find_model(server: FrontView, name: str | None, version: int | str | None = None) -> ModelInfo:
     """The loaded model a request names (service/models.py): 404 unknown, 400 when it names
     none while several are loaded."""
     try:
@@ -130,7 +110,7 @@ def canonical(version: int | str | None) -> int | str | None:
     return version
 
 
-def request_model(server: ModelView, doc: dict[str, Any], vendor: bool = False) -> ModelInfo:
+def request_model(server: FrontView, doc: dict[str, Any], vendor: bool = False) -> ModelInfo:
     """The model of a /v1 body's optional "model" and "version". With `vendor` (OpenAI's and
     Cohere's routes, whose clients always send their own service's model name), a name this
     server has never held, without a "version", means the only loaded model, as before many
@@ -160,14 +140,13 @@ def request_model(server: ModelView, doc: dict[str, Any], vendor: bool = False) 
         raise HttpError(400, str(exc)) from None
 
 
-def known_name(server: ModelView, name: str) -> bool:
+def known_name(server: FrontView, name: str) -> bool:
     """Whether the server holds `name` in any state, or its repository lists it."""
     if any(e.info.name == name for e in server.models):
         return True
-    repository = getattr(server, "repository", None)
-    if repository is None:
+    if server.repository is None:
         return False
-    return any(row.get("name") == name for row in repository.index())
+    return any(row.get("name") == name for row in server.repository.index())
 
 
 def needs_task(info: ModelInfo, task: str) -> None:
@@ -177,7 +156,7 @@ def needs_task(info: ModelInfo, task: str) -> None:
         raise HttpError(400, f"model {info.name} does not {task}; its tasks: {', '.join(tasks)}")
 
 
-def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def classify(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = parse_json(ex)
     if not isinstance(doc, dict):
         raise HttpError(400, "body must be a JSON object")
@@ -208,24 +187,22 @@ def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[s
             texts = pair_payloads(texts, pairs, "text_pairs")
     else:
         raise HttpError(400, 'body must have exactly one of "text" or "texts"')
-    prefix = long_text_prefix(doc, "")
-    if prefix:
-        texts = [prefix + t for t in texts]
+    options = long_text_options(doc, "")
 
     def done(results: list[Result]) -> None:
         items = [result_doc(labels, r) for r in results]
         body = json.dumps(items[0] if single else {"results": items}).encode()
-        conn.respond(ex, 200, body, extra=[latency_header(ex)])
+        conn.respond(ex, 200, body, extra=[latency_header(conn, ex)])
 
-    admit.submit(server.admission, conn, ex, texts, done, "http", model=info.index)
+    admit.submit(server.admission, conn, ex, texts, done, "http", model=info.index, options=options)
 
 
-def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def model_info(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     conn.respond(ex, 200, json.dumps(model_doc(server, server.model)).encode())
 
 
 def named_model(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     """GET /v1/models/{model}: what /v1/model gives, for the version that serves that name."""
     info = find_model(server, unquote(params["model"]))
@@ -233,7 +210,7 @@ def named_model(
 
 
 def list_models(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     """GET /v1/models: every model the server holds, with its state; in OpenAI's list shape
     (`data`) and, as before, under `models`."""
@@ -259,7 +236,7 @@ def openai_model(info: ModelInfo) -> dict[str, Any]:
     return {"id": info.name, "object": "model", "created": created, "owned_by": "ringserve"}
 
 
-def model_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
+def model_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
     m = info.manifest
     body = {
         "name": info.name,
@@ -287,13 +264,13 @@ def model_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
 
 
 def health_live(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     conn.respond(ex, 200, b'{"live": true}')
 
 
 def health_ready(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     if server.ready():
         conn.respond(ex, 200, b'{"ready": true}')
@@ -304,7 +281,7 @@ def health_ready(
 class Router:
     """Exact paths and `{name}` patterns, each with the methods it allows."""
 
-    def __init__(self, server: ModelView) -> None:
+    def __init__(self, server: FrontView) -> None:
         self.server = server
         self.exact: dict[bytes, dict[bytes, Handler]] = {}
         self.patterns: list[tuple[list[str], dict[bytes, Handler]]] = []
@@ -364,10 +341,10 @@ class Router:
         handler(conn, ex, params)
 
 
-ViewHandler = Callable[[ModelView, HttpProtocol, Exchange, dict[str, str]], None]
+ViewHandler = Callable[[FrontView, HttpProtocol, Exchange, dict[str, str]], None]
 
 
-def inference(server: ModelView, handler: ViewHandler) -> Handler:
+def inference(server: FrontView, handler: ViewHandler) -> Handler:
     """An inference route: its refusals carry x-latency-ms, as every inference answer does
     (the contract; the OpenAPI fuzzer found 400s of /v1 without it)."""
 
@@ -375,7 +352,7 @@ def inference(server: ModelView, handler: ViewHandler) -> Handler:
         try:
             handler(server, conn, ex, params)
         except HttpError as exc:
-            conn.respond_error(ex, exc.status, exc.message, [latency_header(ex)])
+            conn.respond_error(ex, exc.status, exc.message, [latency_header(conn, ex)])
 
     return run
 

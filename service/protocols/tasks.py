@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -21,11 +21,10 @@ from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
-    ModelView,
     Router,
     as_integer,
     inference,
-    long_text_prefix,
+    long_text_options,
     needs_task,
     pair_payloads,
     parse_json,
@@ -33,6 +32,7 @@ from ringserve.service.protocols.routes import (
 )
 from ringserve.service.protocols.texts import require
 from ringserve.service.protocols.vocab import id_list, text_of_ids
+from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
 
@@ -55,21 +55,24 @@ def text_list(value: Any, where: str, limit: int, one_ok: bool = True) -> list[b
     return [require(t, f"{where}[{i}]") for i, t in enumerate(value)]
 
 
-def with_options(doc: dict[str, Any], texts: list[bytes], embed: bool) -> list[bytes]:
-    """Each payload with its options byte: `truncate` and friends, and OPT_EMBED."""
-    prefix = long_text_prefix(doc, "")
-    if not embed:
-        return [prefix + t for t in texts] if prefix else texts
-    opts = (prefix[1] if prefix else 0) | L.OPT_EMBED
-    head = L.OPTIONS_MARK + bytes([opts])
-    return [head + t for t in texts]
+class Texts(NamedTuple):
+    """A request's payloads, as written into the ring, and the options byte every one of them
+    carries in its record (shm/layout.py OPT_*)."""
+
+    payloads: list[bytes]
+    options: int = 0
+
+
+def with_options(doc: dict[str, Any], texts: list[bytes], embed: bool) -> Texts:
+    """The texts with their options: `truncate` and friends, and OPT_EMBED."""
+    return Texts(texts, long_text_options(doc, "") | (L.OPT_EMBED if embed else 0))
 
 
 def submit_texts(
-    server: ModelView,
+    server: FrontView,
     conn: HttpProtocol,
     ex: Exchange,
-    payloads: list[bytes],
+    texts: Texts,
     answer: Callable[[list[Result]], Any],
     task: str,
     info: ModelInfo,
@@ -77,9 +80,11 @@ def submit_texts(
     def done(results: list[Result]) -> None:
         doc = answer(results)
         body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-        conn.respond(ex, 200, body, extra=[latency_header(ex)])
+        conn.respond(ex, 200, body, extra=[latency_header(conn, ex)])
 
-    admit.submit(server.admission, conn, ex, payloads, done, "http", task=task, model=info.index)
+    admission, model, options = server.admission, info.index, texts.options
+    admit.submit(admission, conn, ex, texts.payloads, done, "http", task=task, model=model,
+                 options=options)  # fmt: skip
 
 
 # -- embeddings ----------------------------------------------------------------------------------
@@ -120,7 +125,7 @@ def dimensions(doc: dict[str, Any], dimension: int, key: str = "dimensions") -> 
 
 
 def openai_embeddings(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = json_object(ex)
     info = request_model(server, doc, vendor=True)  # OpenAI's "model"
@@ -178,7 +183,7 @@ def _encode(vec: np.ndarray, fmt: str) -> bytes:
     return float_json(vec)
 
 
-def tei_embed(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def tei_embed(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = json_object(ex)
     info = request_model(server, doc)
     needs_task(info, "embed")
@@ -225,7 +230,7 @@ def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int
     return [(i, float(probs[i])) for i in order]
 
 
-def rerank_pairs(info: ModelInfo, doc: dict[str, Any], docs: list[Any], where: str) -> list[bytes]:
+def rerank_pairs(info: ModelInfo, doc: dict[str, Any], docs: list[Any], where: str) -> Texts:
     needs_task(info, "rerank")
     query = require(doc.get("query"), "query")
     queries = [query] * len(docs)
@@ -242,7 +247,7 @@ def documents(doc: dict[str, Any], key: str, limit: int) -> list[str]:
     return [d["text"] if isinstance(d, dict) and "text" in d else d for d in items]
 
 
-def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def tei_rerank(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = json_object(ex)
     info = request_model(server, doc)
     docs = documents(doc, "texts", server.settings.max_documents)
@@ -266,7 +271,7 @@ def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
 
 
 def cohere_rerank(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = json_object(ex)
     info = request_model(server, doc, vendor=True)  # Cohere's "model"

@@ -16,17 +16,17 @@ from ringserve.service.protocols import tasks
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.kserve import server_version
 from ringserve.service.protocols.routes import (
-    ModelView,
     Router,
     as_integer,
     inference,
-    long_text_prefix,
+    long_text_options,
     needs_task,
     parse_json,
     request_model,
 )
 from ringserve.service.protocols.texts import require
 from ringserve.service.protocols.vocab import id_list, tokenizer_for
+from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
 PREDICT_SHAPE = "a string, a pair [string, string] or a batch [[string], [string, string], ...]"
@@ -47,7 +47,7 @@ def model_type(info: ModelInfo) -> dict[str, Any]:
     return {kind: {"id2label": id2label, "label2id": {n: i for i, n in enumerate(labels)}}}
 
 
-def info_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
+def info_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
     s = server.settings
     rows = s.batch_rows(info.device)
     return {
@@ -69,11 +69,11 @@ def info_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
     }
 
 
-def tei_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def tei_info(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     conn.respond(ex, 200, json.dumps(info_doc(server, server.model)).encode())
 
 
-def tei_health(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def tei_health(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     """200 with an empty body while a worker serves; else 503 (TEI's Unhealthy)."""
     if not server.ready():
         raise HttpError(503, "no worker is ready")
@@ -124,7 +124,7 @@ def sigmoid(info: ModelInfo) -> bool:
 
 
 def tei_predict(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = tasks.json_object(ex)
     info = request_model(server, doc)
@@ -142,7 +142,7 @@ def tei_predict(
     tasks.submit_texts(server, conn, ex, classify, answer, "classify", info)
 
 
-def hf_classify(server: ModelView, conn: HttpProtocol, ex: Exchange, doc: dict[str, Any]) -> None:
+def hf_classify(server: FrontView, conn: HttpProtocol, ex: Exchange, doc: dict[str, Any]) -> None:
     """The Inference API's text-classification (`inputs`, `parameters`: top_k,
     function_to_apply), answered as it is: a list of [{label, score}] a text."""
     info = request_model(server, doc)
@@ -163,12 +163,12 @@ def hf_classify(server: ModelView, conn: HttpProtocol, ex: Exchange, doc: dict[s
     def answer(results: list[Result]) -> Any:
         return [predictions(info, r, apply == "none", k) for r in results]
 
-    tasks.submit_texts(server, conn, ex, payloads, answer, "classify", info)
+    tasks.submit_texts(server, conn, ex, tasks.Texts(payloads), answer, "classify", info)
 
 
 # -- /similarity ---------------------------------------------------------------------------------
 def tei_similarity(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     """Cosine similarity of `source_sentence` to each of `sentences`, one embedding request."""
     doc = tasks.json_object(ex)
@@ -185,7 +185,7 @@ def tei_similarity(
         raise HttpError(400, "parameters must be an object")
     if options.get("prompt_name") is not None:
         raise HttpError(400, "parameters.prompt_name is not taken on /similarity")
-    long_text_prefix(options, "parameters.")  # checked here, applied below
+    long_text_options(options, "parameters.")  # checked here, applied below
 
     def answer(results: list[Result]) -> list[float]:
         vecs = tasks.vectors(results, normalize=True).astype(np.float64)
@@ -215,7 +215,7 @@ def tokens_of(info: ModelInfo, text: str, special: bool) -> list[dict[str, Any]]
 
 
 def tei_tokenize(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     doc = tasks.json_object(ex)
     info = request_model(server, doc)
@@ -227,7 +227,7 @@ def tei_tokenize(
     conn.respond(ex, 200, json.dumps(body).encode())
 
 
-def tei_decode(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def tei_decode(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     doc = tasks.json_object(ex)
     info = request_model(server, doc)
     value = doc.get("ids")
@@ -251,7 +251,7 @@ def tei_decode(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
 
 
 def tei_embed_all(
-    server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     """Refused: an artifact's graph gives one pooled vector a text (and the logits), not one
     vector a token, so there are no token vectors to return."""
@@ -264,7 +264,7 @@ def tei_embed_all(
 
 
 # -- POST / --------------------------------------------------------------------------------------
-def tei_root(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+def tei_root(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     """TEI's root route, by the body as the Inference API sends it: `inputs` with
     `source_sentence` is a similarity, `query` a rerank, a `parameters` object a
     text-classification; else the model's task: embed when it embeds (feature-extraction),

@@ -69,20 +69,23 @@ def worker_spec(
     )  # fmt: skip
 
 
-def payloads(requests: list[tuple[int, str | tuple[str, str]]]) -> list[tuple[int, bytes, int]]:
-    """Ring messages (msg id = position) for (model index, text or pair) requests."""
+def payloads(
+    requests: list[tuple[int, str | tuple[str, str]]],
+) -> list[tuple[int, bytes, int, int]]:
+    """Ring messages (msg id = position) for (model index, text or pair) requests: the model in
+    the record's meta word (shm/layout.py request_meta)."""
     msgs = []
     for msg_id, (index, text) in enumerate(requests):
         parts = (text,) if isinstance(text, str) else text
         body = L.PAIR_SEPARATOR.join(t.encode() for t in parts)
-        msgs.append((msg_id, L.with_model(body, index), 0))
+        msgs.append((msg_id, body, 0, L.request_meta(0, index)))
     return msgs
 
 
-def answers(messages: list[tuple[int, int, bytes]]) -> dict[int, tuple[int, int, bytes]]:
+def answers(messages: list[tuple[int, int, int, bytes]]) -> dict[int, tuple[int, int, bytes]]:
     """Each msg id's (status, label, float32 scores as bytes)."""
     out = {}
-    for msg_id, _, payload in messages:
+    for msg_id, _, _, payload in messages:
         status, _, label, n, *_ = L.RESPONSE.unpack_from(payload)
         scores = np.frombuffer(payload[L.RESPONSE_SIZE :], dtype=np.float32)
         out[msg_id] = (status, label, scores[:n].tobytes())

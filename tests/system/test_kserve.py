@@ -61,11 +61,15 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
     assert "binary_tensor_data" in meta["extensions"]
 
 
-def test_model_metadata(client: httpclient.InferenceServerClient, model: str) -> None:
+def test_model_metadata(
+    client: httpclient.InferenceServerClient, model: str, server: ServerProc
+) -> None:
+    runtime = json.loads(server.request("GET", "/v1/model")[2])["runtime"]
+    platform = {"onnx": "onnxruntime_onnx", "torch": "pytorch_libtorch"}[runtime]  # Triton's
     for meta in (client.get_model_metadata(model), client.get_model_metadata(model, "1")):
         assert meta["name"] == model
         assert meta["versions"] == ["1"]
-        assert meta["platform"]
+        assert meta["platform"] == platform
         assert meta["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": [-1, 1]}
         pair = {"name": "text_pair", "datatype": "BYTES", "shape": [-1, 1], "optional": True}
         assert meta["inputs"][1:] == [pair]

@@ -9,7 +9,10 @@ what they are asked to do; everything under test is the production code.
 from __future__ import annotations
 
 import numpy as np
+from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
+from ringserve.service.protocols import admit
+from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import MAX_PIPELINE, Exchange, HttpProtocol, HttpServerState
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
@@ -109,28 +112,28 @@ class Worker:
         self.room = room
         self.models = models  # the model indexes it serves (WorkerHandle.models)
         self.assigned: dict[int, object] = {}
-        self.ring: list[tuple[int, bytes, int]] = []
-        self.answers: list[tuple[int, int, bytes]] = []
+        self.ring: list[tuple[int, bytes, int, int]] = []  # msg id, text, deadline, meta
+        self.answers: list[tuple[int, int, int, bytes]] = []
         self.eventfd = self
         self.responses = self
 
-    def submit(self, messages: list[tuple[int, bytes, int]]) -> int:
+    def submit(self, messages: list[tuple[int, bytes, int, int]]) -> int:
         n = min(len(messages), self.room - len(self.ring))
         self.ring += messages[:n]
         return n
 
     def answer(self, label: int = 1) -> None:
         """Answer everything in the ring (as the worker process would, through its ring)."""
-        for msg_id, _text, _deadline in self.ring:
+        for msg_id, *_ in self.ring:
             scores = np.array([0.25, 0.75], dtype="<f4").tobytes()
             head = L.pack_response(L.STATUS_OK, 0, label, 2, queued_us=5, model_us=7)
-            self.answers.append((msg_id, 0, head + scores))
+            self.answers.append((msg_id, 0, 0, head + scores))
         self.ring.clear()
 
     def drain(self) -> None:  # the eventfd
         pass
 
-    def read(self) -> list[tuple[int, int, bytes]]:  # the response ring
+    def read(self) -> list[tuple[int, int, int, bytes]]:  # the response ring
         out, self.answers = self.answers, []
         return out
 
@@ -196,6 +199,31 @@ def test_answers_complete_a_group_once_with_its_latency_on_the_clock() -> None:
     (results,) = done.results
     assert [r.label_id for r in results] == [1, 1] and results[0].scores is not None
     assert seen == [3_000_000, 3_000_000] and d.depth == 0
+
+
+def test_the_latency_header_is_read_on_the_dispatchers_clock() -> None:
+    """X-Latency-Ms spans the request's last byte to its answer, both on the one clock the
+    dispatcher and the connection share (app.py hands the dispatcher's to the HTTP state)."""
+    w = Worker()
+    d, clock = dispatcher(w)
+    admission = Admission(d, lambda: "queue is full", 30.0)
+
+    def route(conn: HttpProtocol, ex: Exchange) -> None:
+        def answer(_results: list[Result]) -> None:
+            conn.respond(ex, 200, b"{}", extra=[latency_header(conn, ex)])
+
+        admit.submit(admission, conn, ex, [b"x"], answer, "http")
+
+    conn = HttpProtocol(HttpServerState(SETTINGS, route, lambda *_: None, d.clock))
+    transport = Transport()
+    conn.connection_made(transport)
+    conn.data_received(b"POST /v1/classify HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert transport.written == b"" and len(w.ring) == 1
+    clock.now += 12_345_678  # the worker takes 12.3 ms on the fake clock
+    w.answer()
+    d.answers.read(w)
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
+    assert b"\r\nx-latency-ms: 12.3\r\n" in transport.written.lower(), transport.written
 
 
 def test_reroute_puts_a_dead_workers_requests_first_in_their_order() -> None:
@@ -446,9 +474,9 @@ def test_interactive_texts_go_before_waiting_bulk_ones() -> None:
     assert d.submit([b"b1"], clock.now + S, Calls(), priority=BULK)
     assert d.submit([b"b2"], clock.now + S, Calls(), priority=BULK)
     assert d.submit([b"i1"], clock.now + S, Calls())
-    bulk = L.with_bulk  # a bulk payload carries OPT_BULK, for the worker's batcher
-    assert [m[1] for m in w.ring] == [bulk(b"b1")]
-    assert [r.payload for r in d.waiting] == [b"i1", bulk(b"b2")]
+    bulk = L.request_meta(L.OPT_BULK, 0)  # a bulk text's record carries OPT_BULK (the batcher)
+    assert [(m[1], m[3]) for m in w.ring] == [(b"b1", bulk)]
+    assert [(r.payload, r.meta) for r in d.waiting] == [(b"i1", 0), (b"b2", bulk)]
     w.answer()
     d.answers.read(w)
     assert [m[1] for m in w.ring] == [b"i1"]  # the interactive text overtook the older bulk one
@@ -470,7 +498,7 @@ def flood_until_bulk_runs(bound_ms: float, horizon_ms: int) -> int | None:
         clock.now += 10_000_000
         w.answer()
         d.answers.read(w)
-        if any(m[1] == L.with_bulk(b"bulk") for m in w.ring):
+        if any(m[1] == b"bulk" for m in w.ring):
             return (clock.now - start) // 1_000_000
     return None
 

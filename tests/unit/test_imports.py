@@ -3,8 +3,8 @@ counts, at module level, in a function, or under TYPE_CHECKING, since each is a 
 reader has to follow; a rule about the worker's start-up counts only module-level imports.
 
 service/app.py wires the others, so it may import them; none imports it back: each module
-that needs something of the server states it as a small Protocol of its own (control's Admin,
-routes' ModelView, ops.views' MetricsView, binary's BinaryHost, handover's Listeners).
+that needs something of the server states it as a small Protocol (control's Admin, handover's
+Listeners; service/views.py's FrontView, what every protocol reads of Front, and MetricsView).
 
 The rules are pure functions over a graph, so each is tested on a planted violation as well as
 on the real tree.

@@ -33,12 +33,12 @@ class Worker:
         self.room = room
         self.models = models
         self.assigned: dict[int, object] = {}
-        self.ring: list[tuple[int, bytes, int]] = []
-        self.answers: list[tuple[int, int, bytes]] = []
+        self.ring: list[tuple[int, bytes, int, int]] = []  # msg id, text, deadline, meta
+        self.answers: list[tuple[int, int, int, bytes]] = []
         self.eventfd = self
         self.responses = self
 
-    def submit(self, messages: list[tuple[int, bytes, int]]) -> int:
+    def submit(self, messages: list[tuple[int, bytes, int, int]]) -> int:
         n = min(len(messages), self.room - len(self.ring))
         self.ring += messages[:n]
         return n
@@ -46,16 +46,16 @@ class Worker:
     def answer(self) -> None:
         """Answer everything in the ring, as one batch."""
         batch = L.pack_batch(len(self.ring), 16, 1)
-        for msg_id, _text, _deadline in self.ring:
+        for msg_id, *_ in self.ring:
             head = L.pack_response(L.STATUS_OK, 0, 1, 2, queued_us=5, model_us=7)
             scores = np.array([0.25, 0.75], dtype="<f4").tobytes()
-            self.answers.append((msg_id, batch, head + scores))
+            self.answers.append((msg_id, batch, 0, head + scores))
         self.ring.clear()
 
     def drain(self) -> None:  # the eventfd
         pass
 
-    def read(self) -> list[tuple[int, int, bytes]]:  # the response ring
+    def read(self) -> list[tuple[int, int, int, bytes]]:  # the response ring
         out, self.answers = self.answers, []
         return out
 
@@ -81,8 +81,8 @@ def models(
 
 
 def in_ring(w: Worker) -> list[tuple[int, bytes]]:
-    """(model, text) of what the worker's ring holds, in order."""
-    return [L.split_model(m[1]) for m in w.ring]
+    """(model, text) of what the worker's ring holds, in order (the model from the meta word)."""
+    return [(L.split_meta(meta)[1], text) for _, text, _, meta in w.ring]
 
 
 def answer(d: Dispatcher, w: Worker) -> None:
@@ -142,16 +142,23 @@ def test_interactive_texts_of_any_model_go_before_bulk_ones() -> None:
     answer(d, w)
     assert in_ring(w) == [(B, b"i1")]  # b's interactive text before a's older bulk one
     answer(d, w)
-    assert in_ring(w) == [(A, L.with_bulk(b"bulk"))]
+    assert in_ring(w) == [(A, b"bulk")] and L.split_meta(w.ring[0][3]) == (L.OPT_BULK, A)
 
 
-def test_the_model_mark_goes_outermost() -> None:
+def test_the_model_bulk_and_options_ride_in_the_meta_word_beside_the_text() -> None:
+    """The payload is the text as admitted; its model, its priority and its options are the
+    record's meta word (shm/layout.py request_meta), one for all texts or one a text."""
     w = Worker(models=frozenset({A, B}))
     d, _ = models(w)
-    d.submit([b"x"], 0, Calls(), priority=BULK, model=B)
+    d.submit([b"x"], 0, Calls(), priority=BULK, model=B, options=L.OPT_CUT)
     d.submit([b"y"], 0, Calls(), model=A)
-    assert [m[1] for m in w.ring] == [L.with_model(L.with_bulk(b"x"), B), b"y"]
-    assert L.split_model(w.ring[0][1]) == (B, L.with_bulk(b"x"))
+    d.submit([b"s", b"v"], 0, Calls(), model=A, options=[0, L.OPT_EMBED])
+    assert [(m[1], m[3]) for m in w.ring] == [
+        (b"x", L.request_meta(L.OPT_CUT | L.OPT_BULK, B)),
+        (b"y", 0),
+        (b"s", 0),
+        (b"v", L.request_meta(L.OPT_EMBED, A)),
+    ]
 
 
 # -- routing --------------------------------------------------------------------------------------
@@ -162,7 +169,7 @@ def test_a_models_texts_go_only_to_workers_that_hold_it() -> None:
     d.submit([b"a0"], 0, Calls(), model=A)
     assert [m for m, _ in in_ring(only_b)] == [B] * 5 and in_ring(only_a) == [(A, b"a0")]
     d.submit([b"c0"], 0, Calls(), model=C)  # no worker holds c yet: it waits
-    assert [r.payload for r in d.waiting] == [L.with_model(b"c0", C)]
+    assert [(r.payload, r.meta) for r in d.waiting] == [(b"c0", L.request_meta(0, C))]
 
 
 def test_a_full_model_does_not_hold_back_another_models_texts() -> None:
@@ -183,7 +190,7 @@ def test_a_dead_workers_texts_go_only_to_workers_that_hold_their_model() -> None
     d.serving = [other_a]  # the supervisor swapped the dead one out
     assert d.reroute(dead) == 3
     assert in_ring(other_a) == [(A, b"a0")]  # b's texts wait for a worker holding b
-    assert [L.split_model(r.payload) for r in d.waiting] == [(B, b"b0"), (B, b"b1")]
+    assert [(L.split_meta(r.meta)[1], r.payload) for r in d.waiting] == [(B, b"b0"), (B, b"b1")]
     other_b = Worker(models=frozenset({B}))
     d.serving.append(other_b)
     d.flush_waiting()
@@ -353,7 +360,7 @@ def test_frames_for_one_model_are_admitted_in_part_within_its_limit() -> None:
 
     got = a.submit_each([b"x", b"y", b"z"], 100 * S, on_admit, "binary", "classify", None, b"", B)
     assert got == (2, 3) and made == [2] and d.lanes[B].rejected == 1
-    assert all(L.split_model(r.payload)[0] == B for r in d.inflight.values())
+    assert all(L.split_meta(r.meta)[1] == B for r in d.inflight.values())
 
 
 # -- closing a model ------------------------------------------------------------------------------
@@ -473,7 +480,7 @@ def exposition(d: Dispatcher, stats: Stats) -> dict[str, list[tuple[str, dict[st
 
     server: Any = SimpleNamespace(
         dispatcher=d, requests_total=stats.requests_total, api_key=None, keys=None,
-        model_name="first",
+        model=SimpleNamespace(name="first"),
     )  # fmt: skip
     models = P.model_labels(server)
     out = P.Exposition()
@@ -525,7 +532,7 @@ def test_stats_show_each_served_model_once_by_name() -> None:
     stats = Stats((16,))
     server: Any = SimpleNamespace(
         stats=stats, dispatcher=d, log=None, supervisor=SimpleNamespace(all={}),
-        model_name="first",
+        model=SimpleNamespace(name="first"),
     )  # fmt: skip
     m = Metrics(server)
     d.submit([b"old"], clock.now + S, Calls(), model=B)

@@ -95,6 +95,7 @@ def host() -> SimpleNamespace:
         admission=Admission(Dispatcher(), lambda: "queue is full", 30.0),
         models=models,
         model=models.first,
+        repository=None,  # a server without one: kserve.FixedModels lists its models
         ready=lambda: True,
     )
 

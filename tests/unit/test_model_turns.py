@@ -1,5 +1,5 @@
 """A worker's many models, without a model: the fair turn-taking among their batchers (on a
-fake clock), the payload's model mark, and the control block's word per model."""
+fake clock), a request's meta word (options and model), and the control block's word per model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.shm.segment import Segment, segment_name
 from ringserve.workers.process.batcher import Batcher, Item
-from ringserve.workers.process.longtext import split_options
 from ringserve.workers.process.served import (
     LIGHT_FIRST_RUNS,
     LIGHT_KEEP_RATIO,
@@ -246,35 +245,17 @@ def test_two_equally_busy_models_keep_whole_batches() -> None:
     assert (a.cap_tokens, b.cap_tokens) == (0, 0)
 
 
-# -- the payload's model mark ---------------------------------------------------------------------
-@given(
-    index=st.integers(0, 0xFFFF),
-    text=st.text(min_size=1),
-    opts=st.sampled_from([None, L.OPT_CUT, L.OPT_REFUSE | L.OPT_LEFT, L.OPT_EMBED]),
-    bulk=st.booleans(),
-    pair=st.booleans(),
-)
-def test_with_model_and_split_model_round_trip_around_the_options(
-    index: int, text: str, opts: int | None, bulk: bool, pair: bool
-) -> None:
-    body = text.encode()
-    if pair:
-        body = body + L.PAIR_SEPARATOR + body
-    inner = body if opts is None else L.OPTIONS_MARK + bytes([opts]) + body
-    if bulk:
-        inner = L.with_bulk(inner)
-    payload = L.with_model(inner, index)
-    got, rest = L.split_model(payload)
-    assert (got, rest) == (index, inner)
-    want_opts = (opts or 0) | (L.OPT_BULK if bulk else 0)
-    assert split_options(rest) == (want_opts, body)
+# -- a request's meta word: its options and its model, beside the text --------------------------
+@given(index=st.integers(0, L.MAX_MODELS - 1), opts=st.integers(0, 0xFF))
+def test_the_meta_word_round_trips_the_options_and_the_model(index: int, opts: int) -> None:
+    meta = L.request_meta(opts, index)
+    assert 0 <= meta < 1 << 32  # the record's u32 word holds it
+    assert L.split_meta(meta) == (opts, index)
 
 
-def test_index_zero_carries_nothing_and_plain_text_is_model_zero() -> None:
-    assert L.with_model(b"hello", 0) == b"hello"
-    assert L.split_model(b"hello") == (0, b"hello")
-    assert L.with_model(b"hi", 3) == b"\xfd\x03\x00hi"
-    assert L.split_model(b"\xfd\x03") == (0, b"\xfd\x03")  # too short to hold an index
+def test_the_first_model_without_options_is_meta_zero() -> None:
+    assert L.request_meta(0, 0) == 0 and L.split_meta(0) == (0, 0)
+    assert L.request_meta(L.OPT_EMBED | L.OPT_BULK, 3) == (3 << 16) | 24
 
 
 # -- the control block's word per model -----------------------------------------------------------

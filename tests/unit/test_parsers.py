@@ -216,12 +216,13 @@ def binary_stream() -> bytes:
 
 class Dispatcher:
     """Takes every frame the protocol admits, and answers them when the test says (as the
-    workers would, between two reads): a label and scores made from the text alone."""
+    workers would, between two reads): a label and scores made from the text and its options
+    byte alone."""
 
     max_tokens = 512
 
     def __init__(self) -> None:
-        self.owed: list[tuple[list[bytes], Any]] = []
+        self.owed: list[tuple[list[bytes], int, Any]] = []
         self.table = self  # the models' lanes, as the engine's Dispatcher.table answers
 
     def is_open(self, model: int) -> bool:  # every model the protocol selects is open here
@@ -241,23 +242,25 @@ class Dispatcher:
 
     @property
     def depth(self) -> int:
-        return sum(len(texts) for texts, _ in self.owed)
+        return sum(len(texts) for texts, _, _ in self.owed)
 
     def admit(
-        self, texts: list[bytes], costs: list[int], deadline: int, done: Any, *_: Any
+        self, texts: list[bytes], costs: list[int], deadline: int, done: Any, *rest: Any
     ) -> None:
-        self.owed.append((texts, done))
+        options = rest[5] if len(rest) > 5 else 0  # after protocol, task, level, tenant, model
+        self.owed.append((texts, options, done))
 
     def refuse(self, n: int, model: int = 0) -> None:
         raise AssertionError(f"{n} frames refused: the fake has room for all")
 
     def answer(self) -> None:
         while self.owed:
-            texts, done = self.owed.pop(0)
-            done([score(t) for t in texts])
+            texts, options, done = self.owed.pop(0)
+            done([score(t, options) for t in texts])
 
 
-def score(text: bytes) -> Result:
+def score(text: bytes, options: int = 0) -> Result:
+    text = bytes([options]) + text if options else text  # the options change the answer
     scores = np.array([len(text), zlib.crc32(text) % 1000 / 1000], dtype=np.float32)
     return Result(L.STATUS_OK, label_id=len(text) % 3, scores=scores)
 
@@ -372,8 +375,7 @@ def model_reference() -> tuple[list[int], dict[int, Any]]:
         4: L.STATUS_OK,
         5: L.STATUS_OK,
     }
-    embed_mark = L.OPTIONS_MARK + bytes([L.OPT_EMBED])
-    assert got[2][2] == pytest.approx(score(embed_mark + b"for minilm").scores.tolist())
+    assert got[2][2] == pytest.approx(score(b"for minilm", L.OPT_EMBED).scores.tolist())
     assert got[4][2] == pytest.approx(score(b"for sst2").scores.tolist())
     assert got[5][2] == pytest.approx(score(b"MODEL minilm").scores.tolist())
     return selections, got

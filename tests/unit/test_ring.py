@@ -57,7 +57,7 @@ def test_header_validation() -> None:
 
 
 def corrupt_record(ring: Ring, slot: int, **fields: int) -> None:
-    names = ("msg_id", "aux", "length", "flags", "nslots", "reserved")
+    names = ("msg_id", "aux", "length", "flags", "nslots", "meta")
     off = slot * ring.slot_size
     rec = dict(zip(names, L.RECORD.unpack_from(ring._data, off), strict=True))
     rec.update(fields)
@@ -71,7 +71,7 @@ def corrupt_record(ring: Ring, slot: int, **fields: int) -> None:
 )
 def test_corrupt_record_detected(fields: dict[str, int]) -> None:
     with local_ring(64, 8, start=7) as ring:
-        assert ring.write_many([(1, b"a" * 20, 0), (2, b"b" * 20, 0)]) == 2  # slots 7 and 0
+        assert ring.write_many([(1, b"a" * 20, 0, 0), (2, b"b" * 20, 0, 0)]) == 2  # slots 7, 0
         corrupt_record(ring, 7, **fields)
         with pytest.raises(RingError):
             ring.read()
@@ -85,7 +85,7 @@ def test_max_payload_boundary() -> None:
         assert tail_of(ring) == 0 and ring.pending() == 0
         assert ring.try_write(2, payload_for(2, top))
         assert not ring.try_write(3, b"")  # full
-        assert ring.read() == [(2, 0, payload_for(2, top))]
+        assert ring.read() == [(2, 0, 0, payload_for(2, top))]
         assert ring.try_write(4, payload_for(4, L.RECORD_SIZE))  # exactly one slot
         assert ring.try_write(5, payload_for(5, L.RECORD_SIZE + 1))  # two slots
         assert [m[0] for m in ring.read()] == [4, 5]
@@ -98,28 +98,29 @@ def test_large_message_fits_from_any_position(start: int, need: int) -> None:
     """At slot s of an empty ring, a message of more than max(s, slots - s) slots needs the
     consumer to pass a PAD first: the PAD is published alone, and the next try fits."""
     with local_ring(64, 8, start) as ring:
-        msg = (9, payload_for(9, need * 64 - L.RECORD_SIZE), -1)
+        msg = (9, payload_for(9, need * 64 - L.RECORD_SIZE), -1, 0)
         if start + need > 8 and need > start:
             assert ring.write_many([msg]) == 0
             assert ring.pending() == 8 - start  # the PAD alone
             assert ring.read() == []
         assert ring.write_many([msg]) == 1
-        assert ring.read() == [(9, -1, msg[1])]
+        assert ring.read() == [(9, -1, 0, msg[1])]
 
 
 def test_too_big_publishes_nothing_anywhere() -> None:
     with local_ring(64, 8, start=5) as ring:
-        assert ring.write_many([(1, bytes(ring.max_payload() + 1), 0), (2, b"x", 0)]) == 0
+        assert ring.write_many([(1, bytes(ring.max_payload() + 1), 0, 0), (2, b"x", 0, 0)]) == 0
         assert tail_of(ring) == 5 and ring.pending() == 0
 
 
 def test_write_many_partial_keeps_order() -> None:
     with local_ring(64, 8) as ring:
-        msgs = [(i, payload_for(i, 20), -i) for i in range(12)]
+        msgs = [(i, payload_for(i, 20), -i, L.request_meta(i, i)) for i in range(12)]
         assert ring.write_many(msgs) == 8
         assert [m[0] for m in ring.read(3)] == [0, 1, 2]
         assert ring.write_many(msgs[8:]) == 3
-        assert ring.read() == [(i, -i, payload_for(i, 20)) for i in range(3, 11)]
+        want = [(i, -i, L.request_meta(i, i), payload_for(i, 20)) for i in range(3, 11)]
+        assert ring.read() == want
 
 
 @pytest.mark.parametrize("start", [0, (1 << 62) - 37])
@@ -132,7 +133,7 @@ def test_counters_are_free_running(start: int) -> None:
             before = tail_of(ring)
             assert ring.try_write(i, payload_for(i, length))
             used += tail_of(ring) - before
-            assert ring.read() == [(i, 0, payload_for(i, length))]
+            assert ring.read() == [(i, 0, 0, payload_for(i, length))]
         assert used >= 300 and tail_of(ring) == start + used
         assert ring._words[L.HEAD_OFFSET // 8] == tail_of(ring)  # far past slot_count
 
@@ -164,9 +165,9 @@ def test_the_batch_word_crosses_a_real_ring_with_a_two_label_answer_in_one_slot(
     word = L.pack_batch(3000, 128, start)  # rows past 2047 set the sign bit
     assert word < 0
     with local_ring(L.RESPONSE_SLOT_SIZE, 8) as ring:
-        assert ring.write_many([(7, payload, word), (8, payload, 0)]) == 2
+        assert ring.write_many([(7, payload, word, 0), (8, payload, 0, 0)]) == 2
         assert tail_of(ring) == 2
-        (_, aux, got), (_, no_batch, _) = ring.read()
+        (_, aux, _, got), (_, no_batch, _, _) = ring.read()
     assert got == payload and no_batch == 0
     assert L.unpack_batch(aux, start + 10**6) == (3000, 128, start)
     assert L.unpack_batch(0, start) == (0, 0, 0)

@@ -20,7 +20,7 @@ from ringserve.workers.process.longtext import Whole, combine
 from ringserve.workers.process.served import Served
 from ringserve.workers.spec import EXIT_PARENT_GONE, WorkerSpec
 
-Answer = tuple[int, bytes, int]  # (msg id, response payload, aux) as the ring takes it
+Answer = tuple[int, bytes, int, int]  # (msg id, response payload, aux, meta 0): a ring message
 
 
 @dataclass(slots=True)
@@ -73,7 +73,7 @@ class Answers:
                 L.STATUS_OK, cls, scores.labels[row], served.n_labels, queued_us, model_us,
                 it.flags, 0, it.tokens,
             )  # fmt: skip
-            out.append((it.msg_id, head + scores.row(row), aux))
+            out.append((it.msg_id, head + scores.row(row), aux, 0))
         self.count(run, t1, len(out))  # first: whoever sees an answer sees its batch counted
         self.send(out)
 
@@ -148,13 +148,13 @@ def pack(
 ) -> Answer:
     """One response record: a status alone, or a text's scores (or vector) and its figures."""
     if probs is None:
-        return (msg_id, L.pack_response(status), 0)
+        return (msg_id, L.pack_response(status), 0, 0)
     probs = np.ascontiguousarray(probs, dtype=np.float32)
     label = 0 if embed else int(probs.argmax())
     head = L.pack_response(
         status, bucket, label, len(probs), queued_us, model_us, flags, windows, tokens
     )
-    return (msg_id, head + probs.tobytes(), aux)
+    return (msg_id, head + probs.tobytes(), aux, 0)
 
 
 class Scores:

@@ -1,5 +1,6 @@
-"""Intake: the request ring read into the models' batchers. Each record names its model, its
-options and its text; a text is tokenized and planned (cut, refused or windowed by
+"""Intake: the request ring read into the models' batchers. Each record's meta word names its
+model and its options (shm/layout.py request_meta), read in one step; its payload is the text
+alone. A text is tokenized and planned (cut, refused or windowed by
 workers/process/longtext.py) and its rows added to its model's Batcher. What cannot be served
 (an unknown model, a text that is not UTF-8, one too long to serve) is answered at once."""
 
@@ -13,7 +14,7 @@ from ringserve.shm.control import ControlBlock
 from ringserve.shm.ring import Ring
 from ringserve.workers.process.answers import Answer, Answers, pack
 from ringserve.workers.process.batcher import Item
-from ringserve.workers.process.longtext import Plan, Whole, split_options
+from ringserve.workers.process.longtext import Plan, Whole
 from ringserve.workers.process.served import Served
 from ringserve.workers.spec import WorkerSpec
 
@@ -64,14 +65,13 @@ class Intake:
         keep: dict[int, list[Kept]] = {}
         bad: list[Answer] = []
         unknown = 0
-        for msg_id, deadline, payload in msgs:
-            index, payload = L.split_model(payload)
+        for msg_id, deadline, meta, payload in msgs:
+            opts, index = L.split_meta(meta)
             served = self.models.get(index)
             if served is None:  # never loaded here, or unloaded: the front-end answers 404
                 bad.append(pack(msg_id, L.STATUS_UNKNOWN_MODEL))
                 unknown += 1
                 continue
-            opts, payload = split_options(payload)
             text = decode_payload(payload)
             if text is None or served.refuses(bool(opts & L.OPT_EMBED)):
                 bad.append(pack(msg_id, L.STATUS_BAD_REQUEST))
@@ -103,7 +103,7 @@ def admit(served: Served, keep: list[Kept], plans: list[Plan], now: int) -> list
                 L.STATUS_TOO_LONG, flags=plan.flags, windows=windows, tokens=plan.tokens,
                 limit=limit,
             )  # fmt: skip
-            refused.append((msg_id, head, 0))
+            refused.append((msg_id, head, 0, 0))
         elif len(plan.pieces) == 1:
             p = plan.pieces[0]
             add(Item(msg_id, deadline, now, p.ids, types=p.types, tokens=plan.tokens,

@@ -54,13 +54,6 @@ class Whole:
     embed: bool = False  # answered with the mean of its windows' embeddings
 
 
-def split_options(payload: bytes) -> tuple[int, bytes]:
-    """(options byte, the rest) of a request payload (shm/layout.py: OPTIONS_MARK)."""
-    if payload[:1] == L.OPTIONS_MARK and len(payload) >= 2:
-        return payload[1], payload[2:]
-    return 0, payload
-
-
 def combine(scores: list[Any], activation: str) -> np.ndarray:
     """Softmax probabilities: their mean (still a distribution); independent sigmoids: the
     maximum, so a label any window finds stays found (Elasticsearch's span does the same)."""

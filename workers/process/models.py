@@ -1,6 +1,6 @@
 """The model set: every model a worker serves, loaded at boot (workers/process/served.py's
 Loader, taking what the zygote preloaded), and the turns among them (Turns) that say whose
-batch runs next. A request names its model by index (shm.layout.split_model)."""
+batch runs next. A request names its model by index (shm.layout.split_meta)."""
 
 from __future__ import annotations
 

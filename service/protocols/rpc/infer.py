@@ -14,15 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.dispatcher import Options, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.routes import ModelView, find_model
+from ringserve.service.protocols.routes import find_model
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.shm_regions import Placement, placement
 from ringserve.service.protocols.texts import require
+from ringserve.service.views import FrontView
 
 
 def param_value(p: pb.InferParameter) -> Any:
@@ -40,6 +41,7 @@ class InferJob:
 
     info: ModelInfo  # the model it names, as found when it arrived
     texts: list[bytes]
+    options: Options  # their options byte (shm/layout.py OPT_*), one for all or one a text
     task: str
     wanted: list[tuple[str, bool]]  # (output, raw), in the order asked for
     request_id: str
@@ -48,7 +50,7 @@ class InferJob:
     places: dict[str, Placement]  # outputs written to system shared memory (shm_regions.py)
 
 
-def check_model(server: ModelView, name: str, version: str) -> ModelInfo:
+def check_model(server: FrontView, name: str, version: str) -> ModelInfo:
     """The loaded model a call names (an empty version: the one that serves), else 404."""
     if not name:
         raise HttpError(404, "unknown model: a call must name one")
@@ -83,7 +85,7 @@ def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
     return texts
 
 
-def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
+def read_request(server: FrontView, req: pb.ModelInferRequest) -> InferJob:
     info = check_model(server, req.model_name, req.model_version)
     kserve.check_input_names([spec.name for spec in req.inputs])
     raws = list(req.raw_input_contents)
@@ -103,13 +105,13 @@ def read_request(server: ModelView, req: pb.ModelInferRequest) -> InferJob:
     asked = kserve.read_outputs(doc, m.embeds, m.embed_only)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     wanted = [(name, raw_out) for name, _ in asked]
-    texts, task = kserve.with_options(texts, params, wanted, m)
+    texts, options, task = kserve.with_options(texts, params, wanted, m)
     timeout = params.get("timeout")
     if timeout is not None and (isinstance(timeout, bool | str | float) or timeout <= 0):
         raise HttpError(400, "parameters.timeout must be a positive integer (microseconds)")
     priority = asked_priority(params.get("priority"), "parameters.priority")
     places = kserve.output_places(doc)
-    return InferJob(info, texts, task, wanted, req.id, timeout, priority, places)
+    return InferJob(info, texts, options, task, wanted, req.id, timeout, priority, places)
 
 
 def set_param(p: pb.InferParameter, value: Any) -> None:

@@ -26,7 +26,8 @@ from ringserve.service.protocols.rpc import http2 as h2
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.rpc.health import Health, end_ok, keep_one
 from ringserve.service.protocols.rpc.http2 import Connection, Stream
-from ringserve.service.protocols.rpc.servicer import GrpcHost, RateLimited, Servicer
+from ringserve.service.protocols.rpc.servicer import RateLimited, Servicer
+from ringserve.service.views import FrontView
 
 SERVICE = "inference.GRPCInferenceService"
 HEALTH = "grpc.health.v1.Health"
@@ -73,7 +74,7 @@ class GrpcPort:
     """One server's gRPC listener and connections: its start and drain, its health, and the
     calls it has in flight (key check, error mapping and counting, once for every method)."""
 
-    def __init__(self, host: GrpcHost) -> None:
+    def __init__(self, host: FrontView) -> None:
         self.host = host
         self.settings = s = host.settings
         self.calls = Servicer(host)

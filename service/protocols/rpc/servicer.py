@@ -11,25 +11,14 @@ from typing import Any, Protocol
 
 from ringserve.service.engine.admission import failure, first_failure
 from ringserve.service.engine.dispatcher import Result
-from ringserve.service.engine.tenants import PRIORITY_NAMES, KeyRing, Tenant
-from ringserve.service.logs import EventLog
+from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.models import READY
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.routes import ModelView
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.rpc.triton import TritonMethods
-
-
-class GrpcHost(ModelView, Protocol):
-    """What the gRPC port needs of the server, beside the routes' model view."""
-
-    @property
-    def keys(self) -> KeyRing | None: ...
-    @property
-    def log(self) -> EventLog: ...
-    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
+from ringserve.service.views import FrontView
 
 
 class Context(Protocol):
@@ -58,7 +47,7 @@ class Servicer(TritonMethods):
     """inference.GRPCInferenceService's methods: (request, context, tenant) -> answer (the
     Triton extensions' in rpc/triton.py)."""
 
-    def __init__(self, host: GrpcHost) -> None:
+    def __init__(self, host: FrontView) -> None:
         self.host = host
         self.settings = host.settings
 
@@ -197,8 +186,9 @@ class Servicer(TritonMethods):
 
         admission = self.host.admission
         refusal = admission.submit(
-            job.texts, deadline, done, "grpc", job.task, tenant, level, trace, model=job.info.index
-        )
+            job.texts, deadline, done, "grpc", job.task, tenant, level, trace, job.info.index,
+            job.options,
+        )  # fmt: skip
         if refusal is not None and refusal.code == 429:
             raise RateLimited(refusal.retry_after_s)
         if refusal is not None:

@@ -9,10 +9,10 @@ from typing import Any
 from ringserve.service.engine.tenants import Tenant
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.routes import ModelView
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.shm_regions import NO_CUDA, REGIONS
+from ringserve.service.views import FrontView
 
 
 def config_message(doc: dict[str, Any]) -> pb.ModelConfig:
@@ -62,7 +62,7 @@ def statistics_message(doc: dict[str, Any]) -> pb.ModelStatisticsResponse:
 class TritonMethods:
     """The Servicer's Triton calls: (request, context, tenant) -> answer, as its others."""
 
-    host: ModelView
+    host: FrontView
 
     async def model_config(
         self, req: pb.ModelConfigRequest, context: Any, tenant: Tenant | None = None

@@ -1,25 +1,68 @@
-"""What operations read of the server, the engine and the pool: read-only views.
+"""What the protocols and operations read of the server, the engine and the pool: read-only
+views.
 
-Metrics, stats and the dashboard only look: these Protocols name every member they read, so
-that none of them can change what it watches, and the engine and the pool can be rebuilt
-behind them. Today's Server, Dispatcher and Supervisor satisfy them as they are.
+Every protocol is handed one object, service/front.py's `Front`, and reads it through
+`FrontView`. Metrics, stats and the dashboard only look: these Protocols name every member
+they read, so that none of them can change what it watches, and the engine and the pool can be
+rebuilt behind them. Today's Front, MetricsHost, Dispatcher and Supervisor satisfy them as
+they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Awaitable, Mapping, Sequence, Sized
 from typing import Any, Protocol
 
+from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.link import WorkerLink
-from ringserve.service.engine.tenants import KeyRing
+from ringserve.service.engine.tenants import KeyRing, Tenant
 from ringserve.service.logs import EventLog
+from ringserve.service.model_info import ModelInfo
+from ringserve.service.models import ModelSet
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.protocols.auth import ApiKey
 from ringserve.service.protocols.http import HttpServerState
 from ringserve.service.settings import Config
-from ringserve.workers.artifact import Manifest
+
+# -- what the protocols read ----------------------------------------------------------------------
+Failure = tuple[int, str] | None  # a repository call's error: the HTTP code and its message
 
 
+class Repository(Protocol):
+    """What the repository extension calls (service/repository.py's Repository)."""
+
+    def index(self) -> list[dict[str, Any]]: ...
+    def load(self, name: str, version: str | None = None) -> Awaitable[Failure]: ...
+    def unload(self, name: str) -> Awaitable[Failure]: ...
+
+
+class FrontView(Protocol):
+    """What every protocol reads of the server (service/front.py's Front): the HTTP routes
+    (/v1, KServe, TEI, Cohere, OpenAI), the binary protocol and the gRPC port. `models` holds
+    every model, each one frozen value a request resolves once (`find`); `model` is the first,
+    what /v1/model gives; `repository` loads and unloads (None: a server without one)."""
+
+    @property
+    def settings(self) -> Config: ...
+    @property
+    def log(self) -> EventLog: ...
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def model(self) -> ModelInfo: ...
+    @property
+    def models(self) -> ModelSet: ...
+    @property
+    def repository(self) -> Repository | None: ...
+    @property
+    def keys(self) -> KeyRing | None: ...
+    @property
+    def draining(self) -> bool: ...
+    def ready(self) -> bool: ...
+    def count(self, protocol: str, code: int, n: int = 1, tenant: Tenant | None = None) -> None: ...
+
+
+# -- what operations read -------------------------------------------------------------------------
 class Waiting(Sized, Protocol):
     """Texts admitted but in no ring yet: how many, how many of them are bulk, and how many
     are one model's."""
@@ -115,10 +158,4 @@ class MetricsView(Protocol):
     @property
     def requests_total(self) -> Mapping[tuple[str, int, str], int]: ...
     @property
-    def manifest(self) -> Manifest: ...
-    @property
-    def model_name(self) -> str: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def buckets(self) -> tuple[int, ...]: ...
+    def model(self) -> ModelInfo: ...  # the first model (FrontView.model)
