@@ -12,7 +12,7 @@ import numpy as np
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import tasks
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import (
     ModelView,
     Router,
@@ -20,6 +20,8 @@ from ringserve.service.protocols.routes import (
     needs_task,
     request_model,
 )
+from ringserve.service.protocols.schemas import decode
+from ringserve.service.protocols.schemas import server as bodies
 from ringserve.shm import layout as L
 
 INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
@@ -51,43 +53,20 @@ def prompt_for(info: ModelInfo, input_type: str | None) -> str:
     return ""
 
 
-def options_byte(doc: dict[str, Any], embed: bool) -> bytes:
-    """The payloads' options prefix (shm/layout.py) for Cohere's `truncate` (END by default)."""
-    truncate = "END" if doc.get("truncate") is None else doc["truncate"]
-    if not isinstance(truncate, str) or truncate not in TRUNCATE:
-        raise HttpError(400, 'truncate must be "NONE", "START" or "END"')
-    return L.OPTIONS_MARK + bytes([TRUNCATE[truncate] | (L.OPT_EMBED if embed else 0)])
-
-
-def embedding_types(doc: dict[str, Any]) -> list[str]:
-    kinds = doc.get("embedding_types")
-    if kinds is None:
-        return ["float"]
-    if not isinstance(kinds, list) or not kinds or any(k not in EMBEDDING_TYPES for k in kinds):
-        raise HttpError(400, 'embedding_types may hold "float" and "base64"')
-    return list(dict.fromkeys(kinds))
-
-
 def cohere_embed(
     server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    doc = tasks.json_object(ex)
-    info = request_model(server, doc, vendor=True)
+    body = decode(ex, bodies.of(server.settings).cohere_embed)
+    info = request_model(server, body, vendor=True)
     needs_task(info, "embed")
-    if doc.get("images") is not None or doc.get("inputs") is not None:
-        raise HttpError(400, 'only "texts" are embedded here (no images or mixed inputs)')
-    if doc.get("max_tokens") is not None:
-        raise HttpError(400, "max_tokens is not taken: the model's max_length and truncate apply")
-    input_type = doc.get("input_type")
-    if input_type is not None and input_type not in INPUT_TYPES:
-        raise HttpError(400, f"input_type must be one of {', '.join(INPUT_TYPES)}")
-    texts = tasks.text_list(doc.get("texts"), "texts", server.settings.max_texts, one_ok=False)
-    kinds = embedding_types(doc)
-    keep = tasks.dimensions(doc, info.manifest.dimension, "output_dimension")
-    prompt = prompt_for(info, input_type).encode()
-    head = options_byte(doc, embed=True)
-    payloads = [head + prompt + t for t in texts]
-    originals = [t.decode() for t in texts]
+    kinds = list(dict.fromkeys(body.embedding_types or ["float"]))
+    keep = 0
+    if body.output_dimension is not None:
+        keep = tasks.within_dimension(body.output_dimension, info, "output_dimension")
+    prompt = prompt_for(info, body.input_type).encode()
+    head = L.OPTIONS_MARK + bytes([TRUNCATE[body.truncate or "END"] | L.OPT_EMBED])
+    payloads = [head + prompt + t.encode() for t in body.texts]
+    originals = body.texts
 
     def answer(results: list[Result]) -> dict[str, Any]:
         vecs = tasks.vectors(results, info.manifest.normalize or bool(keep), keep)
@@ -110,14 +89,12 @@ def cohere_embed(
 def cohere_rerank_v2(
     server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    doc = tasks.json_object(ex)
-    info = request_model(server, doc, vendor=True)
+    body = decode(ex, bodies.of(server.settings).cohere_rerank_v2)
+    info = request_model(server, body, vendor=True)
     needs_task(info, "rerank")
-    if doc.get("max_tokens_per_doc") is not None:
-        raise HttpError(400, "max_tokens_per_doc is not taken: the model's max_length applies")
-    docs = tasks.documents(doc, "documents", server.settings.max_documents)
-    payloads = tasks.rerank_pairs(info, doc, docs, "documents")
-    top = tasks.top_n(doc, len(docs))
+    docs = tasks.document_texts(body.documents)
+    payloads = tasks.rerank_pairs(info, body, docs)
+    top = tasks.top_of(body, len(docs))
 
     def answer(results: list[Result]) -> dict[str, Any]:
         hits = [{"index": i, "relevance_score": s} for i, s in tasks.ranked(results, top)]

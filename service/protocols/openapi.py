@@ -17,18 +17,23 @@ inference request may send, to `INFERENCE_HEADERS`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ringserve.service.protocols import schemas
 from ringserve.service.protocols.auth import OPEN_PATH
-from ringserve.service.protocols.cohere_api import EMBEDDING_TYPES, INPUT_TYPES, TRUNCATE
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.kserve import MAX_TIMEOUT_US, VERSION, server_version
+from ringserve.service.protocols.kserve import VERSION, server_version
 from ringserve.service.protocols.routes import ModelView, Router
+from ringserve.service.protocols.schemas import server as server_bodies
+from ringserve.service.protocols.schemas import v1 as v1_schemas
+from ringserve.service.protocols.schemas.v1 import ONE_OR_MANY
 
 Schema = dict[str, Any]
 OPENAPI = "3.1.0"
@@ -117,26 +122,11 @@ INT: Schema = {"type": "integer"}
 COUNT: Schema = {"type": "integer", "minimum": 0}
 
 
-def not_blank() -> str:
-    """A regex for "has a character that is not whitespace", whitespace as texts.checked's
-    str.strip() counts it: spelled out, since a pattern's \\s (ECMA 262) counts otherwise (it
-    has U+FEFF, and not U+001C to U+001F or U+0085)."""
-    spaces = "".join(f"\\u{c:04x}" for c in range(0x10000) if chr(c).isspace())
-    return f"[^{spaces}]"
-
-
 def nullable(schema: Schema) -> Schema:
     """An optional field the server reads with dict.get: null is as if it were left out."""
     return {"anyOf": [schema, {"type": "null"}], "description": "null: as if left out"}
 
 
-TEXT: Schema = {"type": "string", "pattern": not_blank(), "description": "not only whitespace"}
-LONG_TEXT: Schema = {  # routes.long_text_prefix
-    "truncate": nullable({"type": "boolean", "description": "true: cut; false: refuse (413)"}),
-    "truncation_direction": nullable(
-        {"enum": ["left", "right"], "description": "right keeps the start"}
-    ),
-}
 ERROR = obj(["error"], error=STRING)
 TOO_LONG = obj(
     ["error"], error=STRING, tokens=COUNT, max_length=COUNT, windows=COUNT, max_windows=COUNT
@@ -168,16 +158,6 @@ LATENCY = ("x-latency-ms",)
 
 def error(description: str, *headers: str) -> Answer:
     return Answer(description, ERROR, headers=headers)
-
-
-def model_fields(f: Facts, vendor: bool = False) -> dict[str, Schema]:
-    """A /v1 body's optional "model" and "version" (routes.request_model): a loaded model's
-    name, or (OpenAI's and Cohere's, `vendor`) any string: a name the server never held means
-    its only model."""
-    return {
-        "model": nullable(STRING if vendor else {"enum": f.names}),
-        "version": nullable({"enum": [f.version, int(f.version)]}),
-    }
 
 
 MODEL_404 = error('unknown model or version ("model", "version")', *LATENCY)
@@ -216,39 +196,15 @@ ADMITTED: dict[int, Answer] = {
 
 # -- the routes' own schemas ----------------------------------------------------------------------
 def classify_schemas(f: Facts) -> tuple[Schema, Schema]:
-    """(request, answer) of POST /v1/classify (routes.classify)."""
-    n = len(f.labels)
-    texts = array(TEXT, 1, f.max_texts)
-    named = model_fields(f)
-    one = obj(["text"], closed=False, text=TEXT, text_pair=TEXT, **LONG_TEXT, **named)
-    one["not"] = {"anyOf": [{"required": ["texts"]}, {"required": ["text_pairs"]}]}
-    many = obj(["texts"], closed=False, texts=texts, text_pairs=texts, **LONG_TEXT, **named)
-    many["not"] = {"anyOf": [{"required": ["text"]}, {"required": ["text_pair"]}]}
-    result = obj(
-        ["label", "label_id", "scores"],
-        label={"enum": f.labels},
-        label_id={"type": "integer", "minimum": 0, "maximum": n - 1},
-        scores=array({"type": "number", "minimum": 0, "maximum": 1}, n, n),
-        truncated={"const": True},
-        tokens=COUNT,
-        windows=COUNT,
-    )
-    batch = obj(["results"], results=array(result, 1, f.max_texts))
-    return {"oneOf": [one, many]}, {"oneOf": [result, batch]}
+    """(request, answer) of POST /v1/classify (routes.classify): its Structs'."""
+    result, batch = answer_refs(f)
+    return {"allOf": [body(f, "classify"), ONE_OR_MANY]}, {"oneOf": [result, batch]}
 
 
 def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v1/embeddings (tasks.openai_embeddings)."""
     d = max(f.dimension, 1)
-    request = obj(
-        ["input"],
-        closed=False,
-        input={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
-        **model_fields(f, vendor=True),
-        encoding_format={"enum": ["float", "base64"]},
-        dimensions=nullable({"type": "integer", "minimum": 1, "maximum": d}),
-        **LONG_TEXT,
-    )
+    request = body(f, "openai_embeddings")
     vector = {"oneOf": [array(NUMBER, 1, d), {"type": "string", "contentEncoding": "base64"}]}
     item = obj(
         ["object", "index", "embedding"],
@@ -267,36 +223,10 @@ def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
     return request, answer
 
 
-def document_list(f: Facts) -> Schema:
-    """tasks._documents: strings, or objects with a `text`."""
-    item = {"oneOf": [TEXT, obj(["text"], closed=False, text=TEXT)]}
-    return array(item, 1, f.max_documents)
-
-
-def rerank_common(f: Facts) -> dict[str, Schema]:
-    return {"query": TEXT, "top_n": nullable({"type": "integer", "minimum": 1}), **LONG_TEXT}
-
-
 def tei_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
     """(request, answer) of TEI's POST /embed and /rerank (tasks.tei_embed, tasks.tei_rerank)."""
     d = max(f.dimension, 1)
-    embed = obj(
-        ["inputs"],
-        closed=False,
-        inputs={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
-        normalize=BOOL,
-        **LONG_TEXT,
-        **model_fields(f),
-    )
-    rerank = obj(
-        ["query", "texts"],
-        closed=False,
-        texts=document_list(f),
-        raw_scores=BOOL,
-        return_text=BOOL,
-        **rerank_common(f),
-        **model_fields(f),
-    )
+    embed, rerank = body(f, "tei_embed"), body(f, "tei_rerank")
     hit = obj(["index", "score"], index=COUNT, score=NUMBER, text=STRING)
     return {
         "embed": (embed, array(array(NUMBER, d, d), 1, f.max_texts)),
@@ -306,14 +236,7 @@ def tei_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
 
 def cohere_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of Cohere's POST /v1/rerank (tasks.cohere_rerank)."""
-    request = obj(
-        ["query", "documents"],
-        closed=False,
-        documents=document_list(f),
-        return_documents=BOOL,
-        **rerank_common(f),
-        **model_fields(f, vendor=True),
-    )
+    request = body(f, "cohere_rerank")
     hit = obj(
         ["index", "relevance_score"],
         index=COUNT,
@@ -399,23 +322,14 @@ OPENAI_MODEL: dict[str, Schema] = {  # routes.openai_model
 }
 
 
-def repository_schemas() -> dict[str, Schema]:
+def repository_schemas(f: Facts) -> dict[str, Schema]:
     """The KServe repository extension's bodies and answers (kserve.repository_*)."""
     row = obj(["name", "state"], name=STRING, version=STRING, state={"enum": STATES}, reason=STRING)
-    version = nullable({"type": ["string", "integer"], "description": "else the highest"})
-    load = {
-        "type": "object",
-        "properties": {"version": version, "config": False},
-        "patternProperties": {"^file:": False},
-        "description": "Triton's config and file: overrides are not taken",
-    }
     return {
-        "index": obj([], closed=False, ready=BOOL, repository_name=STRING),
+        "index": body(f, "repository_index"),
         "rows": array(row),
-        "load": obj([], closed=False, parameters=nullable(load)),
-        "unload": obj(
-            [], closed=False, parameters=nullable(obj([], closed=False, unload_dependents=BOOL))
-        ),
+        "load": body(f, "repository_load"),
+        "unload": body(f, "repository_unload"),
         "done": obj([]),
     }
 
@@ -514,46 +428,8 @@ def kserve_metadata_schemas(f: Facts) -> dict[str, Schema]:
 
 def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v2/models/{model}/infer (kserve.read_texts, read_outputs)."""
-    shm = {  # shm_regions.placement: a registered region (system shared memory extension)
-        "shared_memory_region": STRING,
-        "shared_memory_offset": COUNT,
-        "shared_memory_byte_size": COUNT,
-    }
-    texts = {"oneOf": [array(TEXT), array(array(TEXT))]}
-    input_params = obj([], closed=False, binary_data_size=COUNT, **shm)
-    tensor_in = obj(
-        ["name", "datatype", "shape"],
-        closed=False,
-        name={"enum": ["text", "text_pair"]},
-        datatype={"const": "BYTES"},
-        shape={**array(COUNT, 1, 2), "prefixItems": [COUNT, {"const": 1}]},  # [N] or [N, 1]
-        data=texts,
-        parameters=nullable(input_params),
-    )
     outputs = ["scores", "label", *(["embedding"] if f.embeds else [])]
-    out_params = obj([], closed=False, binary_data=BOOL, classification=False, **shm)
-    tensor_out = obj(
-        ["name"], closed=False, name={"enum": outputs}, parameters=nullable(out_params)
-    )
-    params = obj(
-        [],
-        closed=False,
-        binary_data_output=BOOL,
-        # lower the request's priority (never above its key's); Triton's levels: 1 the highest
-        priority=nullable({"anyOf": [{"enum": ["interactive", "bulk"]}, COUNT]}),
-        timeout=nullable(
-            {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_US, "description": "µs"}
-        ),
-        **LONG_TEXT,
-    )
-    request = obj(
-        ["inputs"],
-        closed=False,
-        id=nullable(STRING),
-        parameters=nullable(params),
-        inputs=array(tensor_in, 1, 2),
-        outputs=nullable(array(tensor_out)),
-    )
+    request = body(f, "infer")
     data = {"oneOf": [array(NUMBER), array(STRING)]}
     answered = obj(
         ["name", "datatype", "shape"],
@@ -582,6 +458,27 @@ def needs(f: Facts, task: str) -> tuple[str, ...]:
 
 
 PAIRS_RULE = r"^text_pairs must be a list as long as texts$"
+PROMPT_RULE = r"^prompt_name .* is not one of this model's prompts"
+TOKEN_ID_RULES = (  # tasks.openai_inputs and vocab.text_of_ids: ids the model's tokenizer refuses
+    r"^input mixes texts, token ids and lists of token ids$",
+    r"token id \d+ is not in model .*'s vocabulary",
+    r"token ids must start with .* special tokens",
+    r"these token ids are not a tokenization by",
+    r"^input(\[\d+\])? is empty$",
+)
+PREDICT_RULES = (  # tei_api.predict_inputs: a list of texts is one sequence, of lists a batch
+    r"^inputs(\[\d+\])? must be ",
+    r"^parameters.function_to_apply may be \w+ or none for ",  # the model's own activation
+)
+EMBED_RULES = {  # what a schema-valid body to each embedding route can still be refused for
+    "/v1/embeddings": (
+        PROMPT_RULE,
+        r"^dimensions must be an integer from 1 to the model's \d+$",
+        r"^input must hold 1 to \d+ items, not \d+$",  # a batch: one list of ids is one text
+        *TOKEN_ID_RULES,
+    ),
+    "/embed": (PROMPT_RULE,),
+}
 MODEL_REQUIRED = (r"^several models are loaded \(",)  # no "model" while several are loaded
 SHM_RULES = (  # shm_regions: a region not registered, or too small
     r"shared memory and (data|contents) both$",
@@ -603,6 +500,9 @@ INFER_RULES = (  # what kserve.read_texts and read_outputs check across fields
     r"^binary data given, but no input names it",
     r"^input text must hold 1 to \d+ texts$",
     r"^output '\w+' asked for twice$",
+    r"^input data mixes rows and texts$",
+    r"^unknown output 'embedding': the model gives",  # a model that does not embed
+    PROMPT_RULE,
 )
 
 
@@ -684,6 +584,7 @@ def task_routes(f: Facts) -> dict[tuple[str, str], Route]:
             "embed",
             ("the vectors", embedding_schemas(f)),
             {"input": "a fine film"},
+            EMBED_RULES["/v1/embeddings"],
         ),
         ("POST", "/embed"): task_route(
             f,
@@ -691,6 +592,7 @@ def task_routes(f: Facts) -> dict[tuple[str, str], Route]:
             "embed",
             ("the vectors", tei["embed"]),
             {"inputs": ["a fine film"]},
+            EMBED_RULES["/embed"],
         ),
         ("POST", "/rerank"): task_route(
             f,
@@ -710,7 +612,12 @@ def task_routes(f: Facts) -> dict[tuple[str, str], Route]:
 
 
 def task_route(
-    f: Facts, summary: str, task: str, answer: tuple[str, tuple[Schema, Schema]], example: Schema
+    f: Facts,
+    summary: str,
+    task: str,
+    answer: tuple[str, tuple[Schema, Schema]],
+    example: Schema,
+    rules: tuple[str, ...] = (),
 ) -> Route:
     """An inference route of one task (its tag): JSON in, JSON out, 400 for a model without it."""
     description, (request, response) = answer
@@ -720,14 +627,13 @@ def task_route(
         ok(description, response, "application/json", *LATENCY),
         request,
         inference=True,
-        beyond_schema=(*needs(f, task), *MODEL_REQUIRED),
+        beyond_schema=(*needs(f, task), *MODEL_REQUIRED, *rules),
         examples={"one": example},
         model_body=True,
     )
 
 
 # -- peers' shapes: TEI's routes, Cohere's v2, and each family's error body --------------------
-NULL: Schema = {"type": "null"}
 MAYBE_COUNT: Schema = {"type": ["integer", "null"], "minimum": 0}
 TEI_ERROR_TYPES = ["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
 TOO_LONG_FIELDS: dict[str, Schema] = {
@@ -768,47 +674,13 @@ def prediction(f: Facts) -> Schema:
     return obj(["score", "label"], score=NUMBER, label=label)
 
 
-def predict_input(f: Facts) -> Schema:
-    one = array(TEXT, 1, 2)  # [text] or [text, pair]
-    return {"oneOf": [TEXT, one, array(one, 1, f.max_texts)]}
-
-
 def predict_schemas(f: Facts) -> tuple[Schema, Schema]:
-    request = obj(
-        ["inputs"],
-        closed=False,
-        inputs=predict_input(f),
-        raw_scores=BOOL,
-        **LONG_TEXT,
-        **model_fields(f),
-    )
     pred = array(prediction(f), 1)
-    return request, {"anyOf": [pred, array(pred, 1, f.max_texts)]}
+    return body(f, "predict"), {"anyOf": [pred, array(pred, 1, f.max_texts)]}
 
 
 def similarity_schemas(f: Facts) -> tuple[Schema, Schema]:
-    pair = obj(
-        ["source_sentence", "sentences"],
-        closed=False,
-        source_sentence=TEXT,
-        sentences=array(TEXT, 1, f.max_texts - 1),
-    )
-    options = obj([], closed=False, prompt_name=NULL, **LONG_TEXT)
-    request = obj(["inputs"], closed=False, inputs=pair, parameters=nullable(options),
-                  **model_fields(f))  # fmt: skip
-    return request, array(NUMBER, 1, f.max_texts - 1)
-
-
-def hf_classify_request(f: Facts) -> Schema:
-    """The Inference API's text-classification body (tei_api.hf_classify)."""
-    params = obj(
-        [],
-        closed=False,
-        top_k=nullable({"type": "integer", "minimum": 0}),
-        function_to_apply=nullable({"enum": [f.activation, "none"]}),
-    )
-    return obj(["inputs", "parameters"], closed=False, inputs=predict_input(f),
-               parameters=nullable(params), **model_fields(f))  # fmt: skip
+    return body(f, "similarity"), array(NUMBER, 1, f.max_texts - 1)
 
 
 def root_schemas(f: Facts) -> tuple[Schema, Schema]:
@@ -819,17 +691,17 @@ def root_schemas(f: Facts) -> tuple[Schema, Schema]:
     answers: list[Schema] = []
     if f.embeds:
         embed_in, embed_out = tei["embed"]
-        bodies.append({**embed_in, **neither})
+        bodies.append({"allOf": [embed_in, neither]})
         answers.append(embed_out)
         sim_in, sim_out = similarity_schemas(f)
         bodies.append(sim_in)
         answers.append(sim_out)
     elif "classify" in f.tasks:
         pred_in, pred_out = predict_schemas(f)
-        bodies.append({**pred_in, **neither})
+        bodies.append({"allOf": [pred_in, neither]})
         answers.append(pred_out)
     if "classify" in f.tasks:
-        bodies.append(hf_classify_request(f))
+        bodies.append(body(f, "hf_classify"))
         answers.append(array(array(prediction(f)), 1, f.max_texts))
     if "rerank" in f.tasks:
         bodies.append(tei["rerank"][0])
@@ -847,7 +719,9 @@ def root_route(f: Facts) -> Route:
         inference=True,
         model_body=True,
         beyond_schema=tuple(r for t in ("classify", "embed", "rerank") for r in needs(f, t))
-        + MODEL_REQUIRED,
+        + MODEL_REQUIRED
+        + EMBED_RULES["/embed"]
+        + PREDICT_RULES,
         examples={"one": {"inputs": "a fine film"}},
     )
 
@@ -879,12 +753,7 @@ def token_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
         ["id", "text", "special", "start", "stop"],
         id=COUNT, text=STRING, special=BOOL, start=MAYBE_COUNT, stop=MAYBE_COUNT,
     )  # fmt: skip
-    tokenize = obj(["inputs"], closed=False, inputs={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
-                   add_special_tokens=BOOL, **model_fields(f))  # fmt: skip
-    ids = array(COUNT, 1)
-    decode = obj(["ids"], closed=False, ids={"oneOf": [ids, array(ids, 1, f.max_texts)]},
-                 skip_special_tokens=BOOL, **model_fields(f))  # fmt: skip
-    embed_all = obj(["inputs"], closed=False, **model_fields(f))
+    tokenize, decode, embed_all = body(f, "tokenize"), body(f, "decode"), body(f, "embed_all")
     return {
         "tokenize": (tokenize, array(array(token), 1, f.max_texts)),
         "decode": (decode, array(STRING, 1, f.max_texts)),
@@ -914,7 +783,7 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
         ("POST", "/predict"): task_route(
             f, "Classify a text, a pair or a batch, in TEI's shape", "classify",
             ("[{score, label}] highest first, a list a text for a batch", predict_schemas(f)),
-            {"inputs": "a fine film"},
+            {"inputs": "a fine film"}, PREDICT_RULES,
         ),
         ("POST", "/similarity"): task_route(
             f, "Cosine similarity of source_sentence to each of sentences", "embed",
@@ -924,7 +793,9 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
         ("POST", "/tokenize"): tool_route("The model's tokens of each text", tokens["tokenize"],
                                           ()),
         ("POST", "/decode"): tool_route("The text of token ids", tokens["decode"],
-                                        (r"must be a list of token ids from 0 to ",)),
+                                        (r"must be a list of token ids from 0 to ",
+                                         r"^ids must be a list of token ids, or a list of such",
+                                         r"^ids must hold 1 to \d+ lists$")),
         ("POST", "/embed_all"): tool_route(
             "Refused: the graph gives pooled vectors only", tokens["embed_all"],
             (r"^/embed_all is not served",)),
@@ -934,27 +805,13 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
 # -- Cohere v2 -----------------------------------------------------------------------------------
 def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
     d = max(f.dimension, 1)
-    embed_in = obj(
-        ["texts"],
-        closed=False,
-        texts=array(TEXT, 1, f.max_texts),
-        input_type=nullable({"enum": list(INPUT_TYPES)}),
-        embedding_types=nullable(array({"enum": list(EMBEDDING_TYPES)}, 1)),
-        truncate=nullable({"enum": list(TRUNCATE)}),
-        output_dimension=nullable({"type": "integer", "minimum": 1, "maximum": d}),
-        max_tokens=NULL,
-        images=NULL,
-        inputs=NULL,
-        **model_fields(f, vendor=True),
-    )
+    embed_in = body(f, "cohere_embed")
     meta: Schema = {"type": "object"}
     vectors = obj([], float=array(array(NUMBER, 1, d)), base64=array(STRING))
     embed_out = obj(["id", "response_type", "embeddings", "texts", "meta"], id=STRING,
                     response_type={"const": "embeddings_by_type"}, embeddings=vectors,
                     texts=array(STRING), meta=meta)  # fmt: skip
-    rerank_in = obj(["query", "documents"], closed=False, documents=document_list(f),
-                    max_tokens_per_doc=NULL, **rerank_common(f),
-                    **model_fields(f, vendor=True))  # fmt: skip
+    rerank_in = body(f, "cohere_rerank_v2")
     hit = obj(["index", "relevance_score"], index=COUNT,
               relevance_score={"type": "number", "minimum": 0, "maximum": 1})  # fmt: skip
     rerank_out = obj(["id", "results", "meta"], id=STRING, results=array(hit, 1), meta=meta)
@@ -962,6 +819,7 @@ def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
         ("POST", "/v2/embed"): task_route(
             f, "Embeddings, in Cohere's v2 shape", "embed", ("by type", (embed_in, embed_out)),
             {"texts": ["a fine film"], "input_type": "search_document"},
+            (r"^output_dimension must be an integer from 1 to the model's \d+$",),
         ),
         ("POST", "/v2/rerank"): task_route(
             f, "Rerank documents, in Cohere's v2 shape", "rerank",
@@ -1041,8 +899,8 @@ def kserve_routes(f: Facts) -> dict[tuple[str, str], Route]:
     table[("GET", "/v2/models/stats")] = Route(
         "Triton's statistics of every model", "kserve", ok("statistics", model_stats_schema(f))
     )
-    table.update(repository_routes())
-    table.update(shm_routes())
+    table.update(repository_routes(f))
+    table.update(shm_routes(f))
     return table
 
 
@@ -1078,7 +936,7 @@ SHM_REGISTER_RULES = (  # shm_regions.SystemRegions.register: what the key and r
 )
 
 
-def shm_routes() -> dict[tuple[str, str], Route]:
+def shm_routes(f: Facts) -> dict[tuple[str, str], Route]:
     """Triton's system shared-memory extension (shm_regions.py)."""
     region = obj(
         ["name", "key", "offset", "byte_size"],
@@ -1091,13 +949,7 @@ def shm_routes() -> dict[tuple[str, str], Route]:
     done = ok("done", obj([]))
     base = "/v2/systemsharedmemory"
     unknown = (r"^no shared-memory region .* is registered$",)
-    body = obj(
-        ["key", "byte_size"],
-        closed=False,
-        key=STRING,
-        offset=COUNT,
-        byte_size={"type": "integer", "minimum": 1},
-    )
+    register = body(f, "register_region")
     return {
         ("GET", base + "/status"): Route("Every registered region", "kserve", status),
         ("GET", base + "/region/{region}/status"): Route(
@@ -1107,7 +959,7 @@ def shm_routes() -> dict[tuple[str, str], Route]:
             "Map a region of a POSIX shared-memory object (the client's: never unlinked)",
             "kserve",
             done,
-            body,
+            register,
             beyond_schema=SHM_REGISTER_RULES,
         ),
         ("POST", base + "/unregister"): Route(
@@ -1128,7 +980,7 @@ def shm_routes() -> dict[tuple[str, str], Route]:
             "CUDA shared memory is not served: always 400",
             "kserve",
             {400: error("CUDA shared memory is not served")},
-            obj([], closed=False),
+            body(f, "anything"),
             beyond_schema=(r"^CUDA shared memory is not served",),
         ),
     }
@@ -1148,10 +1000,10 @@ REPOSITORY_ERRORS = {
 REPOSITORY_RULES = (r"--model-control", r"^bad artifact", r"fingerprint")
 
 
-def repository_routes() -> dict[tuple[str, str], Route]:
+def repository_routes(f: Facts) -> dict[tuple[str, str], Route]:
     """The KServe repository extension, as tritonclient's get_model_repository_index,
     load_model and unload_model call it."""
-    r = repository_schemas()
+    r = repository_schemas(f)
     done = ok("done: the model serves (load) or is gone (unload)", r["done"])
     return {
         ("POST", "/v2/repository/index"): Route(
@@ -1219,6 +1071,40 @@ def kserve_model_routes(f: Facts, k: dict[str, Schema], base: str) -> dict[tuple
             examples={"one": INFER_EXAMPLE},
         ),
     }
+
+
+# -- the request bodies: generated from their Structs (service/protocols/schemas) --------------
+@functools.lru_cache(maxsize=8)
+def generated(max_texts: int, max_documents: int) -> tuple[dict[str, Schema], Schema]:
+    """Each body Struct's schema (a $ref) by its name in schemas.server.Bodies, and the
+    components they refer to."""
+    kinds = server_bodies.bodies(max_texts, max_documents)
+    names = [field.name for field in dataclasses.fields(kinds)]
+    refs, defs = schemas.components([getattr(kinds, name) for name in names])
+    return dict(zip(names, refs, strict=True)), defs
+
+
+def body(f: Facts, name: str) -> Schema:
+    return generated(f.max_texts, f.max_documents)[0][name]
+
+
+@functools.lru_cache(maxsize=8)
+def generated_answers(labels: tuple[str, ...], max_texts: int) -> tuple[list[Schema], Schema]:
+    """The answers' Structs (so far /v1/classify's), narrowed to the model's labels."""
+    return schemas.components(list(v1_schemas.answers(labels, max_texts)))
+
+
+def answer_refs(f: Facts) -> list[Schema]:
+    return generated_answers(tuple(f.labels), f.max_texts)[0]
+
+
+def components(f: Facts) -> Schema:
+    """Every Struct's schema that the document refers to."""
+    bodies_, answers_ = (
+        generated(f.max_texts, f.max_documents)[1],
+        generated_answers(tuple(f.labels), f.max_texts)[1],
+    )
+    return {**bodies_, **answers_}
 
 
 # -- the document ---------------------------------------------------------------------------------
@@ -1339,8 +1225,9 @@ def document(registered: list[tuple[str, str]], f: Facts) -> Schema:
         },
         "paths": dict(sorted(paths.items())),
     }
+    doc["components"] = {"schemas": components(f)}
     if f.key:
-        doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     return doc
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import unquote
 
+import msgspec
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
@@ -15,7 +16,9 @@ from ringserve.service.models import ModelRequired, ModelSet, UnknownModel
 from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.texts import require
+from ringserve.service.protocols.schemas import UNSET, LongText, Named, decode
+from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.protocols.schemas.v1 import Classify, ClassifyBatch, ClassifyResult
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import MANIFEST_FILE
@@ -40,18 +43,6 @@ class ModelView(Protocol):
 Handler = Callable[[HttpProtocol, Exchange, dict[str, str]], None]
 
 
-def parse_json(ex: Exchange) -> Any:
-    body = b"".join(ex.body)
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise HttpError(400, "body is not valid UTF-8") from None
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):  # ValueError too: an integer over 4300 digits
-        raise HttpError(400, "malformed JSON") from None
-
-
 def as_integer(value: Any) -> int | None:
     """A JSON integer, or None. 3.0 is one too, as JSON Schema counts (the OpenAPI document's
     `integer`); true and false are not."""
@@ -62,15 +53,6 @@ def as_integer(value: Any) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
-
-
-def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[bytes]:
-    """Each text joined to its pair for the worker (shm/layout.py: PAIR_SEPARATOR)."""
-    single = where == "text_pair"
-    return [
-        text + L.PAIR_SEPARATOR + require(pair, where if single else f"{where}[{i}]")
-        for i, (text, pair) in enumerate(zip(texts, pairs, strict=True))
-    ]
 
 
 def long_text_prefix(doc: dict[str, Any], where: str) -> bytes:
@@ -102,11 +84,14 @@ def long_text_fields(r: Result) -> dict[str, Any]:
     return {}
 
 
-def result_doc(labels: list[str], r: Result) -> dict[str, Any]:
-    doc = {"label": labels[r.label_id], "label_id": r.label_id, "scores": r.scores.tolist()}  # type: ignore[union-attr]
-    if r.flags:
-        doc.update(long_text_fields(r))
-    return doc
+def classify_result(labels: list[str], r: Result) -> ClassifyResult:
+    """One text's answer, as its Struct (schemas/v1.py) writes it."""
+    out = ClassifyResult(label=labels[r.label_id], label_id=r.label_id, scores=r.scores.tolist())  # type: ignore[union-attr]
+    if r.flags & L.RSP_TRUNCATED:
+        out.truncated, out.tokens = True, r.tokens
+    elif r.flags & L.RSP_WINDOWED:
+        out.windows, out.tokens = r.windows, r.tokens
+    return out
 
 
 def find_model(server: ModelView, name: str | None, version: int | str | None = None) -> ModelInfo:
@@ -130,22 +115,12 @@ def canonical(version: int | str | None) -> int | str | None:
     return version
 
 
-def request_model(server: ModelView, doc: dict[str, Any], vendor: bool = False) -> ModelInfo:
-    """The model of a /v1 body's optional "model" and "version". With `vendor` (OpenAI's and
-    Cohere's routes, whose clients always send their own service's model name), a name this
+def request_model(server: ModelView, body: Named | LongText, vendor: bool = False) -> ModelInfo:
+    """The model of a decoded body's optional "model" and "version". With `vendor` (OpenAI's
+    and Cohere's routes, whose clients always send their own service's model name), a name this
     server has never held, without a "version", means the only loaded model, as before many
     models; a name it holds or held (an unloaded one: 404) is resolved as on every route."""
-    name = doc.get("model")
-    if name is not None and not isinstance(name, str):
-        raise HttpError(400, "model must be a string")
-    version = doc.get("version")
-    if version is not None:
-        if isinstance(version, str):
-            pass
-        elif (v := as_integer(version)) is not None:
-            version = v
-        else:
-            raise HttpError(400, "version must be a string or an integer")
+    name, version = body.model, body.version
     try:
         if not name and version is not None:  # a version of the only model
             name = server.models.find().name
@@ -178,46 +153,45 @@ def needs_task(info: ModelInfo, task: str) -> None:
 
 
 def classify(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    doc = parse_json(ex)
-    if not isinstance(doc, dict):
-        raise HttpError(400, "body must be a JSON object")
-    info = request_model(server, doc)
+    body = decode(ex, bodies.of(server.settings).classify)
+    info = request_model(server, body)
     needs_task(info, "classify")
     labels = info.labels
-    if "text" in doc and "texts" not in doc:
-        if "text_pairs" in doc:
-            raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
-        texts = [require(doc["text"], "text")]
-        single = True
-        if "text_pair" in doc:
-            texts = pair_payloads(texts, [doc["text_pair"]], "text_pair")
-    elif "texts" in doc and "text" not in doc:
-        if "text_pair" in doc:
-            raise HttpError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
-        items = doc["texts"]
-        if not isinstance(items, list):
-            raise HttpError(400, "texts must be a list of strings")
-        if not 1 <= len(items) <= server.settings.max_texts:
-            raise HttpError(400, f"texts must hold 1 to {server.settings.max_texts} items")
-        texts = [require(t, f"texts[{i}]") for i, t in enumerate(items)]
-        single = False
-        if "text_pairs" in doc:
-            pairs = doc["text_pairs"]
-            if not isinstance(pairs, list) or len(pairs) != len(items):
-                raise HttpError(400, "text_pairs must be a list as long as texts")
-            texts = pair_payloads(texts, pairs, "text_pairs")
-    else:
-        raise HttpError(400, 'body must have exactly one of "text" or "texts"')
-    prefix = long_text_prefix(doc, "")
+    texts, single = classify_texts(body)
+    prefix = body.prefix()
     if prefix:
         texts = [prefix + t for t in texts]
 
     def done(results: list[Result]) -> None:
-        items = [result_doc(labels, r) for r in results]
-        body = json.dumps(items[0] if single else {"results": items}).encode()
-        conn.respond(ex, 200, body, extra=[latency_header(ex)])
+        items = [classify_result(labels, r) for r in results]
+        answer = msgspec.json.encode(items[0] if single else ClassifyBatch(items))
+        conn.respond(ex, 200, answer, extra=[latency_header(ex)])
 
     admit.submit(server.admission, conn, ex, texts, done, "http", model=info.index)
+
+
+def classify_texts(body: Classify) -> tuple[list[bytes], bool]:
+    """(the payloads, whether it is one text): what the Struct cannot say is checked here."""
+    if isinstance(body.text, str) and body.texts is UNSET:
+        if body.text_pairs is not UNSET:
+            raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
+        texts = [body.text.encode()]
+        if isinstance(body.text_pair, str):
+            return [texts[0] + L.PAIR_SEPARATOR + body.text_pair.encode()], True
+        return texts, True
+    if isinstance(body.texts, list) and body.text is UNSET:
+        if body.text_pair is not UNSET:
+            raise HttpError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
+        texts = [t.encode() for t in body.texts]
+        if isinstance(body.text_pairs, list):
+            if len(body.text_pairs) != len(texts):
+                raise HttpError(400, "text_pairs must be a list as long as texts")
+            texts = [
+                t + L.PAIR_SEPARATOR + p.encode()
+                for t, p in zip(texts, body.text_pairs, strict=True)
+            ]
+        return texts, False
+    raise HttpError(400, 'body must have exactly one of "text" or "texts"')
 
 
 def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:

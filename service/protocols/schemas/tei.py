@@ -1,0 +1,69 @@
+"""TEI's bodies beside /embed and /rerank (service/protocols/tei_api.py): /predict, the
+Inference API's text-classification on `POST /`, /similarity, /tokenize, /decode, /embed_all."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+from ringserve.service.protocols.schemas import (
+    Count,
+    LongText,
+    Named,
+    Text,
+    Texts,
+    TokenIds,
+    Truncation,
+)
+
+Sequence = Annotated[list[Text], Meta(min_length=1, max_length=2)]  # [text] or [text, pair]
+# TEI's PredictInput: a text, a sequence, or a batch of sequences (narrowed to --max-texts); a
+# list that mixes texts with sequences, or of over two texts, is a 400 after decoding.
+PredictInputs = Annotated[list[Text | Sequence], Meta(min_length=1)]
+
+
+class Predict(LongText, kw_only=True):
+    inputs: Text | PredictInputs
+    raw_scores: bool = False
+
+
+class ClassifyParameters(Struct, kw_only=True):
+    top_k: Count | None = None  # 0 or null: every label
+    function_to_apply: Literal["softmax", "sigmoid", "none"] | None = None  # the model's, or none
+
+
+class HfClassify(Named, kw_only=True):
+    """The Inference API's text-classification body, as huggingface_hub sends it."""
+
+    inputs: Text | PredictInputs
+    parameters: ClassifyParameters | None
+
+
+class SimilarityInputs(Struct, kw_only=True):
+    source_sentence: Text
+    sentences: Texts  # narrowed to --max-texts less one (the source)
+
+
+class SimilarityParameters(Truncation, kw_only=True):
+    prompt_name: None = None  # not taken on /similarity
+
+
+class Similarity(Named, kw_only=True):
+    inputs: SimilarityInputs
+    parameters: SimilarityParameters | None = None
+
+
+class Tokenize(Named, kw_only=True):
+    inputs: Text | Texts
+    add_special_tokens: bool = True
+
+
+class Decode(Named, kw_only=True):
+    """Token ids, or a batch of lists of them (one kind a list: a mix is a 400)."""
+
+    ids: Annotated[list[Count | TokenIds], Meta(min_length=1)]
+    skip_special_tokens: bool = True
+
+
+class EmbedAll(Named, kw_only=True):
+    inputs: Any  # refused whatever it holds: the graph gives pooled vectors only
