@@ -8,6 +8,7 @@ import base64
 import uuid
 from typing import Any
 
+import msgspec
 import numpy as np
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
@@ -22,6 +23,7 @@ from ringserve.service.protocols.routes import (
 )
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.protocols.schemas.tasks import CohereHitV2, CohereRankingV2
 from ringserve.shm import layout as L
 
 INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
@@ -96,9 +98,10 @@ def cohere_rerank_v2(
     payloads = tasks.rerank_pairs(info, body, docs)
     top = tasks.top_of(body, len(docs))
 
-    def answer(results: list[Result]) -> dict[str, Any]:
-        hits = [{"index": i, "relevance_score": s} for i, s in tasks.ranked(results, top)]
-        return {"id": str(uuid.uuid4()), "results": hits, "meta": meta({"search_units": 1})}
+    def answer(results: list[Result]) -> bytes:
+        hits = [CohereHitV2(i, s) for i, s in tasks.ranked(results, top)]
+        ranking = CohereRankingV2(str(uuid.uuid4()), hits, meta({"search_units": 1}))
+        return msgspec.json.encode(ranking)
 
     tasks.submit_texts(server, conn, ex, payloads, answer, "rerank", info)
 

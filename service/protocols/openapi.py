@@ -32,6 +32,7 @@ from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.kserve import VERSION, server_version
 from ringserve.service.protocols.routes import ModelView, Router
 from ringserve.service.protocols.schemas import server as server_bodies
+from ringserve.service.protocols.schemas import tasks as task_schemas
 from ringserve.service.protocols.schemas import v1 as v1_schemas
 from ringserve.service.protocols.schemas.v1 import ONE_OR_MANY
 
@@ -197,8 +198,8 @@ ADMITTED: dict[int, Answer] = {
 # -- the routes' own schemas ----------------------------------------------------------------------
 def classify_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v1/classify (routes.classify): its Structs'."""
-    result, batch = answer_refs(f)
-    return {"allOf": [body(f, "classify"), ONE_OR_MANY]}, {"oneOf": [result, batch]}
+    one, batch = answer(f, "classify"), answer(f, "classify_batch")
+    return {"allOf": [body(f, "classify"), ONE_OR_MANY]}, {"oneOf": [one, batch]}
 
 
 def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
@@ -227,23 +228,15 @@ def tei_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
     """(request, answer) of TEI's POST /embed and /rerank (tasks.tei_embed, tasks.tei_rerank)."""
     d = max(f.dimension, 1)
     embed, rerank = body(f, "tei_embed"), body(f, "tei_rerank")
-    hit = obj(["index", "score"], index=COUNT, score=NUMBER, text=STRING)
     return {
         "embed": (embed, array(array(NUMBER, d, d), 1, f.max_texts)),
-        "rerank": (rerank, array(hit, 1, f.max_documents)),
+        "rerank": (rerank, answer(f, "tei_rerank")),
     }
 
 
 def cohere_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of Cohere's POST /v1/rerank (tasks.cohere_rerank)."""
-    request = body(f, "cohere_rerank")
-    hit = obj(
-        ["index", "relevance_score"],
-        index=COUNT,
-        relevance_score={"type": "number", "minimum": 0, "maximum": 1},
-        document=obj(["text"], text=STRING),
-    )
-    return request, obj(["results"], results=array(hit, 1, f.max_documents))
+    return body(f, "cohere_rerank"), answer(f, "cohere_rerank")
 
 
 def model_info_schema(f: Facts) -> Schema:
@@ -811,10 +804,7 @@ def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
     embed_out = obj(["id", "response_type", "embeddings", "texts", "meta"], id=STRING,
                     response_type={"const": "embeddings_by_type"}, embeddings=vectors,
                     texts=array(STRING), meta=meta)  # fmt: skip
-    rerank_in = body(f, "cohere_rerank_v2")
-    hit = obj(["index", "relevance_score"], index=COUNT,
-              relevance_score={"type": "number", "minimum": 0, "maximum": 1})  # fmt: skip
-    rerank_out = obj(["id", "results", "meta"], id=STRING, results=array(hit, 1), meta=meta)
+    rerank_in, rerank_out = body(f, "cohere_rerank_v2"), answer(f, "cohere_rerank_v2")
     return {
         ("POST", "/v2/embed"): task_route(
             f, "Embeddings, in Cohere's v2 shape", "embed", ("by type", (embed_in, embed_out)),
@@ -1089,22 +1079,25 @@ def body(f: Facts, name: str) -> Schema:
 
 
 @functools.lru_cache(maxsize=8)
-def generated_answers(labels: tuple[str, ...], max_texts: int) -> tuple[list[Schema], Schema]:
-    """The answers' Structs (so far /v1/classify's), narrowed to the model's labels."""
-    return schemas.components(list(v1_schemas.answers(labels, max_texts)))
+def generated_answers(
+    labels: tuple[str, ...], max_texts: int, max_documents: int
+) -> tuple[dict[str, Schema], Schema]:
+    """The answers' Structs (so far /v1/classify's and the reranks'), narrowed to the model's
+    labels and the server's limits: each one's schema by name, and their components."""
+    one, batch = v1_schemas.answers(labels, max_texts)
+    kinds = {"classify": one, "classify_batch": batch, **task_schemas.rank_answers(max_documents)}
+    refs, defs = schemas.components(list(kinds.values()))
+    return dict(zip(kinds, refs, strict=True)), defs
 
 
-def answer_refs(f: Facts) -> list[Schema]:
-    return generated_answers(tuple(f.labels), f.max_texts)[0]
+def answer(f: Facts, name: str) -> Schema:
+    return generated_answers(tuple(f.labels), f.max_texts, f.max_documents)[0][name]
 
 
 def components(f: Facts) -> Schema:
     """Every Struct's schema that the document refers to."""
-    bodies_, answers_ = (
-        generated(f.max_texts, f.max_documents)[1],
-        generated_answers(tuple(f.labels), f.max_texts)[1],
-    )
-    return {**bodies_, **answers_}
+    answers = generated_answers(tuple(f.labels), f.max_texts, f.max_documents)[1]
+    return {**generated(f.max_texts, f.max_documents)[1], **answers}
 
 
 # -- the document ---------------------------------------------------------------------------------

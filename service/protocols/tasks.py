@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 from ringserve.service.engine.dispatcher import Result
@@ -27,9 +28,16 @@ from ringserve.service.protocols.routes import (
     needs_task,
     request_model,
 )
-from ringserve.service.protocols.schemas import Truncation, decode
+from ringserve.service.protocols.schemas import UNSET, Truncation, decode
 from ringserve.service.protocols.schemas import server as bodies
-from ringserve.service.protocols.schemas.tasks import Document, Rerank
+from ringserve.service.protocols.schemas.tasks import (
+    CohereHit,
+    CohereRanking,
+    Document,
+    DocumentText,
+    Rerank,
+    TeiHit,
+)
 from ringserve.service.protocols.vocab import text_of_ids
 from ringserve.shm import layout as L
 
@@ -198,14 +206,12 @@ def tei_rerank(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict
     payloads = rerank_pairs(info, body, docs)
     top, raw, with_text = top_of(body, len(docs)), body.raw_scores, body.return_text
 
-    def answer(results: list[Result]) -> list[dict[str, Any]]:
-        out = []
-        for i, score in ranked(results, top, raw):
-            item: dict[str, Any] = {"index": i, "score": score}
-            if with_text:
-                item["text"] = docs[i]
-            out.append(item)
-        return out
+    def answer(results: list[Result]) -> bytes:
+        hits = [
+            TeiHit(i, score, docs[i] if with_text else UNSET)
+            for i, score in ranked(results, top, raw)
+        ]
+        return msgspec.json.encode(hits)
 
     submit_texts(server, conn, ex, payloads, answer, "rerank", info)
 
@@ -219,14 +225,12 @@ def cohere_rerank(
     payloads = rerank_pairs(info, body, docs)
     top, with_docs = top_of(body, len(docs)), body.return_documents
 
-    def answer(results: list[Result]) -> dict[str, Any]:
-        out = []
-        for i, score in ranked(results, top):
-            item: dict[str, Any] = {"index": i, "relevance_score": score}
-            if with_docs:
-                item["document"] = {"text": docs[i]}
-            out.append(item)
-        return {"results": out}
+    def answer(results: list[Result]) -> bytes:
+        hits = [
+            CohereHit(i, score, DocumentText(docs[i]) if with_docs else UNSET)
+            for i, score in ranked(results, top)
+        ]
+        return msgspec.json.encode(CohereRanking(hits))
 
     submit_texts(server, conn, ex, payloads, answer, "rerank", info)
 

@@ -3,10 +3,18 @@ OpenAI's /v1/embeddings, TEI's /embed and /rerank, Cohere's /v1/rerank and /v2/r
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from msgspec import Meta, Struct
-from ringserve.service.protocols.schemas import Count, LongText, Positive, Text, Texts, TokenIds
+from msgspec import UNSET, Meta, Struct, UnsetType
+from ringserve.service.protocols.schemas import (
+    Count,
+    LongText,
+    Positive,
+    Text,
+    Texts,
+    TokenIds,
+    narrowed,
+)
 
 # OpenAI's `input`: a text, or a list of texts, of token ids, or of lists of token ids (one
 # kind a list: a mix is a 400 after decoding).
@@ -56,3 +64,52 @@ class CohereRerank(Rerank, kw_only=True):
 class CohereRerankV2(Rerank, kw_only=True):
     documents: Documents
     max_tokens_per_doc: None = None  # not taken: the model's max_length applies
+
+
+# -- answers: built by the rerank handlers, encoded by msgspec, and the document's schemas --------
+Index = Annotated[int, Meta(ge=0)]
+Probability = Annotated[float, Meta(ge=0, le=1)]
+
+
+class TeiHit(Struct, omit_defaults=True, forbid_unknown_fields=True):
+    index: Index  # the document's, in the request
+    score: float  # the probability, or with raw_scores its logit
+    text: str | UnsetType = UNSET  # return_text
+
+
+class DocumentText(Struct, forbid_unknown_fields=True):
+    text: str
+
+
+class CohereHit(Struct, omit_defaults=True, forbid_unknown_fields=True):
+    index: Index
+    relevance_score: Probability
+    document: DocumentText | UnsetType = UNSET  # return_documents
+
+
+class CohereRanking(Struct, forbid_unknown_fields=True):
+    results: list[CohereHit]
+
+
+class CohereHitV2(Struct, forbid_unknown_fields=True):
+    index: Index
+    relevance_score: Probability
+
+
+class CohereRankingV2(Struct, forbid_unknown_fields=True):
+    id: str
+    results: list[CohereHitV2]
+    meta: dict[str, Any]  # api_version, billed_units
+
+
+def rank_answers(max_documents: int) -> dict[str, Any]:
+    """The rerank answers with --max-documents (one hit a document at most)."""
+
+    def hits(kind: Any) -> Any:
+        return Annotated[list[kind], Meta(min_length=1, max_length=max_documents)]
+
+    return {
+        "tei_rerank": hits(TeiHit),
+        "cohere_rerank": narrowed(CohereRanking, results=hits(CohereHit)),
+        "cohere_rerank_v2": narrowed(CohereRankingV2, results=hits(CohereHitV2)),
+    }
