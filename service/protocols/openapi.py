@@ -33,6 +33,7 @@ from ringserve.service.protocols.kserve import VERSION, server_version
 from ringserve.service.protocols.routes import ModelView, Router
 from ringserve.service.protocols.schemas import server as server_bodies
 from ringserve.service.protocols.schemas import tasks as task_schemas
+from ringserve.service.protocols.schemas import tei as tei_structs
 from ringserve.service.protocols.schemas import v1 as v1_schemas
 from ringserve.service.protocols.schemas.v1 import ONE_OR_MANY
 
@@ -239,80 +240,7 @@ def cohere_schemas(f: Facts) -> tuple[Schema, Schema]:
     return body(f, "cohere_rerank"), answer(f, "cohere_rerank")
 
 
-def model_info_schema(f: Facts) -> Schema:
-    """GET /v1/model (routes.model_info)."""
-    return obj(
-        [
-            "name",
-            "labels",
-            "max_length",
-            "fingerprint",
-            "activation",
-            "architecture",
-            "device",
-            "buckets",
-            "length_classes",
-            "runtime",
-            "precision",
-            "task",
-            "dimension",
-        ],
-        name={"enum": f.names},
-        labels={"const": f.labels},
-        max_length=COUNT,
-        fingerprint=STRING,
-        activation={"enum": ["softmax", "sigmoid"]},
-        architecture=STRING,
-        device=STRING,
-        buckets=array(COUNT),
-        length_classes=array(COUNT),
-        runtime={"enum": ["torch", "onnx"]},
-        precision=STRING,
-        task={"const": f.tasks},
-        dimension={"const": f.dimension},
-        int8={"type": "object", "description": "the int8 cost measured at export"},
-        graph={
-            "type": "object",
-            "description": "ONNX Runtime at fp32: the graph serving (`graph`: plain or fused), "
-            "what chose it and the start-up timings (--graph)",
-        },
-    )
-
-
-def named_model_schema(f: Facts) -> Schema:
-    """GET /v1/models/{model}: /v1/model's fields and OpenAI's model object's."""
-    out = model_info_schema(f)
-    out["required"] = [*OPENAI_MODEL, *out["required"]]
-    out["properties"] = {**out["properties"], **OPENAI_MODEL}
-    return out
-
-
 STATES = ["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]  # service/models.py
-
-
-def models_schema() -> Schema:
-    """GET /v1/models (routes.list_models)."""
-    row = obj(
-        ["name", "version", "state", "task", "labels"],
-        name=STRING,
-        version=STRING,
-        state={"enum": STATES},
-        task=array(STRING),
-        labels=array(STRING),
-    )
-    data = {**row, "required": ["id", "object", "created", "owned_by", *row["required"]]}
-    data["properties"] = {**row["properties"], **OPENAI_MODEL}
-    return obj(
-        ["object", "data", "models"], object={"const": "list"}, data=array(data), models=array(row)
-    )
-
-
-OPENAI_MODEL: dict[str, Schema] = {  # routes.openai_model
-    "id": STRING,
-    "object": {"const": "model"},
-    "created": COUNT,
-    "owned_by": STRING,
-}
 
 
 def repository_schemas(f: Facts) -> dict[str, Schema]:
@@ -535,15 +463,17 @@ def v1_routes(f: Facts) -> dict[tuple[str, str], Route]:
             model_body=True,
         ),
         ("GET", "/v1/model"): Route(
-            "The served model (the first, with many)", "v1", ok("the model", model_info_schema(f))
+            "The served model (the first, with many)", "v1", ok("the model", answer(f, "model"))
         ),
         ("GET", "/v1/models"): Route(
-            "Every model the server holds, with its state", "v1", ok("the models", models_schema())
+            "Every model the server holds, with its state",
+            "v1",
+            ok("the models", answer(f, "models")),
         ),
         ("GET", "/v1/models/{model}"): Route(
             "One loaded model, as /v1/model gives it, with OpenAI's fields",
             "v1",
-            ok("the model", named_model_schema(f)),
+            ok("the model", answer(f, "named_model")),
             model_path=True,
         ),
     }
@@ -662,18 +592,13 @@ def counted(schema: Schema, too_long: bool) -> Schema:
 
 
 # -- TEI -----------------------------------------------------------------------------------------
-def prediction(f: Facts) -> Schema:
-    label = {"enum": f.labels} if f.labels else STRING
-    return obj(["score", "label"], score=NUMBER, label=label)
-
-
 def predict_schemas(f: Facts) -> tuple[Schema, Schema]:
-    pred = array(prediction(f), 1)
-    return body(f, "predict"), {"anyOf": [pred, array(pred, 1, f.max_texts)]}
+    one, batch = answer(f, "prediction"), answer(f, "predictions")
+    return body(f, "predict"), {"anyOf": [one, batch]}
 
 
 def similarity_schemas(f: Facts) -> tuple[Schema, Schema]:
-    return body(f, "similarity"), array(NUMBER, 1, f.max_texts - 1)
+    return body(f, "similarity"), answer(f, "similarity")
 
 
 def root_schemas(f: Facts) -> tuple[Schema, Schema]:
@@ -695,7 +620,7 @@ def root_schemas(f: Facts) -> tuple[Schema, Schema]:
         answers.append(pred_out)
     if "classify" in f.tasks:
         bodies.append(body(f, "hf_classify"))
-        answers.append(array(array(prediction(f)), 1, f.max_texts))
+        answers.append(answer(f, "hf_classify"))
     if "rerank" in f.tasks:
         bodies.append(tei["rerank"][0])
         answers.append(tei["rerank"][1])
@@ -742,14 +667,10 @@ def info_schema(f: Facts) -> Schema:
 
 
 def token_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
-    token = obj(
-        ["id", "text", "special", "start", "stop"],
-        id=COUNT, text=STRING, special=BOOL, start=MAYBE_COUNT, stop=MAYBE_COUNT,
-    )  # fmt: skip
     tokenize, decode, embed_all = body(f, "tokenize"), body(f, "decode"), body(f, "embed_all")
     return {
-        "tokenize": (tokenize, array(array(token), 1, f.max_texts)),
-        "decode": (decode, array(STRING, 1, f.max_texts)),
+        "tokenize": (tokenize, answer(f, "tokenize")),
+        "decode": (decode, answer(f, "decode")),
         "embed_all": (embed_all, array(array(array(NUMBER)))),
     }
 
@@ -1078,26 +999,38 @@ def body(f: Facts, name: str) -> Schema:
     return generated(f.max_texts, f.max_documents)[0][name]
 
 
+def generated_answers(f: Facts) -> tuple[dict[str, Schema], Schema]:
+    """The answers' Structs, narrowed to the model's facts and the server's limits: each one's
+    schema by name, and their components (made once a set of facts)."""
+    key = (tuple(f.names), tuple(f.labels), tuple(f.tasks), f.dimension)
+    return _answers(*key, f.max_texts, f.max_documents)
+
+
 @functools.lru_cache(maxsize=8)
-def generated_answers(
-    labels: tuple[str, ...], max_texts: int, max_documents: int
+def _answers(
+    names: tuple[str, ...],
+    labels: tuple[str, ...],
+    tasks: tuple[str, ...],
+    dimension: int,
+    max_texts: int,
+    max_documents: int,
 ) -> tuple[dict[str, Schema], Schema]:
-    """The answers' Structs (so far /v1/classify's and the reranks'), narrowed to the model's
-    labels and the server's limits: each one's schema by name, and their components."""
     one, batch = v1_schemas.answers(labels, max_texts)
-    kinds = {"classify": one, "classify_batch": batch, **task_schemas.rank_answers(max_documents)}
+    kinds = {"classify": one, "classify_batch": batch}
+    kinds |= v1_schemas.model_answers(names, list(labels), list(tasks), dimension)
+    kinds |= task_schemas.rank_answers(max_documents)
+    kinds |= tei_structs.answers(labels, max_texts)
     refs, defs = schemas.components(list(kinds.values()))
     return dict(zip(kinds, refs, strict=True)), defs
 
 
 def answer(f: Facts, name: str) -> Schema:
-    return generated_answers(tuple(f.labels), f.max_texts, f.max_documents)[0][name]
+    return generated_answers(f)[0][name]
 
 
 def components(f: Facts) -> Schema:
-    """Every Struct's schema that the document refers to."""
-    answers = generated_answers(tuple(f.labels), f.max_texts, f.max_documents)[1]
-    return {**generated(f.max_texts, f.max_documents)[1], **answers}
+    """Every Struct's schema that the document may refer to."""
+    return {**generated(f.max_texts, f.max_documents)[1], **generated_answers(f)[1]}
 
 
 # -- the document ---------------------------------------------------------------------------------
@@ -1218,10 +1151,36 @@ def document(registered: list[tuple[str, str]], f: Facts) -> Schema:
         },
         "paths": dict(sorted(paths.items())),
     }
-    doc["components"] = {"schemas": components(f)}
+    used = referred(paths, components(f))
+    if used:
+        doc["components"] = {"schemas": used}
     if f.key:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        schemes = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc.setdefault("components", {})["securitySchemes"] = schemes
     return doc
+
+
+def referred(tree: Any, defs: Schema) -> Schema:
+    """The components that `tree` refers to, and those they refer to: a port's document holds
+    only the Structs of its own routes."""
+    out: Schema = {}
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith(REF_PREFIX):
+                name = ref[len(REF_PREFIX) :]
+                if name not in out:
+                    out[name] = defs[name]
+                    todo.append(defs[name])
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return dict(sorted(out.items()))
+
+
+REF_PREFIX = "#/components/schemas/"
 
 
 def beyond_schema(op: Schema) -> Callable[[str], bool]:

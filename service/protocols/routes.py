@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -18,7 +17,16 @@ from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.schemas import UNSET, LongText, Named, decode
 from ringserve.service.protocols.schemas import server as bodies
-from ringserve.service.protocols.schemas.v1 import Classify, ClassifyBatch, ClassifyResult
+from ringserve.service.protocols.schemas.v1 import (
+    Classify,
+    ClassifyBatch,
+    ClassifyResult,
+    ModelCard,
+    ModelEntry,
+    ModelList,
+    ModelRow,
+    NamedModelCard,
+)
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import MANIFEST_FILE
@@ -195,7 +203,7 @@ def classify_texts(body: Classify) -> tuple[list[bytes], bool]:
 
 
 def model_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    conn.respond(ex, 200, json.dumps(model_doc(server, server.model)).encode())
+    conn.respond(ex, 200, msgspec.json.encode(model_card(server, server.model)))
 
 
 def named_model(
@@ -203,7 +211,9 @@ def named_model(
 ) -> None:
     """GET /v1/models/{model}: what /v1/model gives, for the version that serves that name."""
     info = find_model(server, unquote(params["model"]))
-    conn.respond(ex, 200, json.dumps({**openai_model(info), **model_doc(server, info)}).encode())
+    card = msgspec.structs.asdict(model_card(server, info))
+    named = NamedModelCard(**openai_model(info), **card)
+    conn.respond(ex, 200, msgspec.json.encode(named))
 
 
 def list_models(
@@ -211,16 +221,16 @@ def list_models(
 ) -> None:
     """GET /v1/models: every model the server holds, with its state; in OpenAI's list shape
     (`data`) and, as before, under `models`."""
-    keys = ("name", "version", "state", "task", "labels")
     infos = {(e.info.name, str(e.info.version)): e.info for e in server.models}
-    rows = [
-        {k: row[k] for k in keys}
-        | prompts.listing(infos[(str(row["name"]), str(row["version"]))].manifest)
-        for row in server.models.listing()
-    ]
-    data = [{**openai_model(infos[str(r["name"]), str(r["version"])]), **r} for r in rows]
-    body = {"object": "list", "data": data, "models": rows}
-    conn.respond(ex, 200, json.dumps(body).encode())
+    rows, data = [], []
+    for row in server.models.listing():
+        info = infos[str(row["name"]), str(row["version"])]
+        fields: dict[str, Any] = {k: row[k] for k in ("name", "state", "task", "labels")}
+        fields |= {"version": str(row["version"]), **prompts.listing(info.manifest)}
+        rows.append(ModelRow(**fields))
+        data.append(ModelEntry(**openai_model(info), **fields))
+    answer = ModelList(object="list", data=data, models=rows)
+    conn.respond(ex, 200, msgspec.json.encode(answer))
 
 
 def openai_model(info: ModelInfo) -> dict[str, Any]:
@@ -233,9 +243,10 @@ def openai_model(info: ModelInfo) -> dict[str, Any]:
     return {"id": info.name, "object": "model", "created": created, "owned_by": "ringserve"}
 
 
-def model_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
+def model_card(server: ModelView, info: ModelInfo) -> ModelCard:
+    """What GET /v1/model says of a model (schemas/v1.py's ModelCard)."""
     m = info.manifest
-    body = {
+    body: dict[str, Any] = {
         "name": info.name,
         "labels": m.labels,
         "max_length": m.max_length,
@@ -257,7 +268,7 @@ def model_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
         body["graph"] = info.graph
     if server.settings.for_model(info.name).precision == "int8" and info.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built
-    return body
+    return ModelCard(**body)
 
 
 def health_live(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import numpy as np
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
@@ -25,6 +26,7 @@ from ringserve.service.protocols.routes import (
 from ringserve.service.protocols.schemas import Named, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas import tei as tei_schemas
+from ringserve.service.protocols.schemas.tei import Prediction, Token
 from ringserve.service.protocols.vocab import tokenizer_for
 from ringserve.shm import layout as L
 
@@ -99,7 +101,7 @@ def sequence(items: list[str], where: str) -> bytes:
     return L.PAIR_SEPARATOR.join(t.encode() for t in items)
 
 
-def predictions(info: ModelInfo, r: Result, raw: bool, top: int = 0) -> list[dict[str, Any]]:
+def predictions(info: ModelInfo, r: Result, raw: bool, top: int = 0) -> list[Prediction]:
     """[{score, label}] highest first. `raw`: the scores before the model's activation, as far
     as they can be had from its probabilities: a sigmoid's logit exactly, a softmax's log
     probability (the logits less their log-sum-exp: same order, same differences)."""
@@ -108,7 +110,7 @@ def predictions(info: ModelInfo, r: Result, raw: bool, top: int = 0) -> list[dic
         q = np.clip(p, 1e-45, 1.0)
         p = np.log(q) - np.log1p(-np.minimum(q, 1 - 1e-7)) if sigmoid(info) else np.log(q)
     order = sorted(range(len(p)), key=lambda i: -p[i])
-    items = [{"score": float(p[i]), "label": info.labels[i]} for i in order]
+    items = [Prediction(float(p[i]), info.labels[i]) for i in order]
     return items[:top] if top else items
 
 
@@ -125,9 +127,9 @@ def tei_predict(
     payloads, batch = predict_inputs(body.inputs, server.settings.max_texts)
     raw = body.raw_scores
 
-    def answer(results: list[Result]) -> Any:
+    def answer(results: list[Result]) -> bytes:
         out = [predictions(info, r, raw) for r in results]
-        return out if batch else out[0]
+        return msgspec.json.encode(out if batch else out[0])
 
     classify = tasks.with_options(body, payloads, embed=False)
     tasks.submit_texts(server, conn, ex, classify, answer, "classify", info)
@@ -149,8 +151,8 @@ def hf_classify(
         raise HttpError(400, f"parameters.function_to_apply may be {own} or none for {info.name}")
     payloads, _ = predict_inputs(body.inputs, server.settings.max_texts)
 
-    def answer(results: list[Result]) -> Any:
-        return [predictions(info, r, apply == "none", k) for r in results]
+    def answer(results: list[Result]) -> bytes:
+        return msgspec.json.encode([predictions(info, r, apply == "none", k) for r in results])
 
     tasks.submit_texts(server, conn, ex, payloads, answer, "classify", info)
 
@@ -175,7 +177,7 @@ def tei_similarity(
 
 
 # -- /tokenize, /decode, /embed_all --------------------------------------------------------------
-def tokens_of(info: ModelInfo, text: str, special: bool) -> list[dict[str, Any]]:
+def tokens_of(info: ModelInfo, text: str, special: bool) -> list[Token]:
     """TEI's tokens: id, the text it covers, whether it is special, and its UTF-8 byte offsets
     in the input (null for a special token, which covers none)."""
     enc = tokenizer_for(info).encode(text, add_special_tokens=special)
@@ -184,12 +186,12 @@ def tokens_of(info: ModelInfo, text: str, special: bool) -> list[dict[str, Any]]
         enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
     ):
         if is_special:
-            out.append({"id": tid, "text": token, "special": True, "start": None, "stop": None})
+            out.append(Token(tid, token, True, None, None))
             continue
         start = len(text[:a].encode())
         piece = text[a:b]
         stop = start + len(piece.encode())
-        out.append({"id": tid, "text": piece, "special": False, "start": start, "stop": stop})
+        out.append(Token(tid, piece, False, start, stop))
     return out
 
 
@@ -200,7 +202,7 @@ def tei_tokenize(
     info = request_model(server, body)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     answer = [tokens_of(info, t, body.add_special_tokens) for t in texts]
-    conn.respond(ex, 200, json.dumps(answer).encode())
+    conn.respond(ex, 200, msgspec.json.encode(answer))
 
 
 def tei_decode(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:

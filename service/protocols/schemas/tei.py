@@ -14,6 +14,7 @@ from ringserve.service.protocols.schemas import (
     Texts,
     TokenIds,
     Truncation,
+    narrowed,
 )
 
 Sequence = Annotated[list[Text], Meta(min_length=1, max_length=2)]  # [text] or [text, pair]
@@ -67,3 +68,40 @@ class Decode(Named, kw_only=True):
 
 class EmbedAll(Named, kw_only=True):
     inputs: Any  # refused whatever it holds: the graph gives pooled vectors only
+
+
+# -- answers: built by tei_api, encoded by msgspec, and the document's schemas ------------------
+class Prediction(Struct, forbid_unknown_fields=True):
+    """A label and its score (highest first in a list)."""
+
+    score: float  # the probability, or with raw_scores the score before the activation
+    label: str
+
+
+class Token(Struct, forbid_unknown_fields=True):
+    """/tokenize's token: its id, the text it covers, and its UTF-8 byte offsets in the input
+    (null for a special token, which covers none)."""
+
+    id: Annotated[int, Meta(ge=0)]
+    text: str
+    special: bool
+    start: Annotated[int, Meta(ge=0)] | None
+    stop: Annotated[int, Meta(ge=0)] | None
+
+
+def answers(labels: tuple[str, ...], max_texts: int) -> dict[str, Any]:
+    """TEI's answers as a model with these labels gives them, with --max-texts."""
+    pred = narrowed(Prediction, label=Literal[labels] if labels else str)
+    ranking = Annotated[list[pred], Meta(min_length=1)]  # type: ignore[valid-type]
+
+    def batch(item: Any, most: int = max_texts) -> Any:
+        return Annotated[list[item], Meta(min_length=1, max_length=most)]
+
+    return {
+        "prediction": ranking,  # one text's (/predict)
+        "predictions": batch(ranking),  # a batch's (/predict)
+        "hf_classify": batch(list[pred]),  # type: ignore[valid-type]
+        "similarity": batch(float, max(max_texts - 1, 1)),
+        "tokenize": batch(list[Token]),
+        "decode": batch(str),
+    }

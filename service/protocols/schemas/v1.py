@@ -65,3 +65,85 @@ def answers(labels: tuple[str, ...], max_texts: int) -> tuple[Any, Any]:
     )
     results = Annotated[list[result], Meta(min_length=1, max_length=max_texts)]  # type: ignore[valid-type]
     return result, narrowed(ClassifyBatch, results=results)
+
+
+Count = Annotated[int, Meta(ge=0)]
+
+
+class ModelCard(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """GET /v1/model: the model, as routes.model_card fills it."""
+
+    name: str
+    labels: list[str]
+    max_length: Count
+    fingerprint: str
+    activation: Literal["softmax", "sigmoid"]
+    architecture: str
+    device: str
+    buckets: list[Count]
+    length_classes: list[Count]
+    runtime: str  # torch, onnx or openvino
+    precision: str
+    task: list[str]
+    dimension: Count
+    prompts: dict[str, str] | UnsetType = UNSET  # sentence-transformers' (prompt_name)
+    default_prompt_name: str | UnsetType | None = UNSET
+    precision_chosen_by: str | UnsetType = UNSET  # --precision auto: what it resolved to, why
+    # ONNX Runtime at fp32: the graph serving (plain or fused), what chose it, its timings
+    graph: dict[str, Any] | UnsetType = UNSET
+    int8: dict[str, Any] | UnsetType = UNSET  # the int8 cost measured at export
+
+
+class NamedModelCard(ModelCard, kw_only=True):
+    """GET /v1/models/{model}: the card with OpenAI's model object's fields."""
+
+    id: str
+    object: Literal["model"]
+    created: Count  # the artifact's manifest's modification time (Unix seconds)
+    owned_by: str
+
+
+class ModelRow(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """One model the server holds, in any state (service/models.py)."""
+
+    name: str
+    version: str
+    state: Literal["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]
+    task: list[str]
+    labels: list[str]
+    prompts: dict[str, str] | UnsetType = UNSET
+    default_prompt_name: str | UnsetType | None = UNSET
+
+
+class ModelEntry(ModelRow, kw_only=True):
+    """A row with OpenAI's model object's fields (the `data` of GET /v1/models)."""
+
+    id: str
+    object: Literal["model"]
+    created: Count
+    owned_by: str
+
+
+class ModelList(Struct, kw_only=True, forbid_unknown_fields=True):
+    """GET /v1/models: OpenAI's list shape (`data`) and, as before, `models`."""
+
+    object: Literal["list"]
+    data: list[ModelEntry]
+    models: list[ModelRow]
+
+
+def model_answers(
+    names: tuple[str, ...], labels: list[str], tasks: list[str], dimension: int
+) -> dict[str, Any]:
+    """The model cards as this server's first model fills them (its facts as constants)."""
+    facts = {
+        "name": Literal[names] if names else str,
+        "labels": Annotated[list[str], Meta(extra_json_schema={"const": labels})],
+        "task": Annotated[list[str], Meta(extra_json_schema={"const": tasks})],
+        "dimension": Annotated[int, Meta(ge=0, extra_json_schema={"const": dimension})],
+    }
+    return {
+        "model": narrowed(ModelCard, **facts),
+        "named_model": narrowed(NamedModelCard, **facts),
+        "models": ModelList,
+    }
