@@ -26,15 +26,13 @@ from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas.tasks import CohereHitV2, CohereRankingV2
 from ringserve.shm import layout as L
 
-INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
-# The sentence-transformers prompt names each input_type is looked up under, in order.
+# The sentence-transformers prompt names each input_type (schemas/cohere.py) is looked up under.
 PROMPT_NAMES = {
     "search_document": ("document", "passage", "search_document"),
     "search_query": ("query", "search_query"),
     "classification": ("classification",),
     "clustering": ("clustering",),
 }
-EMBEDDING_TYPES = ("float", "base64")
 # Cohere's truncate: NONE refuses a long text, START drops its start, END its end.
 TRUNCATE = {"NONE": L.OPT_REFUSE, "START": L.OPT_CUT | L.OPT_LEFT, "END": L.OPT_CUT}
 

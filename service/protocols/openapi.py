@@ -644,28 +644,6 @@ def root_route(f: Facts) -> Route:
     )
 
 
-def info_schema(f: Facts) -> Schema:
-    return obj(
-        ["model_id", "model_type", "max_input_length", "max_batch_tokens",
-         "max_client_batch_size", "version"],
-        model_id={"enum": f.names},
-        model_sha=nullable(STRING),
-        model_dtype=STRING,
-        model_type={"type": "object", "minProperties": 1, "maxProperties": 1},
-        max_concurrent_requests=COUNT,
-        max_input_length=COUNT,
-        max_batch_tokens=COUNT,
-        max_batch_requests=MAYBE_COUNT,
-        max_client_batch_size=COUNT,
-        auto_truncate=BOOL,
-        tokenization_workers=COUNT,
-        version=STRING,
-        sha=nullable(STRING),
-        docker_label=nullable(STRING),
-        tasks=array(STRING),
-    )  # fmt: skip
-
-
 def token_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
     tokenize, decode, embed_all = body(f, "tokenize"), body(f, "decode"), body(f, "embed_all")
     return {
@@ -687,7 +665,8 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
     tokens = token_schemas(f)
     health = {503: error("no worker is ready")}
     return {
-        ("GET", "/info"): Route("TEI's model and server facts", "tei", ok("info", info_schema(f))),
+        ("GET", "/info"): Route("TEI's model and server facts", "tei",
+                                ok("info", answer(f, "info"))),
         ("GET", "/health"): Route(
             "TEI's health: 200 with an empty body while a worker serves",
             "health",
@@ -1020,6 +999,7 @@ def _answers(
     kinds |= v1_schemas.model_answers(names, list(labels), list(tasks), dimension)
     kinds |= task_schemas.rank_answers(max_documents)
     kinds |= tei_structs.answers(labels, max_texts)
+    kinds["info"] = tei_structs.info_answer(names)
     refs, defs = schemas.components(list(kinds.values()))
     return dict(zip(kinds, refs, strict=True)), defs
 

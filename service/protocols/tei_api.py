@@ -26,7 +26,7 @@ from ringserve.service.protocols.routes import (
 from ringserve.service.protocols.schemas import Named, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas import tei as tei_schemas
-from ringserve.service.protocols.schemas.tei import Prediction, Token
+from ringserve.service.protocols.schemas.tei import Info, Prediction, Token
 from ringserve.service.protocols.vocab import tokenizer_for
 from ringserve.shm import layout as L
 
@@ -48,30 +48,29 @@ def model_type(info: ModelInfo) -> dict[str, Any]:
     return {kind: {"id2label": id2label, "label2id": {n: i for i, n in enumerate(labels)}}}
 
 
-def info_doc(server: ModelView, info: ModelInfo) -> dict[str, Any]:
+def info_doc(server: ModelView, info: ModelInfo) -> Info:
     s = server.settings
-    rows = s.batch_rows(info.device)
-    return {
-        "model_id": info.name,
-        "model_sha": info.manifest.fingerprint,
-        "model_dtype": DTYPES.get(s.precision, s.precision),
-        "model_type": model_type(info),
-        "max_concurrent_requests": s.max_queue,
-        "max_input_length": info.manifest.max_length,
-        "max_batch_tokens": s.batch_tokens(info.device),
-        "max_batch_requests": rows,
-        "max_client_batch_size": s.max_texts,
-        "auto_truncate": s.long_text == "truncate",
-        "tokenization_workers": s.serving_workers(),
-        "version": server_version(),
-        "sha": None,
-        "docker_label": None,
-        "tasks": info.manifest.task,  # ringserve's: every task the model does
-    }
+    return Info(
+        model_id=info.name,
+        model_sha=info.manifest.fingerprint,
+        model_dtype=DTYPES.get(s.precision, s.precision),
+        model_type=model_type(info),
+        max_concurrent_requests=s.max_queue,
+        max_input_length=info.manifest.max_length,
+        max_batch_tokens=s.batch_tokens(info.device),
+        max_batch_requests=s.batch_rows(info.device),
+        max_client_batch_size=s.max_texts,
+        auto_truncate=s.long_text == "truncate",
+        tokenization_workers=s.serving_workers(),
+        version=server_version(),
+        sha=None,
+        docker_label=None,
+        tasks=info.manifest.task,
+    )
 
 
 def tei_info(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    conn.respond(ex, 200, json.dumps(info_doc(server, server.model)).encode())
+    conn.respond(ex, 200, msgspec.json.encode(info_doc(server, server.model)))
 
 
 def tei_health(server: ModelView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:

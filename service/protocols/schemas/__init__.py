@@ -42,6 +42,7 @@ Texts = Annotated[list[Text], Meta(min_length=1)]  # narrowed to --max-texts at 
 Count = Annotated[float, Meta(ge=0, multiple_of=1)]
 Positive = Annotated[float, Meta(ge=1, multiple_of=1)]
 TokenIds = Annotated[list[Count], Meta(min_length=1)]
+NonNegative = Annotated[int, Meta(ge=0)]  # an answer's count or index (msgspec writes an int)
 
 
 ModelName = Annotated[str, Meta(description="a loaded model's name (else 404)")]

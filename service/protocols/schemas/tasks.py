@@ -9,6 +9,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from ringserve.service.protocols.schemas import (
     Count,
     LongText,
+    NonNegative,
     Positive,
     Text,
     Texts,
@@ -67,12 +68,11 @@ class CohereRerankV2(Rerank, kw_only=True):
 
 
 # -- answers: built by the rerank handlers, encoded by msgspec, and the document's schemas --------
-Index = Annotated[int, Meta(ge=0)]
 Probability = Annotated[float, Meta(ge=0, le=1)]
 
 
 class TeiHit(Struct, omit_defaults=True, forbid_unknown_fields=True):
-    index: Index  # the document's, in the request
+    index: NonNegative  # the document's, in the request
     score: float  # the probability, or with raw_scores its logit
     text: str | UnsetType = UNSET  # return_text
 
@@ -82,7 +82,7 @@ class DocumentText(Struct, forbid_unknown_fields=True):
 
 
 class CohereHit(Struct, omit_defaults=True, forbid_unknown_fields=True):
-    index: Index
+    index: NonNegative
     relevance_score: Probability
     document: DocumentText | UnsetType = UNSET  # return_documents
 
@@ -92,7 +92,7 @@ class CohereRanking(Struct, forbid_unknown_fields=True):
 
 
 class CohereHitV2(Struct, forbid_unknown_fields=True):
-    index: Index
+    index: NonNegative
     relevance_score: Probability
 
 

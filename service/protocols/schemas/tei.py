@@ -10,6 +10,7 @@ from ringserve.service.protocols.schemas import (
     Count,
     LongText,
     Named,
+    NonNegative,
     Text,
     Texts,
     TokenIds,
@@ -105,3 +106,33 @@ def answers(labels: tuple[str, ...], max_texts: int) -> dict[str, Any]:
         "tokenize": batch(list[Token]),
         "decode": batch(str),
     }
+
+
+# TEI's ModelType: one of classifier, embedding, reranker, with its facts
+ModelType = Annotated[
+    dict[str, Any], Meta(extra_json_schema={"minProperties": 1, "maxProperties": 1})
+]
+
+
+class Info(Struct, kw_only=True, forbid_unknown_fields=True):
+    """GET /info: the model's and the server's facts, in TEI's shape (tei_api.info_doc)."""
+
+    model_id: str
+    model_sha: str | None
+    model_dtype: str
+    model_type: ModelType
+    max_concurrent_requests: NonNegative
+    max_input_length: NonNegative
+    max_batch_tokens: NonNegative
+    max_batch_requests: NonNegative | None
+    max_client_batch_size: NonNegative
+    auto_truncate: bool
+    tokenization_workers: NonNegative
+    version: str
+    sha: str | None
+    docker_label: str | None
+    tasks: list[str]  # ringserve's: every task the model does
+
+
+def info_answer(names: tuple[str, ...]) -> Any:
+    return narrowed(Info, model_id=Literal[names] if names else str)

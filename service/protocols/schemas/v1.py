@@ -8,6 +8,7 @@ from msgspec import Meta, Struct
 from ringserve.service.protocols.schemas import (
     UNSET,
     LongText,
+    NonNegative,
     Text,
     Texts,
     UnsetType,
@@ -67,25 +68,22 @@ def answers(labels: tuple[str, ...], max_texts: int) -> tuple[Any, Any]:
     return result, narrowed(ClassifyBatch, results=results)
 
 
-Count = Annotated[int, Meta(ge=0)]
-
-
 class ModelCard(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """GET /v1/model: the model, as routes.model_card fills it."""
 
     name: str
     labels: list[str]
-    max_length: Count
+    max_length: NonNegative
     fingerprint: str
     activation: Literal["softmax", "sigmoid"]
     architecture: str
     device: str
-    buckets: list[Count]
-    length_classes: list[Count]
+    buckets: list[NonNegative]
+    length_classes: list[NonNegative]
     runtime: str  # torch, onnx or openvino
     precision: str
     task: list[str]
-    dimension: Count
+    dimension: NonNegative
     prompts: dict[str, str] | UnsetType = UNSET  # sentence-transformers' (prompt_name)
     default_prompt_name: str | UnsetType | None = UNSET
     precision_chosen_by: str | UnsetType = UNSET  # --precision auto: what it resolved to, why
@@ -99,7 +97,7 @@ class NamedModelCard(ModelCard, kw_only=True):
 
     id: str
     object: Literal["model"]
-    created: Count  # the artifact's manifest's modification time (Unix seconds)
+    created: NonNegative  # the artifact's manifest's modification time (Unix seconds)
     owned_by: str
 
 
@@ -120,7 +118,7 @@ class ModelEntry(ModelRow, kw_only=True):
 
     id: str
     object: Literal["model"]
-    created: Count
+    created: NonNegative
     owned_by: str
 
 
