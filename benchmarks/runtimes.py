@@ -33,7 +33,7 @@ from ringserve.factory import int8
 from ringserve.factory import onnx as ox
 from ringserve.factory.build import default_artifact_dir
 from ringserve.workers.artifact import load_manifest, load_tokenizer
-from ringserve.workers.onnx_model import open_session
+from ringserve.workers.runtimes.onnx_model import open_session
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TEXTS = {"short": DATA / "sst2" / "sample.tsv", "long": DATA / "ag_news" / "sample.tsv"}
@@ -91,31 +91,6 @@ def calibration_feeds(model_dir: Path, max_length: int) -> list[dict[str, np.nda
     return list(int8._feeds(tokenizer.encode_batch(int8._rows(int8.CALIBRATION))))
 
 
-def static_u8s8(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> None:
-    """Static QDQ: u8 activations (ranges from the calibration rows), s8 weights per channel,
-    the layout VNNI's u8 x s8 dot product takes."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds: Iterator[dict[str, np.ndarray]] = iter(feeds)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.feeds, None)
-
-    with ox.quiet():
-        quantize_static(
-            str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-            weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8,
-            extra_options={"WeightSymmetric": True, "DefaultTensorType": 1},
-        )  # fmt: skip
-
-
 def nncf_int8(src: Path, feeds: list[dict[str, np.ndarray]]) -> Any:
     import nncf
     import openvino as ov
@@ -136,7 +111,7 @@ def runtimes(model_dir: Path, work: Path, flags: set[str]) -> Iterator[tuple[str
     yield "ORT fp32 fused", ort_run(model_dir / m.onnx_for("fp32", "fused"))
     yield f"ORT int8 dynamic ({m.int8.get('recipe', 'dynamic')})", ort_run(model_dir / m.int8_file)
     feeds = calibration_feeds(model_dir, m.max_length)
-    static_u8s8(plain, work / "qdq.onnx", feeds)
+    int8.quantize_qdq(plain, work / "qdq.onnx", feeds, unsigned=True)  # u8s8
     yield "ORT int8 static QDQ u8s8", ort_run(work / "qdq.onnx")
     try:
         import openvino  # noqa: F401

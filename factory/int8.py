@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,14 @@ def dynamic(src: Path, dst: Path, keep: Sequence[str] = ()) -> None:
 def static_qdq(src: Path, dst: Path, calibration: list[Any]) -> None:
     """Static QDQ: int8 weights per channel and int8 activations with ranges fixed by the
     calibration rows (min-max)."""
+    quantize_qdq(src, dst, _feeds(calibration), unsigned=False)
+
+
+def quantize_qdq(
+    src: Path, dst: Path, feeds: Iterable[dict[str, np.ndarray]], unsigned: bool
+) -> None:
+    """Static QDQ from calibration feeds: s8 weights per channel, and s8 activations (or u8,
+    `unsigned`: the layout VNNI's u8 x s8 dot product takes; benchmarks/runtimes.py)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -110,15 +118,16 @@ def static_qdq(src: Path, dst: Path, calibration: list[Any]) -> None:
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.feeds = _feeds(calibration)
+            self.feeds = iter(feeds)
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.feeds, None)
 
+    activations = QuantType.QUInt8 if unsigned else QuantType.QInt8
     with ox.quiet():
         quantize_static(
             str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-            weight_type=QuantType.QInt8, activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8, activation_type=activations,
             extra_options={"WeightSymmetric": True, "DefaultTensorType": 1},
         )  # fmt: skip
 
