@@ -133,7 +133,24 @@ def block(lang: str, value: Any) -> list[str]:
     return [f"```{lang}", json.dumps(value, indent=2), "```"]
 
 
-def operation_section(method: str, path: str, op: dict[str, Any]) -> list[str]:
+def inline(schema: Any, components: dict[str, Any]) -> Any:
+    """`schema` with each $ref to the document's components replaced by what it names (the
+    request bodies' Structs: service/protocols/schemas), for a reader of one route."""
+    if isinstance(schema, list):
+        return [inline(item, components) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref", "")
+    if ref.startswith("#/components/schemas/"):
+        named = components[ref.rsplit("/", 1)[1]]
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        return inline({**named, **rest}, components)
+    return {k: inline(v, components) for k, v in schema.items()}
+
+
+def operation_section(
+    method: str, path: str, op: dict[str, Any], components: dict[str, Any]
+) -> list[str]:
     lines = [f"### {method} {path}", "", op["summary"] + ".", ""]
     if op.get("description"):
         lines += [op["description"], ""]
@@ -149,7 +166,11 @@ def operation_section(method: str, path: str, op: dict[str, Any]) -> list[str]:
         media = body["content"]["application/json"]
         for name, example in media.get("examples", {}).items():
             lines += [f"Example request ({name}):", "", *block("json", example["value"]), ""]
-        lines += ["<details><summary>Request schema</summary>", "", *block("json", media["schema"])]
+        lines += [
+            "<details><summary>Request schema</summary>",
+            "",
+            *block("json", inline(media["schema"], components)),
+        ]
         lines += ["", "</details>", ""]
     lines += ["| status | meaning | headers |", "| --- | --- | --- |"]
     for status, answer in op["responses"].items():
@@ -184,7 +205,7 @@ def http_page() -> str:
     for tag, ops in by_tag.items():
         lines += [f"## {tag}", ""]
         for method, path, op in ops:
-            lines += operation_section(method, path, op)
+            lines += operation_section(method, path, op, doc["components"]["schemas"])
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -68,7 +68,8 @@ def accepted_or_listed(ctx: Any, response: Any, case: Any) -> bool | None:
     if meta is None or not meta.generation.mode.is_positive:
         return None
     status, body = response.status_code, _body(response)
-    message = str(body.get("error", ""))
+    error = body.get("error", "")
+    message = str(error.get("message", "") if isinstance(error, dict) else error)  # OpenAI's
     if status == 400 and not openapi.beyond_schema(case.operation.definition.raw)(message):
         raise AssertionError(f"a request the document allows was refused 400: {message!r}")
     if status == 413 and "tokens" not in body:

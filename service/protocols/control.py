@@ -8,8 +8,11 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import msgspec
 from ringserve.service.protocols.auth import DENIED, ApiKey, control_ok
 from ringserve.service.protocols.handover import send_listeners, socket_is_live
+from ringserve.service.protocols.schemas import control as commands
+from ringserve.service.protocols.schemas import message
 
 Reply = dict[str, Any]
 
@@ -103,26 +106,28 @@ class ControlProtocol(asyncio.Protocol):
         if not line.strip():
             return {"ok": False, "error": "empty line"}
         try:
-            doc = json.loads(line)
-        except (ValueError, RecursionError):  # bad JSON or UTF-8, an integer over 4300 digits
+            keyed = msgspec.json.decode(line, type=commands.Keyed)
+        except msgspec.MsgspecError:  # bad JSON or UTF-8, not an object
             return {"ok": False, "error": "not a JSON object"}
-        if not isinstance(doc, dict):
-            return {"ok": False, "error": "not a JSON object"}
-        if not control_ok(self.key, doc):
+        if not control_ok(self.key, {"key": keyed.key}):
             return {"ok": False, "error": DENIED}
-        cmd = doc.get("cmd")
-        handler = COMMANDS.get(cmd) if isinstance(cmd, str) else None
-        if handler is None:
-            return {
-                "ok": False,
-                "error": f"unknown command: {str(cmd)[:100]!r}",
-                "commands": sorted(COMMANDS),
-            }
         try:
-            reply = handler(self.admin, doc)
+            command = msgspec.json.decode(line, type=commands.Any_)
+        except msgspec.ValidationError as exc:
+            return refusal(str(exc))
+        handler = COMMANDS[type(command).__struct_config__.tag]  # type: ignore[index]
+        try:
+            reply = handler(self.admin, command)
         except Exception as exc:  # noqa: BLE001 - the contract keeps the connection usable
             return failure(exc)
         return reply if isinstance(reply, dict) else guarded(reply)
+
+
+def refusal(problem: str) -> Reply:
+    """A command its Struct refuses: an unknown one lists those there are."""
+    if "`$.cmd`" in problem or "field `cmd`" in problem:
+        return {"ok": False, "error": f"unknown command: {problem}", "commands": sorted(COMMANDS)}
+    return {"ok": False, "error": message(problem)}
 
 
 def failure(exc: Exception) -> Reply:
@@ -148,78 +153,54 @@ def answer_code(reply: dict[str, Any]) -> int:
     return 401 if reply.get("error") == DENIED else 400
 
 
-def _int_arg(doc: dict[str, Any], name: str) -> int:
-    value = doc.get(name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f'"{name}" must be an integer')
-    return value
-
-
-def cmd_status(admin: Admin, doc: Reply) -> Reply:
+def cmd_status(admin: Admin, c: commands.Status) -> Reply:
     return {"ok": True, **admin.status()}
 
 
-def cmd_restart(admin: Admin, doc: Reply) -> Reply:
-    slot = _int_arg(doc, "worker")
-    error = admin.restart(slot)
-    return {"ok": False, "error": error} if error else {"ok": True, "worker": slot}
+def cmd_restart(admin: Admin, c: commands.Restart) -> Reply:
+    error = admin.restart(c.worker)
+    return {"ok": False, "error": error} if error else {"ok": True, "worker": c.worker}
 
 
-def cmd_scale(admin: Admin, doc: Reply) -> Reply:
-    n = _int_arg(doc, "workers")
-    if not 1 <= n <= 256:
-        return {"ok": False, "error": "workers must be between 1 and 256"}
+def cmd_scale(admin: Admin, c: commands.Scale) -> Reply:
+    n = c.workers
     error = admin.scale(n)
     return {"ok": False, "error": error} if error else {"ok": True, "workers": n}
 
 
-def cmd_drain(admin: Admin, doc: Reply) -> Reply:
+def cmd_drain(admin: Admin, c: commands.Drain) -> Reply:
     admin.stop("control")
     return {"ok": True, "draining": True}
 
 
-async def cmd_reload(admin: Admin, doc: Reply) -> Reply:
+async def cmd_reload(admin: Admin, c: commands.Reload) -> Reply:
     error = await admin.reload("control")
     if error:
         return {"ok": False, "error": error}
     return {"ok": True, "generation": admin.generation()}
 
 
-def cmd_models(admin: Admin, doc: Reply) -> Reply:
+def cmd_models(admin: Admin, c: commands.Models) -> Reply:
     return {"ok": True, "models": admin.models()}
-
-
-def _name_arg(doc: Reply) -> str:
-    name = doc.get("model")
-    if not isinstance(name, str) or not name:
-        raise ValueError('"model" must name a model')
-    return name
-
-
-def _version_arg(doc: Reply) -> int | str | None:
-    version = doc.get("version")
-    if version is None or (isinstance(version, int | str) and not isinstance(version, bool)):
-        return version
-    raise ValueError('"version" must be a number')
 
 
 def refused(error: tuple[int, str]) -> Reply:
     return {"ok": False, "code": error[0], "error": error[1]}
 
 
-async def cmd_load(admin: Admin, doc: Reply) -> Reply:
-    name, version = _name_arg(doc), _version_arg(doc)
-    error = await admin.load(name, version)
+async def cmd_load(admin: Admin, c: commands.Load) -> Reply:
+    name = c.model
+    error = await admin.load(name, c.version)
     return refused(error) if error else {"ok": True, "model": name, "models": admin.models()}
 
 
-async def cmd_unload(admin: Admin, doc: Reply) -> Reply:
-    name = _name_arg(doc)
+async def cmd_unload(admin: Admin, c: commands.Unload) -> Reply:
+    name = c.model
     error = await admin.unload(name)
     return refused(error) if error else {"ok": True, "model": name, "models": admin.models()}
 
 
-def cmd_listeners(admin: Admin, doc: Reply) -> Reply:
+def cmd_listeners(admin: Admin, c: commands.Listeners) -> Reply:
     """Hand the listening sockets to a server upgrading beside this one (service.handover)."""
     found = admin.handover_sockets()
     if isinstance(found, str):
@@ -228,7 +209,7 @@ def cmd_listeners(admin: Admin, doc: Reply) -> Reply:
     return {"ok": True, "listeners": names, FDS: fds}
 
 
-Command = Callable[[Admin, Reply], Reply | Awaitable[Reply]]
+Command = Callable[[Admin, Any], Reply | Awaitable[Reply]]
 COMMANDS: dict[str, Command] = {
     "status": cmd_status,
     "restart": cmd_restart,

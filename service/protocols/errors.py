@@ -22,8 +22,11 @@ OPENAI_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_
 OPENAI_CODES = {401: "invalid_api_key", 429: "rate_limit_exceeded", 413: "context_length_exceeded"}
 # TEI's ErrorType: a refusal of the queue is Overloaded, a server that cannot serve Unhealthy.
 TEI_TYPES = {429: "Overloaded", 500: "Backend", 503: "Overloaded", 504: "Backend"}
-# The request fields an OpenAI error can name as its `param` (the message starts with it).
-_PARAM = re.compile(r"^(input|model|encoding_format|dimensions|version|user)\b")
+# The request fields an OpenAI error can name as its `param`: the message starts with it, or
+# names it as a decoding error does ("- at `$.input[0]`", "missing required field `input`").
+_PARAM = re.compile(
+    r"(?:^|at `\$\.|field `)(input|model|encoding_format|dimensions|version|user|prompt_name)\b"
+)
 
 
 def family(url: bytes) -> str:
@@ -44,7 +47,7 @@ def error_doc(url: bytes, status: int, message: str, **fields: Any) -> dict[str,
     kind = family(url)
     if kind == "openai":
         model = "model" if status == 404 and message.startswith("unknown model") else None
-        found = _PARAM.match(message)
+        found = _PARAM.search(message)
         body = {
             "message": message,
             "type": OPENAI_TYPES.get(

@@ -20,6 +20,7 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import unquote
 
+import msgspec
 import numpy as np
 from ringserve.service.engine.dispatcher import Options, Result
 from ringserve.service.model_info import ModelInfo
@@ -33,7 +34,14 @@ from ringserve.service.protocols.routes import (
     as_integer,
     find_model,
     long_text_options,
-    parse_json,
+)
+from ringserve.service.protocols.schemas import S, decode_bytes
+from ringserve.service.protocols.schemas.kserve import (
+    MAX_TIMEOUT_US,
+    Infer,
+    RepositoryIndex,
+    RepositoryLoad,
+    RepositoryUnload,
 )
 from ringserve.service.protocols.shm_regions import REGIONS, Placement, placement
 from ringserve.service.protocols.tasks import vectors
@@ -289,14 +297,9 @@ def split_body(server: FrontView, ex: Exchange) -> tuple[dict[str, Any], memoryv
         if not 0 <= size <= len(body):
             raise HttpError(400, "Inference-Header-Content-Length is outside the body")
     view = memoryview(body)
-    try:
-        doc = json.loads(view[:size].tobytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise HttpError(400, "inference header is not valid UTF-8") from None
-    except (ValueError, RecursionError):  # ValueError too: an integer over 4300 digits
-        raise HttpError(400, "malformed JSON in the inference header") from None
-    if not isinstance(doc, dict):
-        raise HttpError(400, "inference header must be a JSON object")
+    header = decode_bytes(view[:size], Infer, "inference header")
+    # checked whole by its Struct; read as plain values by the code gRPC shares (rpc/infer.py)
+    doc: dict[str, Any] = msgspec.to_builtins(header)
     return doc, view[size:]
 
 
@@ -341,11 +344,12 @@ def bytes_elements(blob: memoryview) -> list[bytes]:
     return out
 
 
-def json_elements(data: Any) -> list[Any]:
+def json_elements(data: list[Any]) -> list[Any]:
     """Row-major data, flat or nested one level ([N, 1] written as [["a"], ["b"]])."""
-    if not isinstance(data, list):
-        raise HttpError(400, "input text data must be a list")
-    if data and all(isinstance(d, list) for d in data):
+    rows = sum(isinstance(d, list) for d in data)
+    if rows and rows != len(data):
+        raise HttpError(400, "input data mixes rows and texts")
+    if rows:
         return [x for row in data for x in row]
     return data
 
@@ -494,7 +498,7 @@ def read_outputs(
         if any(spec["name"] == w for w, _ in wanted):
             raise HttpError(400, f"output {spec['name']!r} asked for twice")
         out_params = as_dict(spec.get("parameters"), "output parameters")
-        if "classification" in out_params:
+        if out_params.get("classification") is not None:
             raise HttpError(400, "classification outputs are not supported")
         placement(out_params, f"output {spec['name']}")  # checked here, used by output_places
         binary = out_params.get("binary_data", default)
@@ -512,9 +516,6 @@ def output_places(doc: dict[str, Any]) -> dict[str, Placement]:
         if where is not None:
             found[spec["name"]] = where
     return found
-
-
-MAX_TIMEOUT_US = 86_400_000_000  # a day, as X-Request-Timeout-Ms allows
 
 
 def request_deadline(server: FrontView, ex: Exchange, doc: dict[str, Any]) -> int | None:
@@ -616,8 +617,6 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     name, version = info.name, str(info.version)
     doc, blob = split_body(server, ex)
     request_id = doc.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise HttpError(400, "id must be a string")
     texts = read_texts(server, doc, blob)
     m = info.manifest
     wanted = read_outputs(doc, m.embeds, m.embed_only)
@@ -652,6 +651,8 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
             conn.respond(ex, 200, head, extra=extra)
 
     asked = as_dict(doc.get("parameters"), "parameters").get("priority")
+    if isinstance(asked, float):  # a level: an integer, as its Struct reads it
+        asked = int(asked)
     priority = asked_priority(asked, "parameters.priority")  # never above the key's
     admit.submit(
         server.admission, conn, ex, texts, done, "kserve", deadline, task, priority, info.index,
@@ -693,39 +694,26 @@ def repository_index(
 ) -> None:
     """POST /v2/repository/index: tritonclient sends an empty body; `{"ready": true}` keeps
     the models that serve."""
-    doc = parse_json(ex) if b"".join(ex.body).strip() else {}
-    if not isinstance(doc, dict):
-        raise HttpError(400, "body must be a JSON object")
-    ready = doc.get("ready", False)
-    if not isinstance(ready, bool):
-        raise HttpError(400, "ready must be true or false")
-    if not isinstance(doc.get("repository_name", ""), str):
-        raise HttpError(400, "repository_name must be a string")
+    ready = optional_body(ex, RepositoryIndex).ready
     rows = repository_of(server).index()
     respond_json(conn, ex, [r for r in rows if r.get("state") == READY] if ready else rows)
 
 
-def repository_params(ex: Exchange) -> dict[str, Any]:
-    """A load or unload body's `parameters`, as tritonclient sends them (`{}` or
-    `{"parameters": {...}}`)."""
-    doc = parse_json(ex) if b"".join(ex.body).strip() else {}
-    if not isinstance(doc, dict):
-        raise HttpError(400, "body must be a JSON object")
-    return as_dict(doc.get("parameters"), "parameters")
+def optional_body(ex: Exchange, kind: type[S]) -> S:
+    """A body tritonclient may send empty (taken as `{}`)."""
+    body = b"".join(ex.body)
+    return decode_bytes(body if body.strip() else b"{}", kind)
 
 
 def repository_load(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
     """POST /v2/repository/models/{name}/load; parameter `version` names one (else the
     highest); Triton's `config` and `file:` overrides are not taken."""
-    params = repository_params(ex)
-    if "config" in params or any(k.startswith("file:") for k in params):
+    load = optional_body(ex, RepositoryLoad)
+    given = optional_body(ex, dict[str, Any]).get("parameters") or {}  # every key, to refuse
+    if "config" in given or any(k.startswith("file:") for k in given):
         raise HttpError(400, "load parameters config and file: are not supported")
-    version = params.get("version")
-    if version is not None:
-        number = as_integer(version)
-        if number is None and not isinstance(version, str):
-            raise HttpError(400, "parameters.version must be a string or an integer")
-        version = str(version if number is None else number)
+    asked = load.parameters.version if load.parameters else None
+    version = None if asked is None else str(asked)
     run_repository(conn, ex, repository_of(server).load(unquote(p["model"]), version))
 
 
@@ -733,8 +721,7 @@ def repository_unload(
     server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]
 ) -> None:
     """POST /v2/repository/models/{name}/unload (`unload_dependents` has nothing to do here)."""
-    if not isinstance(repository_params(ex).get("unload_dependents", False), bool):
-        raise HttpError(400, "parameters.unload_dependents must be true or false")
+    optional_body(ex, RepositoryUnload)  # unload_dependents: nothing depends on a model here
     run_repository(conn, ex, repository_of(server).unload(unquote(p["model"])))
 
 

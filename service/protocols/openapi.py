@@ -17,18 +17,25 @@ inference request may send, to `INFERENCE_HEADERS`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ringserve.service.protocols import schemas
 from ringserve.service.protocols.auth import OPEN_PATH
-from ringserve.service.protocols.cohere_api import EMBEDDING_TYPES, INPUT_TYPES, TRUNCATE
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.kserve import MAX_TIMEOUT_US, VERSION, server_version
+from ringserve.service.protocols.kserve import VERSION, server_version
 from ringserve.service.protocols.routes import Router
+from ringserve.service.protocols.schemas import server as server_bodies
+from ringserve.service.protocols.schemas import tasks as task_schemas
+from ringserve.service.protocols.schemas import tei as tei_structs
+from ringserve.service.protocols.schemas import v1 as v1_schemas
+from ringserve.service.protocols.schemas.v1 import ONE_OR_MANY
 from ringserve.service.views import FrontView
 
 Schema = dict[str, Any]
@@ -118,26 +125,11 @@ INT: Schema = {"type": "integer"}
 COUNT: Schema = {"type": "integer", "minimum": 0}
 
 
-def not_blank() -> str:
-    """A regex for "has a character that is not whitespace", whitespace as texts.checked's
-    str.strip() counts it: spelled out, since a pattern's \\s (ECMA 262) counts otherwise (it
-    has U+FEFF, and not U+001C to U+001F or U+0085)."""
-    spaces = "".join(f"\\u{c:04x}" for c in range(0x10000) if chr(c).isspace())
-    return f"[^{spaces}]"
-
-
 def nullable(schema: Schema) -> Schema:
     """An optional field the server reads with dict.get: null is as if it were left out."""
     return {"anyOf": [schema, {"type": "null"}], "description": "null: as if left out"}
 
 
-TEXT: Schema = {"type": "string", "pattern": not_blank(), "description": "not only whitespace"}
-LONG_TEXT: Schema = {  # routes.long_text_options
-    "truncate": nullable({"type": "boolean", "description": "true: cut; false: refuse (413)"}),
-    "truncation_direction": nullable(
-        {"enum": ["left", "right"], "description": "right keeps the start"}
-    ),
-}
 ERROR = obj(["error"], error=STRING)
 TOO_LONG = obj(
     ["error"], error=STRING, tokens=COUNT, max_length=COUNT, windows=COUNT, max_windows=COUNT
@@ -169,16 +161,6 @@ LATENCY = ("x-latency-ms",)
 
 def error(description: str, *headers: str) -> Answer:
     return Answer(description, ERROR, headers=headers)
-
-
-def model_fields(f: Facts, vendor: bool = False) -> dict[str, Schema]:
-    """A /v1 body's optional "model" and "version" (routes.request_model): a loaded model's
-    name, or (OpenAI's and Cohere's, `vendor`) any string: a name the server never held means
-    its only model."""
-    return {
-        "model": nullable(STRING if vendor else {"enum": f.names}),
-        "version": nullable({"enum": [f.version, int(f.version)]}),
-    }
 
 
 MODEL_404 = error('unknown model or version ("model", "version")', *LATENCY)
@@ -217,39 +199,15 @@ ADMITTED: dict[int, Answer] = {
 
 # -- the routes' own schemas ----------------------------------------------------------------------
 def classify_schemas(f: Facts) -> tuple[Schema, Schema]:
-    """(request, answer) of POST /v1/classify (routes.classify)."""
-    n = len(f.labels)
-    texts = array(TEXT, 1, f.max_texts)
-    named = model_fields(f)
-    one = obj(["text"], closed=False, text=TEXT, text_pair=TEXT, **LONG_TEXT, **named)
-    one["not"] = {"anyOf": [{"required": ["texts"]}, {"required": ["text_pairs"]}]}
-    many = obj(["texts"], closed=False, texts=texts, text_pairs=texts, **LONG_TEXT, **named)
-    many["not"] = {"anyOf": [{"required": ["text"]}, {"required": ["text_pair"]}]}
-    result = obj(
-        ["label", "label_id", "scores"],
-        label={"enum": f.labels},
-        label_id={"type": "integer", "minimum": 0, "maximum": n - 1},
-        scores=array({"type": "number", "minimum": 0, "maximum": 1}, n, n),
-        truncated={"const": True},
-        tokens=COUNT,
-        windows=COUNT,
-    )
-    batch = obj(["results"], results=array(result, 1, f.max_texts))
-    return {"oneOf": [one, many]}, {"oneOf": [result, batch]}
+    """(request, answer) of POST /v1/classify (routes.classify): its Structs'."""
+    one, batch = answer(f, "classify"), answer(f, "classify_batch")
+    return {"allOf": [body(f, "classify"), ONE_OR_MANY]}, {"oneOf": [one, batch]}
 
 
 def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v1/embeddings (tasks.openai_embeddings)."""
     d = max(f.dimension, 1)
-    request = obj(
-        ["input"],
-        closed=False,
-        input={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
-        **model_fields(f, vendor=True),
-        encoding_format={"enum": ["float", "base64"]},
-        dimensions=nullable({"type": "integer", "minimum": 1, "maximum": d}),
-        **LONG_TEXT,
-    )
+    request = body(f, "openai_embeddings")
     vector = {"oneOf": [array(NUMBER, 1, d), {"type": "string", "contentEncoding": "base64"}]}
     item = obj(
         ["object", "index", "embedding"],
@@ -268,155 +226,32 @@ def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
     return request, answer
 
 
-def document_list(f: Facts) -> Schema:
-    """tasks._documents: strings, or objects with a `text`."""
-    item = {"oneOf": [TEXT, obj(["text"], closed=False, text=TEXT)]}
-    return array(item, 1, f.max_documents)
-
-
-def rerank_common(f: Facts) -> dict[str, Schema]:
-    return {"query": TEXT, "top_n": nullable({"type": "integer", "minimum": 1}), **LONG_TEXT}
-
-
 def tei_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
     """(request, answer) of TEI's POST /embed and /rerank (tasks.tei_embed, tasks.tei_rerank)."""
     d = max(f.dimension, 1)
-    embed = obj(
-        ["inputs"],
-        closed=False,
-        inputs={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
-        normalize=BOOL,
-        **LONG_TEXT,
-        **model_fields(f),
-    )
-    rerank = obj(
-        ["query", "texts"],
-        closed=False,
-        texts=document_list(f),
-        raw_scores=BOOL,
-        return_text=BOOL,
-        **rerank_common(f),
-        **model_fields(f),
-    )
-    hit = obj(["index", "score"], index=COUNT, score=NUMBER, text=STRING)
+    embed, rerank = body(f, "tei_embed"), body(f, "tei_rerank")
     return {
         "embed": (embed, array(array(NUMBER, d, d), 1, f.max_texts)),
-        "rerank": (rerank, array(hit, 1, f.max_documents)),
+        "rerank": (rerank, answer(f, "tei_rerank")),
     }
 
 
 def cohere_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of Cohere's POST /v1/rerank (tasks.cohere_rerank)."""
-    request = obj(
-        ["query", "documents"],
-        closed=False,
-        documents=document_list(f),
-        return_documents=BOOL,
-        **rerank_common(f),
-        **model_fields(f, vendor=True),
-    )
-    hit = obj(
-        ["index", "relevance_score"],
-        index=COUNT,
-        relevance_score={"type": "number", "minimum": 0, "maximum": 1},
-        document=obj(["text"], text=STRING),
-    )
-    return request, obj(["results"], results=array(hit, 1, f.max_documents))
-
-
-def model_info_schema(f: Facts) -> Schema:
-    """GET /v1/model (routes.model_info)."""
-    return obj(
-        [
-            "name",
-            "labels",
-            "max_length",
-            "fingerprint",
-            "activation",
-            "architecture",
-            "device",
-            "buckets",
-            "length_classes",
-            "runtime",
-            "precision",
-            "task",
-            "dimension",
-        ],
-        name={"enum": f.names},
-        labels={"const": f.labels},
-        max_length=COUNT,
-        fingerprint=STRING,
-        activation={"enum": ["softmax", "sigmoid"]},
-        architecture=STRING,
-        device=STRING,
-        buckets=array(COUNT),
-        length_classes=array(COUNT),
-        runtime={"enum": ["torch", "onnx"]},
-        precision=STRING,
-        task={"const": f.tasks},
-        dimension={"const": f.dimension},
-        int8={"type": "object", "description": "the int8 cost measured at export"},
-        graph={
-            "type": "object",
-            "description": "ONNX Runtime at fp32: the graph serving (`graph`: plain or fused), "
-            "what chose it and the start-up timings (--graph)",
-        },
-    )
-
-
-def named_model_schema(f: Facts) -> Schema:
-    """GET /v1/models/{model}: /v1/model's fields and OpenAI's model object's."""
-    out = model_info_schema(f)
-    out["required"] = [*OPENAI_MODEL, *out["required"]]
-    out["properties"] = {**out["properties"], **OPENAI_MODEL}
-    return out
+    return body(f, "cohere_rerank"), answer(f, "cohere_rerank")
 
 
 STATES = ["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]  # service/models.py
 
 
-def models_schema() -> Schema:
-    """GET /v1/models (routes.list_models)."""
-    row = obj(
-        ["name", "version", "state", "task", "labels"],
-        name=STRING,
-        version=STRING,
-        state={"enum": STATES},
-        task=array(STRING),
-        labels=array(STRING),
-    )
-    data = {**row, "required": ["id", "object", "created", "owned_by", *row["required"]]}
-    data["properties"] = {**row["properties"], **OPENAI_MODEL}
-    return obj(
-        ["object", "data", "models"], object={"const": "list"}, data=array(data), models=array(row)
-    )
-
-
-OPENAI_MODEL: dict[str, Schema] = {  # routes.openai_model
-    "id": STRING,
-    "object": {"const": "model"},
-    "created": COUNT,
-    "owned_by": STRING,
-}
-
-
-def repository_schemas() -> dict[str, Schema]:
+def repository_schemas(f: Facts) -> dict[str, Schema]:
     """The KServe repository extension's bodies and answers (kserve.repository_*)."""
     row = obj(["name", "state"], name=STRING, version=STRING, state={"enum": STATES}, reason=STRING)
-    version = nullable({"type": ["string", "integer"], "description": "else the highest"})
-    load = {
-        "type": "object",
-        "properties": {"version": version, "config": False},
-        "patternProperties": {"^file:": False},
-        "description": "Triton's config and file: overrides are not taken",
-    }
     return {
-        "index": obj([], closed=False, ready=BOOL, repository_name=STRING),
+        "index": body(f, "repository_index"),
         "rows": array(row),
-        "load": obj([], closed=False, parameters=nullable(load)),
-        "unload": obj(
-            [], closed=False, parameters=nullable(obj([], closed=False, unload_dependents=BOOL))
-        ),
+        "load": body(f, "repository_load"),
+        "unload": body(f, "repository_unload"),
         "done": obj([]),
     }
 
@@ -515,46 +350,8 @@ def kserve_metadata_schemas(f: Facts) -> dict[str, Schema]:
 
 def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v2/models/{model}/infer (kserve.read_texts, read_outputs)."""
-    shm = {  # shm_regions.placement: a registered region (system shared memory extension)
-        "shared_memory_region": {"type": "string", "minLength": 1},
-        "shared_memory_offset": COUNT,
-        "shared_memory_byte_size": COUNT,
-    }
-    texts = {"oneOf": [array(TEXT), array(array(TEXT))]}
-    input_params = obj([], closed=False, binary_data_size=COUNT, **shm)
-    tensor_in = obj(
-        ["name", "datatype", "shape"],
-        closed=False,
-        name={"enum": ["text", "text_pair"]},
-        datatype={"const": "BYTES"},
-        shape={**array(COUNT, 1, 2), "prefixItems": [COUNT, {"const": 1}]},  # [N] or [N, 1]
-        data=texts,
-        parameters=nullable(input_params),
-    )
     outputs = ["scores", "label", *(["embedding"] if f.embeds else [])]
-    out_params = obj([], closed=False, binary_data=BOOL, classification=False, **shm)
-    tensor_out = obj(
-        ["name"], closed=False, name={"enum": outputs}, parameters=nullable(out_params)
-    )
-    params = obj(
-        [],
-        closed=False,
-        binary_data_output=BOOL,
-        # lower the request's priority (never above its key's); Triton's levels: 1 the highest
-        priority=nullable({"anyOf": [{"enum": ["interactive", "bulk"]}, COUNT]}),
-        timeout=nullable(
-            {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_US, "description": "µs"}
-        ),
-        **LONG_TEXT,
-    )
-    request = obj(
-        ["inputs"],
-        closed=False,
-        id=nullable(STRING),
-        parameters=nullable(params),
-        inputs=array(tensor_in, 1, 2),
-        outputs=nullable(array(tensor_out)),
-    )
+    request = body(f, "infer")
     data = {"oneOf": [array(NUMBER), array(STRING)]}
     answered = obj(
         ["name", "datatype", "shape"],
@@ -583,6 +380,27 @@ def needs(f: Facts, task: str) -> tuple[str, ...]:
 
 
 PAIRS_RULE = r"^text_pairs must be a list as long as texts$"
+PROMPT_RULE = r"^prompt_name .* is not one of this model's prompts"
+TOKEN_ID_RULES = (  # tasks.openai_inputs and vocab.text_of_ids: ids the model's tokenizer refuses
+    r"^input mixes texts, token ids and lists of token ids$",
+    r"token id \d+ is not in model .*'s vocabulary",
+    r"token ids must start with .* special tokens",
+    r"these token ids are not a tokenization by",
+    r"^input(\[\d+\])? is empty$",
+)
+PREDICT_RULES = (  # tei_api.predict_inputs: a list of texts is one sequence, of lists a batch
+    r"^inputs(\[\d+\])? must be ",
+    r"^parameters.function_to_apply may be \w+ or none for ",  # the model's own activation
+)
+EMBED_RULES = {  # what a schema-valid body to each embedding route can still be refused for
+    "/v1/embeddings": (
+        PROMPT_RULE,
+        r"^dimensions must be an integer from 1 to the model's \d+$",
+        r"^input must hold 1 to \d+ items, not \d+$",  # a batch: one list of ids is one text
+        *TOKEN_ID_RULES,
+    ),
+    "/embed": (PROMPT_RULE,),
+}
 MODEL_REQUIRED = (r"^several models are loaded \(",)  # no "model" while several are loaded
 SHM_RULES = (  # shm_regions: a region not registered, or too small
     r"shared memory and (data|contents) both$",
@@ -604,6 +422,9 @@ INFER_RULES = (  # what kserve.read_texts and read_outputs check across fields
     r"^binary data given, but no input names it",
     r"^input text must hold 1 to \d+ texts$",
     r"^output '\w+' asked for twice$",
+    r"^input data mixes rows and texts$",
+    r"^unknown output 'embedding': the model gives",  # a model that does not embed
+    PROMPT_RULE,
 )
 
 
@@ -643,15 +464,17 @@ def v1_routes(f: Facts) -> dict[tuple[str, str], Route]:
             model_body=True,
         ),
         ("GET", "/v1/model"): Route(
-            "The served model (the first, with many)", "v1", ok("the model", model_info_schema(f))
+            "The served model (the first, with many)", "v1", ok("the model", answer(f, "model"))
         ),
         ("GET", "/v1/models"): Route(
-            "Every model the server holds, with its state", "v1", ok("the models", models_schema())
+            "Every model the server holds, with its state",
+            "v1",
+            ok("the models", answer(f, "models")),
         ),
         ("GET", "/v1/models/{model}"): Route(
             "One loaded model, as /v1/model gives it, with OpenAI's fields",
             "v1",
-            ok("the model", named_model_schema(f)),
+            ok("the model", answer(f, "named_model")),
             model_path=True,
         ),
     }
@@ -685,6 +508,7 @@ def task_routes(f: Facts) -> dict[tuple[str, str], Route]:
             "embed",
             ("the vectors", embedding_schemas(f)),
             {"input": "a fine film"},
+            EMBED_RULES["/v1/embeddings"],
         ),
         ("POST", "/embed"): task_route(
             f,
@@ -692,6 +516,7 @@ def task_routes(f: Facts) -> dict[tuple[str, str], Route]:
             "embed",
             ("the vectors", tei["embed"]),
             {"inputs": ["a fine film"]},
+            EMBED_RULES["/embed"],
         ),
         ("POST", "/rerank"): task_route(
             f,
@@ -711,7 +536,12 @@ def task_routes(f: Facts) -> dict[tuple[str, str], Route]:
 
 
 def task_route(
-    f: Facts, summary: str, task: str, answer: tuple[str, tuple[Schema, Schema]], example: Schema
+    f: Facts,
+    summary: str,
+    task: str,
+    answer: tuple[str, tuple[Schema, Schema]],
+    example: Schema,
+    rules: tuple[str, ...] = (),
 ) -> Route:
     """An inference route of one task (its tag): JSON in, JSON out, 400 for a model without it."""
     description, (request, response) = answer
@@ -721,14 +551,13 @@ def task_route(
         ok(description, response, "application/json", *LATENCY),
         request,
         inference=True,
-        beyond_schema=(*needs(f, task), *MODEL_REQUIRED),
+        beyond_schema=(*needs(f, task), *MODEL_REQUIRED, *rules),
         examples={"one": example},
         model_body=True,
     )
 
 
 # -- peers' shapes: TEI's routes, Cohere's v2, and each family's error body --------------------
-NULL: Schema = {"type": "null"}
 MAYBE_COUNT: Schema = {"type": ["integer", "null"], "minimum": 0}
 TEI_ERROR_TYPES = ["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
 TOO_LONG_FIELDS: dict[str, Schema] = {
@@ -764,52 +593,13 @@ def counted(schema: Schema, too_long: bool) -> Schema:
 
 
 # -- TEI -----------------------------------------------------------------------------------------
-def prediction(f: Facts) -> Schema:
-    label = {"enum": f.labels} if f.labels else STRING
-    return obj(["score", "label"], score=NUMBER, label=label)
-
-
-def predict_input(f: Facts) -> Schema:
-    one = array(TEXT, 1, 2)  # [text] or [text, pair]
-    return {"oneOf": [TEXT, one, array(one, 1, f.max_texts)]}
-
-
 def predict_schemas(f: Facts) -> tuple[Schema, Schema]:
-    request = obj(
-        ["inputs"],
-        closed=False,
-        inputs=predict_input(f),
-        raw_scores=BOOL,
-        **LONG_TEXT,
-        **model_fields(f),
-    )
-    pred = array(prediction(f), 1)
-    return request, {"anyOf": [pred, array(pred, 1, f.max_texts)]}
+    one, batch = answer(f, "prediction"), answer(f, "predictions")
+    return body(f, "predict"), {"anyOf": [one, batch]}
 
 
 def similarity_schemas(f: Facts) -> tuple[Schema, Schema]:
-    pair = obj(
-        ["source_sentence", "sentences"],
-        closed=False,
-        source_sentence=TEXT,
-        sentences=array(TEXT, 1, f.max_texts - 1),
-    )
-    options = obj([], closed=False, prompt_name=NULL, **LONG_TEXT)
-    request = obj(["inputs"], closed=False, inputs=pair, parameters=nullable(options),
-                  **model_fields(f))  # fmt: skip
-    return request, array(NUMBER, 1, f.max_texts - 1)
-
-
-def hf_classify_request(f: Facts) -> Schema:
-    """The Inference API's text-classification body (tei_api.hf_classify)."""
-    params = obj(
-        [],
-        closed=False,
-        top_k=nullable({"type": "integer", "minimum": 0}),
-        function_to_apply=nullable({"enum": [f.activation, "none"]}),
-    )
-    return obj(["inputs", "parameters"], closed=False, inputs=predict_input(f),
-               parameters=nullable(params), **model_fields(f))  # fmt: skip
+    return body(f, "similarity"), answer(f, "similarity")
 
 
 def root_schemas(f: Facts) -> tuple[Schema, Schema]:
@@ -820,18 +610,18 @@ def root_schemas(f: Facts) -> tuple[Schema, Schema]:
     answers: list[Schema] = []
     if f.embeds:
         embed_in, embed_out = tei["embed"]
-        bodies.append({**embed_in, **neither})
+        bodies.append({"allOf": [embed_in, neither]})
         answers.append(embed_out)
         sim_in, sim_out = similarity_schemas(f)
         bodies.append(sim_in)
         answers.append(sim_out)
     elif "classify" in f.tasks:
         pred_in, pred_out = predict_schemas(f)
-        bodies.append({**pred_in, **neither})
+        bodies.append({"allOf": [pred_in, neither]})
         answers.append(pred_out)
     if "classify" in f.tasks:
-        bodies.append(hf_classify_request(f))
-        answers.append(array(array(prediction(f)), 1, f.max_texts))
+        bodies.append(body(f, "hf_classify"))
+        answers.append(answer(f, "hf_classify"))
     if "rerank" in f.tasks:
         bodies.append(tei["rerank"][0])
         answers.append(tei["rerank"][1])
@@ -848,47 +638,18 @@ def root_route(f: Facts) -> Route:
         inference=True,
         model_body=True,
         beyond_schema=tuple(r for t in ("classify", "embed", "rerank") for r in needs(f, t))
-        + MODEL_REQUIRED,
+        + MODEL_REQUIRED
+        + EMBED_RULES["/embed"]
+        + PREDICT_RULES,
         examples={"one": {"inputs": "a fine film"}},
     )
 
 
-def info_schema(f: Facts) -> Schema:
-    return obj(
-        ["model_id", "model_type", "max_input_length", "max_batch_tokens",
-         "max_client_batch_size", "version"],
-        model_id={"enum": f.names},
-        model_sha=nullable(STRING),
-        model_dtype=STRING,
-        model_type={"type": "object", "minProperties": 1, "maxProperties": 1},
-        max_concurrent_requests=COUNT,
-        max_input_length=COUNT,
-        max_batch_tokens=COUNT,
-        max_batch_requests=MAYBE_COUNT,
-        max_client_batch_size=COUNT,
-        auto_truncate=BOOL,
-        tokenization_workers=COUNT,
-        version=STRING,
-        sha=nullable(STRING),
-        docker_label=nullable(STRING),
-        tasks=array(STRING),
-    )  # fmt: skip
-
-
 def token_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
-    token = obj(
-        ["id", "text", "special", "start", "stop"],
-        id=COUNT, text=STRING, special=BOOL, start=MAYBE_COUNT, stop=MAYBE_COUNT,
-    )  # fmt: skip
-    tokenize = obj(["inputs"], closed=False, inputs={"oneOf": [TEXT, array(TEXT, 1, f.max_texts)]},
-                   add_special_tokens=BOOL, **model_fields(f))  # fmt: skip
-    ids = array(COUNT, 1)
-    decode = obj(["ids"], closed=False, ids={"oneOf": [ids, array(ids, 1, f.max_texts)]},
-                 skip_special_tokens=BOOL, **model_fields(f))  # fmt: skip
-    embed_all = obj(["inputs"], closed=False, **model_fields(f))
+    tokenize, decode, embed_all = body(f, "tokenize"), body(f, "decode"), body(f, "embed_all")
     return {
-        "tokenize": (tokenize, array(array(token), 1, f.max_texts)),
-        "decode": (decode, array(STRING, 1, f.max_texts)),
+        "tokenize": (tokenize, answer(f, "tokenize")),
+        "decode": (decode, answer(f, "decode")),
         "embed_all": (embed_all, array(array(array(NUMBER)))),
     }
 
@@ -905,7 +666,8 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
     tokens = token_schemas(f)
     health = {503: error("no worker is ready")}
     return {
-        ("GET", "/info"): Route("TEI's model and server facts", "tei", ok("info", info_schema(f))),
+        ("GET", "/info"): Route("TEI's model and server facts", "tei",
+                                ok("info", answer(f, "info"))),
         ("GET", "/health"): Route(
             "TEI's health: 200 with an empty body while a worker serves",
             "health",
@@ -915,7 +677,7 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
         ("POST", "/predict"): task_route(
             f, "Classify a text, a pair or a batch, in TEI's shape", "classify",
             ("[{score, label}] highest first, a list a text for a batch", predict_schemas(f)),
-            {"inputs": "a fine film"},
+            {"inputs": "a fine film"}, PREDICT_RULES,
         ),
         ("POST", "/similarity"): task_route(
             f, "Cosine similarity of source_sentence to each of sentences", "embed",
@@ -925,7 +687,9 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
         ("POST", "/tokenize"): tool_route("The model's tokens of each text", tokens["tokenize"],
                                           ()),
         ("POST", "/decode"): tool_route("The text of token ids", tokens["decode"],
-                                        (r"must be a list of token ids from 0 to ",)),
+                                        (r"must be a list of token ids from 0 to ",
+                                         r"^ids must be a list of token ids, or a list of such",
+                                         r"^ids must hold 1 to \d+ lists$")),
         ("POST", "/embed_all"): tool_route(
             "Refused: the graph gives pooled vectors only", tokens["embed_all"],
             (r"^/embed_all is not served",)),
@@ -935,34 +699,18 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
 # -- Cohere v2 -----------------------------------------------------------------------------------
 def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
     d = max(f.dimension, 1)
-    embed_in = obj(
-        ["texts"],
-        closed=False,
-        texts=array(TEXT, 1, f.max_texts),
-        input_type=nullable({"enum": list(INPUT_TYPES)}),
-        embedding_types=nullable(array({"enum": list(EMBEDDING_TYPES)}, 1)),
-        truncate=nullable({"enum": list(TRUNCATE)}),
-        output_dimension=nullable({"type": "integer", "minimum": 1, "maximum": d}),
-        max_tokens=NULL,
-        images=NULL,
-        inputs=NULL,
-        **model_fields(f, vendor=True),
-    )
+    embed_in = body(f, "cohere_embed")
     meta: Schema = {"type": "object"}
     vectors = obj([], float=array(array(NUMBER, 1, d)), base64=array(STRING))
     embed_out = obj(["id", "response_type", "embeddings", "texts", "meta"], id=STRING,
                     response_type={"const": "embeddings_by_type"}, embeddings=vectors,
                     texts=array(STRING), meta=meta)  # fmt: skip
-    rerank_in = obj(["query", "documents"], closed=False, documents=document_list(f),
-                    max_tokens_per_doc=NULL, **rerank_common(f),
-                    **model_fields(f, vendor=True))  # fmt: skip
-    hit = obj(["index", "relevance_score"], index=COUNT,
-              relevance_score={"type": "number", "minimum": 0, "maximum": 1})  # fmt: skip
-    rerank_out = obj(["id", "results", "meta"], id=STRING, results=array(hit, 1), meta=meta)
+    rerank_in, rerank_out = body(f, "cohere_rerank_v2"), answer(f, "cohere_rerank_v2")
     return {
         ("POST", "/v2/embed"): task_route(
             f, "Embeddings, in Cohere's v2 shape", "embed", ("by type", (embed_in, embed_out)),
             {"texts": ["a fine film"], "input_type": "search_document"},
+            (r"^output_dimension must be an integer from 1 to the model's \d+$",),
         ),
         ("POST", "/v2/rerank"): task_route(
             f, "Rerank documents, in Cohere's v2 shape", "rerank",
@@ -1042,8 +790,8 @@ def kserve_routes(f: Facts) -> dict[tuple[str, str], Route]:
     table[("GET", "/v2/models/stats")] = Route(
         "Triton's statistics of every model", "kserve", ok("statistics", model_stats_schema(f))
     )
-    table.update(repository_routes())
-    table.update(shm_routes())
+    table.update(repository_routes(f))
+    table.update(shm_routes(f))
     return table
 
 
@@ -1079,7 +827,7 @@ SHM_REGISTER_RULES = (  # shm_regions.SystemRegions.register: what the key and r
 )
 
 
-def shm_routes() -> dict[tuple[str, str], Route]:
+def shm_routes(f: Facts) -> dict[tuple[str, str], Route]:
     """Triton's system shared-memory extension (shm_regions.py)."""
     region = obj(
         ["name", "key", "offset", "byte_size"],
@@ -1092,13 +840,7 @@ def shm_routes() -> dict[tuple[str, str], Route]:
     done = ok("done", obj([]))
     base = "/v2/systemsharedmemory"
     unknown = (r"^no shared-memory region .* is registered$",)
-    body = obj(
-        ["key", "byte_size"],
-        closed=False,
-        key=STRING,
-        offset=COUNT,
-        byte_size={"type": "integer", "minimum": 1},
-    )
+    register = body(f, "register_region")
     return {
         ("GET", base + "/status"): Route("Every registered region", "kserve", status),
         ("GET", base + "/region/{region}/status"): Route(
@@ -1108,7 +850,7 @@ def shm_routes() -> dict[tuple[str, str], Route]:
             "Map a region of a POSIX shared-memory object (the client's: never unlinked)",
             "kserve",
             done,
-            body,
+            register,
             beyond_schema=SHM_REGISTER_RULES,
         ),
         ("POST", base + "/unregister"): Route(
@@ -1129,7 +871,7 @@ def shm_routes() -> dict[tuple[str, str], Route]:
             "CUDA shared memory is not served: always 400",
             "kserve",
             {400: error("CUDA shared memory is not served")},
-            obj([], closed=False),
+            body(f, "anything"),
             beyond_schema=(r"^CUDA shared memory is not served",),
         ),
     }
@@ -1149,10 +891,10 @@ REPOSITORY_ERRORS = {
 REPOSITORY_RULES = (r"--model-control", r"^bad artifact", r"fingerprint")
 
 
-def repository_routes() -> dict[tuple[str, str], Route]:
+def repository_routes(f: Facts) -> dict[tuple[str, str], Route]:
     """The KServe repository extension, as tritonclient's get_model_repository_index,
     load_model and unload_model call it."""
-    r = repository_schemas()
+    r = repository_schemas(f)
     done = ok("done: the model serves (load) or is gone (unload)", r["done"])
     return {
         ("POST", "/v2/repository/index"): Route(
@@ -1220,6 +962,56 @@ def kserve_model_routes(f: Facts, k: dict[str, Schema], base: str) -> dict[tuple
             examples={"one": INFER_EXAMPLE},
         ),
     }
+
+
+# -- the request bodies: generated from their Structs (service/protocols/schemas) --------------
+@functools.lru_cache(maxsize=8)
+def generated(max_texts: int, max_documents: int) -> tuple[dict[str, Schema], Schema]:
+    """Each body Struct's schema (a $ref) by its name in schemas.server.Bodies, and the
+    components they refer to."""
+    kinds = server_bodies.bodies(max_texts, max_documents)
+    names = [field.name for field in dataclasses.fields(kinds)]
+    refs, defs = schemas.components([getattr(kinds, name) for name in names])
+    return dict(zip(names, refs, strict=True)), defs
+
+
+def body(f: Facts, name: str) -> Schema:
+    return generated(f.max_texts, f.max_documents)[0][name]
+
+
+def generated_answers(f: Facts) -> tuple[dict[str, Schema], Schema]:
+    """The answers' Structs, narrowed to the model's facts and the server's limits: each one's
+    schema by name, and their components (made once a set of facts)."""
+    key = (tuple(f.names), tuple(f.labels), tuple(f.tasks), f.dimension)
+    return _answers(*key, f.max_texts, f.max_documents)
+
+
+@functools.lru_cache(maxsize=8)
+def _answers(
+    names: tuple[str, ...],
+    labels: tuple[str, ...],
+    tasks: tuple[str, ...],
+    dimension: int,
+    max_texts: int,
+    max_documents: int,
+) -> tuple[dict[str, Schema], Schema]:
+    one, batch = v1_schemas.answers(labels, max_texts)
+    kinds = {"classify": one, "classify_batch": batch}
+    kinds |= v1_schemas.model_answers(names, list(labels), list(tasks), dimension)
+    kinds |= task_schemas.rank_answers(max_documents)
+    kinds |= tei_structs.answers(labels, max_texts)
+    kinds["info"] = tei_structs.info_answer(names)
+    refs, defs = schemas.components(list(kinds.values()))
+    return dict(zip(kinds, refs, strict=True)), defs
+
+
+def answer(f: Facts, name: str) -> Schema:
+    return generated_answers(f)[0][name]
+
+
+def components(f: Facts) -> Schema:
+    """Every Struct's schema that the document may refer to."""
+    return {**generated(f.max_texts, f.max_documents)[1], **generated_answers(f)[1]}
 
 
 # -- the document ---------------------------------------------------------------------------------
@@ -1340,9 +1132,36 @@ def document(registered: list[tuple[str, str]], f: Facts) -> Schema:
         },
         "paths": dict(sorted(paths.items())),
     }
+    used = referred(paths, components(f))
+    if used:
+        doc["components"] = {"schemas": used}
     if f.key:
-        doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
+        schemes = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc.setdefault("components", {})["securitySchemes"] = schemes
     return doc
+
+
+def referred(tree: Any, defs: Schema) -> Schema:
+    """The components that `tree` refers to, and those they refer to: a port's document holds
+    only the Structs of its own routes."""
+    out: Schema = {}
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith(REF_PREFIX):
+                name = ref[len(REF_PREFIX) :]
+                if name not in out:
+                    out[name] = defs[name]
+                    todo.append(defs[name])
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return dict(sorted(out.items()))
+
+
+REF_PREFIX = "#/components/schemas/"
 
 
 def beyond_schema(op: Schema) -> Callable[[str], bool]:

@@ -2,36 +2,35 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+import msgspec
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import ModelRequired, UnknownModel
 from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.texts import require
+from ringserve.service.protocols.schemas import UNSET, LongText, Named, decode
+from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.protocols.schemas.v1 import (
+    Classify,
+    ClassifyBatch,
+    ClassifyResult,
+    ModelCard,
+    ModelEntry,
+    ModelList,
+    ModelRow,
+    NamedModelCard,
+)
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import MANIFEST_FILE
 
 Handler = Callable[[HttpProtocol, Exchange, dict[str, str]], None]
-
-
-def parse_json(ex: Exchange) -> Any:
-    body = b"".join(ex.body)
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise HttpError(400, "body is not valid UTF-8") from None
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):  # ValueError too: an integer over 4300 digits
-        raise HttpError(400, "malformed JSON") from None
 
 
 def as_integer(value: Any) -> int | None:
@@ -46,19 +45,11 @@ def as_integer(value: Any) -> int | None:
     return None
 
 
-def pair_payloads(texts: list[bytes], pairs: list[Any], where: str) -> list[bytes]:
-    """Each text joined to its pair for the worker (shm/layout.py: PAIR_SEPARATOR)."""
-    single = where == "text_pair"
-    return [
-        text + L.PAIR_SEPARATOR + require(pair, where if single else f"{where}[{i}]")
-        for i, (text, pair) in enumerate(zip(texts, pairs, strict=True))
-    ]
-
-
 def long_text_options(doc: dict[str, Any], where: str) -> int:
     """The options byte (shm/layout.py: OPT_*) of a request's `truncate` and
-    `truncation_direction`; 0 when it sets neither, so the worker applies the server's
-    --long-text."""
+    `truncation_direction` in a plain dict (KServe's parameters); 0 when it sets neither, so
+    the worker applies the server's --long-text. A JSON body's Struct says the same with
+    `Truncation.options()`."""
     truncate = doc.get("truncate")
     direction = doc.get("truncation_direction")
     opts = 0
@@ -82,11 +73,14 @@ def long_text_fields(r: Result) -> dict[str, Any]:
     return {}
 
 
-def result_doc(labels: list[str], r: Result) -> dict[str, Any]:
-    doc = {"label": labels[r.label_id], "label_id": r.label_id, "scores": r.scores.tolist()}  # type: ignore[union-attr]
-    if r.flags:
-        doc.update(long_text_fields(r))
-    return doc
+def classify_result(labels: list[str], r: Result) -> ClassifyResult:
+    """One text's answer, as its Struct (schemas/v1.py) writes it."""
+    out = ClassifyResult(label=labels[r.label_id], label_id=r.label_id, scores=r.scores.tolist())  # type: ignore[union-attr]
+    if r.flags & L.RSP_TRUNCATED:
+        out.truncated, out.tokens = True, r.tokens
+    elif r.flags & L.RSP_WINDOWED:
+        out.windows, out.tokens = r.windows, r.tokens
+    return out
 
 
 def find_model(server: FrontView, name: str | None, version: int | str | None = None) -> ModelInfo:
@@ -110,22 +104,12 @@ def canonical(version: int | str | None) -> int | str | None:
     return version
 
 
-def request_model(server: FrontView, doc: dict[str, Any], vendor: bool = False) -> ModelInfo:
-    """The model of a /v1 body's optional "model" and "version". With `vendor` (OpenAI's and
-    Cohere's routes, whose clients always send their own service's model name), a name this
+def request_model(server: FrontView, body: Named | LongText, vendor: bool = False) -> ModelInfo:
+    """The model of a decoded body's optional "model" and "version". With `vendor` (OpenAI's
+    and Cohere's routes, whose clients always send their own service's model name), a name this
     server has never held, without a "version", means the only loaded model, as before many
     models; a name it holds or held (an unloaded one: 404) is resolved as on every route."""
-    name = doc.get("model")
-    if name is not None and not isinstance(name, str):
-        raise HttpError(400, "model must be a string")
-    version = doc.get("version")
-    if version is not None:
-        if isinstance(version, str):
-            pass
-        elif (v := as_integer(version)) is not None:
-            version = v
-        else:
-            raise HttpError(400, "version must be a string or an integer")
+    name, version = body.model, body.version
     try:
         if not name and version is not None:  # a version of the only model
             name = server.models.find().name
@@ -157,48 +141,47 @@ def needs_task(info: ModelInfo, task: str) -> None:
 
 
 def classify(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    doc = parse_json(ex)
-    if not isinstance(doc, dict):
-        raise HttpError(400, "body must be a JSON object")
-    info = request_model(server, doc)
+    body = decode(ex, bodies.of(server.settings).classify)
+    info = request_model(server, body)
     needs_task(info, "classify")
     labels = info.labels
-    if "text" in doc and "texts" not in doc:
-        if "text_pairs" in doc:
-            raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
-        texts = [require(doc["text"], "text")]
-        single = True
-        if "text_pair" in doc:
-            texts = pair_payloads(texts, [doc["text_pair"]], "text_pair")
-    elif "texts" in doc and "text" not in doc:
-        if "text_pair" in doc:
-            raise HttpError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
-        items = doc["texts"]
-        if not isinstance(items, list):
-            raise HttpError(400, "texts must be a list of strings")
-        if not 1 <= len(items) <= server.settings.max_texts:
-            raise HttpError(400, f"texts must hold 1 to {server.settings.max_texts} items")
-        texts = [require(t, f"texts[{i}]") for i, t in enumerate(items)]
-        single = False
-        if "text_pairs" in doc:
-            pairs = doc["text_pairs"]
-            if not isinstance(pairs, list) or len(pairs) != len(items):
-                raise HttpError(400, "text_pairs must be a list as long as texts")
-            texts = pair_payloads(texts, pairs, "text_pairs")
-    else:
-        raise HttpError(400, 'body must have exactly one of "text" or "texts"')
-    options = long_text_options(doc, "")
+    texts, single = classify_texts(body)
+    options = body.options()
 
     def done(results: list[Result]) -> None:
-        items = [result_doc(labels, r) for r in results]
-        body = json.dumps(items[0] if single else {"results": items}).encode()
-        conn.respond(ex, 200, body, extra=[latency_header(conn, ex)])
+        items = [classify_result(labels, r) for r in results]
+        answer = msgspec.json.encode(items[0] if single else ClassifyBatch(items))
+        conn.respond(ex, 200, answer, extra=[latency_header(conn, ex)])
 
     admit.submit(server.admission, conn, ex, texts, done, "http", model=info.index, options=options)
 
 
+def classify_texts(body: Classify) -> tuple[list[bytes], bool]:
+    """(the payloads, whether it is one text): what the Struct cannot say is checked here."""
+    if isinstance(body.text, str) and body.texts is UNSET:
+        if body.text_pairs is not UNSET:
+            raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
+        texts = [body.text.encode()]
+        if isinstance(body.text_pair, str):
+            return [texts[0] + L.PAIR_SEPARATOR + body.text_pair.encode()], True
+        return texts, True
+    if isinstance(body.texts, list) and body.text is UNSET:
+        if body.text_pair is not UNSET:
+            raise HttpError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
+        texts = [t.encode() for t in body.texts]
+        if isinstance(body.text_pairs, list):
+            if len(body.text_pairs) != len(texts):
+                raise HttpError(400, "text_pairs must be a list as long as texts")
+            texts = [
+                t + L.PAIR_SEPARATOR + p.encode()
+                for t, p in zip(texts, body.text_pairs, strict=True)
+            ]
+        return texts, False
+    raise HttpError(400, 'body must have exactly one of "text" or "texts"')
+
+
 def model_info(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    conn.respond(ex, 200, json.dumps(model_doc(server, server.model)).encode())
+    conn.respond(ex, 200, msgspec.json.encode(model_card(server, server.model)))
 
 
 def named_model(
@@ -206,7 +189,9 @@ def named_model(
 ) -> None:
     """GET /v1/models/{model}: what /v1/model gives, for the version that serves that name."""
     info = find_model(server, unquote(params["model"]))
-    conn.respond(ex, 200, json.dumps({**openai_model(info), **model_doc(server, info)}).encode())
+    card = msgspec.structs.asdict(model_card(server, info))
+    named = NamedModelCard(**openai_model(info), **card)
+    conn.respond(ex, 200, msgspec.json.encode(named))
 
 
 def list_models(
@@ -214,16 +199,16 @@ def list_models(
 ) -> None:
     """GET /v1/models: every model the server holds, with its state; in OpenAI's list shape
     (`data`) and, as before, under `models`."""
-    keys = ("name", "version", "state", "task", "labels")
     infos = {(e.info.name, str(e.info.version)): e.info for e in server.models}
-    rows = [
-        {k: row[k] for k in keys}
-        | prompts.listing(infos[(str(row["name"]), str(row["version"]))].manifest)
-        for row in server.models.listing()
-    ]
-    data = [{**openai_model(infos[str(r["name"]), str(r["version"])]), **r} for r in rows]
-    body = {"object": "list", "data": data, "models": rows}
-    conn.respond(ex, 200, json.dumps(body).encode())
+    rows, data = [], []
+    for row in server.models.listing():
+        info = infos[str(row["name"]), str(row["version"])]
+        fields: dict[str, Any] = {k: row[k] for k in ("name", "state", "task", "labels")}
+        fields |= {"version": str(row["version"]), **prompts.listing(info.manifest)}
+        rows.append(ModelRow(**fields))
+        data.append(ModelEntry(**openai_model(info), **fields))
+    answer = ModelList(object="list", data=data, models=rows)
+    conn.respond(ex, 200, msgspec.json.encode(answer))
 
 
 def openai_model(info: ModelInfo) -> dict[str, Any]:
@@ -236,9 +221,10 @@ def openai_model(info: ModelInfo) -> dict[str, Any]:
     return {"id": info.name, "object": "model", "created": created, "owned_by": "ringserve"}
 
 
-def model_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
+def model_card(server: FrontView, info: ModelInfo) -> ModelCard:
+    """What GET /v1/model says of a model (schemas/v1.py's ModelCard)."""
     m = info.manifest
-    body = {
+    body: dict[str, Any] = {
         "name": info.name,
         "labels": m.labels,
         "max_length": m.max_length,
@@ -260,7 +246,7 @@ def model_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
         body["graph"] = info.graph
     if server.settings.for_model(info.name).precision == "int8" and info.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built
-    return body
+    return ModelCard(**body)
 
 
 def health_live(

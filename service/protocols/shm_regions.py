@@ -22,7 +22,9 @@ from typing import Any
 from urllib.parse import unquote
 
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.routes import Handler, Router, as_integer, parse_json
+from ringserve.service.protocols.routes import Handler, Router, as_integer
+from ringserve.service.protocols.schemas import decode
+from ringserve.service.protocols.schemas.kserve import RegisterRegion
 from ringserve.shm import segment
 
 MAX_REGIONS = 256  # regions at once: each holds a mapping and a file descriptor's worth
@@ -73,7 +75,7 @@ def key_path(key: str) -> str:
 
 
 def as_count(value: Any, where: str) -> int:
-    """A non-negative JSON integer (3.0 counts, as JSON Schema's `integer` does)."""
+    """A non-negative integer (3.0 is one, as a body's Struct reads a JSON integer)."""
     count = as_integer(value)
     if count is None or count < 0:
         raise HttpError(400, f"{where} must be a non-negative integer")
@@ -218,10 +220,8 @@ def http_status(ex: Exchange, region: str | None) -> list[dict[str, Any]]:
 
 
 def http_register(ex: Exchange, region: str | None) -> dict[str, Any]:
-    doc = parse_json(ex)
-    if not isinstance(doc, dict) or not isinstance(doc.get("key"), str):
-        raise HttpError(400, 'body must be {"key": "...", "offset": n, "byte_size": n}')
-    REGIONS.register(region or "", doc["key"], doc.get("offset", 0), doc.get("byte_size"))
+    body = decode(ex, RegisterRegion)
+    REGIONS.register(region or "", body.key, body.offset, body.byte_size)
     return {}
 
 

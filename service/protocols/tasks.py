@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 import orjson
 from ringserve.service.engine.dispatcher import Result
@@ -22,37 +23,23 @@ from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
-    as_integer,
     inference,
-    long_text_options,
     needs_task,
-    pair_payloads,
-    parse_json,
     request_model,
 )
-from ringserve.service.protocols.texts import require
-from ringserve.service.protocols.vocab import id_list, text_of_ids
+from ringserve.service.protocols.schemas import UNSET, Truncation, decode
+from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.protocols.schemas.tasks import (
+    CohereHit,
+    CohereRanking,
+    Document,
+    DocumentText,
+    Rerank,
+    TeiHit,
+)
+from ringserve.service.protocols.vocab import text_of_ids
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
-
-
-def json_object(ex: Exchange) -> dict[str, Any]:
-    doc = parse_json(ex)
-    if not isinstance(doc, dict):
-        raise HttpError(400, "body must be a JSON object")
-    return doc
-
-
-def text_list(value: Any, where: str, limit: int, one_ok: bool = True) -> list[bytes]:
-    """A string (when `one_ok`) or a list of 1 to `limit` non-empty strings, as UTF-8."""
-    if isinstance(value, str) and one_ok:
-        return [require(value, where)]
-    if not isinstance(value, list):
-        kind = "a string or a list of strings" if one_ok else "a list of strings"
-        raise HttpError(400, f"{where} must be {kind}")
-    if not 1 <= len(value) <= limit:
-        raise HttpError(400, f"{where} must hold 1 to {limit} items, not {len(value)}")
-    return [require(t, f"{where}[{i}]") for i, t in enumerate(value)]
 
 
 class Texts(NamedTuple):
@@ -63,9 +50,9 @@ class Texts(NamedTuple):
     options: int = 0
 
 
-def with_options(doc: dict[str, Any], texts: list[bytes], embed: bool) -> Texts:
+def with_options(body: Truncation, texts: list[bytes], embed: bool) -> Texts:
     """The texts with their options: `truncate` and friends, and OPT_EMBED."""
-    return Texts(texts, long_text_options(doc, "") | (L.OPT_EMBED if embed else 0))
+    return Texts(texts, body.options() | (L.OPT_EMBED if embed else 0))
 
 
 def submit_texts(
@@ -112,32 +99,16 @@ def float_json(vecs: np.ndarray) -> bytes:
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
-def dimensions(doc: dict[str, Any], dimension: int, key: str = "dimensions") -> int:
-    """OpenAI's `dimensions` (Cohere's `output_dimension`): how many leading components to
-    keep, 0 for all."""
-    keep = doc.get(key)
-    if keep is None:
-        return 0
-    n = as_integer(keep)
-    if n is None or not 1 <= n <= dimension:
-        raise HttpError(400, f"{key} must be an integer from 1 to the model's {dimension}")
-    return n
-
-
 def openai_embeddings(
     server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    doc = json_object(ex)
-    info = request_model(server, doc, vendor=True)  # OpenAI's "model"
+    body = decode(ex, bodies.of(server.settings).openai_embeddings)
+    info = request_model(server, body, vendor=True)  # OpenAI's "model"
     needs_task(info, "embed")
-    if "input" not in doc:
-        raise HttpError(400, 'body must have "input": a string or a list of strings')
-    texts = openai_inputs(doc["input"], info, server.settings.max_texts)
-    texts = prompts.with_prompt(info.manifest, doc.get("prompt_name"), texts)
-    fmt = doc.get("encoding_format", "float")
-    if fmt not in ("float", "base64"):
-        raise HttpError(400, 'encoding_format must be "float" or "base64"')
-    keep = dimensions(doc, info.manifest.dimension)
+    texts = openai_inputs(body.input, info, server.settings.max_texts)
+    texts = prompts.with_prompt(info.manifest, body.prompt_name, texts)
+    fmt = body.encoding_format
+    keep = 0 if body.dimensions is None else within_dimension(body.dimensions, info)
     name = info.name
     # A cut vector is renormalized (OpenAI's `dimensions`); a whole one as the model does.
     normalize = info.manifest.normalize or bool(keep)
@@ -153,26 +124,34 @@ def openai_embeddings(
         tail = f'"model":{json.dumps(name)},"usage":{json.dumps(usage)}}}'.encode()
         return b'{"object":"list","data":[%s],%s' % (data, tail)
 
-    submit_texts(server, conn, ex, with_options(doc, texts, embed=True), answer, "embed", info)
+    submit_texts(server, conn, ex, with_options(body, texts, embed=True), answer, "embed", info)
 
 
-def openai_inputs(value: Any, info: ModelInfo, limit: int) -> list[bytes]:
-    """OpenAI's `input`: a string, a list of strings, a list of token ids, or a list of such
-    lists, as UTF-8 texts (ids spelled out by the model's tokenizer: service/protocols/vocab)."""
-    ids = id_list(value, "input")
-    if ids is not None:
-        return [text_of_ids(info, ids, "input")]
-    if not (isinstance(value, list) and value and all(isinstance(v, list) for v in value)):
-        return text_list(value, "input", limit)
+def within_dimension(keep: float, info: ModelInfo, key: str = "dimensions") -> int:
+    """OpenAI's `dimensions` (Cohere's `output_dimension`), a positive integer by its schema:
+    at most the model's own dimension."""
+    dimension = info.manifest.dimension
+    if keep > dimension:
+        raise HttpError(400, f"{key} must be an integer from 1 to the model's {dimension}")
+    return int(keep)
+
+
+def openai_inputs(value: str | list[Any], info: ModelInfo, limit: int) -> list[bytes]:
+    """OpenAI's `input`, decoded: a text, a list of texts, of token ids, or of lists of token
+    ids, as UTF-8 texts (ids spelled out by the model's tokenizer: service/protocols/vocab)."""
+    if isinstance(value, str):
+        return [value.encode()]
+    if all(isinstance(v, float) for v in value):
+        return [text_of_ids(info, [int(v) for v in value], "input")]
     if len(value) > limit:
         raise HttpError(400, f"input must hold 1 to {limit} items, not {len(value)}")
-    out = []
-    for i, item in enumerate(value):
-        one = id_list(item, f"input[{i}]")
-        if one is None:
-            raise HttpError(400, f"input[{i}] must be a string or a non-empty list of token ids")
-        out.append(text_of_ids(info, one, f"input[{i}]"))
-    return out
+    if all(isinstance(v, str) for v in value):
+        return [v.encode() for v in value]
+    if all(isinstance(v, list) for v in value):
+        return [
+            text_of_ids(info, [int(t) for t in ids], f"input[{i}]") for i, ids in enumerate(value)
+        ]
+    raise HttpError(400, "input mixes texts, token ids and lists of token ids")
 
 
 def _encode(vec: np.ndarray, fmt: str) -> bytes:
@@ -184,41 +163,20 @@ def _encode(vec: np.ndarray, fmt: str) -> bytes:
 
 
 def tei_embed(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    doc = json_object(ex)
-    info = request_model(server, doc)
+    body = decode(ex, bodies.of(server.settings).tei_embed)
+    info = request_model(server, body)
     needs_task(info, "embed")
-    if "inputs" not in doc:
-        raise HttpError(400, 'body must have "inputs": a string or a list of strings')
-    texts = text_list(doc["inputs"], "inputs", server.settings.max_texts)
-    texts = prompts.with_prompt(info.manifest, doc.get("prompt_name"), texts)
-    normalize = doc.get("normalize", True)
-    if not isinstance(normalize, bool):
-        raise HttpError(400, "normalize must be true or false")
+    inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    texts = prompts.with_prompt(info.manifest, body.prompt_name, [t.encode() for t in inputs])
+    normalize = body.normalize
 
     def answer(results: list[Result]) -> bytes:
         return float_json(vectors(results, normalize))  # the [N, D] matrix in one call
 
-    submit_texts(server, conn, ex, with_options(doc, texts, embed=True), answer, "embed", info)
+    submit_texts(server, conn, ex, with_options(body, texts, embed=True), answer, "embed", info)
 
 
 # -- rerank --------------------------------------------------------------------------------------
-def top_n(doc: dict[str, Any], n: int) -> int:
-    top = doc.get("top_n")
-    if top is None:
-        return n
-    k = as_integer(top)
-    if k is None or k < 1:
-        raise HttpError(400, "top_n must be a positive integer")
-    return min(k, n)
-
-
-def flag(doc: dict[str, Any], key: str) -> bool:
-    value = doc.get(key, False)
-    if not isinstance(value, bool):
-        raise HttpError(400, f"{key} must be true or false")
-    return value
-
-
 def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int, float]]:
     """(document index, score) highest first, ties in input order, cut at `top`. The score is
     the cross-encoder's sigmoid probability, or with `raw` its logit."""
@@ -230,42 +188,35 @@ def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int
     return [(i, float(probs[i])) for i in order]
 
 
-def rerank_pairs(info: ModelInfo, doc: dict[str, Any], docs: list[Any], where: str) -> Texts:
+def rerank_pairs(info: ModelInfo, body: Rerank, docs: list[str]) -> Texts:
+    """Each document after the query, one pair a worker payload."""
     needs_task(info, "rerank")
-    query = require(doc.get("query"), "query")
-    queries = [query] * len(docs)
-    return with_options(doc, pair_payloads(queries, docs, where), embed=False)
+    query = body.query.encode() + L.PAIR_SEPARATOR
+    return with_options(body, [query + d.encode() for d in docs], embed=False)
 
 
-def documents(doc: dict[str, Any], key: str, limit: int) -> list[str]:
+def document_texts(docs: list[str | Document]) -> list[str]:
     """The documents as strings; Cohere's may also be objects with a `text`."""
-    items = doc.get(key)
-    if not isinstance(items, list):
-        raise HttpError(400, f'body must have "{key}": a list of strings')
-    if not 1 <= len(items) <= limit:
-        raise HttpError(400, f"{key} must hold 1 to {limit} documents, not {len(items)}")
-    return [d["text"] if isinstance(d, dict) and "text" in d else d for d in items]
+    return [d if isinstance(d, str) else d.text for d in docs]
+
+
+def top_of(body: Rerank, n: int) -> int:
+    return n if body.top_n is None else min(int(body.top_n), n)
 
 
 def tei_rerank(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    doc = json_object(ex)
-    info = request_model(server, doc)
-    docs = documents(doc, "texts", server.settings.max_documents)
-    payloads = rerank_pairs(info, doc, docs, "texts")
-    top, raw, with_text = (
-        top_n(doc, len(docs)),
-        flag(doc, "raw_scores"),
-        flag(doc, "return_text"),
-    )
+    body = decode(ex, bodies.of(server.settings).tei_rerank)
+    info = request_model(server, body)
+    docs = document_texts(body.texts)
+    payloads = rerank_pairs(info, body, docs)
+    top, raw, with_text = top_of(body, len(docs)), body.raw_scores, body.return_text
 
-    def answer(results: list[Result]) -> list[dict[str, Any]]:
-        out = []
-        for i, score in ranked(results, top, raw):
-            item: dict[str, Any] = {"index": i, "score": score}
-            if with_text:
-                item["text"] = docs[i]
-            out.append(item)
-        return out
+    def answer(results: list[Result]) -> bytes:
+        hits = [
+            TeiHit(i, score, docs[i] if with_text else UNSET)
+            for i, score in ranked(results, top, raw)
+        ]
+        return msgspec.json.encode(hits)
 
     submit_texts(server, conn, ex, payloads, answer, "rerank", info)
 
@@ -273,20 +224,18 @@ def tei_rerank(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict
 def cohere_rerank(
     server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    doc = json_object(ex)
-    info = request_model(server, doc, vendor=True)  # Cohere's "model"
-    docs = documents(doc, "documents", server.settings.max_documents)
-    payloads = rerank_pairs(info, doc, docs, "documents")
-    top, with_docs = top_n(doc, len(docs)), flag(doc, "return_documents")
+    body = decode(ex, bodies.of(server.settings).cohere_rerank)
+    info = request_model(server, body, vendor=True)  # Cohere's "model"
+    docs = document_texts(body.documents)
+    payloads = rerank_pairs(info, body, docs)
+    top, with_docs = top_of(body, len(docs)), body.return_documents
 
-    def answer(results: list[Result]) -> dict[str, Any]:
-        out = []
-        for i, score in ranked(results, top):
-            item: dict[str, Any] = {"index": i, "relevance_score": score}
-            if with_docs:
-                item["document"] = {"text": docs[i]}
-            out.append(item)
-        return {"results": out}
+    def answer(results: list[Result]) -> bytes:
+        hits = [
+            CohereHit(i, score, DocumentText(docs[i]) if with_docs else UNSET)
+            for i, score in ranked(results, top)
+        ]
+        return msgspec.json.encode(CohereRanking(hits))
 
     submit_texts(server, conn, ex, payloads, answer, "rerank", info)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import numpy as np
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
@@ -17,15 +18,15 @@ from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.kserve import server_version
 from ringserve.service.protocols.routes import (
     Router,
-    as_integer,
     inference,
-    long_text_options,
     needs_task,
-    parse_json,
     request_model,
 )
-from ringserve.service.protocols.texts import require
-from ringserve.service.protocols.vocab import id_list, tokenizer_for
+from ringserve.service.protocols.schemas import Named, decode
+from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.protocols.schemas import tei as tei_schemas
+from ringserve.service.protocols.schemas.tei import Info, Prediction, Token
+from ringserve.service.protocols.vocab import tokenizer_for
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
@@ -47,30 +48,29 @@ def model_type(info: ModelInfo) -> dict[str, Any]:
     return {kind: {"id2label": id2label, "label2id": {n: i for i, n in enumerate(labels)}}}
 
 
-def info_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
+def info_doc(server: FrontView, info: ModelInfo) -> Info:
     s = server.settings
-    rows = s.batch_rows(info.device)
-    return {
-        "model_id": info.name,
-        "model_sha": info.manifest.fingerprint,
-        "model_dtype": DTYPES.get(s.precision, s.precision),
-        "model_type": model_type(info),
-        "max_concurrent_requests": s.max_queue,
-        "max_input_length": info.manifest.max_length,
-        "max_batch_tokens": s.batch_tokens(info.device),
-        "max_batch_requests": rows,
-        "max_client_batch_size": s.max_texts,
-        "auto_truncate": s.long_text == "truncate",
-        "tokenization_workers": s.serving_workers(),
-        "version": server_version(),
-        "sha": None,
-        "docker_label": None,
-        "tasks": info.manifest.task,  # ringserve's: every task the model does
-    }
+    return Info(
+        model_id=info.name,
+        model_sha=info.manifest.fingerprint,
+        model_dtype=DTYPES.get(s.precision, s.precision),
+        model_type=model_type(info),
+        max_concurrent_requests=s.max_queue,
+        max_input_length=info.manifest.max_length,
+        max_batch_tokens=s.batch_tokens(info.device),
+        max_batch_requests=s.batch_rows(info.device),
+        max_client_batch_size=s.max_texts,
+        auto_truncate=s.long_text == "truncate",
+        tokenization_workers=s.serving_workers(),
+        version=server_version(),
+        sha=None,
+        docker_label=None,
+        tasks=info.manifest.task,
+    )
 
 
 def tei_info(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    conn.respond(ex, 200, json.dumps(info_doc(server, server.model)).encode())
+    conn.respond(ex, 200, msgspec.json.encode(info_doc(server, server.model)))
 
 
 def tei_health(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
@@ -81,32 +81,26 @@ def tei_health(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict
 
 
 # -- /predict ------------------------------------------------------------------------------------
-def sequence(items: list[Any], where: str) -> bytes:
-    """[text] or [text, pair] as one worker payload."""
-    if not 1 <= len(items) <= 2 or not all(isinstance(t, str) for t in items):
-        raise HttpError(400, f"{where} must be [string] or [string, string]")
-    first = require(items[0], f"{where}[0]")
-    if len(items) == 1:
-        return first
-    return first + L.PAIR_SEPARATOR + require(items[1], f"{where}[1]")
-
-
-def predict_inputs(value: Any, limit: int) -> tuple[list[bytes], bool]:
-    """TEI's PredictInput: (payloads, whether it is a batch)."""
+def predict_inputs(value: str | list[Any], limit: int) -> tuple[list[bytes], bool]:
+    """TEI's PredictInput, decoded: (payloads, whether it is a batch). A list of texts is one
+    sequence (a text and its pair), a list of lists a batch of them."""
     if isinstance(value, str):
-        return [require(value, "inputs")], False
-    if not isinstance(value, list) or not value:
-        raise HttpError(400, f"inputs must be {PREDICT_SHAPE}")
+        return [value.encode()], False
     if all(isinstance(v, str) for v in value):
         return [sequence(value, "inputs")], False
     if not all(isinstance(v, list) for v in value):
         raise HttpError(400, f"inputs must be {PREDICT_SHAPE}")
-    if len(value) > limit:
-        raise HttpError(400, f"inputs must hold 1 to {limit} items, not {len(value)}")
     return [sequence(v, f"inputs[{i}]") for i, v in enumerate(value)], True
 
 
-def predictions(info: ModelInfo, r: Result, raw: bool, top: int = 0) -> list[dict[str, Any]]:
+def sequence(items: list[str], where: str) -> bytes:
+    """[text] or [text, pair] as one worker payload."""
+    if len(items) > 2:
+        raise HttpError(400, f"{where} must be [string] or [string, string]")
+    return L.PAIR_SEPARATOR.join(t.encode() for t in items)
+
+
+def predictions(info: ModelInfo, r: Result, raw: bool, top: int = 0) -> list[Prediction]:
     """[{score, label}] highest first. `raw`: the scores before the model's activation, as far
     as they can be had from its probabilities: a sigmoid's logit exactly, a softmax's log
     probability (the logits less their log-sum-exp: same order, same differences)."""
@@ -115,7 +109,7 @@ def predictions(info: ModelInfo, r: Result, raw: bool, top: int = 0) -> list[dic
         q = np.clip(p, 1e-45, 1.0)
         p = np.log(q) - np.log1p(-np.minimum(q, 1 - 1e-7)) if sigmoid(info) else np.log(q)
     order = sorted(range(len(p)), key=lambda i: -p[i])
-    items = [{"score": float(p[i]), "label": info.labels[i]} for i in order]
+    items = [Prediction(float(p[i]), info.labels[i]) for i in order]
     return items[:top] if top else items
 
 
@@ -126,42 +120,38 @@ def sigmoid(info: ModelInfo) -> bool:
 def tei_predict(
     server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    doc = tasks.json_object(ex)
-    info = request_model(server, doc)
+    body = decode(ex, bodies.of(server.settings).predict)
+    info = request_model(server, body)
     needs_task(info, "classify")
-    if "inputs" not in doc:
-        raise HttpError(400, f'body must have "inputs": {PREDICT_SHAPE}')
-    payloads, batch = predict_inputs(doc["inputs"], server.settings.max_texts)
-    raw = tasks.flag(doc, "raw_scores")
+    payloads, batch = predict_inputs(body.inputs, server.settings.max_texts)
+    raw = body.raw_scores
 
-    def answer(results: list[Result]) -> Any:
+    def answer(results: list[Result]) -> bytes:
         out = [predictions(info, r, raw) for r in results]
-        return out if batch else out[0]
+        return msgspec.json.encode(out if batch else out[0])
 
-    classify = tasks.with_options(doc, payloads, embed=False)
+    classify = tasks.with_options(body, payloads, embed=False)
     tasks.submit_texts(server, conn, ex, classify, answer, "classify", info)
 
 
-def hf_classify(server: FrontView, conn: HttpProtocol, ex: Exchange, doc: dict[str, Any]) -> None:
+def hf_classify(
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
     """The Inference API's text-classification (`inputs`, `parameters`: top_k,
     function_to_apply), answered as it is: a list of [{label, score}] a text."""
-    info = request_model(server, doc)
+    body = decode(ex, bodies.of(server.settings).hf_classify)
+    info = request_model(server, body)
     needs_task(info, "classify")
-    params = {} if doc.get("parameters") is None else doc["parameters"]
-    if not isinstance(params, dict):
-        raise HttpError(400, "parameters must be an object")
-    top = params.get("top_k")
-    k = 0 if top is None else as_integer(top)
-    if k is None or k < 0:
-        raise HttpError(400, "parameters.top_k must be a positive integer")
-    apply = params.get("function_to_apply")
+    options = body.parameters or tei_schemas.ClassifyParameters()
+    k = int(options.top_k or 0)
+    apply = options.function_to_apply
     own = info.manifest.activation
     if apply not in (None, own, "none"):
         raise HttpError(400, f"parameters.function_to_apply may be {own} or none for {info.name}")
-    payloads, _ = predict_inputs(doc.get("inputs"), server.settings.max_texts)
+    payloads, _ = predict_inputs(body.inputs, server.settings.max_texts)
 
-    def answer(results: list[Result]) -> Any:
-        return [predictions(info, r, apply == "none", k) for r in results]
+    def answer(results: list[Result]) -> bytes:
+        return msgspec.json.encode([predictions(info, r, apply == "none", k) for r in results])
 
     tasks.submit_texts(server, conn, ex, tasks.Texts(payloads), answer, "classify", info)
 
@@ -171,32 +161,22 @@ def tei_similarity(
     server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     """Cosine similarity of `source_sentence` to each of `sentences`, one embedding request."""
-    doc = tasks.json_object(ex)
-    info = request_model(server, doc)
+    body = decode(ex, bodies.of(server.settings).similarity)
+    info = request_model(server, body)
     needs_task(info, "embed")
-    inputs = doc.get("inputs")
-    if not isinstance(inputs, dict):
-        raise HttpError(400, 'body must have "inputs": {"source_sentence", "sentences"}')
-    source = require(inputs.get("source_sentence"), "inputs.source_sentence")
-    limit = server.settings.max_texts - 1
-    others = tasks.text_list(inputs.get("sentences"), "inputs.sentences", limit, one_ok=False)
-    options = {} if doc.get("parameters") is None else doc["parameters"]
-    if not isinstance(options, dict):
-        raise HttpError(400, "parameters must be an object")
-    if options.get("prompt_name") is not None:
-        raise HttpError(400, "parameters.prompt_name is not taken on /similarity")
-    long_text_options(options, "parameters.")  # checked here, applied below
+    texts = [body.inputs.source_sentence, *body.inputs.sentences]
+    options = body.parameters or tei_schemas.SimilarityParameters()
 
     def answer(results: list[Result]) -> list[float]:
         vecs = tasks.vectors(results, normalize=True).astype(np.float64)
         return [float(x) for x in vecs[1:] @ vecs[0]]
 
-    payloads = tasks.with_options(options, [source, *others], embed=True)
+    payloads = tasks.with_options(options, [t.encode() for t in texts], embed=True)
     tasks.submit_texts(server, conn, ex, payloads, answer, "embed", info)
 
 
 # -- /tokenize, /decode, /embed_all --------------------------------------------------------------
-def tokens_of(info: ModelInfo, text: str, special: bool) -> list[dict[str, Any]]:
+def tokens_of(info: ModelInfo, text: str, special: bool) -> list[Token]:
     """TEI's tokens: id, the text it covers, whether it is special, and its UTF-8 byte offsets
     in the input (null for a special token, which covers none)."""
     enc = tokenizer_for(info).encode(text, add_special_tokens=special)
@@ -205,48 +185,48 @@ def tokens_of(info: ModelInfo, text: str, special: bool) -> list[dict[str, Any]]
         enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
     ):
         if is_special:
-            out.append({"id": tid, "text": token, "special": True, "start": None, "stop": None})
+            out.append(Token(tid, token, True, None, None))
             continue
         start = len(text[:a].encode())
         piece = text[a:b]
         stop = start + len(piece.encode())
-        out.append({"id": tid, "text": piece, "special": False, "start": start, "stop": stop})
+        out.append(Token(tid, piece, False, start, stop))
     return out
 
 
 def tei_tokenize(
     server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    doc = tasks.json_object(ex)
-    info = request_model(server, doc)
-    texts = tasks.text_list(doc.get("inputs"), "inputs", server.settings.max_texts)
-    special = doc.get("add_special_tokens", True)
-    if not isinstance(special, bool):
-        raise HttpError(400, "add_special_tokens must be true or false")
-    body = [tokens_of(info, t.decode(), special) for t in texts]
-    conn.respond(ex, 200, json.dumps(body).encode())
+    body = decode(ex, bodies.of(server.settings).tokenize)
+    info = request_model(server, body)
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    answer = [tokens_of(info, t, body.add_special_tokens) for t in texts]
+    conn.respond(ex, 200, msgspec.json.encode(answer))
 
 
 def tei_decode(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-    doc = tasks.json_object(ex)
-    info = request_model(server, doc)
-    value = doc.get("ids")
-    one = id_list(value, "ids")
-    batch = [one] if one is not None else value
-    if not isinstance(batch, list) or not 1 <= len(batch) <= server.settings.max_texts:
+    body = decode(ex, bodies.of(server.settings).decode)
+    info = request_model(server, body)
+    numbers = [v for v in body.ids if isinstance(v, float)]
+    lists = [v for v in body.ids if isinstance(v, list)]
+    if len(numbers) == len(body.ids):
+        batch, where = [numbers], "ids"
+    elif len(lists) == len(body.ids):
+        batch, where = lists, "ids[{}]"
+        if len(lists) > server.settings.max_texts:
+            raise HttpError(400, f"ids must hold 1 to {server.settings.max_texts} lists")
+    else:
         raise HttpError(400, "ids must be a list of token ids, or a list of such lists")
-    skip = doc.get("skip_special_tokens", True)
-    if not isinstance(skip, bool):
-        raise HttpError(400, "skip_special_tokens must be true or false")
     tokenizer = tokenizer_for(info)
     size = tokenizer.get_vocab_size()
     out = []
     for i, ids in enumerate(batch):
-        where = "ids" if one is not None else f"ids[{i}]"
-        got = id_list(ids, where)
-        if got is None or not all(0 <= t < size for t in got):
-            raise HttpError(400, f"{where} must be a list of token ids from 0 to {size - 1}")
-        out.append(tokenizer.decode(got, skip_special_tokens=skip))
+        got = [int(t) for t in ids]
+        if not all(t < size for t in got):
+            raise HttpError(
+                400, f"{where.format(i)} must be a list of token ids from 0 to {size - 1}"
+            )
+        out.append(tokenizer.decode(got, skip_special_tokens=body.skip_special_tokens))
     conn.respond(ex, 200, json.dumps(out).encode())
 
 
@@ -255,7 +235,7 @@ def tei_embed_all(
 ) -> None:
     """Refused: an artifact's graph gives one pooled vector a text (and the logits), not one
     vector a token, so there are no token vectors to return."""
-    info = request_model(server, tasks.json_object(ex))
+    info = request_model(server, decode(ex, bodies.of(server.settings).embed_all))
     raise HttpError(
         400,
         f"/embed_all is not served: model {info.name}'s graph gives one pooled vector a text, "
@@ -269,16 +249,14 @@ def tei_root(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[s
     `source_sentence` is a similarity, `query` a rerank, a `parameters` object a
     text-classification; else the model's task: embed when it embeds (feature-extraction),
     else predict."""
-    doc = parse_json(ex)
-    if not isinstance(doc, dict):
-        raise HttpError(400, "body must be a JSON object")
+    doc = decode(ex, dict[str, Any])  # which body it is: then decoded as that one
     if isinstance(doc.get("inputs"), dict):
         tei_similarity(server, conn, ex, params)
     elif "query" in doc:
         tasks.tei_rerank(server, conn, ex, params)
     elif "parameters" in doc:
-        hf_classify(server, conn, ex, doc)
-    elif "embed" in request_model(server, doc).manifest.task:
+        hf_classify(server, conn, ex, params)
+    elif "embed" in request_model(server, decode(ex, Named)).manifest.task:
         tasks.tei_embed(server, conn, ex, params)
     else:
         tei_predict(server, conn, ex, params)

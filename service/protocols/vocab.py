@@ -10,7 +10,6 @@ import functools
 
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.routes import as_integer
 from ringserve.service.protocols.texts import require
 from ringserve.workers.artifact import ArtifactError, load_tokenizer
 from tokenizers import Tokenizer
@@ -37,19 +36,6 @@ def tokenizer_for(info: ModelInfo) -> Tokenizer:
         return _load(info.model_dir, m.fingerprint, m.max_length)
     except ArtifactError as exc:
         raise HttpError(500, f"model {info.name}: {exc}") from None
-
-
-def id_list(value: object, where: str) -> list[int] | None:
-    """`value` as a non-empty list of token ids (JSON integers), or None when it is no list
-    of integers at all (a string, say); a list that mixes is a 400."""
-    if not isinstance(value, list) or not value:
-        return None
-    ids = [as_integer(v) for v in value]  # 3.0 is an integer too, as JSON Schema counts
-    if all(i is None for i in ids):
-        return None
-    if any(i is None for i in ids):
-        raise HttpError(400, f"{where} mixes token ids with other values")
-    return [i for i in ids if i is not None]
 
 
 def framing(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:

@@ -216,16 +216,22 @@ def error_message(doc: dict[str, Any]) -> str:
 
 
 BAD = [
-    ("/v1/embeddings", {"input": []}, "1 to 256"),
-    ("/v1/embeddings", {"input": ["x"] * 257}, "1 to 256"),
+    ("/v1/embeddings", {"input": []}, "Expected `array` of length >= 1 - at `$.input`"),
+    ("/v1/embeddings", {"input": ["x"] * 257}, "input must hold 1 to 256 items, not 257"),
     ("/v1/embeddings", {"input": "x", "dimensions": 385}, "dimensions"),
     ("/v1/embeddings", {"input": "x", "dimensions": 0}, "dimensions"),
     ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, "encoding_format"),
     ("/v1/embeddings", {"input": ["fine", "  "]}, "input[1] is empty"),
     ("/v1/embeddings", {"input": [1, 2, 3]}, "token ids must start with [101]"),
-    ("/v1/embeddings", {"input": [True]}, "input[0] must be a string"),
-    ("/v1/embeddings", {"text": "x"}, '"input"'),
-    ("/embed", {"inputs": []}, "1 to 256"),
+    ("/v1/embeddings", {"input": [True]}, "got `bool` - at `$.input[0]`"),
+    ("/v1/embeddings", {"input": ["x", 1]}, "input mixes texts, token ids and lists of token ids"),
+    ("/v1/embeddings", {"text": "x"}, "missing required field `input`"),
+    (
+        "/v1/embeddings",
+        {"input": "x", "dimensions": 8.5},
+        "Expected `int`, got a fraction - at `$.dimensions`",
+    ),
+    ("/embed", {"inputs": []}, "Expected `array` of length >= 1 - at `$.inputs`"),
     ("/embed", {"inputs": "x", "normalize": "yes"}, "normalize"),
     ("/rerank", {"query": "q", "texts": ["a"]}, "does not rerank; its tasks: classify, embed"),
     ("/v1/rerank", {"query": "q", "documents": ["a"]}, "does not rerank"),

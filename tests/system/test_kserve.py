@@ -224,17 +224,22 @@ def text_doc(data: list[Any] | None, shape: Any = None, **fields: Any) -> dict[s
 
 
 BAD_REQUESTS: list[tuple[str, Callable[[], tuple[dict[str, Any], bytes]], str]] = [
-    ("wrong input name", lambda: (text_doc(["x"], name="words"), b""), "unknown input"),
+    (
+        "wrong input name",
+        lambda: (text_doc(["x"], name="words"), b""),
+        "value 'words' - at `$.inputs[0].name`",
+    ),
     ("wrong datatype", lambda: (text_doc(["x"], datatype="FP32"), b""), "datatype"),
     ("shape mismatch", lambda: (text_doc(["x", "y"], shape=[3]), b""), "shape"),
     ("bad shape", lambda: (text_doc(["x", "y"], shape=[1, 2]), b""), "shape"),
     ("empty text", lambda: (text_doc(["ok", ""]), b""), "empty"),
     ("blank text", lambda: (text_doc([" \t\n"]), b""), "empty"),
-    ("not a string", lambda: (text_doc([3]), b""), "string"),
+    ("not a string", lambda: (text_doc([3]), b""), "got `int` - at `$.inputs[0].data[0]`"),
     ("no texts", lambda: (text_doc([], shape=[0]), b""), "1 to 256"),
     ("too many", lambda: (text_doc(["x"] * 257), b""), "1 to 256"),
     ("two inputs", lambda: ({"inputs": text_doc(["a"])["inputs"] * 2}, b""), "one input"),
-    ("no inputs", lambda: ({"outputs": []}, b""), "one input"),
+    ("no inputs", lambda: ({"outputs": []}, b""), "missing required field `inputs`"),
+    ("rows and texts", lambda: (text_doc([["a"], "b"], shape=[2, 1]), b""), "mixes rows and texts"),
     (
         "unknown output",
         lambda: (text_doc(["a"]) | {"outputs": [{"name": "logits"}]}, b""),

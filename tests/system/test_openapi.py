@@ -23,7 +23,7 @@ import pytest
 import requests
 import schemathesis
 from openapi_spec_validator import validate
-from ringserve.service.protocols import openapi
+from ringserve.service.protocols import openapi, schemas
 from ringserve.service.settings import Config
 
 from devkit.openapi_checks import fuzz, summary
@@ -102,6 +102,14 @@ def test_a_route_without_an_entry_fails() -> None:
 
 
 # -- a planted divergence -------------------------------------------------------------------------
+def answer_schema(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    """The schema of a GET route's 200 answer, its Struct's component when it refers to one."""
+    schema: dict[str, Any] = doc["paths"][path]["get"]["responses"]["200"]["content"]
+    schema = schema["application/json"]["schema"]
+    ref = schema.get("$ref", "")
+    return doc["components"]["schemas"][ref.rsplit("/", 1)[1]] if ref else schema
+
+
 def test_planted_divergence_is_caught(srv: ServerProc, doc: dict[str, Any]) -> None:
     """Schemathesis' own validation of real answers: they pass as they are, and fail with one
     field more (the route answers what the document lacks) or one field less in the document."""
@@ -122,9 +130,9 @@ def test_planted_divergence_is_caught(srv: ServerProc, doc: dict[str, Any]) -> N
 
     model._content = json.dumps(answer).encode()
     lacking = copy.deepcopy(doc)
-    body = lacking["paths"]["/v1/model"]["get"]["responses"]["200"]["content"]
-    del body["application/json"]["schema"]["properties"]["runtime"]
-    body["application/json"]["schema"]["required"].remove("runtime")
+    body = answer_schema(lacking, "/v1/model")
+    del body["properties"]["runtime"]
+    body["required"].remove("runtime")
     assert not schemathesis.openapi.from_dict(lacking)["/v1/model"]["GET"].is_valid_response(model)
 
 
@@ -134,8 +142,7 @@ def test_planted_divergence_fails_the_fuzzer(
     """The same run as test_schemathesis_from_the_document, from a document that lacks one field
     /v1/model answers: it fails, naming the schema check."""
     lacking = copy.deepcopy(doc)
-    schema = lacking["paths"]["/v1/model"]["get"]["responses"]["200"]["content"]
-    body = schema["application/json"]["schema"]
+    body = answer_schema(lacking, "/v1/model")
     del body["properties"]["runtime"]
     body["required"].remove("runtime")
     path = tmp_path / "lacking.json"
@@ -191,7 +198,7 @@ def test_blank_as_the_server_counts_it() -> None:
     U+FEFF is not (\\s would refuse it)."""
     import re
 
-    pattern = re.compile(openapi.TEXT["pattern"])
+    pattern = re.compile(schemas.NOT_BLANK)
     for text in ["\x1c", "\x85", " \u3000\t", "\ufeff", "a", " b ", "\u2028x"]:
         assert bool(pattern.search(text)) == bool(text.strip()), repr(text)
 

@@ -196,13 +196,14 @@ def test_the_docs_bodies(reranker: Any, rserver: ServerProc) -> None:
 
 
 BAD = [
-    ("/rerank", {"query": QUERY, "texts": []}, "1 to 1024"),
-    ("/rerank", {"query": QUERY, "texts": ["x"] * 1025}, "1 to 1024"),
+    ("/rerank", {"query": QUERY, "texts": []}, "Expected `array` of length >= 1 - at `$.texts`"),
+    ("/rerank", {"query": QUERY, "texts": ["x"] * 1025}, "of length <= 1024 - at `$.texts`"),
     ("/rerank", {"query": " ", "texts": ["x"]}, "query is empty"),
-    ("/rerank", {"texts": ["x"]}, "query must be a string"),
+    ("/rerank", {"texts": ["x"]}, "Object missing required field `query`"),
+    ("/rerank", {"query": QUERY, "texts": [{"txt": "x"}]}, "field `text` - at `$.texts[0]`"),
     ("/rerank", {"query": QUERY, "texts": ["x", ""]}, "texts[1] is empty"),
-    ("/rerank", {"query": QUERY, "texts": ["x"], "top_n": 0}, "top_n"),
-    ("/v1/rerank", {"query": QUERY, "documents": "x"}, "list of strings"),
+    ("/rerank", {"query": QUERY, "texts": ["x"], "top_n": 0}, "Expected `int` >= 1 - at `$.top_n`"),
+    ("/v1/rerank", {"query": QUERY, "documents": "x"}, "Expected `array`, got `str`"),
     ("/v1/embeddings", {"input": "x"}, "does not embed; its tasks: classify, rerank"),
     ("/embed", {"inputs": "x"}, "does not embed"),
 ]

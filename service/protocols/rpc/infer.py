@@ -21,6 +21,8 @@ from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import find_model
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
+from ringserve.service.protocols.schemas import convert
+from ringserve.service.protocols.schemas.kserve import InferParameters
 from ringserve.service.protocols.shm_regions import Placement, placement
 from ringserve.service.protocols.texts import require
 from ringserve.service.views import FrontView
@@ -98,6 +100,7 @@ def read_request(server: FrontView, req: pb.ModelInferRequest) -> InferJob:
         found[spec.name] = read_input(spec, raws.pop(0) if in_raw else None)
     texts = kserve.join_pairs(server, found)
     params = params_dict(req.parameters)
+    checked = convert(params, InferParameters, "parameters")  # as the HTTP header's are checked
     outputs = [{"name": o.name, "parameters": params_dict(o.parameters)} for o in req.outputs]
     default = {"binary_data_output": bool(params.get("binary_data_output", True))}
     m = info.manifest
@@ -106,10 +109,9 @@ def read_request(server: FrontView, req: pb.ModelInferRequest) -> InferJob:
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     wanted = [(name, raw_out) for name, _ in asked]
     texts, options, task = kserve.with_options(texts, params, wanted, m)
-    timeout = params.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool | str | float) or timeout <= 0):
-        raise HttpError(400, "parameters.timeout must be a positive integer (microseconds)")
-    priority = asked_priority(params.get("priority"), "parameters.priority")
+    timeout = None if checked.timeout is None else int(checked.timeout)
+    level = checked.priority
+    priority = asked_priority(int(level) if isinstance(level, float) else level, "priority")  # 0 up
     places = kserve.output_places(doc)
     return InferJob(info, texts, options, task, wanted, req.id, timeout, priority, places)
 

@@ -1,0 +1,115 @@
+"""The embed and rerank bodies in the shapes RAG tools send (service/protocols/tasks.py):
+OpenAI's /v1/embeddings, TEI's /embed and /rerank, Cohere's /v1/rerank and /v2/rerank."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+from ringserve.service.protocols.schemas import (
+    Count,
+    LongText,
+    NonNegative,
+    Positive,
+    Text,
+    Texts,
+    TokenIds,
+    narrowed,
+)
+
+# OpenAI's `input`: a text, or a list of texts, of token ids, or of lists of token ids (one
+# kind a list: a mix is a 400 after decoding).
+Inputs = Annotated[list[Text | Count | TokenIds], Meta(min_length=1)]
+
+
+class OpenAIEmbeddings(LongText, kw_only=True):
+    input: Text | Inputs
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Positive | None = None  # at most the model's dimension
+    prompt_name: str | None = None  # one of the model's sentence-transformers prompts
+
+
+class TeiEmbed(LongText, kw_only=True):
+    inputs: Text | Texts
+    normalize: bool = True
+    prompt_name: str | None = None
+
+
+class Document(Struct):
+    """A document as an object (Cohere's v1 shape): its `text` is what is ranked."""
+
+    text: Text
+
+
+Documents = Annotated[list[Text | Document], Meta(min_length=1)]  # narrowed to --max-documents
+
+
+class Rerank(LongText, kw_only=True):
+    """What every rerank body has: a query, its documents, how many to answer."""
+
+    query: Text
+    top_n: Positive | None = None
+
+
+class TeiRerank(Rerank, kw_only=True):
+    texts: Documents
+    raw_scores: bool = False
+    return_text: bool = False
+
+
+class CohereRerank(Rerank, kw_only=True):
+    documents: Documents
+    return_documents: bool = False
+
+
+class CohereRerankV2(Rerank, kw_only=True):
+    documents: Documents
+    max_tokens_per_doc: None = None  # not taken: the model's max_length applies
+
+
+# -- answers: built by the rerank handlers, encoded by msgspec, and the document's schemas --------
+Probability = Annotated[float, Meta(ge=0, le=1)]
+
+
+class TeiHit(Struct, omit_defaults=True, forbid_unknown_fields=True):
+    index: NonNegative  # the document's, in the request
+    score: float  # the probability, or with raw_scores its logit
+    text: str | UnsetType = UNSET  # return_text
+
+
+class DocumentText(Struct, forbid_unknown_fields=True):
+    text: str
+
+
+class CohereHit(Struct, omit_defaults=True, forbid_unknown_fields=True):
+    index: NonNegative
+    relevance_score: Probability
+    document: DocumentText | UnsetType = UNSET  # return_documents
+
+
+class CohereRanking(Struct, forbid_unknown_fields=True):
+    results: list[CohereHit]
+
+
+class CohereHitV2(Struct, forbid_unknown_fields=True):
+    index: NonNegative
+    relevance_score: Probability
+
+
+class CohereRankingV2(Struct, forbid_unknown_fields=True):
+    id: str
+    results: list[CohereHitV2]
+    meta: dict[str, Any]  # api_version, billed_units
+
+
+def rank_answers(max_documents: int) -> dict[str, Any]:
+    """The rerank answers with --max-documents (one hit a document at most)."""
+
+    def hits(kind: Any) -> Any:
+        return Annotated[list[kind], Meta(min_length=1, max_length=max_documents)]
+
+    return {
+        "tei_rerank": hits(TeiHit),
+        "cohere_rerank": narrowed(CohereRanking, results=hits(CohereHit)),
+        "cohere_rerank_v2": narrowed(CohereRankingV2, results=hits(CohereHitV2)),
+    }
