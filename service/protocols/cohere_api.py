@@ -22,6 +22,7 @@ from ringserve.service.protocols.routes import (
 )
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.protocols.schemas.cohere import CohereEmbeddings, EmbeddingsByType
 from ringserve.service.protocols.schemas.tasks import CohereHitV2, CohereRankingV2
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
@@ -68,20 +69,18 @@ def cohere_embed(
     payloads = tasks.Texts([prompt + t.encode() for t in body.texts], options)
     originals = body.texts
 
-    def answer(results: list[Result]) -> dict[str, Any]:
+    def answer(results: list[Result]) -> bytes:
         vecs = tasks.vectors(results, info.manifest.normalize or bool(keep), keep)
-        out: dict[str, Any] = {}
+        out = EmbeddingsByType()
         if "float" in kinds:
-            out["float"] = np.asarray(vecs, dtype=np.float64).tolist()
+            out.floats = np.asarray(vecs, dtype=np.float64).tolist()
         if "base64" in kinds:
-            out["base64"] = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vecs]
-        return {
-            "id": str(uuid.uuid4()),
-            "response_type": "embeddings_by_type",
-            "embeddings": out,
-            "texts": originals,
-            "meta": meta({"input_tokens": sum(r.tokens for r in results)}),
-        }
+            out.base64 = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vecs]
+        tokens = sum(r.tokens for r in results)
+        answer = CohereEmbeddings(
+            str(uuid.uuid4()), "embeddings_by_type", out, originals, meta({"input_tokens": tokens})
+        )
+        return msgspec.json.encode(answer)
 
     tasks.submit_texts(server, conn, ex, payloads, answer, "embed", info)
 

@@ -6,9 +6,11 @@ give (a parser's 400, admission's 503, the key's 401) comes in its family's shap
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 OPENAI_PATHS = (b"/v1/embeddings", b"/v1/models")
 TEI_PATHS = frozenset(
@@ -41,29 +43,101 @@ def family(url: bytes) -> str:
     return ""
 
 
-def error_doc(url: bytes, status: int, message: str, **fields: Any) -> dict[str, Any]:
-    """The error body for this path, as a dict; `fields` go beside the message (a too-long
+# -- the bodies, declared once: encoded here, and generated into /openapi.json (openapi.py) -------
+class Error(Struct, forbid_unknown_fields=True):
+    """Ours: `{"error": message}`."""
+
+    error: str
+
+
+TeiErrorType = Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
+
+
+class TeiError(Struct, forbid_unknown_fields=True):
+    """TEI's ErrorResponse."""
+
+    error: str
+    error_type: TeiErrorType
+
+
+class CohereError(Struct, forbid_unknown_fields=True):
+    """Cohere's `message`, beside our `error`."""
+
+    error: str
+    message: str
+
+
+class OpenAIErrorDetail(Struct, forbid_unknown_fields=True):
+    """OpenAI's error object (its SDK reads `message`)."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(Struct, forbid_unknown_fields=True):
+    error: OpenAIErrorDetail
+
+
+Count = Annotated[int, Meta(ge=0)]
+# A text over max_length refused (413, admit.respond_failure): its counts beside the message.
+TOO_LONG_FIELDS = [
+    (name, Count | UnsetType, UNSET) for name in ("tokens", "max_length", "windows", "max_windows")
+]
+
+
+def too_long(kind: type[Struct]) -> Any:
+    """`kind` with a too-long text's counts (each left out when not given)."""
+    name = kind.__name__ + "TooLong"
+    return msgspec.defstruct(name, TOO_LONG_FIELDS, bases=(kind,), kw_only=True, omit_defaults=True)
+
+
+ErrorTooLong = too_long(Error)
+TeiErrorTooLong = too_long(TeiError)
+CohereErrorTooLong = too_long(CohereError)
+OpenAIErrorDetailTooLong = too_long(OpenAIErrorDetail)
+
+
+class OpenAIErrorTooLong(Struct, forbid_unknown_fields=True):
+    error: OpenAIErrorDetailTooLong  # type: ignore[valid-type]
+
+
+# The error body of each family ("" ours), and with a too-long text's counts.
+BODIES: dict[str, tuple[Any, Any]] = {
+    "": (Error, ErrorTooLong),
+    "openai": (OpenAIError, OpenAIErrorTooLong),
+    "tei": (TeiError, TeiErrorTooLong),
+    "cohere": (CohereError, CohereErrorTooLong),
+}
+
+
+def error_doc(url: bytes, status: int, message: str, **fields: Any) -> Struct:
+    """The error body for this path, as its Struct; `fields` go beside the message (a too-long
     text's token counts)."""
     kind = family(url)
     if kind == "openai":
         model = "model" if status == 404 and message.startswith("unknown model") else None
         found = _PARAM.search(message)
-        body = {
-            "message": message,
-            "type": OPENAI_TYPES.get(
+        detail = OpenAIErrorDetailTooLong if fields else OpenAIErrorDetail
+        body = detail(
+            message=message,
+            type=OPENAI_TYPES.get(
                 status, "server_error" if status >= 500 else "invalid_request_error"
             ),
-            "param": found.group(1) if found else model,
-            "code": "model_not_found" if model else OPENAI_CODES.get(status),
+            param=found.group(1) if found else model,
+            code="model_not_found" if model else OPENAI_CODES.get(status),
             **fields,
-        }
-        return {"error": body}
+        )
+        return (OpenAIErrorTooLong if fields else OpenAIError)(body)
+    plain, counted = BODIES[kind]
+    kind_type = counted if fields else plain
     if kind == "tei":
-        return {"error": message, "error_type": TEI_TYPES.get(status, "Validation"), **fields}
+        return kind_type(error=message, error_type=TEI_TYPES.get(status, "Validation"), **fields)
     if kind == "cohere":
-        return {"error": message, "message": message, **fields}
-    return {"error": message, **fields}
+        return kind_type(error=message, message=message, **fields)
+    return kind_type(error=message, **fields)
 
 
 def error_body(url: bytes, status: int, message: str, **fields: Any) -> bytes:
-    return json.dumps(error_doc(url, status, message, **fields)).encode()
+    return msgspec.json.encode(error_doc(url, status, message, **fields))

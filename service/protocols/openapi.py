@@ -25,12 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ringserve.service.protocols import schemas
+from ringserve.service.protocols import errors, schemas
 from ringserve.service.protocols.auth import OPEN_PATH
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.kserve import VERSION, server_version
 from ringserve.service.protocols.routes import Router
+from ringserve.service.protocols.schemas import cohere as cohere_structs
+from ringserve.service.protocols.schemas import kserve as kserve_structs
+from ringserve.service.protocols.schemas import operator as operator_structs
 from ringserve.service.protocols.schemas import server as server_bodies
 from ringserve.service.protocols.schemas import tasks as task_schemas
 from ringserve.service.protocols.schemas import tei as tei_structs
@@ -97,43 +100,16 @@ class Facts:
         return list(self.models) or [self.model]
 
 
-# -- pieces ---------------------------------------------------------------------------------------
-def obj(required: list[str], closed: bool = True, **props: Schema | bool) -> Schema:
-    """An object with these properties; `closed` forbids any other (answers are closed, so a
-    field the document lacks fails the fuzzer; requests are open: unknown fields are ignored)."""
-    out: Schema = {"type": "object", "properties": props}
-    if required:
-        out["required"] = required
-    if closed:
-        out["additionalProperties"] = False
-    return out
-
-
-def array(items: Schema, lo: int = 0, hi: int | None = None) -> Schema:
-    out: Schema = {"type": "array", "items": items}
-    if lo:
-        out["minItems"] = lo
-    if hi is not None:
-        out["maxItems"] = hi
-    return out
-
-
-STRING: Schema = {"type": "string"}
-BOOL: Schema = {"type": "boolean"}
-NUMBER: Schema = {"type": "number"}
-INT: Schema = {"type": "integer"}
-COUNT: Schema = {"type": "integer", "minimum": 0}
-
-
-def nullable(schema: Schema) -> Schema:
-    """An optional field the server reads with dict.get: null is as if it were left out."""
-    return {"anyOf": [schema, {"type": "null"}], "description": "null: as if left out"}
-
-
-ERROR = obj(["error"], error=STRING)
-TOO_LONG = obj(
-    ["error"], error=STRING, tokens=COUNT, max_length=COUNT, windows=COUNT, max_windows=COUNT
-)
+STRING: Schema = {"type": "string"}  # a header's or a path parameter's value
+# Each family's error body, and with a too-long text's counts: errors.py's Structs.
+_ERROR_KINDS = [kind for pair in errors.BODIES.values() for kind in pair]
+_ERROR_REFS, ERROR_COMPONENTS = schemas.components(_ERROR_KINDS)
+ERROR_SCHEMAS = {
+    (name, counted): _ERROR_REFS[2 * i + counted]
+    for i, name in enumerate(errors.BODIES)
+    for counted in (False, True)
+}
+ERROR, TOO_LONG = ERROR_SCHEMAS["", False], ERROR_SCHEMAS["", True]
 HEADERS: dict[str, Schema] = {
     "x-request-id": {"description": "the client's X-Request-Id when it is a sane token, else new"},
     "x-latency-ms": {"description": "ms from the request's last byte to the answer, one decimal"},
@@ -206,33 +182,14 @@ def classify_schemas(f: Facts) -> tuple[Schema, Schema]:
 
 def embedding_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v1/embeddings (tasks.openai_embeddings)."""
-    d = max(f.dimension, 1)
-    request = body(f, "openai_embeddings")
-    vector = {"oneOf": [array(NUMBER, 1, d), {"type": "string", "contentEncoding": "base64"}]}
-    item = obj(
-        ["object", "index", "embedding"],
-        object={"const": "embedding"},
-        index=COUNT,
-        embedding=vector,
-    )
-    usage = obj(["prompt_tokens", "total_tokens"], prompt_tokens=COUNT, total_tokens=COUNT)
-    answer = obj(
-        ["object", "data", "model", "usage"],
-        object={"const": "list"},
-        data=array(item, 1, f.max_texts),
-        model={"enum": f.names},
-        usage=usage,
-    )
-    return request, answer
+    return body(f, "openai_embeddings"), answer(f, "openai_embeddings")
 
 
 def tei_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
     """(request, answer) of TEI's POST /embed and /rerank (tasks.tei_embed, tasks.tei_rerank)."""
-    d = max(f.dimension, 1)
-    embed, rerank = body(f, "tei_embed"), body(f, "tei_rerank")
     return {
-        "embed": (embed, array(array(NUMBER, d, d), 1, f.max_texts)),
-        "rerank": (rerank, answer(f, "tei_rerank")),
+        "embed": (body(f, "tei_embed"), answer(f, "tei_embed")),
+        "rerank": (body(f, "tei_rerank"), answer(f, "tei_rerank")),
     }
 
 
@@ -241,136 +198,25 @@ def cohere_schemas(f: Facts) -> tuple[Schema, Schema]:
     return body(f, "cohere_rerank"), answer(f, "cohere_rerank")
 
 
-STATES = ["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]  # service/models.py
-
-
 def repository_schemas(f: Facts) -> dict[str, Schema]:
     """The KServe repository extension's bodies and answers (kserve.repository_*)."""
-    row = obj(["name", "state"], name=STRING, version=STRING, state={"enum": STATES}, reason=STRING)
     return {
         "index": body(f, "repository_index"),
-        "rows": array(row),
+        "rows": answer(f, "rows"),
         "load": body(f, "repository_load"),
         "unload": body(f, "repository_unload"),
-        "done": obj([]),
-    }
-
-
-def stats_schema() -> Schema:
-    """GET /v1/stats (metrics.Metrics.snapshot and stats.Stats.last_minute): its keys closed,
-    what is inside them open (worker rows as the control status's, docs/api.md)."""
-    nested: Schema = {"type": "object"}
-    maybe: Schema = {"type": ["number", "null"]}
-    return obj(
-        ["uptime_s", "model", "buckets", "queue_depth", "inflight", "requests_per_s", "workers",
-         "gpus", "latency_ms"],
-        uptime_s=NUMBER,
-        model=obj(["name", "device"], name=STRING, device=STRING),
-        buckets=array(COUNT),
-        metrics=BOOL,
-        draining=BOOL,
-        overloaded=BOOL,
-        queue_depth=COUNT,
-        max_queue=COUNT,
-        inflight=COUNT,
-        waiting=COUNT,
-        waiting_bulk=COUNT,
-        bulk_max_wait_ms=NUMBER,
-        queue_wait_ms=maybe,
-        max_queue_ms=NUMBER,
-        pool_tokens_per_s=maybe,
-        requests_per_s=NUMBER,
-        requests_per_s_history=array(NUMBER),
-        workers=array(nested),
-        restarts_total=COUNT,
-        gpus=array(nested),
-        totals=nested,
-        latency_ms=nested,
-        latency_histogram=obj(["bounds_ms", "counts"], bounds_ms=array(maybe),
-                              counts=array(COUNT)),
-        time_ms=obj(["queued", "model"], queued=maybe, model=maybe),
-        failed=COUNT,
-        tenants=array(nested),  # --api-keys: tenants.KeyRing.table
-        models={"type": "object", "additionalProperties": nested},  # by name (ops/metrics.py)
-    )  # fmt: skip
-
-
-def tensor_meta(kind: str, dims: str) -> Schema:
-    props = {"name": STRING, kind: STRING, dims: array(INT), "optional": BOOL}
-    if kind == "data_type":  # a configuration's output may say how its dims are reshaped
-        props["reshape"] = obj(["shape"], shape=array(INT))
-    return {
-        "type": "object",
-        "properties": props,
-        "required": ["name", kind, dims],
-        "additionalProperties": False,
+        "done": answer(f, "done"),
     }
 
 
 def kserve_metadata_schemas(f: Facts) -> dict[str, Schema]:
     """GET /v2, /v2/models/{model}, its /ready and /config (kserve.py)."""
-    names = f.names
-    meta = tensor_meta("datatype", "shape")
-    config = tensor_meta("data_type", "dims")
-    return {
-        "server": obj(
-            ["name", "version", "extensions"],
-            name={"const": "ringserve"},
-            version=STRING,
-            extensions=array(STRING),
-        ),
-        "model": obj(
-            ["name", "versions", "platform", "inputs", "outputs", "parameters"],
-            name={"enum": names},
-            versions={"const": [f.version]},
-            platform=STRING,
-            inputs=array(meta),
-            outputs=array(meta),
-            parameters=obj(
-                ["task", "dimension", "activation"], task=STRING, dimension=COUNT, activation=STRING
-            ),
-        ),
-        "config": obj(
-            ["name", "platform", "max_batch_size", "input", "output", "parameters"],
-            name={"enum": names},
-            platform=STRING,
-            backend=STRING,
-            max_batch_size=COUNT,
-            input=array(config),
-            output=array(config),
-            dynamic_batching=obj([]),
-            parameters={
-                "type": "object",
-                "additionalProperties": obj(["string_value"], string_value=STRING),
-            },
-        ),
-        "ready": obj(["name", "ready"], name={"enum": names}, ready=BOOL),
-    }
+    return {name: answer(f, name) for name in ("server", "model", "config", "ready")}
 
 
 def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v2/models/{model}/infer (kserve.read_texts, read_outputs)."""
-    outputs = ["scores", "label", *(["embedding"] if f.embeds else [])]
-    request = body(f, "infer")
-    data = {"oneOf": [array(NUMBER), array(STRING)]}
-    answered = obj(
-        ["name", "datatype", "shape"],
-        name={"enum": outputs},
-        datatype={"enum": ["FP32", "BYTES"]},
-        shape=array(COUNT, 1, 2),
-        data=data,
-        parameters=obj(["binary_data_size"], binary_data_size=COUNT),
-    )
-    long_text = obj(["truncated", "tokens"], truncated=BOOL, tokens=STRING, windows=STRING)
-    answer = obj(
-        ["model_name", "model_version", "outputs"],
-        model_name={"enum": f.names},
-        model_version={"const": f.version},
-        id=STRING,
-        parameters=long_text,
-        outputs=array(answered, 1, len(outputs)),
-    )
-    return request, answer
+    return body(f, "infer"), answer(f, "infer")
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -443,9 +289,9 @@ def routes(f: Facts) -> dict[tuple[str, str], Route]:
     return {
         **compat_routes(f),
         **v1_routes(f),
-        **health_routes(),
+        **health_routes(f),
         **task_routes(f),
-        **operator_routes(),
+        **operator_routes(f),
         **kserve_routes(f),
     }
 
@@ -480,18 +326,23 @@ def v1_routes(f: Facts) -> dict[tuple[str, str], Route]:
     }
 
 
-def health_routes() -> dict[tuple[str, str], Route]:
+def being(schema: Schema, field: str, value: Any) -> Schema:
+    """`schema` with one field's value fixed (a probe's `ready` true with 200, false with 503)."""
+    return {"allOf": [schema, {"properties": {field: {"const": value}}}]}
+
+
+def health_routes(f: Facts) -> dict[tuple[str, str], Route]:
     return {
-        ("GET", "/v2/health/live"): Route(
-            "Liveness", "health", ok("live", obj(["live"], live={"const": True}))
-        ),
+        ("GET", "/v2/health/live"): Route("Liveness", "health", ok("live", answer(f, "live"))),
         ("GET", "/v2/health/ready"): Route(
             "Readiness: a worker is ready and the server is not stopping",
             "health",
             {
-                **ok("ready", obj(["ready"], ready={"const": True})),
+                **ok("ready", being(answer(f, "ready"), "ready", True)),
                 503: Answer(
-                    "not ready", obj(["ready"], ready={"const": False}), headers=("retry-after",)
+                    "not ready",
+                    being(answer(f, "ready"), "ready", False),
+                    headers=("retry-after",),
                 ),
             },
         ),
@@ -558,38 +409,9 @@ def task_route(
 
 
 # -- peers' shapes: TEI's routes, Cohere's v2, and each family's error body --------------------
-MAYBE_COUNT: Schema = {"type": ["integer", "null"], "minimum": 0}
-TEI_ERROR_TYPES = ["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
-TOO_LONG_FIELDS: dict[str, Schema] = {
-    "tokens": COUNT,
-    "max_length": COUNT,
-    "windows": COUNT,
-    "max_windows": COUNT,
-}
-
-
 def error_schema(family: str, too_long: bool) -> Schema:
     """The error body of a family of routes (errors.error_doc), with a too-long text's counts."""
-    if family == "openai":
-        inner = obj(
-            ["message", "type", "param", "code"],
-            message=STRING,
-            type=STRING,
-            param=nullable(STRING),
-            code=nullable(STRING),
-        )
-        return obj(["error"], error=counted(inner, too_long))
-    if family == "tei":
-        tei = obj(["error", "error_type"], error=STRING, error_type={"enum": TEI_ERROR_TYPES})
-        return counted(tei, too_long)
-    return counted(obj(["error", "message"], error=STRING, message=STRING), too_long)  # cohere
-
-
-def counted(schema: Schema, too_long: bool) -> Schema:
-    """`schema` with a too-long text's counts (admit.respond_failure) when `too_long`."""
-    if too_long:
-        schema["properties"] = {**schema["properties"], **TOO_LONG_FIELDS}
-    return schema
+    return ERROR_SCHEMAS[family, too_long]
 
 
 # -- TEI -----------------------------------------------------------------------------------------
@@ -625,7 +447,8 @@ def root_schemas(f: Facts) -> tuple[Schema, Schema]:
     if "rerank" in f.tasks:
         bodies.append(tei["rerank"][0])
         answers.append(tei["rerank"][1])
-    return {"anyOf": bodies or [obj([], closed=False)]}, {"anyOf": answers or [array(NUMBER)]}
+    nothing: Schema = {"type": "object"}  # a model with none of these tasks: refused (400)
+    return {"anyOf": bodies or [nothing]}, {"anyOf": answers or [{"type": "array"}]}
 
 
 def root_route(f: Facts) -> Route:
@@ -650,7 +473,7 @@ def token_schemas(f: Facts) -> dict[str, tuple[Schema, Schema]]:
     return {
         "tokenize": (tokenize, answer(f, "tokenize")),
         "decode": (decode, answer(f, "decode")),
-        "embed_all": (embed_all, array(array(array(NUMBER)))),
+        "embed_all": (embed_all, answer(f, "embed_all")),
     }
 
 
@@ -698,13 +521,7 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
 
 # -- Cohere v2 -----------------------------------------------------------------------------------
 def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
-    d = max(f.dimension, 1)
-    embed_in = body(f, "cohere_embed")
-    meta: Schema = {"type": "object"}
-    vectors = obj([], float=array(array(NUMBER, 1, d)), base64=array(STRING))
-    embed_out = obj(["id", "response_type", "embeddings", "texts", "meta"], id=STRING,
-                    response_type={"const": "embeddings_by_type"}, embeddings=vectors,
-                    texts=array(STRING), meta=meta)  # fmt: skip
+    embed_in, embed_out = body(f, "cohere_embed"), answer(f, "cohere_embed")
     rerank_in, rerank_out = body(f, "cohere_rerank_v2"), answer(f, "cohere_rerank_v2")
     return {
         ("POST", "/v2/embed"): task_route(
@@ -724,14 +541,15 @@ def compat_routes(f: Facts) -> dict[tuple[str, str], Route]:
     return {**tei_routes(f), **cohere_routes(f)}
 
 
-def operator_routes() -> dict[tuple[str, str], Route]:
+def operator_routes(f: Facts) -> dict[tuple[str, str], Route]:
     """What operators read (ops/metrics.py), and this document."""
+    document = answer(f, "document")
     return {
         ("GET", "/metrics"): Route(
             "Prometheus metrics", "operator", ok("text exposition format 0.0.4", None, "text/plain")
         ),
         ("GET", "/v1/stats"): Route(
-            "JSON for dashboards", "operator", ok("the server's figures", stats_schema())
+            "JSON for dashboards", "operator", ok("the server's figures", answer(f, "stats"))
         ),
         ("GET", "/dashboard"): Route(
             "The operator page", "operator", ok("an HTML page", None, "text/html")
@@ -744,7 +562,7 @@ def operator_routes() -> dict[tuple[str, str], Route]:
         ("GET", "/docs/openapi.json"): Route(
             "On the operator port: the HTTP port's document, which /docs there shows",
             "meta",
-            ok("OpenAPI 3.1", obj(["openapi", "info", "paths"], closed=False)),
+            ok("OpenAPI 3.1", document),
         ),
         ("GET", "/docs/swagger-ui.css"): Route(
             "Swagger UI's style sheet", "meta", ok("CSS", None, "text/css")
@@ -755,7 +573,7 @@ def operator_routes() -> dict[tuple[str, str], Route]:
         ("GET", "/openapi.json"): Route(
             "This document",
             "meta",
-            ok("OpenAPI 3.1", obj(["openapi", "info", "paths"], closed=False)),
+            ok("OpenAPI 3.1", document),
         ),
     }
 
@@ -784,37 +602,15 @@ def kserve_routes(f: Facts) -> dict[tuple[str, str], Route]:
         table[("GET", base + "/stats")] = Route(
             "Triton's statistics of a model (all its versions) or of one version",
             "kserve",
-            ok("statistics", model_stats_schema(f)),
+            ok("statistics", answer(f, "stats_kserve")),
             model_path=True,
         )
     table[("GET", "/v2/models/stats")] = Route(
-        "Triton's statistics of every model", "kserve", ok("statistics", model_stats_schema(f))
+        "Triton's statistics of every model", "kserve", ok("statistics", answer(f, "stats_kserve"))
     )
     table.update(repository_routes(f))
     table.update(shm_routes(f))
     return table
-
-
-def model_stats_schema(f: Facts) -> Schema:
-    """kserve.stats_doc: Triton's model_stats (ops/inference_stats.py)."""
-    duration = obj(["count", "ns"], count=COUNT, ns=COUNT)
-    phases = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
-    row = obj(
-        ["name", "version", "last_inference", "inference_count", "execution_count"],
-        name={"enum": f.names},
-        version=STRING,
-        last_inference=COUNT,
-        inference_count=COUNT,
-        execution_count=COUNT,
-        inference_stats={
-            "type": "object",
-            "properties": dict.fromkeys(phases, duration),
-            "required": list(phases),
-            "additionalProperties": False,
-        },
-        batch_stats=array(obj([], closed=False)),
-    )
-    return obj(["model_stats"], model_stats=array(row))
 
 
 SHM_REGISTER_RULES = (  # shm_regions.SystemRegions.register: what the key and range must be
@@ -829,15 +625,9 @@ SHM_REGISTER_RULES = (  # shm_regions.SystemRegions.register: what the key and r
 
 def shm_routes(f: Facts) -> dict[tuple[str, str], Route]:
     """Triton's system shared-memory extension (shm_regions.py)."""
-    region = obj(
-        ["name", "key", "offset", "byte_size"],
-        name=STRING,
-        key=STRING,
-        offset=COUNT,
-        byte_size=COUNT,
-    )
-    status = ok("the registered regions", array(region))
-    done = ok("done", obj([]))
+    regions = answer(f, "regions")
+    status = ok("the registered regions", regions)
+    done = ok("done", answer(f, "done"))
     base = "/v2/systemsharedmemory"
     unknown = (r"^no shared-memory region .* is registered$",)
     register = body(f, "register_region")
@@ -862,7 +652,7 @@ def shm_routes(f: Facts) -> dict[tuple[str, str], Route]:
         ("GET", "/v2/cudasharedmemory/status"): Route(
             "CUDA shared memory: none is served, so none is registered",
             "kserve",
-            ok("[]", array(region)),
+            ok("[]", regions),
         ),
         ("POST", "/v2/cudasharedmemory/unregister"): Route(
             "CUDA shared memory: nothing to unregister", "kserve", done, body_optional=True
@@ -1001,6 +791,12 @@ def _answers(
     kinds |= task_schemas.rank_answers(max_documents)
     kinds |= tei_structs.answers(labels, max_texts)
     kinds["info"] = tei_structs.info_answer(names)
+    kinds |= task_schemas.embed_answers(names, dimension, max_texts)
+    kinds["cohere_embed"] = cohere_structs.embed_answer(dimension)
+    outputs = ("scores", "label", *(("embedding",) if "embed" in tasks else ()))
+    kserve_answers = kserve_structs.answers(names, VERSION, outputs, max_texts)
+    kinds |= {("stats_kserve" if k == "stats" else k): v for k, v in kserve_answers.items()}
+    kinds |= operator_structs.health_answers()
     refs, defs = schemas.components(list(kinds.values()))
     return dict(zip(kinds, refs, strict=True)), defs
 
@@ -1011,7 +807,13 @@ def answer(f: Facts, name: str) -> Schema:
 
 def components(f: Facts) -> Schema:
     """Every Struct's schema that the document may refer to."""
-    return {**generated(f.max_texts, f.max_documents)[1], **generated_answers(f)[1]}
+    out: Schema = {}
+    for part in (generated(f.max_texts, f.max_documents)[1], generated_answers(f)[1],
+                 ERROR_COMPONENTS):  # fmt: skip
+        for name, schema in part.items():
+            if out.setdefault(name, schema) != schema:  # two Structs of one name
+                raise ValueError(f"two different schemas are named {name}")
+    return out
 
 
 # -- the document ---------------------------------------------------------------------------------

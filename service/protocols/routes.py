@@ -16,6 +16,7 @@ from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.schemas import UNSET, LongText, Named, decode
 from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.protocols.schemas.operator import Live, Ready
 from ringserve.service.protocols.schemas.v1 import (
     Classify,
     ClassifyBatch,
@@ -249,19 +250,24 @@ def model_card(server: FrontView, info: ModelInfo) -> ModelCard:
     return ModelCard(**body)
 
 
+# The probes' answers, written once from their Structs (schemas/operator.py)
+LIVE = msgspec.json.encode(Live(True))
+READY, NOT_READY = msgspec.json.encode(Ready(True)), msgspec.json.encode(Ready(False))
+
+
 def health_live(
     server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    conn.respond(ex, 200, b'{"live": true}')
+    conn.respond(ex, 200, LIVE)
 
 
 def health_ready(
     server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
     if server.ready():
-        conn.respond(ex, 200, b'{"ready": true}')
+        conn.respond(ex, 200, READY)
     else:
-        conn.respond(ex, 503, b'{"ready": false}', extra=RETRY_AFTER)
+        conn.respond(ex, 503, NOT_READY, extra=RETRY_AFTER)
 
 
 class Router:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from msgspec import Meta
-from ringserve.service.protocols.schemas import Named, Positive, Texts
+from msgspec import UNSET, Meta, Struct, UnsetType, field
+from ringserve.service.protocols.schemas import Named, Positive, Texts, narrowed
 
 InputType = Literal["search_document", "search_query", "classification", "clustering"]
 EmbeddingType = Literal["float", "base64"]
@@ -21,3 +21,29 @@ class CohereEmbed(Named, kw_only=True):
     max_tokens: None = None  # not taken: the model's max_length and truncate apply
     images: None = None  # only texts are embedded here
     inputs: None = None
+
+
+class EmbeddingsByType(Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """Each type asked for (`embedding_types`): the vectors, in the texts' order."""
+
+    floats: list[list[float]] | UnsetType = field(default=UNSET, name="float")
+    base64: list[str] | UnsetType = UNSET  # each the little-endian float32 bytes
+
+
+class CohereEmbeddings(Struct, forbid_unknown_fields=True):
+    """POST /v2/embed's answer (cohere_api.cohere_embed)."""
+
+    id: str
+    response_type: Literal["embeddings_by_type"]
+    embeddings: EmbeddingsByType
+    texts: list[str]
+    meta: dict[str, Any]  # api_version, billed_units
+
+
+def embed_answer(dimension: int) -> Any:
+    vector = Annotated[list[float], Meta(min_length=1, max_length=max(dimension, 1))]
+    by_type = narrowed(
+        EmbeddingsByType,
+        floats=list[vector] | UnsetType,
+    )
+    return narrowed(CohereEmbeddings, embeddings=by_type)

@@ -113,3 +113,46 @@ def rank_answers(max_documents: int) -> dict[str, Any]:
         "cohere_rerank": narrowed(CohereRanking, results=hits(CohereHit)),
         "cohere_rerank_v2": narrowed(CohereRankingV2, results=hits(CohereHitV2)),
     }
+
+
+# -- the embeddings' answers: orjson writes OpenAI's and TEI's vectors (tasks.float_json, for
+# speed), msgspec Cohere's; these are their schemas in the document ---------------------------
+Base64 = Annotated[str, Meta(extra_json_schema={"contentEncoding": "base64"})]
+
+
+class Embedding(Struct, forbid_unknown_fields=True):
+    object: Literal["embedding"]
+    index: NonNegative
+    embedding: list[float] | Base64  # base64: the little-endian float32 bytes
+
+
+class Usage(Struct, forbid_unknown_fields=True):
+    prompt_tokens: NonNegative
+    total_tokens: NonNegative
+
+
+class EmbeddingList(Struct, forbid_unknown_fields=True):
+    """POST /v1/embeddings (tasks.openai_embeddings)."""
+
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+def embed_answers(names: tuple[str, ...], dimension: int, max_texts: int) -> dict[str, Any]:
+    """The embeddings' answers with the model's dimension and --max-texts."""
+    d = max(dimension, 1)
+
+    def batch(item: Any) -> Any:
+        return Annotated[list[item], Meta(min_length=1, max_length=max_texts)]
+
+    vector = Annotated[list[float], Meta(min_length=1, max_length=d)]
+    item = narrowed(Embedding, embedding=vector | Base64)
+    return {
+        "openai_embeddings": narrowed(
+            EmbeddingList, data=batch(item), model=Literal[names] if names else str
+        ),
+        "tei_embed": batch(Annotated[list[float], Meta(min_length=d, max_length=d)]),
+        "embed_all": list[list[list[float]]],
+    }
