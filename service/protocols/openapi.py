@@ -807,11 +807,17 @@ def answer(f: Facts, name: str) -> Schema:
 
 def components(f: Facts) -> Schema:
     """Every Struct's schema that the document may refer to."""
+    parts = [generated(f.max_texts, f.max_documents)[1], generated_answers(f)[1]]
+    return merged([*parts, ERROR_COMPONENTS])
+
+
+def merged(parts: list[Schema]) -> Schema:
+    """Components from several calls of schemas.components in one: two different schemas of
+    one name (two Structs of one name) are refused rather than one overwriting the other."""
     out: Schema = {}
-    for part in (generated(f.max_texts, f.max_documents)[1], generated_answers(f)[1],
-                 ERROR_COMPONENTS):  # fmt: skip
+    for part in parts:
         for name, schema in part.items():
-            if out.setdefault(name, schema) != schema:  # two Structs of one name
+            if out.setdefault(name, schema) != schema:
                 raise ValueError(f"two different schemas are named {name}")
     return out
 

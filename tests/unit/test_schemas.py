@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+from ringserve.service.protocols import errors, openapi
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.schemas import (
     NOT_BLANK,
@@ -152,3 +153,58 @@ def test_the_answer_is_written_by_the_struct_its_schema_describes() -> None:
     for bad in ({"planted": 1}, {"label": "neutral"}, {"scores": [1.0]}):
         with pytest.raises(ValidationError):
             validator.validate({**msgspec.to_builtins(one), **bad})
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "fields"),
+    [
+        (b"/v1/classify", 400, {}),
+        (b"/v1/classify", 413, {"tokens": 600, "max_length": 512}),
+        (b"/v1/embeddings", 404, {}),
+        (b"/v1/embeddings", 413, {"tokens": 600, "max_length": 512}),
+        (b"/embed", 503, {}),
+        (b"/rerank", 413, {"windows": 9, "max_windows": 8}),
+        (b"/v2/embed", 400, {}),
+        (b"/v2/rerank", 413, {"tokens": 600, "max_length": 512}),
+    ],
+)
+def test_each_error_body_is_its_structs(path: bytes, status: int, fields: dict[str, int]) -> None:
+    """errors.error_body writes each family's Struct, which /openapi.json's error schemas come
+    from: the body passes its family's schema (with the counts only when a text was too long)
+    and fails another family's, and a field more fails it."""
+    kind = errors.family(path)
+    plain, counted = errors.BODIES[kind]
+    refs, defs = components([plain, counted])
+    body = msgspec.json.decode(errors.error_body(path, status, "unknown model m", **fields))
+
+    def validator(ref: dict[str, str]) -> Draft202012Validator:
+        return Draft202012Validator({**ref, "components": {"schemas": defs}})
+
+    validator(refs[1 if fields else 0]).validate(body)
+    if fields:  # the counts are not in the plain body's schema
+        with pytest.raises(ValidationError):
+            validator(refs[0]).validate(body)
+    with pytest.raises(ValidationError):
+        validator(refs[0]).validate({**body, "planted": 1})
+    others = [k for k in errors.BODIES if k != kind]
+    for other in others:
+        other_refs, other_defs = components(list(errors.BODIES[other]))
+        check = Draft202012Validator({**other_refs[1], "components": {"schemas": other_defs}})
+        assert not check.is_valid(body), (kind, other)
+
+
+def test_two_structs_of_one_name_fail_the_document() -> None:
+    """Components of one name from two Structs would overwrite each other silently: the
+    document refuses them (a rerank `Document` beside the OpenAPI document's Struct did)."""
+    f = openapi.Facts(
+        model="m", labels=["a", "b"], tasks=["classify", "embed"], dimension=8, max_texts=4,
+        max_documents=3, max_body=1000, version="1", server_version="0", key=False,
+    )  # fmt: skip
+    assert openapi.components(f)["OpenAPIDocument"]["required"] == ["openapi", "info", "paths"]
+
+    class Document(msgspec.Struct):  # the rerank document's name, another shape
+        other: int
+
+    _, defs = components([Document])
+    with pytest.raises(ValueError, match="named Document"):
+        openapi.merged([openapi.components(f), defs])
