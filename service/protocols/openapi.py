@@ -202,21 +202,21 @@ def repository_schemas(f: Facts) -> dict[str, Schema]:
     """The KServe repository extension's bodies and answers (kserve.repository_*)."""
     return {
         "index": body(f, "repository_index"),
-        "rows": answer(f, "rows"),
+        "rows": answer(f, "kserve_rows"),
         "load": body(f, "repository_load"),
         "unload": body(f, "repository_unload"),
-        "done": answer(f, "done"),
+        "done": answer(f, "kserve_done"),
     }
 
 
 def kserve_metadata_schemas(f: Facts) -> dict[str, Schema]:
     """GET /v2, /v2/models/{model}, its /ready and /config (kserve.py)."""
-    return {name: answer(f, name) for name in ("server", "model", "config", "ready")}
+    return {name: answer(f, "kserve_" + name) for name in ("server", "model", "config", "ready")}
 
 
 def infer_schemas(f: Facts) -> tuple[Schema, Schema]:
     """(request, answer) of POST /v2/models/{model}/infer (kserve.read_texts, read_outputs)."""
-    return body(f, "infer"), answer(f, "infer")
+    return body(f, "infer"), answer(f, "kserve_infer")
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -602,11 +602,11 @@ def kserve_routes(f: Facts) -> dict[tuple[str, str], Route]:
         table[("GET", base + "/stats")] = Route(
             "Triton's statistics of a model (all its versions) or of one version",
             "kserve",
-            ok("statistics", answer(f, "stats_kserve")),
+            ok("statistics", answer(f, "kserve_stats")),
             model_path=True,
         )
     table[("GET", "/v2/models/stats")] = Route(
-        "Triton's statistics of every model", "kserve", ok("statistics", answer(f, "stats_kserve"))
+        "Triton's statistics of every model", "kserve", ok("statistics", answer(f, "kserve_stats"))
     )
     table.update(repository_routes(f))
     table.update(shm_routes(f))
@@ -625,9 +625,9 @@ SHM_REGISTER_RULES = (  # shm_regions.SystemRegions.register: what the key and r
 
 def shm_routes(f: Facts) -> dict[tuple[str, str], Route]:
     """Triton's system shared-memory extension (shm_regions.py)."""
-    regions = answer(f, "regions")
+    regions = answer(f, "kserve_regions")
     status = ok("the registered regions", regions)
-    done = ok("done", answer(f, "done"))
+    done = ok("done", answer(f, "kserve_done"))
     base = "/v2/systemsharedmemory"
     unknown = (r"^no shared-memory region .* is registered$",)
     register = body(f, "register_region")
@@ -786,17 +786,24 @@ def _answers(
     max_documents: int,
 ) -> tuple[dict[str, Schema], Schema]:
     one, batch = v1_schemas.answers(labels, max_texts)
-    kinds = {"classify": one, "classify_batch": batch}
-    kinds |= v1_schemas.model_answers(names, list(labels), list(tasks), dimension)
-    kinds |= task_schemas.rank_answers(max_documents)
-    kinds |= tei_structs.answers(labels, max_texts)
-    kinds["info"] = tei_structs.info_answer(names)
-    kinds |= task_schemas.embed_answers(names, dimension, max_texts)
-    kinds["cohere_embed"] = cohere_structs.embed_answer(dimension)
     outputs = ("scores", "label", *(("embedding",) if "embed" in tasks else ()))
     kserve_answers = kserve_structs.answers(names, VERSION, outputs, max_texts)
-    kinds |= {("stats_kserve" if k == "stats" else k): v for k, v in kserve_answers.items()}
-    kinds |= operator_structs.health_answers()
+    parts = [
+        {"classify": one, "classify_batch": batch},
+        v1_schemas.model_answers(names, list(labels), list(tasks), dimension),
+        task_schemas.rank_answers(max_documents),
+        tei_structs.answers(labels, max_texts),
+        {"info": tei_structs.info_answer(names)},
+        task_schemas.embed_answers(names, dimension, max_texts),
+        {"cohere_embed": cohere_structs.embed_answer(dimension)},
+        {f"kserve_{k}": v for k, v in kserve_answers.items()},
+        operator_structs.health_answers(),
+    ]
+    kinds: dict[str, Any] = {}
+    for part in parts:
+        if kinds.keys() & part.keys():  # one name, two answers: the second would win
+            raise ValueError(f"answers named twice: {sorted(kinds.keys() & part.keys())}")
+        kinds |= part
     refs, defs = schemas.components(list(kinds.values()))
     return dict(zip(kinds, refs, strict=True)), defs
 
