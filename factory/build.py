@@ -223,18 +223,26 @@ def _tokenizer_in(model_dir: Path) -> Path:
     return tokenizer
 
 
-def _max_length(wanted: int | None, default: int, limit: int) -> int:
-    """--max-length, else `default`, within what the model's position table holds."""
+def _max_length(wanted: int | None, own: int | None, limit: int) -> int:
+    """--max-length, which may lower the model's length but never raise it; else the model's
+    own: `own` (sentence-transformers' max_seq_length or the tokenizer's model_max_length, when
+    the directory states one) within `limit`, what the model's positions hold."""
     if wanted is None:
-        return min(default, limit)
-    if not 3 <= wanted <= limit:
-        raise ArtifactError(f"--max-length {wanted}: the model's positions allow 3 to {limit}")
+        return min(own or limit, limit)
+    if wanted > limit:
+        raise ArtifactError(
+            f"--max-length {wanted} is over the {limit} tokens the model's positions hold "
+            "(--max-length can lower the model's max_length, not raise it)"
+        )
+    if wanted < 3:
+        raise ArtifactError(f"--max-length {wanted}: at least 3 (a token and two special ones)")
     return wanted
 
 
 def _hf_model(source: Path, max_length: int | None) -> tuple[Any, Any, int]:
     """The HF directory's model and config, checked against its tokenizer, and the max length."""
     from ringserve.factory import families
+    from ringserve.factory.embedder import tokenizer_max_length
     from ringserve.factory.hf import build
 
     tokenizer = _tokenizer_in(source)
@@ -252,7 +260,8 @@ def _hf_model(source: Path, max_length: int | None) -> tuple[Any, Any, int]:
             f"{source}: tokenizer.json has {vocab} tokens but the embeddings have "
             f"{config.vocab_size} rows: they do not belong together"
         )
-    return model, config, _max_length(max_length, DEFAULT_MAX_LENGTH, config.max_length)
+    own = tokenizer_max_length(source)
+    return model, config, _max_length(max_length, own, config.max_length)
 
 
 def build_hf_artifact(
@@ -295,8 +304,7 @@ def _embed_artifact(out: Path, root: Path, embed: Any, name: str, max_length: in
     tokenizer = _tokenizer_in(embed.model_dir)
     with _building(root):
         model, config, dimension = build_encoder(embed)
-    # sentence-transformers' own max_seq_length, when it says one
-    max_length = _max_length(max_length, embed.max_length or DEFAULT_MAX_LENGTH, config.max_length)
+    max_length = _max_length(max_length, embed.max_length, config.max_length)
     extra = {
         "source": str(root.absolute()),
         "architecture": config.architecture,

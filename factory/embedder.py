@@ -167,7 +167,7 @@ class EmbedSource:
     model_dir: Path  # config.json, the weights and tokenizer.json
     pooling: str
     normalize: bool  # a Normalize as the last module: the front-end's
-    max_length: int | None  # sentence-transformers' max_seq_length, when it says one
+    max_length: int | None  # max_seq_length or the tokenizer's model_max_length, when stated
     kind: str  # "sentence-transformers" or the base architecture
     steps: tuple[Path | None, ...] = ()  # each Dense module's directory; None: a Normalize
     prompts: dict[str, str] = field(default_factory=dict)
@@ -189,17 +189,26 @@ def _st_pooling(path: Path) -> str:
     return _ST_MODES[modes[0]]
 
 
-def _st_max_length(root: Path) -> int | None:
-    """sentence-transformers' max_seq_length: in sentence_bert_config.json, or (from version 5)
-    the tokenizer's model_max_length."""
-    for name, key in (("sentence_bert_config.json", "max_seq_length"),
-                      ("tokenizer_config.json", "model_max_length")):  # fmt: skip
-        path = root / name
-        if path.is_file():
-            value = json.loads(path.read_text(encoding="utf-8")).get(key)
-            if isinstance(value, int) and 0 < value < 1 << 20:  # HF writes 1e30 for "none"
-                return value
+def _json_length(path: Path, key: str) -> int | None:
+    """A token count `key` in the JSON file at `path`, when the file states a real one
+    (transformers writes 1e30 for "no limit")."""
+    if path.is_file():
+        value = json.loads(path.read_text(encoding="utf-8")).get(key)
+        if isinstance(value, int) and 0 < value < 1 << 20:
+            return value
     return None
+
+
+def tokenizer_max_length(model_dir: Path) -> int | None:
+    """The tokenizer's own limit: tokenizer_config.json's model_max_length, when it says one."""
+    return _json_length(model_dir / "tokenizer_config.json", "model_max_length")
+
+
+def _st_max_length(root: Path) -> int | None:
+    """sentence-transformers' max_seq_length: in sentence_bert_config.json, or (from version 5,
+    and as it falls back when none is set) the tokenizer's model_max_length."""
+    own = _json_length(root / "sentence_bert_config.json", "max_seq_length")
+    return own or tokenizer_max_length(root)
 
 
 def _st_prompts(root: Path) -> tuple[dict[str, str], str | None]:
@@ -341,4 +350,4 @@ def embed_source(root: Path, pooling: str | None) -> EmbedSource | None:
         return None
     if pooling is None:
         raise WeightError(f"{root}: a {base} directory needs --pooling ({', '.join(POOLINGS)})")
-    return EmbedSource(root, pooling, normalize=False, max_length=None, kind=base)
+    return EmbedSource(root, pooling, False, tokenizer_max_length(root), kind=base)

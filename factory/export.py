@@ -48,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         "--max-length",
         type=int,
         default=None,
-        help=f"truncate texts to N tokens (default {DEFAULT_MAX_LENGTH}, or the model's limit)",
+        help="truncate texts to N tokens, at most the model's own (default with --from: the "
+        "model's own, its positions or its stated max_seq_length/model_max_length; with "
+        f"--head: {DEFAULT_MAX_LENGTH})",
     )
     return parser
 

@@ -24,7 +24,7 @@ from ringserve.workers.artifact import (
     default_cache_dir,
     load_manifest,
 )
-from ringserve.workers.process.batcher import REPORT_GRID, length_grid, pad_grid
+from ringserve.workers.process.batcher import default_grid, pad_grid
 from ringserve.workers.runtimes.graphpick import choose
 from ringserve.workers.runtimes.onnx_model import choose_runtime
 from ringserve.workers.spec import ModelRef
@@ -243,7 +243,7 @@ def describe(
         graph=graph,
         pad_grid=grid,
         # Latency is reported per length class: the padding grid's, or a fixed one without it.
-        buckets=length_grid(grid or REPORT_GRID, max_len),
+        buckets=grid or default_grid(max_len),
         index=index,
         version=wanted.version,
         options=tuple(sorted(served.items())),

@@ -8,6 +8,8 @@ with a Dense layer, Normalize and prompts. Both runtimes' files are checked in-p
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,12 +56,12 @@ def _encode(tok: Tokenizer, item: Any) -> list[int]:
     return list(enc.ids)
 
 
-def hf_scores(source: Path, items: list[Any]) -> np.ndarray:
+def hf_scores(source: Path, items: list[Any], max_length: int = MAX_LENGTH) -> np.ndarray:
     """The transformers model's own scores, each input alone (no padding)."""
     model = transformers.AutoModelForSequenceClassification.from_pretrained(source).eval()
     tok = Tokenizer.from_file(str(source / "tokenizer.json"))
     tok.no_padding()
-    tok.enable_truncation(MAX_LENGTH)
+    tok.enable_truncation(max_length)
     multi = model.config.problem_type == "multi_label_classification"
     rows = []
     with torch.no_grad():
@@ -93,7 +95,7 @@ class Built:
     def _export(self, name: str, source: Path) -> None:
         out = self.root / "art" / name
         args = ["--from", str(source), "--out", str(out)]
-        if not name.endswith("-st"):
+        if name.endswith("-cls"):  # the rerankers and embedders keep their models' own length
             args += ["--max-length", str(MAX_LENGTH)]
         with cheap_builds():  # scores are tested here, not int8's choice or its cost
             assert export.main(args) == 0
@@ -144,12 +146,67 @@ def test_classify_alone_batched_and_pairs(built: Built, server: ServerProc, fami
 def test_rerank_in_the_models_order(built: Built, server: ServerProc, family: str) -> None:
     name = f"{family}-rerank"
     docs = TEXTS[1:]
-    want = hf_scores(built.sources[name], [(QUERY, d) for d in docs])[:, 0]
+    length = load_manifest(built.artifacts[name]).max_length
+    want = hf_scores(built.sources[name], [(QUERY, d) for d in docs], length)[:, 0]
     status, ranked = post(server, "/rerank", {"query": QUERY, "texts": docs, "model": name})
     assert status == 200, ranked
     assert [r["index"] for r in ranked] == list(np.argsort(-want, kind="stable"))
     got = np.array([r["score"] for r in sorted(ranked, key=lambda r: r["index"])])
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+def stats_totals(server: ServerProc) -> dict[str, Any]:
+    status, _, data = server.request("GET", "/v1/stats")
+    assert status == 200
+    totals: dict[str, Any] = json.loads(data)["totals"]
+    return totals
+
+
+def test_max_length_is_the_models_own(built: Built, server: ServerProc) -> None:
+    """Exported without --max-length, a model keeps its own length: DeBERTa's and MPNet's small
+    position tables (64; MPNet's start after the padding index) and ModernBERT's 8,192, at
+    which a document of about 1,400 tokens is scored whole, as transformers scores it, and run
+    beside short ones without padding them to its length."""
+    lengths = {f: load_manifest(built.artifacts[f"{f}-rerank"]).max_length for f in FAMILIES}
+    assert lengths == {"deberta-v2": 64, "modernbert": 8192, "mpnet": 64}
+    name = "modernbert-rerank"
+    docs = [*TEXTS[1:6], " ".join(NEWS[:12]), *TEXTS[6:]]
+    tok = Tokenizer.from_file(str(built.artifacts[name] / "tokenizer.json"))
+    sizes = [len(tok.encode(QUERY, d).ids) for d in docs]
+    assert 1200 < max(sizes) < 8192 and sorted(sizes)[-2] < 200
+    want = hf_scores(built.sources[name], [(QUERY, d) for d in docs], 8192)[:, 0]
+    before = stats_totals(server)
+    status, ranked = post(server, "/rerank", {"query": QUERY, "texts": docs, "model": name})
+    assert status == 200, ranked
+    got = np.array([r["score"] for r in sorted(ranked, key=lambda r: r["index"])])
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    deadline = time.monotonic() + 10
+    while (now := stats_totals(server))["tokens"] - before["tokens"] < sum(sizes):
+        assert time.monotonic() < deadline, (now, before, sum(sizes))
+        time.sleep(0.05)
+    padding = (now["padded_tokens"] - before["padded_tokens"]) - (now["tokens"] - before["tokens"])
+    assert 0 <= padding < max(sizes) // 2, (padding, sizes)  # never the short ones to 1,400
+
+
+def test_max_length_can_lower_the_models_own_not_raise_it(
+    built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-length over the model's positions is refused, naming them; a tokenizer_config.json
+    limit under them is the default ("none", transformers' 1e30, is not)."""
+    source = built.sources["mpnet-rerank"]
+    args = ["--from", str(source), "--out", str(tmp_path / "over"), "--max-length", "65"]
+    assert export.main(args) == 1
+    assert "over the 64 tokens the model's positions hold" in capsys.readouterr().err
+    assert not (tmp_path / "over").exists()
+    shutil.copytree(source, tmp_path / "src")
+    out = tmp_path / "art"
+    for stated, length in ((int(1e30), 64), (32, 32)):
+        (tmp_path / "src" / "tokenizer_config.json").write_text(
+            json.dumps({"model_max_length": stated}), encoding="utf-8"
+        )
+        with cheap_builds():
+            assert export.main(["--from", str(tmp_path / "src"), "--out", str(out)]) == 0
+        assert load_manifest(out).max_length == length
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

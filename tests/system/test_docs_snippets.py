@@ -6,8 +6,10 @@ and `ringserve ctl` reaches its control socket. A block that starts servers of i
 (`ringserve serve ... &`) gets fresh free ports for every port it names, no spare
 (`RINGSERVE_SPARES=0`, less CPU), the plain ONNX graph without timing both at start
 (`RINGSERVE_GRAPH=plain`), and the binary and gRPC ports off unless it names them; its
-servers are stopped when it ends. The blocks of one page run in order in one directory (a page
-may build a model in one block and serve it in the next); two pages run at a time. Output shown
+servers are stopped when it ends. A block that exports a page's stand-in model builds it the
+tests' cheap way (devkit/builds.py: int8's recipe search skipped; no page shows that cost).
+The blocks of one page run in order in one directory (a page may build a model in one block
+and serve it in the next); two pages run at a time. Output shown
 under a `$ ` command is checked for shape (devkit/snippets.py). A block marked
 `<!-- not-run: REASON -->` is skipped with that reason: it needs a GPU, root, systemd, another
 host, or minutes of CPU; one marked `<!-- same-as: PAGE -->` must read exactly as a block that
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.builds import CHEAP_BUILDS
 from devkit.launcher import ROOT, free_port
 from devkit.server import ServerProc, serving
 from devkit.snippets import PORT, PYTHON, SHELL, Block, blocks, output_matches
@@ -108,6 +111,8 @@ def environment(block: Block, srv: ServerProc) -> dict[str, str]:
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
     env.update(RINGSERVE_SPARES="0", RINGSERVE_BINARY_PORT="0", RINGSERVE_GRPC_PORT="0")
     env["RINGSERVE_GRAPH"] = "plain"  # no graph timing at each block server's start (~1 s)
+    if "ringserve export --from" in block.text:  # a stand-in model: its int8 cost is not shown
+        env.update(CHEAP_BUILDS)  # (about 1.5 s an export of a small one, not 8)
     if not block.starts_server:
         env["RINGSERVE_CONTROL"] = srv.control
     return env

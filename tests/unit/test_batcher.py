@@ -3,6 +3,8 @@ order, when a batch runs, and what happens to texts whose deadline passed."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +15,7 @@ from ringserve.workers.process.batcher import (
     batch_limits,
     bucket_index,
     cheapest_split,
+    default_grid,
     length_grid,
     pad_grid,
     row_limit,
@@ -45,6 +48,24 @@ def test_grids() -> None:
     assert pad_grid((), True, 128) == (16, 32, 48, 64, 96, 128)  # CUDA default
     assert pad_grid((64,), False, 256) == (64, 256)  # opt-in on the CPU
     assert CUDA_BUCKETS == (16, 32, 48, 64, 96, 128, 192, 256)
+    assert pad_grid((), True, 256) == CUDA_BUCKETS  # the default model's grid as it was
+
+
+def test_a_long_models_default_grid_goes_on_past_256() -> None:
+    """ModernBERT's 8,192: a text of 300 tokens is padded to 384, not to 8,192, on a GPU; its
+    latency is reported in the same classes on the CPU; and the GPU's graphs stay in bounds."""
+    grid = pad_grid((), True, 8192)
+    assert grid == (*CUDA_BUCKETS, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+    assert grid[bucket_index(grid, 300)] == 384
+    assert all(b / a <= 1.5 for a, b in itertools.pairwise(grid[7:]))
+    assert default_grid(8192) == grid and default_grid(512)[-3:] == (256, 384, 512)
+    assert default_grid(514)[-2:] == (512, 514)  # the model's max length always ends it
+    assert pad_grid((), False, 8192) == ()  # the CPU still pads a batch to its own longest
+    from ringserve.service.settings import GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS
+    from ringserve.workers.runtimes.cuda import MAX_GRAPHS, gpu_batch_limits, shape_sizes
+
+    limits = gpu_batch_limits(grid, GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS)
+    assert sum(map(len, shape_sizes(limits, grid, GPU_MAX_BATCH))) <= MAX_GRAPHS
 
 
 @pytest.mark.parametrize(

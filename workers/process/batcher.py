@@ -12,8 +12,10 @@ from typing import Any
 
 # The sequence lengths a CUDA graph is captured for when --buckets is not given (CONTRACT.md).
 CUDA_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
-# Latency is reported per length class; without a padding grid these are the classes.
-REPORT_GRID = CUDA_BUCKETS
+# Past 256 tokens (a model of longer max_length: BERT's 512, ModernBERT's 8,192) the default
+# grid goes on in the same steps, x1.5 then x4/3, so a long text is padded by under half its
+# length and a 300-token text is never padded to a model's whole 8,192.
+LONG_STEPS = tuple(n for p in (256, 512, 1024, 2048, 4096) for n in (p * 3 // 2, p * 2))
 # A batch's fixed cost in tokens of work, per CPU runtime and precision. A batch of n texts
 # padded to L tokens takes about a + b * n * L on one thread (per-call set-up, the classifier,
 # Python, then each token); the batcher splits what waits at the least total cost in tokens, so
@@ -66,11 +68,19 @@ def length_grid(buckets: tuple[int, ...], max_len: int) -> tuple[int, ...]:
     return (*tuple(b for b in buckets if b < max_len), max_len)
 
 
+def default_grid(max_len: int) -> tuple[int, ...]:
+    """The CUDA grid, and past 256 tokens LONG_STEPS, cut at the model's max length: the GPU's
+    default padding grid, and the length classes latency is reported in without a grid."""
+    return length_grid(CUDA_BUCKETS + LONG_STEPS, max_len)
+
+
 def pad_grid(buckets: tuple[int, ...], on_gpu: bool, max_len: int) -> tuple[int, ...]:
-    """The lengths batches are padded up to: --buckets when given; else the CUDA grid on a GPU
-    (graphs need fixed shapes) and none on the CPU (each batch padded to its own longest)."""
-    chosen = buckets or (CUDA_BUCKETS if on_gpu else ())
-    return length_grid(chosen, max_len) if chosen else ()
+    """The lengths batches are padded up to: --buckets when given; else the CUDA grid (on past
+    256 tokens for a longer model) on a GPU (graphs need fixed shapes) and none on the CPU (each
+    batch padded to its own longest)."""
+    if buckets:
+        return length_grid(buckets, max_len)
+    return default_grid(max_len) if on_gpu else ()
 
 
 def row_limit(length: int, max_batch: int, max_tokens: int) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.workers.artifact import load_manifest, load_model, load_tokenizer
-from ringserve.workers.process.batcher import REPORT_GRID, Batcher, length_grid, pad_grid
+from ringserve.workers.process.batcher import Batcher, default_grid, pad_grid
 from ringserve.workers.process.longtext import LongText
 from ringserve.workers.runtimes.cpu import ACTIVATIONS, Runner, joined, ort_runner
 from ringserve.workers.runtimes.onnx_model import choose_runtime
@@ -150,7 +150,7 @@ class Loader:
         grown = max(grown, weights_bytes(ref.model_dir, weights or manifest.model_file))
         return Served(
             ref, longtext, runner, batcher, n_labels, manifest.dimension, manifest.activation,
-            length_grid(grid or REPORT_GRID, max_len), grown, tuple(runners),
+            grid or default_grid(max_len), grown, tuple(runners),
         )  # fmt: skip
 
     def _runner(
