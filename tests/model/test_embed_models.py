@@ -144,9 +144,12 @@ def pipeline(base: Path, pooling: str, normalize: bool) -> Any:
     return SentenceTransformer(modules=modules, device="cpu")
 
 
-def encode(model: Any, texts: list[str]) -> np.ndarray:
+def encode(model: Any, texts: list[str], normalize: bool = False) -> np.ndarray:
+    """sentence-transformers' `encode`, each text alone, normalized by it when `normalize`."""
     with torch.no_grad():
-        out = model.encode(texts, batch_size=1, convert_to_numpy=True)  # each text alone
+        out = model.encode(
+            texts, batch_size=1, convert_to_numpy=True, normalize_embeddings=normalize
+        )
     return np.asarray(out, dtype=np.float64)
 
 
@@ -169,9 +172,9 @@ class Built:
                 art = root / "plain" / f"{name}-{pooling}"
                 args = ("--pooling", pooling, "--max-length", str(MAX_LENGTH))
                 self.plain[name, pooling] = exported(base, art, *args)
+                model = pipeline(base, pooling, normalize=False)  # built once, encoded twice
                 for normalize in (False, True):
-                    model = pipeline(base, pooling, normalize)
-                    self.want[name, pooling, normalize] = encode(model, TEXTS)
+                    self.want[name, pooling, normalize] = encode(model, TEXTS, normalize)
             pooling, normalize = ST_DIRS[name]
             st_dir = root / "st" / name
             pipeline(base, pooling, normalize).save(str(st_dir))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -326,7 +327,7 @@ def test_failed_export_keeps_the_old_artifact(
     served: dict[str, Served], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "art"
-    assert export.main(["--from", str(served["bert"].source), "--out", str(out)]) == 0
+    shutil.copytree(served["bert"].artifact, out)  # an artifact export made (the module's)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -414,9 +415,10 @@ import torch
 ids = torch.tensor([[101, 2000, 102]])
 print(load_model({str(out)!r})(ids, torch.ones_like(ids)))
 """
-    run = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240
-    )
+    with cheap_builds():  # the child's export: the imports are tested here, not int8's choice
+        run = subprocess.run(
+            [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240
+        )
     assert run.returncode == 0, run.stderr
     assert load_manifest(out).activation == "sigmoid"
 

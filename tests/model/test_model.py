@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,17 +45,46 @@ OTHERS = ["ok", "a dull, lifeless mess", "the plot twists are clever but the act
 
 @pytest.fixture(scope="module", autouse=True)
 def cheap_int8_search() -> Iterator[None]:
-    """This module builds the default artifact five times to test the build itself (its lock,
-    its replacement, export); the int8 recipe search and the published cost are tested in
+    """This module builds the default artifact twice to test the build itself (its lock, then
+    export over it); the int8 recipe search and the published cost are tested in
     test_runtimes.py, on the artifact every other module serves, so here the build makes
     dynamic int8 alone and reads 400 rows of the publication split (devkit/builds.py)."""
     with cheap_builds():
         yield
 
 
+@dataclass
+class FirstBuilds:
+    """Two processes asking at once for the default artifact in an empty cache directory."""
+
+    cache: Path
+    paths: set[str]
+    returncodes: list[int | None]
+
+
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory, cheap_int8_search: None) -> Path:
-    return default_artifact_dir(tmp_path_factory.mktemp("cache"))
+def first_builds(tmp_path_factory: pytest.TempPathFactory, cheap_int8_search: None) -> FirstBuilds:
+    """The module's one build of the default artifact, made by two processes started at once
+    (they must share it: test_concurrent_first_builds_share_one_artifact); every other test of
+    the module reads or copies what they built."""
+    cache = tmp_path_factory.mktemp("cache")
+    code = (
+        "import sys; from ringserve.factory.build import default_artifact_dir as d; "
+        "print(d(sys.argv[1]))"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(cache)], stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    paths = {proc.communicate(timeout=300)[0].decode().strip() for proc in procs}
+    return FirstBuilds(cache, paths, [proc.returncode for proc in procs])
+
+
+@pytest.fixture(scope="module")
+def artifact(first_builds: FirstBuilds) -> Path:
+    assert first_builds.returncodes == [0, 0]
+    (path,) = first_builds.paths
+    return Path(path)
 
 
 @pytest.fixture(scope="module")
@@ -223,33 +253,27 @@ def test_weights_load_strictly(tmp_path: Path) -> None:
         load_encoder_weights(Encoder(TINY), TINY, path)
 
 
-def test_concurrent_first_builds_share_one_artifact(tmp_path: Path) -> None:
-    code = (
-        "import sys; from ringserve.factory.build import default_artifact_dir as d; "
-        "print(d(sys.argv[1]))"
-    )
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)
-        for _ in range(2)
-    ]
-    paths = {proc.communicate(timeout=120)[0].decode().strip() for proc in procs}
-    assert [proc.returncode for proc in procs] == [0, 0]
-    assert len(paths) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".build.lock", Path(paths.pop()).name]
+def test_concurrent_first_builds_share_one_artifact(first_builds: FirstBuilds) -> None:
+    assert first_builds.returncodes == [0, 0]
+    assert len(first_builds.paths) == 1
+    built = Path(next(iter(first_builds.paths)))
+    assert sorted(p.name for p in first_builds.cache.iterdir()) == [".build.lock", built.name]
 
 
 def test_export_builds_a_loadable_artifact(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "exported"
+    """`export --head` over an artifact (the module's default one, max length 256, copied):
+    the new one replaces it whole. A build into a new directory is the module's own build."""
+    out = _copy(artifact, tmp_path)
+    assert load_manifest(out).max_length == 256
     head = Path(export.__file__).parent / "default_head" / "head.json"
     assert export.main(["--head", str(head), "--out", str(out), "--max-length", "128"]) == 0
     printed = capsys.readouterr().out.split()
     manifest = load_manifest(out)
     assert printed == [str(out), manifest.fingerprint]
-    assert (manifest.name, manifest.max_length) == ("exported", 128)
+    assert (manifest.name, manifest.max_length) == (out.name, 128)
     assert manifest.labels == ["negative", "positive"]
-    assert export.main(["--head", str(head), "--out", str(out)]) == 0  # replaces its own artifact
-    assert load_manifest(out).max_length == 256
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # nothing left beside it
     assert export.main(["--head", str(head), "--out", str(tmp_path)]) == 1  # not an artifact
     assert "refusing to replace" in capsys.readouterr().err
