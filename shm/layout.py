@@ -58,6 +58,7 @@ OPT_MODE = 3  # the bits above; neither set: the server's --long-text
 OPT_LEFT = 4  # truncation_direction: left (keep the end)
 OPT_EMBED = 8  # answer the text's embedding (D floats), not its scores (an embed model only)
 OPT_BULK = 16  # a bulk text: the worker batches interactive texts first (service/engine/tenants.py)
+OPT_BOTH = 32  # answer the scores and the embedding of one forward pass (a model with both)
 # Response payload (24 bytes, so a two-label answer still fits one 64-byte slot):
 #   status u8 | bucket u8 | label_id u16 | n u16 | flags u8 | reserved u8 |
 #   windows u16 | limit u16 | tokens u32 | queued_us u32 | model_us u32 | n x f32 scores
@@ -68,7 +69,8 @@ OPT_BULK = 16  # a bulk text: the worker batches interactive texts first (servic
 # text leaves no room for any).
 # An embedding answer has the same header with n = D, label_id 0, and the D floats of the vector
 # in place of the scores; a message spans as many slots as it needs (the worker checks at load
-# that the response ring holds one).
+# that the response ring holds one). An OPT_BOTH answer has n = C + D: the C scores, then the D
+# floats of the vector, label_id the scores' argmax (KServe's outputs from one forward pass).
 # The response record's aux word (unused before) describes the batch that answered the text, for
 # the front-end's traces: rows (12 bits) | padded length (12 bits) | the batch's start, the
 # forward pass's first moment, in CLOCK_MONOTONIC microseconds modulo 2**40 (12.7 days: the

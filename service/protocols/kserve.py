@@ -4,14 +4,16 @@ Every loaded model by name, and by version under `/versions/{v}` (service/models
 the repository extension lists, loads and unloads them through `front.repository`). Each takes
 input `text` (BYTES, shape [N] or [N, 1]) and the
 optional `text_pair` (as many texts, for models that classify a pair), outputs
-`scores` (FP32 [N, C]) and `label` (BYTES [N]). Tensors travel as JSON or through the binary
-tensor data extension, in both directions. An infer call's N texts are one dispatcher group: one
-admission, one callback, one answer.
+`scores` (FP32 [N, C]) and `label` (BYTES [N]), and `embedding` (FP32 [N, D]) for a model that
+embeds: those named, or all when none is (one forward pass answers them all). Tensors travel as
+JSON or through the binary tensor data extension, in both directions. An infer call's N texts
+are one dispatcher group: one admission, one callback, one answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import struct
 import zlib
@@ -432,8 +434,8 @@ def join_pairs(server: FrontView, found: dict[str, list[bytes]]) -> list[bytes]:
 
 
 def passes(wanted: list[tuple[str, bool]]) -> tuple[bool, bool]:
-    """(classify, embed): which answers the outputs asked for need. A worker answers a text
-    its scores or its vector, so asking for both sends each text twice, in one group."""
+    """(classify, embed): which answers the outputs asked for need. Both: one pass answers
+    each text's scores and vector (OPT_BOTH), unless a prompt makes the two inputs differ."""
     names = {name for name, _ in wanted}
     return bool(names - {EMBEDDING}), EMBEDDING in names
 
@@ -441,9 +443,11 @@ def passes(wanted: list[tuple[str, bool]]) -> tuple[bool, bool]:
 def with_options(
     texts: list[bytes], params: dict[str, Any], wanted: list[tuple[str, bool]], manifest: Manifest
 ) -> tuple[list[bytes], Options, str]:
-    """The payloads and their options byte (the request's long-text options): the texts to
-    classify, then, for output `embedding`, the texts again with the ask for a vector (layout
-    OPT_EMBED); and the task they count under."""
+    """The payloads and their options byte (the request's long-text options), and the task
+    they count under: the texts to classify; for output `embedding` alone, the texts with the
+    ask for a vector (layout OPT_EMBED); for both, the texts once with the ask for both
+    (OPT_BOTH: one forward pass), or, when the model's prompt goes before a text to embed, the
+    texts to classify then the prompted texts with OPT_EMBED (two passes, one group)."""
     opts = long_text_options(params, "parameters.")
     classify, embed = passes(wanted)
     if not embed:
@@ -452,8 +456,23 @@ def with_options(
     vectors = prompts.with_prompt(manifest, params.get("prompt_name"), texts)
     if not classify:
         return vectors, opts | L.OPT_EMBED, "embed"
+    if vectors is texts:  # no prompt: the forward pass that scores a text also embeds it
+        return texts, opts | L.OPT_BOTH, "classify"
     both = [opts] * len(texts) + [opts | L.OPT_EMBED] * len(vectors)
     return texts + vectors, both, "classify"
+
+
+def one_pass(options: Options) -> bool:
+    """Whether with_options asked for each text's scores and vector in one answer."""
+    return isinstance(options, int) and bool(options & L.OPT_BOTH)
+
+
+def unjoin(results: list[Result], n_labels: int) -> list[Result]:
+    """One-pass answers (OPT_BOTH: C scores, then the vector) as two passes' results: every
+    text's scores, then every text's vector, as split_results takes them."""
+    scored = [dataclasses.replace(r, scores=r.scores[:n_labels]) for r in results]  # type: ignore[index]
+    embedded = [dataclasses.replace(r, scores=r.scores[n_labels:]) for r in results]  # type: ignore[index]
+    return scored + embedded
 
 
 def first_pass(results: list[Result], wanted: list[tuple[str, bool]]) -> list[Result]:
@@ -477,9 +496,8 @@ def read_outputs(
     doc: dict[str, Any], embeds: bool = False, embed_only: bool = False
 ) -> list[tuple[str, bool]]:
     """(name, binary) for each output to answer, in the order asked for: any of the model's
-    outputs; when none is named, those of its one pass (`label` and `scores` for a model that
-    classifies, `embedding` for an embed-only model): `embedding` beside them is a second pass
-    over every text, run only when asked for by name."""
+    outputs; when none is named, all of them in metadata's order (Triton's rule): `scores`,
+    `label`, then `embedding` for a model that has it; one forward pass answers them all."""
     params = as_dict(doc.get("parameters"), "parameters")
     default = params.get("binary_data_output", False)
     if not isinstance(default, bool):
@@ -487,7 +505,7 @@ def read_outputs(
     asked = doc.get("outputs")
     known = (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
     if not asked:
-        return [(name, default) for name in (known if embed_only else OUTPUTS)]
+        return [(name, default) for name in known]
     if not isinstance(asked, list):
         raise HttpError(400, "outputs must be a list")
     wanted: list[tuple[str, bool]] = []
@@ -627,8 +645,11 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     encoder = encoder_for(info.labels, m.normalize)
 
     places = output_places(doc)
+    joined = one_pass(options)
 
     def done(results: list[Result]) -> None:
+        if joined:
+            results = unjoin(results, len(info.labels))
         try:
             tensors, blobs = encoder.tensors(results, wanted, places)
         except HttpError as exc:  # a region unregistered meanwhile, or too small

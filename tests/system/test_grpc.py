@@ -253,7 +253,8 @@ def test_typed_contents_answered_typed(srv: ServerProc, model: str) -> None:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         answer = stub.ModelInfer(request, metadata=tuple(AUTH.items()), timeout=30)
     assert answer.id == "req-7" and answer.model_version == "1" and not answer.raw_output_contents
-    scores, label = answer.outputs  # none named: the one pass's outputs (embedding: if named)
+    scores, label, vectors = answer.outputs  # none named: all of them, in metadata's order
+    assert (vectors.name, list(vectors.shape)) == ("embedding", [len(TEXTS), 384])
     assert (scores.name, list(scores.shape), label.name) == ("scores", [len(TEXTS), 2], "label")
     got = np.array(scores.contents.fp32_contents).reshape(len(TEXTS), 2)
     assert float(np.abs(got - np.array([r["scores"] for r in reference])).max()) < 1e-5
@@ -262,7 +263,7 @@ def test_typed_contents_answered_typed(srv: ServerProc, model: str) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         raw = stub.ModelInfer(request, metadata=tuple(AUTH.items()), timeout=30)
-    assert len(raw.raw_output_contents) == 2 and not raw.outputs[0].contents.fp32_contents
+    assert len(raw.raw_output_contents) == 3 and not raw.outputs[0].contents.fp32_contents
     raw_scores = np.frombuffer(raw.raw_output_contents[0], "<f4").reshape(len(TEXTS), 2)
     assert float(np.abs(raw_scores - got).max()) == 0.0
 

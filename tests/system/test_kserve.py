@@ -138,9 +138,26 @@ def test_only_scores_and_default_outputs(
     only = client.infer(model, [inp], outputs=[httpclient.InferRequestedOutput("scores")])
     assert only.as_numpy("label") is None
     assert only.as_numpy("scores").shape == (1, 2)
-    both = client.infer(model, [inp])  # no outputs named: all of them, as binary data
-    assert both.as_numpy("label").shape == (1,)
-    np.testing.assert_allclose(both.as_numpy("scores"), only.as_numpy("scores"), atol=1e-5)
+    before = answered(client, model)
+    every = client.infer(model, [inp])  # no outputs named: all of them, as binary data
+    names = [o["name"] for o in client.get_model_metadata(model)["outputs"]]
+    assert [o["name"] for o in every.get_response()["outputs"]] == names  # metadata's order
+    assert answered(client, model) == before + 1  # one task for the text, not one an output
+    assert every.as_numpy("label").shape == (1,)
+    np.testing.assert_allclose(every.as_numpy("scores"), only.as_numpy("scores"), atol=1e-5)
+    if "embedding" in names:
+        asked = [httpclient.InferRequestedOutput(n) for n in ("embedding", "scores")]
+        both = client.infer(model, [inp], outputs=asked)
+        assert answered(client, model) == before + 2
+        np.testing.assert_allclose(
+            both.as_numpy("embedding"), every.as_numpy("embedding"), atol=1e-6
+        )
+        np.testing.assert_allclose(both.as_numpy("scores"), only.as_numpy("scores"), atol=1e-5)
+
+
+def answered(client: httpclient.InferenceServerClient, model: str) -> int:
+    """The texts the model answered (the statistics' inference_count)."""
+    return int(client.get_inference_statistics(model)["model_stats"][0]["inference_count"])
 
 
 def test_compressed_request(client: httpclient.InferenceServerClient, model: str) -> None:

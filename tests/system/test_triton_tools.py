@@ -29,6 +29,7 @@ MODEL = "sst2-minilm"
 TEXTS = ["a gripping, beautifully acted film", "dull and far too long", "it was fine"]
 PERF_DIR = Path(sys.prefix) / "opt" / "perf_analyzer"  # tests/install_browser.py puts it there
 OUTPUTS = ("scores", "label", "embedding")
+OUT_SIZE = 8192  # the output region: scores at 64, the 3 x 384 floats of embedding at 128
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +103,13 @@ def test_every_subset_of_outputs_gets_exactly_those(
     every = [httpclient.InferRequestedOutput(n) for n in OUTPUTS]
     full = http.infer(MODEL, [http_input(TEXTS)], outputs=every)
     want = {name: full.as_numpy(name) for name in OUTPUTS}
-    plain = http.infer(MODEL, [http_input(TEXTS)])  # none named: the one pass's outputs
-    assert [o["name"] for o in plain.get_response()["outputs"]] == ["scores", "label"]
-    np.testing.assert_allclose(plain.as_numpy("scores"), want["scores"], atol=1e-5)
+    before = inference_count(http)
+    plain = http.infer(MODEL, [http_input(TEXTS)])  # none named: all, in metadata's order
+    assert [o["name"] for o in plain.get_response()["outputs"]] == list(OUTPUTS)
+    assert inference_count(http) == before + len(TEXTS)  # one task a text, not two
+    for name in ("scores", "embedding"):
+        np.testing.assert_allclose(plain.as_numpy(name), want[name], atol=1e-5)
+    assert list(plain.as_numpy("label")) == list(want["label"])
     assert want["scores"].shape == (3, 2) and want["embedding"].shape == (3, 384)
     for k in (1, 2, 3):
         for names in itertools.permutations(OUTPUTS, k):
@@ -123,6 +128,17 @@ def test_every_subset_of_outputs_gets_exactly_those(
     result = rpc.infer(MODEL, [inp], outputs=asked_rpc)
     assert [o.name for o in result.get_response().outputs] == ["embedding", "label"]
     np.testing.assert_allclose(result.as_numpy("embedding"), want["embedding"], atol=1e-5)
+    before = inference_count(http)
+    result = rpc.infer(MODEL, [inp])  # gRPC too: none named is all, one task a text
+    assert [o.name for o in result.get_response().outputs] == list(OUTPUTS)
+    np.testing.assert_allclose(result.as_numpy("embedding"), want["embedding"], atol=1e-5)
+    assert inference_count(http) == before + len(TEXTS)
+
+
+def inference_count(http: httpclient.InferenceServerClient) -> int:
+    """The texts the model answered (Triton's inference_count): one a text however many of
+    its outputs an infer call asks for."""
+    return int(http.get_inference_statistics(MODEL)["model_stats"][0]["inference_count"])
 
 
 # -- statistics -----------------------------------------------------------------------------------
@@ -163,18 +179,23 @@ def test_system_shared_memory_in_and_out(
     size = len(data.item())  # tritonclient serializes BYTES into one bytes object
     key_in, key_out = f"/rs-test-in-{srv.port}", f"/rs-test-out-{srv.port}"
     region_in = shm.create_shared_memory_region("in", key_in, size)
-    region_out = shm.create_shared_memory_region("out", key_out, 4096)
+    region_out = shm.create_shared_memory_region("out", key_out, OUT_SIZE)
     try:
         shm.set_shared_memory_region(region_in, [data])
-        want = http.infer(MODEL, [http_input(TEXTS)]).as_numpy("scores")
+        plain = http.infer(MODEL, [http_input(TEXTS)])
+        want, want_vectors = plain.as_numpy("scores"), plain.as_numpy("embedding")
         for client, mod in ((http, httpclient), (rpc, grpcclient)):
             client.register_system_shared_memory("in", key_in, size)
-            client.register_system_shared_memory("out", key_out, 4096, offset=0)
+            client.register_system_shared_memory("out", key_out, OUT_SIZE, offset=0)
             inp = mod.InferInput("text", [len(TEXTS), 1], "BYTES")
             inp.set_shared_memory("in", size)
             out = mod.InferRequestedOutput("scores")
-            out.set_shared_memory("out", 4096 - 64, offset=64)
-            result = client.infer(MODEL, [inp], outputs=[out])
+            out.set_shared_memory("out", 64, offset=64)
+            vectors = mod.InferRequestedOutput("embedding")  # both outputs: one task a text
+            vectors.set_shared_memory("out", OUT_SIZE - 128, offset=128)
+            before = inference_count(http)
+            result = client.infer(MODEL, [inp], outputs=[out, vectors])
+            assert inference_count(http) == before + len(TEXTS)
             # the answer is in the region; the output entry has neither data nor parameters
             # (tritonclient 2.73's gRPC get_output(as_json=True) returns None: read the message)
             tensor = result.get_output("scores")
@@ -185,6 +206,8 @@ def test_system_shared_memory_in_and_out(
                 assert not tensor.HasField("contents") and not tensor.parameters, tensor
             got = shm.get_contents_as_numpy(region_out, np.float32, [len(TEXTS), 2], offset=64)
             np.testing.assert_allclose(got, want, atol=1e-5)
+            got = shm.get_contents_as_numpy(region_out, np.float32, [len(TEXTS), 384], offset=128)
+            np.testing.assert_allclose(got, want_vectors, atol=1e-5)
             refused_without_harm(srv, client, mod, size)
             status = client.get_system_shared_memory_status()
             names = (

@@ -33,3 +33,23 @@ def test_a_batch_of_scores_packs_as_its_rows_alone(
 def test_a_model_without_labels_has_no_scores_to_pack() -> None:
     scores = Scores(np.zeros((3, 4), dtype=np.float32), 2, 0)
     assert scores.labels == [0, 0] and scores.row(1) == b""
+
+
+def test_one_pass_answers_read_back_as_scores_and_vector() -> None:
+    """OPT_BOTH: the worker packs a row's C scores and D floats in one record, its label the
+    scores' argmax (not the vector's); the front-end reads it back and kserve.unjoin cuts it
+    into the scores' results, then the vectors'."""
+    from ringserve.service.engine.requests import Result
+    from ringserve.service.protocols.kserve import unjoin
+    from ringserve.shm import layout as L
+    from ringserve.workers.process.answers import pack
+
+    rows = np.array([[0.2, 0.8, 5.0, -1.0, 2.0], [0.9, 0.1, -3.0, 7.0, 1.0]], dtype=np.float32)
+    results = []
+    for i, row in enumerate(rows):
+        _, payload, _, _ = pack(i, L.STATUS_OK, probs=row, scored=2)
+        results.append(Result.from_ring(0, payload, 0))
+    assert [r.label_id for r in results] == [1, 0]
+    parts = unjoin(results, 2)
+    assert [list(r.scores) for r in parts[:2]] == [list(row[:2]) for row in rows]
+    assert [list(r.scores) for r in parts[2:]] == [list(row[2:]) for row in rows]

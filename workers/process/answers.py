@@ -63,10 +63,11 @@ class Answers:
                 continue
             queued_us = (t0 - it.arrived_ns) // 1000
             cls = bucket_index(served.report_grid, len(it.ids))  # by the text's own length
-            if it.embed:
+            if it.embed or it.both:
                 out.append(
-                    pack(it.msg_id, L.STATUS_OK, cls, served.part(probs[row], True),
-                         queued_us, model_us, it.flags, it.tokens, embed=True, aux=aux)
+                    pack(it.msg_id, L.STATUS_OK, cls, served.part(probs[row], True, it.both),
+                         queued_us, model_us, it.flags, it.tokens, embed=it.embed, aux=aux,
+                         scored=served.n_labels if it.both else 0)
                 )  # fmt: skip
                 continue
             head = L.pack_response(
@@ -122,15 +123,26 @@ def window_done(
     if whole.left:
         return None
     whole.done = True
-    parts = [served.part(row, whole.embed) for row in whole.scores]
-    # Embeddings: the mean of the window vectors (the contract's --long-text window).
-    combined = combine(parts, "softmax" if whole.embed else served.activation)
+    combined = combine_windows(served, whole)
     cls = bucket_index(served.report_grid, served.longtext.max_length)
     queued_us = (t0 - whole.arrived_ns) // 1000 - whole.model_us + model_us
     return pack(
         whole.msg_id, L.STATUS_OK, cls, combined, max(0, queued_us), whole.model_us,
         L.RSP_WINDOWED, whole.tokens, len(whole.scores), embed=whole.embed, aux=aux,
+        scored=served.n_labels if whole.both else 0,
     )  # fmt: skip
+
+
+def combine_windows(served: Served, whole: Whole) -> Any:
+    """A windowed text's answer: its windows' scores combined by the model's activation, or
+    the mean of their vectors (the contract's --long-text window); OPT_BOTH: the two, joined."""
+    if whole.both:
+        c = served.n_labels
+        rows = [served.part(row, True, True) for row in whole.scores]
+        scores = combine([r[:c] for r in rows], served.activation)
+        return np.concatenate([scores, combine([r[c:] for r in rows], "softmax")])
+    parts = [served.part(row, whole.embed) for row in whole.scores]
+    return combine(parts, "softmax" if whole.embed else served.activation)
 
 
 def pack(
@@ -145,12 +157,14 @@ def pack(
     windows: int = 0,
     embed: bool = False,
     aux: int = 0,
+    scored: int = 0,
 ) -> Answer:
-    """One response record: a status alone, or a text's scores (or vector) and its figures."""
+    """One response record: a status alone, or a text's scores (or vector) and its figures;
+    `scored` > 0: the first `scored` floats are scores, the vector after them (OPT_BOTH)."""
     if probs is None:
         return (msg_id, L.pack_response(status), 0, 0)
     probs = np.ascontiguousarray(probs, dtype=np.float32)
-    label = 0 if embed else int(probs.argmax())
+    label = 0 if embed else int(probs[: scored or len(probs)].argmax())
     head = L.pack_response(
         status, bucket, label, len(probs), queued_us, model_us, flags, windows, tokens
     )

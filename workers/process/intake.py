@@ -73,7 +73,8 @@ class Intake:
                 unknown += 1
                 continue
             text = decode_payload(payload)
-            if text is None or served.refuses(bool(opts & L.OPT_EMBED)):
+            asks = bool(opts & L.OPT_EMBED), bool(opts & L.OPT_BOTH)
+            if text is None or served.refuses(*asks):
                 bad.append(pack(msg_id, L.STATUS_BAD_REQUEST))
                 continue
             texts.setdefault(index, []).append(text)
@@ -97,6 +98,7 @@ def admit(served: Served, keep: list[Kept], plans: list[Plan], now: int) -> list
     add = served.batcher.add
     for (msg_id, deadline, opts), plan in zip(keep, plans, strict=True):
         embed, bulk = bool(opts & L.OPT_EMBED), bool(opts & L.OPT_BULK)
+        both = bool(opts & L.OPT_BOTH)
         if plan.refusal is not None:
             windows, limit = plan.refusal
             head = L.pack_response(
@@ -107,9 +109,9 @@ def admit(served: Served, keep: list[Kept], plans: list[Plan], now: int) -> list
         elif len(plan.pieces) == 1:
             p = plan.pieces[0]
             add(Item(msg_id, deadline, now, p.ids, types=p.types, tokens=plan.tokens,
-                     flags=plan.flags, embed=embed, bulk=bulk))  # fmt: skip
+                     flags=plan.flags, embed=embed, bulk=bulk, both=both))  # fmt: skip
         else:  # windows: one Whole answers once, when its last window is scored
-            whole = Whole(msg_id, plan.tokens, now, left=len(plan.pieces), embed=embed)
+            whole = Whole(msg_id, plan.tokens, now, left=len(plan.pieces), embed=embed, both=both)
             whole.scores = [None] * len(plan.pieces)
             for i, p in enumerate(plan.pieces):
                 add(Item(msg_id, deadline, now, p.ids, types=p.types, whole=whole, window=i,

@@ -52,6 +52,7 @@ class Whole:
     model_us: int = 0
     done: bool = False  # answered (combined, or expired): later windows are dropped
     embed: bool = False  # answered with the mean of its windows' embeddings
+    both: bool = False  # answered with its combined scores, then that mean (OPT_BOTH)
 
 
 def combine(scores: list[Any], activation: str) -> np.ndarray:

@@ -73,19 +73,24 @@ class Served:
     # its own ONNX Runtime session and buffers, so the lanes run batches at once.
     runners: tuple[Runner, ...] = ()
 
-    def refuses(self, embed: bool) -> bool:
+    def refuses(self, embed: bool, both: bool = False) -> bool:
         """A vector from a model without one, or scores from a model without labels (the
         front-end checks first; this is the last guard)."""
+        if both:
+            return not (self.dimension and self.n_labels)
         return (embed and not self.dimension) or not (embed or self.n_labels)
 
-    def part(self, row: Any, embed: bool) -> Any:
-        """A runner row's embedding (after the C scores) or its scores."""
+    def part(self, row: Any, embed: bool, both: bool = False) -> Any:
+        """A runner row's embedding (after the C scores), its scores, or (both) the two."""
+        if both:
+            return row[: self.n_labels + self.dimension]
         return row[self.n_labels :] if embed else row[: self.n_labels]
 
 
-def check_answer_room(max_payload: int, dimension: int) -> None:
-    """An embed model's answer (D floats) must fit the response ring, with room to wrap."""
-    need = L.RESPONSE_SIZE + 4 * dimension
+def check_answer_room(max_payload: int, dimension: int, n_labels: int = 0) -> None:
+    """An embed model's largest answer (D floats, or C + D for OPT_BOTH) must fit the
+    response ring, with room to wrap."""
+    need = L.RESPONSE_SIZE + 4 * (dimension + n_labels)
     if 2 * need > max_payload:
         raise RuntimeError(
             f"the model's {dimension}-float embeddings need {need} bytes an answer; the response "
@@ -129,7 +134,7 @@ class Loader:
         activation = ACTIVATIONS[manifest.activation]
         if manifest.embeds:  # one output holds both answers: logits, then the embedding
             activation = joined(activation, n_labels)
-            check_answer_room(self.max_payload, manifest.dimension)
+            check_answer_room(self.max_payload, manifest.dimension, n_labels)
         if spec.lanes > 1 and runtime != "onnx":  # settings.resolve_lanes keeps this out
             raise ValueError("a worker of several lanes runs ONNX Runtime only")
         runners = []

@@ -128,6 +128,8 @@ def set_param(p: pb.InferParameter, value: Any) -> None:
 def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
     info = job.info
     encoder = kserve.encoder_for(info.labels, info.manifest.normalize)
+    if kserve.one_pass(job.options):
+        results = kserve.unjoin(results, len(info.labels))
     tensors, blobs = encoder.tensors(results, job.wanted, job.places)
     rsp = pb.ModelInferResponse(
         model_name=info.name, model_version=str(info.version), id=job.request_id
