@@ -140,7 +140,13 @@ LONG_TEXT: Schema = {  # routes.long_text_options
 }
 ERROR = obj(["error"], error=STRING)
 TOO_LONG = obj(
-    ["error"], error=STRING, tokens=COUNT, max_length=COUNT, windows=COUNT, max_windows=COUNT
+    ["error"],
+    error=STRING,
+    tokens=COUNT,
+    max_length=COUNT,
+    windows=COUNT,
+    max_windows=COUNT,
+    max_tokens=COUNT,  # /embed_all: the tokens whose vectors fit one answer
 )
 HEADERS: dict[str, Schema] = {
     "x-request-id": {"description": "the client's X-Request-Id when it is a sane token, else new"},
@@ -736,6 +742,7 @@ TOO_LONG_FIELDS: dict[str, Schema] = {
     "max_length": COUNT,
     "windows": COUNT,
     "max_windows": COUNT,
+    "max_tokens": COUNT,
 }
 
 
@@ -926,10 +933,20 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
                                           ()),
         ("POST", "/decode"): tool_route("The text of token ids", tokens["decode"],
                                         (r"must be a list of token ids from 0 to ",)),
-        ("POST", "/embed_all"): tool_route(
-            "Refused: the graph gives pooled vectors only", tokens["embed_all"],
-            (r"^/embed_all is not served",)),
+        ("POST", "/embed_all"): embed_all_route(f, tokens["embed_all"]),
     }  # fmt: skip
+
+
+def embed_all_route(f: Facts, schemas: tuple[Schema, Schema]) -> Route:
+    """TEI's token vectors: an embed route that takes /embed's body, refused (400) by an
+    artifact or runtime without them, 413 for vectors too many for one answer."""
+    request = tei_schemas(f)["embed"][0]
+    route = task_route(
+        f, "Token vectors of each text, in TEI's shape", "embed",
+        ("a list a text of a vector a token", (request, schemas[1])), {"inputs": "a fine film"},
+    )  # fmt: skip
+    rules = (r"^/embed_all is (not served by|served on ONNX Runtime only)",)
+    return replace(route, beyond_schema=(*route.beyond_schema, *rules))
 
 
 # -- Cohere v2 -----------------------------------------------------------------------------------
