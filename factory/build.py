@@ -88,6 +88,7 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
         plain = work / ox.ONNX_FILE
         task = manifest.get("task", ())
         ox.export_onnx(model, plain, embed="embed" in task, alone="classify" not in task)
+        width = ox.token_width(plain)  # TEI's /embed_all reads the token states (api.md)
         tokenizer = open_tokenizer(target / manifest["tokenizer_file"], manifest["max_length"])
         fused, graphs = _fused(plain, work / ox.FUSED_FILE, tokenizer)
         labels = list(manifest["labels"])
@@ -119,6 +120,8 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     manifest.update(int8=cost, data_files=data, graphs=graphs)
+    if width:
+        manifest["extra"]["token_vectors"] = width
 
 
 def _fused(plain: Path, dst: Path, tokenizer: Any) -> tuple[Path | None, dict[str, Any]]:

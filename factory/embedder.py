@@ -99,6 +99,10 @@ class SentenceEncoder(Encoder):
         x = self.encode(input_ids, attention_mask)
         return pool(x, (attention_mask > 0).to(x.dtype), self.pooling)
 
+    def states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The token states [B, L, H] before pooling."""
+        return self.encode(input_ids, attention_mask)
+
 
 class FamilyEncoder(nn.Module):
     """A DeBERTa, ModernBERT or MPNet encoder (factory/families.py), then pooling."""
@@ -113,6 +117,10 @@ class FamilyEncoder(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         x = self.base(input_ids, attention_mask)
         return pool(x, (attention_mask > 0).to(x.dtype), self.pooling)
+
+    def states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The token states [B, L, H] before pooling."""
+        return self.base(input_ids, attention_mask)
 
 
 class Step(nn.Module):
@@ -157,6 +165,24 @@ class Pipeline(nn.Module):
     def classify_embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """What workers.runtimes.joined.Joined calls: no labels, so the row is the vector alone."""
         return self.forward(input_ids, attention_mask)
+
+
+class OnnxAlone(nn.Module):
+    """What model.onnx holds for an embed-only artifact: outputs `embedding` and `tokens` (the
+    token states [B, L, H] before pooling, TEI's /embed_all: fetched only by a batch that asks),
+    from one pass of the encoder."""
+
+    def __init__(self, inner: Pipeline) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        encoder: Any = self.inner.encoder  # a SentenceEncoder or a FamilyEncoder
+        states = encoder.states(input_ids, attention_mask)
+        x = pool(states, (attention_mask > 0).to(states.dtype), encoder.pooling)
+        for step in self.inner.steps:
+            x = step(x)
+        return x, states
 
 
 @dataclass(frozen=True)

@@ -68,15 +68,18 @@ class Classifier(nn.Module):
 
 
 class OnnxBoth(nn.Module):
-    """What model.onnx holds for an embed artifact: outputs `logits` and `embedding`."""
+    """What model.onnx holds for an embed artifact: outputs `logits`, `embedding` and `tokens`
+    (the last hidden state [B, L, H], TEI's /embed_all: fetched only by a batch that asks)."""
 
     def __init__(self, inner: Classifier) -> None:
         super().__init__()
         self.inner = inner
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        pooled = self.inner.mean_pool(input_ids, attention_mask)
-        return self.inner.head(F.normalize(pooled, p=2.0, dim=1)), pooled
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        states = self.inner.encoder(input_ids, attention_mask)
+        weights = attention_mask.to(states.dtype).unsqueeze(-1)  # as mean_pool, on these states
+        pooled = (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        return self.inner.head(F.normalize(pooled, p=2.0, dim=1)), pooled, states
 
 
 def _checkpoint_names(config: HfConfig) -> dict[str, str]:

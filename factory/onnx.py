@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ringserve.workers.runtimes.onnx_model import TOKENS_OUTPUT
 from ringserve.workers.runtimes.onnx_model import open_session as open_session  # the factory's too
 
 ONNX_FILE = "model.onnx"
@@ -54,20 +55,24 @@ def quiet() -> Iterator[None]:
 
 def export_onnx(model: Any, path: Path, embed: bool = False, alone: bool = False) -> None:
     """Write `model` (ids and mask in, logits out) as ONNX with a dynamic batch and length;
-    with `embed`, a second output `embedding` from the same forward (factory/model.py OnnxBoth);
-    with `alone` too, an embed-only model's one output `embedding` (factory/embedder.py)."""
+    with `embed`, outputs `embedding` and `tokens` (TOKENS_OUTPUT) from the same forward
+    (factory/model.py OnnxBoth); with `alone` too, an embed-only model's `embedding` and
+    `tokens` (factory/embedder.py OnnxAlone)."""
     import torch
+    from ringserve.factory.embedder import OnnxAlone
     from ringserve.factory.model import OnnxBoth
 
     ids = torch.full((2, 8), 101, dtype=torch.int64)
     mask = torch.ones_like(ids)
-    outputs = ["logits", "embedding"] if embed else ["logits"]
+    outputs = ["logits", "embedding", TOKENS_OUTPUT] if embed else ["logits"]
     if embed and alone:
-        outputs = ["embedding"]
+        outputs = ["embedding", TOKENS_OUTPUT]
     axes = {name: {0: "batch", 1: "length"} for name in INPUTS} | {o: {0: "batch"} for o in outputs}
+    axes[TOKENS_OUTPUT] = {0: "batch", 1: "length"}
+    wrapped = OnnxAlone(model) if alone else OnnxBoth(model)
     with quiet(), torch.no_grad():
         torch.onnx.export(
-            OnnxBoth(model) if embed and not alone else model,
+            wrapped if embed else model,
             (ids, mask),
             str(path),
             dynamo=False,
@@ -76,6 +81,17 @@ def export_onnx(model: Any, path: Path, embed: bool = False, alone: bool = False
             dynamic_axes=axes,
             opset_version=OPSET,
         )
+
+
+def token_width(path: Path) -> int:
+    """The width H of a graph's token states (output `tokens` [B, L, H]); 0 without them."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    for out in graph.output:
+        if out.name == TOKENS_OUTPUT:
+            return int(out.type.tensor_type.shape.dim[-1].dim_value)
+    return 0
 
 
 def store(src: Path, dst: Path) -> list[str]:

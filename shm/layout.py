@@ -59,6 +59,7 @@ OPT_LEFT = 4  # truncation_direction: left (keep the end)
 OPT_EMBED = 8  # answer the text's embedding (D floats), not its scores (an embed model only)
 OPT_BULK = 16  # a bulk text: the worker batches interactive texts first (service/engine/tenants.py)
 OPT_BOTH = 32  # answer the scores and the embedding of one forward pass (a model with both)
+OPT_TOKENS = 64  # answer the text's token vectors (TEI's /embed_all; an ONNX embed graph only)
 # Response payload (24 bytes, so a two-label answer still fits one 64-byte slot):
 #   status u8 | bucket u8 | label_id u16 | n u16 | flags u8 | reserved u8 |
 #   windows u16 | limit u16 | tokens u32 | queued_us u32 | model_us u32 | n x f32 scores
@@ -71,6 +72,9 @@ OPT_BOTH = 32  # answer the scores and the embedding of one forward pass (a mode
 # in place of the scores; a message spans as many slots as it needs (the worker checks at load
 # that the response ring holds one). An OPT_BOTH answer has n = C + D: the C scores, then the D
 # floats of the vector, label_id the scores' argmax (KServe's outputs from one forward pass).
+# An OPT_TOKENS answer has RSP_TOKENS in flags, n = H (the hidden size) and `windows` = k, the
+# text's tokens after any cut: k x H floats, token by token (the worker refuses a text whose
+# vectors would not fit the response ring, STATUS_TOO_LONG with `limit` the tokens that fit).
 # The response record's aux word (unused before) describes the batch that answered the text, for
 # the front-end's traces: rows (12 bits) | padded length (12 bits) | the batch's start, the
 # forward pass's first moment, in CLOCK_MONOTONIC microseconds modulo 2**40 (12.7 days: the
@@ -82,6 +86,7 @@ RESPONSE = struct.Struct("<BBHHBBHHIII")
 RESPONSE_SIZE = RESPONSE.size  # 24
 RSP_TRUNCATED = 1
 RSP_WINDOWED = 2
+RSP_TOKENS = 4  # the payload is `windows` token vectors of n floats each (OPT_TOKENS)
 
 STATUS_OK = 0
 STATUS_BAD_REQUEST = 1

@@ -59,7 +59,8 @@ class Result:
         )
         scores = None
         if status == L.STATUS_OK:
-            scores = np.frombuffer(payload, dtype="<f4", count=n, offset=L.RESPONSE_SIZE)
+            count = n * windows if flags & L.RSP_TOKENS else n  # token vectors: k rows of n
+            scores = np.frombuffer(payload, dtype="<f4", count=count, offset=L.RESPONSE_SIZE)
         return cls(
             status, label, scores, bucket, queued_us, model_us, flags, tokens, windows, limit,
             aux, read_ns,

@@ -83,7 +83,8 @@ class OpenAIError(Struct, forbid_unknown_fields=True):
 Count = Annotated[int, Meta(ge=0)]
 # A text over max_length refused (413, admit.respond_failure): its counts beside the message.
 TOO_LONG_FIELDS = [
-    (name, Count | UnsetType, UNSET) for name in ("tokens", "max_length", "windows", "max_windows")
+    (name, Count | UnsetType, UNSET)
+    for name in ("tokens", "max_length", "windows", "max_windows", "max_tokens")
 ]
 
 

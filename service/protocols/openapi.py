@@ -513,10 +513,19 @@ def tei_routes(f: Facts) -> dict[tuple[str, str], Route]:
                                         (r"must be a list of token ids from 0 to ",
                                          r"^ids must be a list of token ids, or a list of such",
                                          r"^ids must hold 1 to \d+ lists$")),
-        ("POST", "/embed_all"): tool_route(
-            "Refused: the graph gives pooled vectors only", tokens["embed_all"],
-            (r"^/embed_all is not served",)),
+        ("POST", "/embed_all"): embed_all_route(f, tokens["embed_all"]),
     }  # fmt: skip
+
+
+def embed_all_route(f: Facts, pair: tuple[Schema, Schema]) -> Route:
+    """TEI's token vectors: an embed route (/embed's body less `normalize`), refused (400) by an
+    artifact or runtime without them, 413 for vectors too many for one answer."""
+    route = task_route(
+        f, "Token vectors of each text, in TEI's shape", "embed",
+        ("a list a text of a vector a token", pair), {"inputs": "a fine film"},
+    )  # fmt: skip
+    rules = (r"^/embed_all is (not served by|served on ONNX Runtime only)",)
+    return replace(route, beyond_schema=(*route.beyond_schema, *rules))
 
 
 # -- Cohere v2 -----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """TEI's (text-embeddings-inference) HTTP routes beside /embed and /rerank (tasks.py), in TEI's
-shapes: /info, /health, /predict, /tokenize, /decode, /embed_all (refused: see below),
+shapes: /info, /health, /predict, /tokenize, /decode, /embed_all (token vectors),
 /similarity, and the root `POST /` that serves the model's task, as huggingface_hub's
 InferenceClient calls a TEI endpoint. Errors on these paths carry TEI's `error_type`
 (service/protocols/errors.py)."""
@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.protocols import tasks
+from ringserve.service.protocols import prompts, tasks
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.kserve import server_version
 from ringserve.service.protocols.routes import (
@@ -230,17 +230,69 @@ def tei_decode(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict
     conn.respond(ex, 200, json.dumps(out).encode())
 
 
+# An /embed_all answer's bound: its token vectors' floats over all its texts (16 MiB of float32,
+# about 40 MB of JSON). One text's are bounded by the response ring (the worker refuses more).
+MAX_TOKEN_FLOATS = 1 << 22
+
+
 def tei_embed_all(
     server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
 ) -> None:
-    """Refused: an artifact's graph gives one pooled vector a text (and the logits), not one
-    vector a token, so there are no token vectors to return."""
-    info = request_model(server, decode(ex, bodies.of(server.settings).embed_all))
-    raise HttpError(
-        400,
-        f"/embed_all is not served: model {info.name}'s graph gives one pooled vector a text, "
-        "not one a token; use /embed",
-    )
+    """TEI's token vectors: for each input, a list a token (special tokens included) of the
+    encoder's last hidden state, before pooling and unnormalized. The worker's graph gives them
+    from the same forward pass as the embedding (an ONNX Runtime artifact built with them)."""
+    body = decode(ex, bodies.of(server.settings).embed_all)
+    info = request_model(server, body)
+    width = token_vectors_width(info)
+    inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    texts = prompts.with_prompt(info.manifest, body.prompt_name, [t.encode() for t in inputs])
+    opts = body.options()
+    if not opts & L.OPT_MODE:  # never windows: a cut as the server's --long-text, else refused
+        opts |= L.OPT_CUT if server.settings.long_text == "truncate" else L.OPT_REFUSE
+    check_token_floats(info, texts, width)
+
+    def answer(results: list[Result]) -> bytes:
+        parts = [tasks.float_json(token_matrix(r)) for r in results]
+        return b"[" + b",".join(parts) + b"]"
+
+    texts_opts = tasks.Texts(texts, opts | L.OPT_TOKENS)
+    tasks.submit_texts(server, conn, ex, texts_opts, answer, "embed", info)
+
+
+def token_vectors_width(info: ModelInfo) -> int:
+    """The width of the model's token vectors, else the 400 that says why there are none."""
+    width = info.manifest.extra.get("token_vectors", 0)
+    if not isinstance(width, int) or width <= 0:
+        raise HttpError(
+            400,
+            f"/embed_all is not served by model {info.name}: its artifact has no token vectors "
+            "(an embed model built by this version of `ringserve build` has them)",
+        )
+    if info.runtime != "onnx":
+        raise HttpError(
+            400,
+            f"/embed_all is served on ONNX Runtime only; model {info.name} runs on "
+            f"{info.runtime} (--runtime onnx)",
+        )
+    return width
+
+
+def check_token_floats(info: ModelInfo, texts: list[bytes], width: int) -> None:
+    """413 when the texts' token vectors (their tokens, cut at max_length) would pass
+    MAX_TOKEN_FLOATS; a text too long for one answer is the worker's to refuse."""
+    encoded = tokenizer_for(info).encode_batch([t.decode() for t in texts])
+    tokens = sum(min(len(e.ids), info.manifest.max_length) for e in encoded)
+    if tokens * width > MAX_TOKEN_FLOATS:
+        raise HttpError(
+            413,
+            f"the token vectors of these inputs ({tokens} tokens x {width} floats) pass the "
+            f"limit of {MAX_TOKEN_FLOATS} floats a request: send fewer texts at a time",
+        )
+
+
+def token_matrix(r: Result) -> np.ndarray:
+    """A text's token vectors [k, H] from its answer (shm/layout.py RSP_TOKENS)."""
+    return np.asarray(r.scores, dtype=np.float32).reshape(r.windows, -1)
 
 
 # -- POST / --------------------------------------------------------------------------------------

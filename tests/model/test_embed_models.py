@@ -166,6 +166,7 @@ class Built:
         self.bases = {name: save_base(name, root / "src") for name in ARCHS}
         self.plain: dict[tuple[str, str], Path] = {}
         self.st: dict[str, Path] = {}
+        self.st_src: dict[str, Path] = {}  # the sentence-transformers directories themselves
         self.want: dict[tuple[str, str, bool], np.ndarray] = {}
         for name, base in self.bases.items():
             for pooling in poolings(name):
@@ -178,6 +179,7 @@ class Built:
             pooling, normalize = ST_DIRS[name]
             st_dir = root / "st" / name
             pipeline(base, pooling, normalize).save(str(st_dir))
+            self.st_src[name] = st_dir
             self.st[name] = exported(st_dir, root / "st-art" / name)  # max length: its own
 
 
@@ -353,6 +355,22 @@ def test_served_kserve_and_tasks_it_does_not_do(built: Built, served: ServerProc
             "outputs": [{"name": "scores"}]}  # fmt: skip
     status, doc = post(served, f"/v2/models/{model}/infer", body)
     assert status == 400 and "the model gives embedding" in doc["error"], doc
+
+
+def test_served_token_vectors_match_sentence_transformers(built: Built, served: ServerProc) -> None:
+    """TEI's /embed_all on an embed-only artifact: each text's token vectors (the states before
+    pooling, special tokens included) are sentence-transformers' `token_embeddings`."""
+    from sentence_transformers import SentenceTransformer
+
+    st_model = SentenceTransformer(str(built.st_src[SERVED]), device="cpu")
+    with torch.no_grad():
+        want = st_model.encode(TEXTS, output_value="token_embeddings", batch_size=1)
+    status, got = post(served, "/embed_all", {"inputs": TEXTS, "truncate": True})
+    assert status == 200, got
+    for vectors, expected in zip(got, want, strict=True):
+        expected = np.asarray(expected, dtype=np.float64)
+        assert np.array(vectors).shape == expected.shape and expected.shape[1] == 1024
+        np.testing.assert_allclose(np.array(vectors), expected, atol=TOL, rtol=0)
 
 
 def test_the_default_encoders_own_directory(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """TEI's routes beside /embed and /rerank, in TEI's shapes, on one real server of the default
 model (it classifies and embeds): /info, /health, /predict (single, pair, batch, raw_scores,
-truncate), /tokenize and /decode, /similarity, /embed_all (refused), the root POST / by body,
+truncate), /tokenize and /decode, /similarity, /embed_all, the root POST / by body,
 and TEI's error body {"error", "error_type"}."""
 
 from __future__ import annotations
@@ -105,10 +105,39 @@ def test_similarity(srv: ServerProc) -> None:
     assert sims == pytest.approx([1.0, float(v[0] @ v[1])], abs=1e-5)
 
 
-def test_embed_all_is_refused_clearly(srv: ServerProc) -> None:
-    status, doc = post(srv, "/embed_all", {"inputs": GOOD})
-    assert status == 400 and doc["error_type"] == "Validation"
-    assert "one pooled vector a text" in doc["error"] and "/embed" in doc["error"]
+def test_embed_all_gives_every_tokens_vector(srv: ServerProc, default_model: str) -> None:
+    """TEI's shape (a list an input of a list a token of H floats), special tokens included:
+    the encoder's last hidden state, as transformers' BertModel gives it, within 1e-4."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from ringserve.factory.build import default_encoder_dir
+
+    texts = [GOOD, BAD, "ok"]
+    status, got = post(srv, "/embed_all", {"inputs": texts})
+    assert status == 200, got
+    tok = load_tokenizer(default_model, 256)
+    model = transformers.BertModel.from_pretrained(str(default_encoder_dir())).eval()
+    for text, vectors in zip(texts, got, strict=True):
+        ids = tok.encode(text).ids
+        with torch.no_grad():
+            want = model(torch.tensor([ids])).last_hidden_state[0].numpy()
+        assert np.array(vectors).shape == want.shape == (len(ids), 384)
+        np.testing.assert_allclose(np.array(vectors), want, atol=1e-4, rtol=0)
+    status, one = post(srv, "/embed_all", {"inputs": GOOD})  # one string: a list of one
+    assert status == 200 and np.allclose(one[0], got[0], atol=1e-6)
+
+
+def test_embed_all_refuses_what_does_not_fit(srv: ServerProc) -> None:
+    """A text whose vectors would pass half the response ring (242 tokens x 384 floats), and a
+    request whose vectors pass the answer's bound: 413 each, and the next request is served."""
+    long = " ".join(["word"] * 240)
+    status, doc = post(srv, "/embed_all", {"inputs": long, "truncate": True})
+    assert status == 413 and "fit one answer" in doc["error"], doc
+    many = [" ".join(["word"] * 48)] * 256  # 256 x 50 tokens x 384 floats: over 2**22
+    status, doc = post(srv, "/embed_all", {"inputs": many})
+    assert status == 413 and "fewer texts" in doc["error"], doc
+    status, doc = post(srv, "/embed_all", {"inputs": long[:100], "truncate": True})
+    assert status == 200 and len(doc) == 1
 
 
 def test_the_root_serves_by_body(srv: ServerProc) -> None:

@@ -53,3 +53,20 @@ def test_one_pass_answers_read_back_as_scores_and_vector() -> None:
     parts = unjoin(results, 2)
     assert [list(r.scores) for r in parts[:2]] == [list(row[:2]) for row in rows]
     assert [list(r.scores) for r in parts[2:]] == [list(row[2:]) for row in rows]
+
+
+def test_token_vectors_read_back_as_k_rows() -> None:
+    """OPT_TOKENS: a text's first k rows of the batch's states (right padded), flagged
+    RSP_TOKENS with n = H and windows = k; the front-end reads k x H floats back."""
+    from ringserve.service.engine.requests import Result
+    from ringserve.service.protocols.tei_api import token_matrix
+    from ringserve.shm import layout as L
+    from ringserve.workers.process.answers import token_answer
+    from ringserve.workers.process.batcher import Item
+
+    states = np.random.default_rng(3).random((6, 4), dtype=np.float32)  # length 6, H = 4
+    item = Item(7, 0, 0, [101, 5, 6, 102], tokens=4, token_vectors=True)
+    msg_id, payload, _, _ = token_answer(item, states, 0, 0, 0, 0)
+    result = Result.from_ring(0, payload, 0)
+    assert msg_id == 7 and result.flags & L.RSP_TOKENS and result.windows == 4
+    np.testing.assert_array_equal(token_matrix(result), states[:4])

@@ -34,6 +34,16 @@ class Running:
     tokens: int = 0
     t0: int = 0
     future: Future[tuple[Any, int]] | None = None
+    states: Any = None  # the token states [rows, length, H], when a text asked (OPT_TOKENS)
+
+
+def forward_batch(runner: Any, run: Running) -> Any:
+    """A filled batch's forward pass: its rows, and (run.states) the token states of the same
+    pass when one of its texts asked for its token vectors; no other batch copies them out."""
+    if any(it.token_vectors for it in run.batch):
+        probs, run.states = runner.forward_tokens(run.length, len(run.batch))
+        return probs
+    return runner.forward(run.length, len(run.batch))
 
 
 class Answers:
@@ -63,6 +73,9 @@ class Answers:
                 continue
             queued_us = (t0 - it.arrived_ns) // 1000
             cls = bucket_index(served.report_grid, len(it.ids))  # by the text's own length
+            if it.token_vectors:
+                out.append(token_answer(it, run.states[row], cls, queued_us, model_us, aux))
+                continue
             if it.embed or it.both:
                 out.append(
                     pack(it.msg_id, L.STATUS_OK, cls, served.part(probs[row], True, it.both),
@@ -107,6 +120,19 @@ class Answers:
                 if os.getppid() != self.spec.parent_pid:
                     raise SystemExit(EXIT_PARENT_GONE)
         self.spec.eventfd.ring()
+
+
+def token_answer(
+    it: Item, states: Any, bucket: int, queued_us: int, model_us: int, aux: int
+) -> Answer:
+    """A text's token vectors (its first k rows of the batch's states: rows are right padded)."""
+    k = len(it.ids)
+    vectors = np.ascontiguousarray(states[:k], dtype=np.float32)
+    head = L.pack_response(
+        L.STATUS_OK, bucket, 0, vectors.shape[1], queued_us, model_us, it.flags | L.RSP_TOKENS,
+        k, it.tokens,
+    )  # fmt: skip
+    return (it.msg_id, head + vectors.tobytes(), aux, 0)
 
 
 def window_done(

@@ -55,6 +55,7 @@ class Item:
     window: int = 0  # a window's index among its text's windows
     embed: bool = False  # answer the embedding (shm.layout.OPT_EMBED), not the scores
     both: bool = False  # answer the scores, then the embedding (shm.layout.OPT_BOTH)
+    token_vectors: bool = False  # answer the token states (shm.layout.OPT_TOKENS)
     bulk: bool = False  # a bulk text (shm.layout.OPT_BULK): interactive texts go first
 
 

@@ -18,7 +18,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ringserve.workers.process.answers import Running
+from ringserve.workers.process.answers import Running, forward_batch
 
 BEHIND_NICE = 10
 
@@ -45,7 +45,7 @@ class Behind:
         """Run the batch's forward pass there (its rows are filled: run.t0 is set)."""
         if self._thread is None:  # started at its first batch, at BEHIND_NICE
             self._thread = ThreadPoolExecutor(1, "behind", initializer=_lower_priority)
-        run.future = self._thread.submit(_forward, runner, run.length, len(run.batch))
+        run.future = self._thread.submit(_forward, runner, run)
         # Rung once the future is done (not before: the loop must then see it done).
         run.future.add_done_callback(self._done)
         self.run = run
@@ -70,9 +70,9 @@ class Behind:
         self.wake()
 
 
-def _forward(runner: Any, length: int, rows: int) -> tuple[Any, int]:
+def _forward(runner: Any, run: Running) -> tuple[Any, int]:
     """On the background thread: a batch's forward pass, and when it ended."""
-    return runner.forward(length, rows), time.monotonic_ns()
+    return forward_batch(runner, run), time.monotonic_ns()
 
 
 def _lower_priority() -> None:

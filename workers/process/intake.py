@@ -73,7 +73,7 @@ class Intake:
                 unknown += 1
                 continue
             text = decode_payload(payload)
-            asks = bool(opts & L.OPT_EMBED), bool(opts & L.OPT_BOTH)
+            asks = bool(opts & L.OPT_EMBED), bool(opts & L.OPT_BOTH), bool(opts & L.OPT_TOKENS)
             if text is None or served.refuses(*asks):
                 bad.append(pack(msg_id, L.STATUS_BAD_REQUEST))
                 continue
@@ -98,8 +98,10 @@ def admit(served: Served, keep: list[Kept], plans: list[Plan], now: int) -> list
     add = served.batcher.add
     for (msg_id, deadline, opts), plan in zip(keep, plans, strict=True):
         embed, bulk = bool(opts & L.OPT_EMBED), bool(opts & L.OPT_BULK)
-        both = bool(opts & L.OPT_BOTH)
-        if plan.refusal is not None:
+        both, tokens = bool(opts & L.OPT_BOTH), bool(opts & L.OPT_TOKENS)
+        if tokens and plan.refusal is None and too_many_tokens(served, plan):
+            refused.append(token_refusal(msg_id, served, plan))
+        elif plan.refusal is not None:
             windows, limit = plan.refusal
             head = L.pack_response(
                 L.STATUS_TOO_LONG, flags=plan.flags, windows=windows, tokens=plan.tokens,
@@ -109,7 +111,8 @@ def admit(served: Served, keep: list[Kept], plans: list[Plan], now: int) -> list
         elif len(plan.pieces) == 1:
             p = plan.pieces[0]
             add(Item(msg_id, deadline, now, p.ids, types=p.types, tokens=plan.tokens,
-                     flags=plan.flags, embed=embed, bulk=bulk, both=both))  # fmt: skip
+                     flags=plan.flags, embed=embed, bulk=bulk, both=both,
+                     token_vectors=tokens))  # fmt: skip
         else:  # windows: one Whole answers once, when its last window is scored
             whole = Whole(msg_id, plan.tokens, now, left=len(plan.pieces), embed=embed, both=both)
             whole.scores = [None] * len(plan.pieces)
@@ -117,6 +120,24 @@ def admit(served: Served, keep: list[Kept], plans: list[Plan], now: int) -> list
                 add(Item(msg_id, deadline, now, p.ids, types=p.types, whole=whole, window=i,
                          bulk=bulk))  # fmt: skip
     return refused
+
+
+def too_many_tokens(served: Served, plan: Plan) -> bool:
+    """Token vectors are of one window (the front-end asks for a cut or a refusal, never
+    windows), at most served.token_limit tokens of them."""
+    return len(plan.pieces) != 1 or len(plan.pieces[0].ids) > served.token_limit
+
+
+def token_refusal(msg_id: int, served: Served, plan: Plan) -> Answer:
+    """STATUS_TOO_LONG for token vectors that would not fit one answer: `limit` the tokens that
+    do (the front-end answers 413)."""
+    head = L.pack_response(
+        L.STATUS_TOO_LONG,
+        flags=plan.flags | L.RSP_TOKENS,
+        tokens=plan.tokens,
+        limit=served.token_limit,
+    )
+    return (msg_id, head, 0, 0)
 
 
 def decode_payload(payload: bytes) -> str | tuple[str, str] | None:

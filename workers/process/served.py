@@ -72,10 +72,15 @@ class Served:
     # Every lane's runner, lane k's at k (the spec's lanes; `runner` is lane 0's): each with
     # its own ONNX Runtime session and buffers, so the lanes run batches at once.
     runners: tuple[Runner, ...] = ()
+    # The most tokens whose vectors (OPT_TOKENS) one answer may carry: what half the response
+    # ring holds (room to wrap); 0 when the runner has no token states to give.
+    token_limit: int = 0
 
-    def refuses(self, embed: bool, both: bool = False) -> bool:
-        """A vector from a model without one, or scores from a model without labels (the
-        front-end checks first; this is the last guard)."""
+    def refuses(self, embed: bool, both: bool = False, tokens: bool = False) -> bool:
+        """A vector from a model without one, scores from a model without labels, or token
+        vectors from a runner without them (the front-end checks first; the last guard)."""
+        if tokens:
+            return not self.token_limit
         if both:
             return not (self.dimension and self.n_labels)
         return (embed and not self.dimension) or not (embed or self.n_labels)
@@ -96,6 +101,15 @@ def check_answer_room(max_payload: int, dimension: int, n_labels: int = 0) -> No
             f"the model's {dimension}-float embeddings need {need} bytes an answer; the response "
             f"ring holds {max_payload} (raise --ring-slots)"
         )
+
+
+def token_room(max_payload: int, runner: Any) -> int:
+    """Served.token_limit: the tokens whose H-float vectors fit half the response ring; 0 for a
+    runner without token states (TorchScript, CUDA, a graph built before they were exported)."""
+    width = getattr(runner, "token_width", 0)
+    if not width:
+        return 0
+    return max(0, (max_payload // 2 - L.RESPONSE_SIZE) // (4 * width))
 
 
 class Loader:
@@ -156,6 +170,7 @@ class Loader:
         return Served(
             ref, longtext, runner, batcher, n_labels, manifest.dimension, manifest.activation,
             grid or default_grid(max_len), grown, tuple(runners),
+            token_room(self.max_payload, runner),
         )  # fmt: skip
 
     def _runner(

@@ -34,7 +34,7 @@ from typing import Any
 
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel
-from ringserve.workers.process.answers import Answers, Running
+from ringserve.workers.process.answers import Answers, Running, forward_batch
 from ringserve.workers.process.behind import Behind
 from ringserve.workers.process.intake import Intake
 from ringserve.workers.process.lanes import Lanes
@@ -156,7 +156,7 @@ class Worker:
                 self.lanes.started_ns[k] = 0
                 self.behind.start(run, runner)
             return
-        probs = runner.forward(run.length, len(run.batch))
+        probs = forward_batch(runner, run)
         t1 = time.monotonic_ns()
         with self.lock:
             self.lanes.started_ns[k] = 0

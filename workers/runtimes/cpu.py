@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from ringserve.workers.process.batcher import BATCH_OVERHEAD, Item
+from ringserve.workers.runtimes.onnx_model import TOKENS_OUTPUT, fetched_outputs, token_width
 
 
 class Runner(Protocol):
@@ -163,10 +164,25 @@ class OrtRunner(CpuRunner):
         # `both`: an embed artifact's second output, the embedding, joined to the logits (as
         # workers/runtimes/joined.py Joined does for TorchScript); else the logits alone.
         self.both = both
+        # Named, so that the token states an embed graph also has are copied out only by
+        # forward_tokens (onnx_model.TOKENS_OUTPUT).
+        self.outputs = fetched_outputs(session)
+        self.token_width = token_width(session)  # H, or 0: no token vectors (/embed_all)
 
     def forward(self, length: int, n: int) -> np.ndarray:
         ids, mask = self.views(length, n)
-        outs = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+        outs = self.session.run(self.outputs, {"input_ids": ids, "attention_mask": mask})
+        return self.rows(outs)
+
+    def forward_tokens(self, length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """forward's rows, and the token states [n, length, H] of the same pass (a batch in
+        which a text asked for its token vectors)."""
+        ids, mask = self.views(length, n)
+        feed = {"input_ids": ids, "attention_mask": mask}
+        outs = self.session.run([*self.outputs, TOKENS_OUTPUT], feed)
+        return self.rows(outs[:-1]), np.asarray(outs[-1], dtype=np.float32)
+
+    def rows(self, outs: list[Any]) -> np.ndarray:
         logits = np.concatenate(outs[:2], axis=1) if self.both else outs[0]
         return self.activation(np.asarray(logits, dtype=np.float32))
 

@@ -7,6 +7,25 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# An embed graph's last output: the token states [B, L, H] (TEI's /embed_all), written by
+# factory/onnx.py. Runners name the outputs they fetch (fetched_outputs), so a batch that does
+# not ask for token vectors copies none out.
+TOKENS_OUTPUT = "tokens"
+
+
+def fetched_outputs(session: Any) -> list[str]:
+    """The outputs an ordinary batch fetches: all of the graph's but the token states."""
+    return [o.name for o in session.get_outputs() if o.name != TOKENS_OUTPUT]
+
+
+def token_width(session: Any) -> int:
+    """The width H of the graph's token states; 0 for a graph without them (an artifact built
+    before they were exported, or a classifier)."""
+    for o in session.get_outputs():
+        if o.name == TOKENS_OUTPUT and isinstance(o.shape[-1], int):
+            return int(o.shape[-1])
+    return 0
+
 
 def open_session(path: str | os.PathLike[str], threads: int = 1) -> Any:
     """An ONNX Runtime CPU session using `threads` threads and no thread pool of its own beyond

@@ -71,7 +71,7 @@ def bodies(max_texts: int, max_documents: int) -> Bodies:
         similarity=narrowed(tei.Similarity, inputs=sentences),
         tokenize=narrowed(tei.Tokenize, inputs=Text | texts),
         decode=tei.Decode,  # as /v1/embeddings' input: the count of a batch checked after
-        embed_all=tei.EmbedAll,
+        embed_all=narrowed(tei.EmbedAll, inputs=Text | texts),
     )
 
 

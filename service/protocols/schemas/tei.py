@@ -67,8 +67,11 @@ class Decode(Named, kw_only=True):
     skip_special_tokens: bool = True
 
 
-class EmbedAll(Named, kw_only=True):
-    inputs: Any  # refused whatever it holds: the graph gives pooled vectors only
+class EmbedAll(LongText, kw_only=True):
+    """/embed's body without `normalize`: token vectors come as the encoder gives them."""
+
+    inputs: Text | Texts
+    prompt_name: str | None = None
 
 
 # -- answers: built by tei_api, encoded by msgspec, and the document's schemas ------------------
