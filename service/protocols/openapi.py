@@ -524,7 +524,7 @@ def embed_all_route(f: Facts, pair: tuple[Schema, Schema]) -> Route:
         f, "Token vectors of each text, in TEI's shape", "embed",
         ("a list a text of a vector a token", pair), {"inputs": "a fine film"},
     )  # fmt: skip
-    rules = (r"^/embed_all is (not served by|served on ONNX Runtime only)",)
+    rules = (r"^/embed_all is (not served by|served on ONNX Runtime only)", *EMBED_RULES["/embed"])
     return replace(route, beyond_schema=(*route.beyond_schema, *rules))
 
 
