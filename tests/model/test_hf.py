@@ -222,9 +222,9 @@ def test_tritonclient(served: dict[str, Served], name: str, binary: bool) -> Non
 # -- bad input ------------------------------------------------------------------------------------
 BAD_BODIES = [
     ({"texts": ["a", "b"], "text_pairs": ["x"]}, "as long as texts"),
-    ({"texts": ["a"], "text_pairs": "x"}, "as long as texts"),
+    ({"texts": ["a"], "text_pairs": "x"}, "Expected `array`, got `str` - at `$.text_pairs`"),
     ({"text": "a", "text_pair": ""}, "empty"),
-    ({"text": "a", "text_pair": 3}, "string"),
+    ({"text": "a", "text_pair": 3}, "Expected `str`, got `int` - at `$.text_pair`"),
     ({"texts": ["a"], "text_pairs": ["  "]}, "empty"),
     ({"text": "a", "text_pairs": ["x"]}, "goes with"),
     ({"texts": ["a"], "text_pair": "x"}, "goes with"),

@@ -100,7 +100,8 @@ def test_a_flag_and_a_variable_win_over_the_file(srv: ServerProc) -> None:
     serving_workers = [w for w in srv.status()["workers"] if w["id"] >= 0]
     assert len(serving_workers) == 1  # --workers 1 over the file's 2
     status, doc = post(srv, {"texts": ["one", "two", "three", "four"], "model": "loose"})
-    assert status == 400 and "1 to 3" in doc["error"], doc  # RINGSERVE_MAX_TEXTS=3 over 100
+    # RINGSERVE_MAX_TEXTS=3 over the file's 100
+    assert status == 400 and "length <= 3 - at `$.texts`" in doc["error"], doc
     assert srv.request("GET", "/docs")[0] == 404  # the file's no_docs_page = true
     assert "/docs" not in json.loads(srv.request("GET", "/openapi.json")[2])["paths"]
 
