@@ -54,8 +54,14 @@ IDLE_S = 3.0  # how long the idle front-end's own CPU use is measured before the
 
 
 # -- requests, encoded before the clock starts ----------------------------------------------------
-def encode_requests(protocol: str, texts: list[str], model: str) -> list[bytes]:
+def encode_requests(
+    protocol: str, texts: list[str], model: str, outputs: tuple[str, ...] = ()
+) -> list[bytes]:
+    """Each text's request. KServe's and gRPC's name `outputs` when given; none named asks for
+    all the model's outputs (Triton's rule), with `embedding` among them for a model that has
+    it, so a like-for-like comparison with a tree from before that rule names them."""
     infer = f"/v2/models/{model}/infer"
+    named = [{"name": name} for name in outputs]
     out = []
     for text in texts:
         data = text.encode()
@@ -64,28 +70,33 @@ def encode_requests(protocol: str, texts: list[str], model: str) -> list[bytes]:
             out.append(classify_request(text))
         elif protocol == "kserve-json":
             spec["data"] = [text]
-            out.append(http_message("POST", infer, json.dumps({"inputs": [spec]}).encode()))
+            body = {"inputs": [spec], **({"outputs": named} if named else {})}
+            out.append(http_message("POST", infer, json.dumps(body).encode()))
         elif protocol == "kserve-binary":
             blob = LENGTH.pack(len(data)) + data  # KServe's BYTES element: the same u32 length
             spec["parameters"] = {"binary_data_size": len(blob)}
             doc = {"inputs": [spec], "parameters": {"binary_data_output": True}}
+            if named:
+                doc["outputs"] = named
             head = json.dumps(doc).encode()
             extra = {"Inference-Header-Content-Length": str(len(head))}
             out.append(http_message("POST", infer, head + blob, extra))
         elif protocol in ("grpc", "grpc-lean"):
-            out.append(grpc_request(model, data))
+            out.append(grpc_request(model, data, outputs))
         else:
             out.append(data)  # the client frames it with its own tag
     return out
 
 
-def grpc_request(model: str, data: bytes) -> bytes:
+def grpc_request(model: str, data: bytes, outputs: tuple[str, ...] = ()) -> bytes:
     """A serialized ModelInferRequest as tritonclient.grpc builds it (its own compiled
-    messages, not ours): one BYTES input in raw_input_contents."""
+    messages, not ours): one BYTES input in raw_input_contents, and `outputs` named."""
     from tritonclient.grpc import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name=model)
     request.inputs.add(name="text", datatype="BYTES", shape=[1])
+    for name in outputs:
+        request.outputs.add(name=name)
     request.raw_input_contents.append(LENGTH.pack(len(data)) + data)
     return request.SerializeToString()
 
@@ -344,7 +355,8 @@ async def measure(
         idle_rate = ((process_cpu(pid) or before) - before) / IDLE_S
         idle_whole = ((tree_cpu(pid) or whole) - whole) / IDLE_S
     protocols = args.protocols.split(",")
-    requests = {p: encode_requests(p, texts, model) for p in protocols}
+    outputs = tuple(o for o in args.outputs.split(",") if o)
+    requests = {p: encode_requests(p, texts, model, outputs) for p in protocols}
     cells = []
     # Rounds, and the protocols side by side at each concurrency: a neighbour's load on a shared
     # machine then weighs on every protocol alike.
@@ -399,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-pid", type=int, help="with --url: front-end pid, for its CPU")
     parser.add_argument("--server-args", default="--workers 2 --spares 0", help="when started")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
+    parser.add_argument(
+        "--outputs", default="", help="KServe/gRPC outputs to name (e.g. scores,label); none: all"
+    )
     parser.add_argument("--concurrency", default="1,32,64")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per cell at most")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the table, then medians")
