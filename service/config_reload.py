@@ -146,4 +146,5 @@ class ModelTables:
             except ModelTableError as exc:
                 return str(exc)
             repo.models.replace(info)
+            repo.dispatcher.table.open(info.index, name, self.settings.max_queue, info.priority)
             return await repo.roll()

@@ -14,6 +14,7 @@ from typing import Any
 
 from ringserve.factory.build import default_in_child
 from ringserve.service.device import resolve_device
+from ringserve.service.engine.tenants import INTERACTIVE, PRIORITIES
 from ringserve.service.logs import EventLog
 from ringserve.service.precision import auto_precision, cpu_flags, cpu_refusal
 from ringserve.service.settings import PER_MODEL_MANIFEST, PER_MODEL_SERVED, Config, ModelTableError
@@ -49,6 +50,9 @@ class ModelInfo:
     # Its table's settings that change the manifest as served (max_length, prompt_name):
     # `manifest` is already the served one (table_manifest); a reload applies them again.
     table: tuple[tuple[str, Any], ...] = ()
+    # The level its texts are batched at, at most (its table's `priority`; service.engine
+    # tenants' INTERACTIVE 0 or BULK 1): a key or a request may lower it, never raise it.
+    priority: int = INTERACTIVE
 
     @property
     def name(self) -> str:
@@ -304,6 +308,7 @@ def describe(
         options=tuple(sorted(served.items())),
         precision_chosen_by=chosen_by,
         table=tuple(sorted(table.items())),
+        priority=PRIORITIES[options.get("priority", "interactive")],
     )
 
 

@@ -211,7 +211,7 @@ class Repository:
         """Add it as LOADING, open it on the dispatcher, roll, and mark it READY."""
         self.models.add(info, M.LOADING)
         self.problems.pop(info.name, None)
-        self.dispatcher.table.open(info.index, info.name, self.settings.max_queue)
+        self.dispatcher.table.open(info.index, info.name, self.settings.max_queue, info.priority)
         error = await self.roll(tentative=True)
         if error is not None:  # take it back out: nothing else changes
             self.dispatcher.table.close(info.index)

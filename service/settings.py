@@ -179,8 +179,8 @@ MODEL_SETTINGS: tuple[ModelSetting, ...] = (
                  parse_max_length, served=False),
     ModelSetting("prompt-name", "the prompt a request that names none gets, in place of the "
                  "artifact's default_prompt_name (one of the model's prompts)"),
-    ModelSetting("priority", "not honoured per model yet (a key's priority applies: --api-keys)",
-                 parse_priority, served=False),
+    ModelSetting("priority", "interactive (the default) or bulk: the level the model's texts "
+                 "are batched at; a key or a request may lower it, never raise it", parse_priority),
 )  # fmt: skip
 # The per-model settings a worker and the front-end read from the model's own Config.
 PER_MODEL_SERVED = frozenset(("runtime", "precision", "long_text", "max_batch", "max_delay_ms"))

@@ -4,7 +4,8 @@ before anything starts, naming the key and the line; `config show` and `config c
 re-reads the model tables (one added, one removed) while another model keeps answering.
 
 One module server (1 worker, no spare) serves both models: the default SST-2 artifact twice,
-as `strict` (TorchScript, long texts refused) and `loose` (ONNX Runtime, batches of 4), the
+as `strict` (TorchScript, long texts refused, batched at bulk) and `loose` (ONNX Runtime,
+batches of 4), the
 second from a copy that keeps prompts (as sentence-transformers' directories do; its default
 `passage`), whose table makes `query` its default prompt.
 """
@@ -35,6 +36,7 @@ TABLES = """
 path = "{model}"
 long-text = "refuse"
 runtime = "torch"
+priority = "bulk"
 
 [models.loose]
 path = "{prompted}"
@@ -139,6 +141,29 @@ def test_the_table_names_the_default_prompt(srv: ServerProc) -> None:
     assert "prompts" not in model_doc(srv, "strict")
 
 
+def bulk_texts(srv: ServerProc) -> dict[str, tuple[str, int]]:
+    status, _, data = srv.request("GET", "/v1/stats")
+    assert status == 200, data
+    return {n: (m["priority"], m["bulk_texts"]) for n, m in json.loads(data)["models"].items()}
+
+
+def test_a_bulk_model_is_batched_at_bulk(srv: ServerProc) -> None:
+    """`priority = "bulk"`: every text of `strict` is admitted at bulk, even one that asks for
+    interactive (a request may only lower a priority); `loose` stays interactive unless a
+    request lowers its own."""
+    before = bulk_texts(srv)
+    assert (before["strict"][0], before["loose"][0]) == ("bulk", "interactive"), before
+    interactive = {"X-Priority": "interactive"}
+    body = {"texts": ["one", "two"], "model": "strict"}
+    assert srv.request("POST", "/v1/classify", body, interactive)[0] == 200
+    assert post(srv, {"text": "three", "model": "loose"})[0] == 200
+    lowered = {"text": "four", "model": "loose"}
+    assert srv.request("POST", "/v1/classify", lowered, {"X-Priority": "bulk"})[0] == 200
+    after = bulk_texts(srv)
+    assert after["strict"][1] - before["strict"][1] == 2, (before, after)
+    assert after["loose"][1] - before["loose"][1] == 1, (before, after)
+
+
 def test_a_flag_and_a_variable_win_over_the_file(srv: ServerProc) -> None:
     serving_workers = [w for w in srv.status()["workers"] if w["id"] >= 0]
     assert len(serving_workers) == 1  # --workers 1 over the file's 2
@@ -156,7 +181,7 @@ def test_config_show_says_where_each_setting_came_from(config_path: Path) -> Non
     assert rows["workers"].split()[1:] == ["1", "flag"]
     assert rows["max-texts"].split()[1:] == ["100", f"{config_path}:3"]
     assert rows["threads"].split()[1:] == ["1", "default"]
-    assert "long-text=refuse runtime=torch" in rows["models.strict"]
+    assert "long-text=refuse priority=bulk runtime=torch" in rows["models.strict"]
     checked = cli("config", "check", str(config_path))
     assert checked.returncode == 0 and "ok (4 settings, 2 models)" in checked.stdout
 

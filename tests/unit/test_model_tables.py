@@ -8,7 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
-from ringserve.service.config_file import resolve, show
+from ringserve.service.config_file import ConfigError, resolve, show
+from ringserve.service.engine.admission import Admission
+from ringserve.service.engine.dispatcher import Dispatcher
+from ringserve.service.engine.tenants import BULK, INTERACTIVE, Tenant
 from ringserve.service.model_info import table_manifest
 from ringserve.service.protocols.prompts import default_prompt_name
 from ringserve.service.settings import Config, ModelTableError
@@ -48,3 +51,26 @@ def test_a_prompt_the_model_lacks_is_refused_naming_the_line(tmp_path: Path) -> 
         served(config, manifest(prompts=PROMPTS))
     with pytest.raises(ModelTableError, match=re.escape(said + ": none")):
         served(config, manifest())
+
+
+def test_a_bad_priority_is_refused_naming_the_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape(
+        f"{tmp_path / 'ringserve.toml'}:4: key models.a.priority: bad value: priority must be "
+        "interactive or bulk, got 'urgent'"
+    )):  # fmt: skip
+        table(tmp_path, 'priority = "urgent"')
+    assert table(tmp_path, 'priority = "Bulk"')[1].model_options["a"]["priority"] == "bulk"
+
+
+def test_the_level_is_the_lowest_of_the_model_the_key_and_the_request() -> None:
+    """A bulk model's texts are bulk whatever the key or the request asks; an interactive
+    model's are what the key and the request lower them to."""
+    dispatcher = Dispatcher(64)
+    dispatcher.table.open(1, "nightly", 0, BULK)
+    admission = Admission(dispatcher, lambda: "full", 1.0)
+    key = Tenant("t", priority=INTERACTIVE)
+    assert admission.level(key, INTERACTIVE, 1) == BULK
+    assert admission.level(None, None, 1) == BULK
+    assert admission.level(key, None, 0) == INTERACTIVE
+    assert admission.level(key, BULK, 0) == BULK
+    assert admission.level(Tenant("t", priority=BULK), INTERACTIVE, 0) == BULK
