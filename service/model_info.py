@@ -278,9 +278,10 @@ def describe(
     settings = settings.for_model(wanted.served_as)
     name = wanted.served_as or ""
     options = server.model_options.get(name, {})
-    served = {k: v for k, v in options.items() if k in PER_MODEL_SERVED}
     table = {k: v for k, v in options.items() if k in PER_MODEL_MANIFEST}
     manifest = table_manifest(manifest, table, name, server.model_lines.get(name))
+    # What the workers apply: the settings of their spec, and the max_length they serve at.
+    served = {k: v for k, v in options.items() if k in PER_MODEL_SERVED or k == "max_length"}
     max_len = manifest.max_length
     on_gpu = device != "cpu"
     grid = pad_grid(settings.buckets, on_gpu, max_len)

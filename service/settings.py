@@ -175,8 +175,9 @@ MODEL_SETTINGS: tuple[ModelSetting, ...] = (
     ModelSetting("long-text", "as --long-text, for this model alone", parse_long_text),
     ModelSetting("max-batch", "as --max-batch, for this model alone", int),
     ModelSetting("max-delay-ms", "as --max-delay-ms, for this model alone", float),
-    ModelSetting("max-length", "not honoured per model yet (the artifact's max_length serves)",
-                 parse_max_length, served=False),
+    ModelSetting("max-length", "the tokens a text is served at, below the artifact's own "
+                 "max_length (never above it); a longer text is cut, refused or windowed as "
+                 "long-text says, as past the artifact's own", parse_max_length),
     ModelSetting("prompt-name", "the prompt a request that names none gets, in place of the "
                  "artifact's default_prompt_name (one of the model's prompts)"),
     ModelSetting("priority", "interactive (the default) or bulk: the level the model's texts "

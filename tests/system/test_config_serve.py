@@ -4,7 +4,7 @@ before anything starts, naming the key and the line; `config show` and `config c
 re-reads the model tables (one added, one removed) while another model keeps answering.
 
 One module server (1 worker, no spare) serves both models: the default SST-2 artifact twice,
-as `strict` (TorchScript, long texts refused, batched at bulk) and `loose` (ONNX Runtime,
+as `strict` (TorchScript, texts over 64 tokens refused, batched at bulk) and `loose` (ONNX Runtime,
 batches of 4), the
 second from a copy that keeps prompts (as sentence-transformers' directories do; its default
 `passage`), whose table makes `query` its default prompt.
@@ -37,6 +37,7 @@ path = "{model}"
 long-text = "refuse"
 runtime = "torch"
 priority = "bulk"
+max-length = 64
 
 [models.loose]
 path = "{prompted}"
@@ -164,6 +165,20 @@ def test_a_bulk_model_is_batched_at_bulk(srv: ServerProc) -> None:
     assert after["loose"][1] - before["loose"][1] == 1, (before, after)
 
 
+def test_the_table_lowers_max_length(srv: ServerProc) -> None:
+    """`max-length = 64` on `strict` (long texts refused): a text of about 80 tokens, within the
+    artifact's own max_length, is refused at 64, by the worker that tokenizes it; `loose` (the
+    artifact's max_length) answers it. /v1/models says 64."""
+    text = "a long review that goes on and on " * 10
+    status, doc = post(srv, {"text": text, "model": "strict"})
+    assert status == 413 and doc["max_length"] == 64 and doc["tokens"] > 64, doc
+    assert "over the model's max_length of 64" in doc["error"], doc
+    assert post(srv, {"text": text, "model": "loose"})[0] == 200
+    assert post(srv, {"text": "a fine film", "model": "strict"})[0] == 200
+    assert model_doc(srv, "strict")["max_length"] == 64
+    assert model_doc(srv, "loose")["max_length"] > 80
+
+
 def test_a_flag_and_a_variable_win_over_the_file(srv: ServerProc) -> None:
     serving_workers = [w for w in srv.status()["workers"] if w["id"] >= 0]
     assert len(serving_workers) == 1  # --workers 1 over the file's 2
@@ -181,7 +196,7 @@ def test_config_show_says_where_each_setting_came_from(config_path: Path) -> Non
     assert rows["workers"].split()[1:] == ["1", "flag"]
     assert rows["max-texts"].split()[1:] == ["100", f"{config_path}:3"]
     assert rows["threads"].split()[1:] == ["1", "default"]
-    assert "long-text=refuse priority=bulk runtime=torch" in rows["models.strict"]
+    assert "long-text=refuse max-length=64 priority=bulk" in rows["models.strict"]
     checked = cli("config", "check", str(config_path))
     assert checked.returncode == 0 and "ok (4 settings, 2 models)" in checked.stdout
 

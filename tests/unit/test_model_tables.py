@@ -74,3 +74,13 @@ def test_the_level_is_the_lowest_of_the_model_the_key_and_the_request() -> None:
     assert admission.level(key, None, 0) == INTERACTIVE
     assert admission.level(key, BULK, 0) == BULK
     assert admission.level(Tenant("t", priority=BULK), INTERACTIVE, 0) == BULK
+
+
+def test_max_length_may_lower_the_artifact_never_raise_it(tmp_path: Path) -> None:
+    path, config = table(tmp_path, "max-length = 64")
+    assert served(config, manifest(128)).max_length == 64
+    assert served(config, manifest(64)).max_length == 64
+    with pytest.raises(ModelTableError, match=re.escape(
+        f"{path}:4: key models.a.max-length: 64 is over the artifact's max_length of 32"
+    )):  # fmt: skip
+        served(config, manifest(32))
