@@ -81,6 +81,14 @@ def config_main(argv: list[str]) -> int:
         return 0
     file = resolved.file
     assert file is not None
+    from ringserve.service.model_info import check_tables
+    from ringserve.service.settings import ModelTableError
+
+    try:  # the tables' settings against their artifacts, as the start checks them
+        check_tables(resolved.config)
+    except ModelTableError as exc:
+        print(f"ringserve: {exc}", file=sys.stderr)
+        return 2
     print(f"{file.path}: ok ({len(file.options)} settings, {len(file.models)} models)")
     return 0
 

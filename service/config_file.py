@@ -34,8 +34,14 @@ class ModelTable:
 
     name: str
     path: str
-    options: dict[str, Any]  # Config attr -> value (PER_MODEL_SERVED and `version`)
+    options: dict[str, Any]  # Config attr -> value (MODEL_SETTINGS' but `path`)
     line: int
+    lines: dict[str, int] = field(default_factory=dict)  # Config attr -> its line
+    file: str = ""
+
+    def where(self) -> dict[str, str]:
+        """Config attr -> "FILE:LINE", for a refusal that comes later (service.model_info)."""
+        return {attr: f"{self.file}:{line}" for attr, line in self.lines.items()}
 
 
 @dataclass
@@ -121,6 +127,7 @@ class Reader:
             raise self.fail(where, f"expected a table [models.{name}], got {toml_type(table)}")
         by_name = {m.name: m for m in S.MODEL_SETTINGS}
         options: dict[str, Any] = {}
+        lines: dict[str, int] = {}
         path = ""
         for key, value in table.items():
             m = by_name.get(key.replace("_", "-"))
@@ -135,9 +142,10 @@ class Reader:
                 path = str(parsed)
             elif m.name != "version" or parsed != "latest":
                 options[m.attr] = parsed
+                lines[m.attr] = self.line(here)
         if not path:
             raise self.fail(where, "a model table needs a path")
-        return ModelTable(name, path, options, self.line(where))
+        return ModelTable(name, path, options, self.line(where), lines, self.path)
 
 
 def toml_type(value: Any) -> str:
@@ -235,6 +243,7 @@ def add_model_tables(config: S.Config, file: ConfigFile, sources: dict[str, str]
     flagged = {name for name, _ in config.named_models}
     for name, table in file.models.items():
         config.model_options[name] = dict(table.options)
+        config.model_lines[name] = table.where()
         if name not in flagged:
             sources[f"models.{name}"] = f"{file.path}:{table.line}"
     tables = tuple((n, t.path) for n, t in file.models.items() if n not in flagged)

@@ -19,6 +19,7 @@ from ringserve.service import config_file
 from ringserve.service.logs import EventLog
 from ringserve.service.model_info import Wanted, artifact_versions, describe
 from ringserve.service.repository import Repository, shape, verify
+from ringserve.service.settings import ModelTableError
 from ringserve.workers.artifact import ArtifactError
 
 Table = tuple[str, dict[str, Any]]  # (path, per-model settings)
@@ -66,6 +67,9 @@ class ModelTables:
             return f"reload refused: {exc}"
         flagged = {n for n, _ in self.settings.named_models} - set(self.tables)
         new = {n: (t.path, t.options) for n, t in file.models.items() if n not in flagged}
+        for name, t in file.models.items():  # where a refusal of its settings points
+            if name not in flagged:
+                self.settings.model_lines[name] = t.where()
         changes = diff(self.tables, new)
         if not changes:
             return None
@@ -139,5 +143,8 @@ class ModelTables:
                                 old.device, repo.models.first)  # fmt: skip
             except SystemExit as exc:
                 return str(exc.code).removeprefix("ringserve: ")
+            except ModelTableError as exc:
+                return str(exc)
             repo.models.replace(info)
+            repo.dispatcher.table.open(info.index, name, self.settings.max_queue, info.priority)
             return await repo.roll()

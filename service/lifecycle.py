@@ -26,7 +26,7 @@ from ringserve.service.notify import sd_notify
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.ports import Ports
 from ringserve.service.repository import Repository
-from ringserve.service.settings import Config
+from ringserve.service.settings import Config, ModelTableError
 from ringserve.shm import segment
 from ringserve.workers.artifact import ArtifactError, load_manifest
 
@@ -236,7 +236,11 @@ class Reloader:
             return msg
         if self.front.draining:  # began while the artifact was being read
             return "server is draining"
-        self.front.model = model.reloaded(manifest)
+        try:
+            self.front.model = model.reloaded(manifest)
+        except ModelTableError as exc:
+            self.log.error("reload_refused", reason=str(exc), by=reason)
+            return f"reload refused: {exc}"
         self.supervisor.reload()
         return None
 

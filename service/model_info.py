@@ -14,13 +14,15 @@ from typing import Any
 
 from ringserve.factory.build import default_in_child
 from ringserve.service.device import resolve_device
+from ringserve.service.engine.tenants import INTERACTIVE, PRIORITIES
 from ringserve.service.logs import EventLog
 from ringserve.service.precision import auto_precision, cpu_flags, cpu_refusal
-from ringserve.service.settings import PER_MODEL_SERVED, Config
+from ringserve.service.settings import PER_MODEL_MANIFEST, PER_MODEL_SERVED, Config, ModelTableError
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
     ArtifactError,
     Manifest,
+    as_served,
     default_cache_dir,
     load_manifest,
 )
@@ -45,6 +47,12 @@ class ModelInfo:
     # Its config file table's per-model settings the workers apply (Config.for_model).
     options: tuple[tuple[str, Any], ...] = ()
     precision_chosen_by: str = ""  # --precision auto: what it resolved to and why; else empty
+    # Its table's settings that change the manifest as served (max_length, prompt_name):
+    # `manifest` is already the served one (table_manifest); a reload applies them again.
+    table: tuple[tuple[str, Any], ...] = ()
+    # The level its texts are batched at, at most (its table's `priority`; service.engine
+    # tenants' INTERACTIVE 0 or BULK 1): a key or a request may lower it, never raise it.
+    priority: int = INTERACTIVE
 
     @property
     def name(self) -> str:
@@ -60,8 +68,34 @@ class ModelInfo:
         return ModelRef(self.index, self.name, self.version, self.model_dir, self.options)
 
     def reloaded(self, manifest: Manifest) -> ModelInfo:
-        """The same facts for a new artifact in the same place (a reload)."""
-        return dataclasses.replace(self, manifest=manifest)
+        """The same facts for a new artifact in the same place (a reload), as its table says
+        it serves; raises ModelTableError when the new artifact cannot (a prompt it lacks)."""
+        served = table_manifest(manifest, dict(self.table), self.name)
+        return dataclasses.replace(self, manifest=served)
+
+
+def table_manifest(
+    manifest: Manifest, table: dict[str, Any], name: str, lines: dict[str, str] | None = None
+) -> Manifest:
+    """The manifest as the model serves with its [models.NAME] table (workers.artifact
+    as_served): `prompt_name` its default prompt, `max_length` lower than its artifact's. A
+    prompt the model lacks, or a max_length over its artifact's, raises ModelTableError
+    naming the table, the key and (`lines`: setting -> "FILE:LINE") where the file sets it."""
+    where = lines or {}
+    prompt = table.get("prompt_name")
+    prompts = manifest.extra.get("prompts")
+    known = sorted(prompts) if isinstance(prompts, dict) else []
+    if prompt is not None and prompt not in known:
+        why = f"{prompt!r} is not one of the model's prompts: {', '.join(known) or 'none'}"
+        raise ModelTableError(name, "prompt_name", why, where.get("prompt_name", ""))
+    longest = int(table.get("max_length", 0))
+    if longest > manifest.max_length:
+        why = (
+            f"{longest} is over the artifact's max_length of {manifest.max_length} (a table "
+            "may lower it, never raise it)"
+        )
+        raise ModelTableError(name, "max_length", why, where.get("max_length", ""))
+    return as_served(manifest, longest, prompt)
 
 
 # -- where models are: an artifact, or numbered versions, and a repository of them ----------------
@@ -168,6 +202,23 @@ def one_wanted(
     return Wanted(served_as, versions[v], v, named)
 
 
+def check_tables(settings: Config) -> None:
+    """`ringserve config check`: each table's max_length and prompt_name against its artifact's
+    manifest, where the artifact can be read (one that cannot is the start's to refuse).
+    Raises ModelTableError, as the start would."""
+    for name, where in settings.named_models:
+        options = settings.model_options.get(name, {})
+        table = {k: v for k, v in options.items() if k in PER_MODEL_MANIFEST}
+        if not table:
+            continue
+        try:
+            wanted = one_wanted(name, where, True, settings.model_version(name))
+            manifest = load_manifest(wanted.model_dir, verify=False)
+        except ArtifactError:
+            continue
+        table_manifest(manifest, table, name, settings.model_lines.get(name))
+
+
 def resolve_models(
     settings: Config, log: EventLog, problems: dict[str, str] | None = None
 ) -> list[ModelInfo]:
@@ -192,7 +243,11 @@ def resolve_models(
             if problems is not None:
                 problems[str(w.served_as)] = str(exc)
             continue
-        info = describe(settings, log, manifest, w, len(out), device, out[0] if out else None)
+        try:
+            info = describe(settings, log, manifest, w, len(out), device, out[0] if out else None)
+        except ModelTableError as exc:  # refused as a bad config file is: exit 2
+            print(f"ringserve: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         if any(m.name == info.name for m in out):
             raise SystemExit(f"ringserve: two models are named {info.name}")
         out.append(info)
@@ -217,11 +272,16 @@ def describe(
 ) -> ModelInfo:
     """The facts of one verified artifact on `device`: its runtime (and fp32 graph) and length
     grids, with its own per-model settings (a config file's table). Raises SystemExit (at
-    start) when --runtime cannot serve it."""
+    start) when --runtime cannot serve it, ModelTableError when its table asks what the
+    artifact cannot give."""
     server = settings
     settings = settings.for_model(wanted.served_as)
-    served = {k: v for k, v in server.model_options.get(wanted.served_as or "", {}).items()
-              if k in PER_MODEL_SERVED}  # fmt: skip
+    name = wanted.served_as or ""
+    options = server.model_options.get(name, {})
+    table = {k: v for k, v in options.items() if k in PER_MODEL_MANIFEST}
+    manifest = table_manifest(manifest, table, name, server.model_lines.get(name))
+    # What the workers apply: the settings of their spec, and the max_length they serve at.
+    served = {k: v for k, v in options.items() if k in PER_MODEL_SERVED or k == "max_length"}
     max_len = manifest.max_length
     on_gpu = device != "cpu"
     grid = pad_grid(settings.buckets, on_gpu, max_len)
@@ -248,6 +308,8 @@ def describe(
         version=wanted.version,
         options=tuple(sorted(served.items())),
         precision_chosen_by=chosen_by,
+        table=tuple(sorted(table.items())),
+        priority=PRIORITIES[options.get("priority", "interactive")],
     )
 
 

@@ -31,7 +31,7 @@ from ringserve.service.model_info import (
 )
 from ringserve.service.pool.handle import pid_rss
 from ringserve.service.pool.supervisor import Supervisor
-from ringserve.service.settings import Config
+from ringserve.service.settings import Config, ModelTableError
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.workers.artifact import ArtifactError, Manifest, load_manifest, load_tokenizer
@@ -198,6 +198,8 @@ class Repository:
             )  # fmt: skip
         except SystemExit as exc:  # --runtime cannot serve it (describe is the start's too)
             return 400, str(exc.code).removeprefix("ringserve: ")
+        except ModelTableError as exc:  # its config file table asks what it cannot give
+            return 400, str(exc)
         refusal = memory_check(self.settings, self.supervisor, self.models, info)
         if refusal is not None:
             return 409, refusal
@@ -209,7 +211,7 @@ class Repository:
         """Add it as LOADING, open it on the dispatcher, roll, and mark it READY."""
         self.models.add(info, M.LOADING)
         self.problems.pop(info.name, None)
-        self.dispatcher.table.open(info.index, info.name, self.settings.max_queue)
+        self.dispatcher.table.open(info.index, info.name, self.settings.max_queue, info.priority)
         error = await self.roll(tentative=True)
         if error is not None:  # take it back out: nothing else changes
             self.dispatcher.table.close(info.index)
@@ -300,7 +302,10 @@ class Repository:
                     f"reload refused: {info.name}: the new artifact's labels, tasks or "
                     "dimension differ (restart the server, or unload and load it)"
                 )
-            fresh.append(info.reloaded(manifest))
+            try:
+                fresh.append(info.reloaded(manifest))
+            except ModelTableError as exc:
+                return f"reload refused: {exc}"
         if self.front.draining:  # began while the artifacts were being read
             return DRAINING[1]
         return fresh

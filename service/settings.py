@@ -129,6 +129,17 @@ parse_model_control = one_of("model-control", "none", "explicit")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
+parse_priority = one_of("priority", "interactive", "bulk")
+
+
+def parse_max_length(text: str) -> int:
+    """A [models.NAME] table's max_length: tokens, at least 3 (as an artifact's)."""
+    value = int(text)
+    if value < 3:
+        raise ValueError(f"max-length must be at least 3, got {text!r}")
+    return value
+
+
 def parse_version(text: str) -> int | str:
     """A [models.NAME] table's version: `latest` (the highest) or a version number above 0."""
     value = str(text).strip().lower()
@@ -164,15 +175,30 @@ MODEL_SETTINGS: tuple[ModelSetting, ...] = (
     ModelSetting("long-text", "as --long-text, for this model alone", parse_long_text),
     ModelSetting("max-batch", "as --max-batch, for this model alone", int),
     ModelSetting("max-delay-ms", "as --max-delay-ms, for this model alone", float),
-    ModelSetting("max-length", "not honoured per model yet (the artifact's max_length serves)",
-                 int, served=False),
-    ModelSetting("prompt-name", "not honoured per model yet (a request names its prompt)",
-                 served=False),
-    ModelSetting("priority", "not honoured per model yet (a key's priority applies: --api-keys)",
-                 served=False),
+    ModelSetting("max-length", "the tokens a text is served at, below the artifact's own "
+                 "max_length (never above it); a longer text is cut, refused or windowed as "
+                 "long-text says, as past the artifact's own", parse_max_length),
+    ModelSetting("prompt-name", "the prompt a request that names none gets, in place of the "
+                 "artifact's default_prompt_name (one of the model's prompts)"),
+    ModelSetting("priority", "interactive (the default) or bulk: the level the model's texts "
+                 "are batched at; a key or a request may lower it, never raise it", parse_priority),
 )  # fmt: skip
 # The per-model settings a worker and the front-end read from the model's own Config.
 PER_MODEL_SERVED = frozenset(("runtime", "precision", "long_text", "max_batch", "max_delay_ms"))
+# The per-model settings that change the model's manifest as it serves (workers.artifact
+# as_served): the front-end's view of it, and (max_length) the worker's too.
+PER_MODEL_MANIFEST = frozenset(("max_length", "prompt_name"))
+
+
+class ModelTableError(ValueError):
+    """A [models.NAME] table's setting its model cannot serve (a prompt it lacks, a max_length
+    over its artifact's), named as a config file refusal is: `FILE:LINE: key models.NAME.KEY:
+    why` (`where` is "" when the line is not known). At start the server exits 2 with it."""
+
+    def __init__(self, name: str, attr: str, why: str, where: str = "") -> None:
+        key = f"models.{name}.{attr.replace('_', '-')}"
+        super().__init__(f"{where}: key {key}: {why}" if where else f"key {key}: {why}")
+
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -548,6 +574,8 @@ class Config:
     # The config file's [models.NAME] tables: NAME -> {setting: value} (MODEL_SETTINGS).
     model_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     file_models: tuple[str, ...] = ()  # the models a config file's tables serve (SIGHUP's)
+    # Where each table's setting is in the file: NAME -> {setting: "FILE:LINE"} (refusals).
+    model_lines: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def for_model(self, name: str | None) -> Config:
         """These settings as one model serves with them: its [models.NAME] table's per-model
@@ -711,6 +739,7 @@ def model_kind(m: ModelSetting) -> str:
     """A model table key's value type in the file (as Setting.kind)."""
     kinds: dict[Callable[[str], Any], str] = {
         int: "integer",
+        parse_max_length: "integer",
         float: "number",
         parse_version: "integer or string",
     }
@@ -792,12 +821,13 @@ def config_reference() -> str:
     ]
     for m in MODEL_SETTINGS:
         lines.append(f"| `{m.name}` | {model_kind(m)} | {m.help} |")
-    lines += [
-        "",
-        "A key marked *not honoured per model yet* is refused with its name and line, so that "
-        "a file never appears to set what the server would ignore.",
-        "",
-    ]
+    if any(not m.served for m in MODEL_SETTINGS):
+        lines += [
+            "",
+            "A key marked *not honoured per model yet* is refused with its name and line, so "
+            "that a file never appears to set what the server would ignore.",
+        ]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -87,6 +87,10 @@ class LaneView(Protocol):
     def depth(self) -> int: ...
     @property
     def rejected(self) -> int: ...
+    @property
+    def priority(self) -> int: ...  # the level its texts are batched at, at most
+    @property
+    def bulk_texts(self) -> int: ...  # admitted at bulk
 
 
 class QueueView(Protocol):

@@ -17,7 +17,7 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -262,6 +262,19 @@ def load_manifest(artifact_dir: str | os.PathLike[str], verify: bool = True) -> 
                 f"{manifest.fingerprint}, files hash to {actual}"
             )
     return manifest
+
+
+def as_served(manifest: Manifest, max_length: int = 0, prompt_name: str | None = None) -> Manifest:
+    """The manifest as a model serves it with its config file table's settings: `max_length`
+    below the artifact's own (never above; 0: its own), and `prompt_name` as its default prompt
+    in place of `default_prompt_name`. The front-end's view of the model (service.model_info,
+    which refuses what a table cannot set) and the worker's (max_length) both come from here."""
+    changes: dict[str, Any] = {}
+    if 0 < max_length < manifest.max_length:
+        changes["max_length"] = max_length
+    if prompt_name is not None:
+        changes["extra"] = {**manifest.extra, "default_prompt_name": prompt_name}
+    return replace(manifest, **changes) if changes else manifest
 
 
 def load_tokenizer(artifact_dir: str | os.PathLike[str], max_length: int) -> Tokenizer:

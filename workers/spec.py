@@ -50,7 +50,7 @@ class ModelRef:
     version: int
     model_dir: str
     # Per-model settings over the worker's own (WorkerSpec fields: runtime, precision,
-    # long_text, max_batch), from a config file's [models.NAME] table.
+    # long_text, max_batch, max_length), from a config file's [models.NAME] table.
     options: tuple[tuple[str, Any], ...] = ()
 
 
@@ -76,6 +76,9 @@ class WorkerSpec:
     window_stride: int = 32  # --window-stride
     max_windows: int = 16  # --max-windows
     bulk_max_wait_ms: float = 2000.0  # --bulk-max-wait-ms: a bulk text's wait behind others
+    # A config file table's max_length, below the artifact's (0: the artifact's own); the
+    # worker serves the manifest as workers.artifact.as_served gives it, as the front-end does.
+    max_length: int = 0
     # Every model this worker serves; empty: the one model at model_dir, index 0.
     models: tuple[ModelRef, ...] = ()
     # Batches run at once, each by a thread pinned to its own `threads` of `cpus` with its own

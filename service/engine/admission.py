@@ -110,9 +110,11 @@ class Admission:
         self.keys = keys  # with --api-key(s): the tenants' counts
         self.tracing = tracing  # when tracing is on: each request's span starts here
 
-    def level(self, tenant: Tenant | None, asked: int | None) -> int:
-        """The priority texts are batched at: the key's, which a request may only lower."""
-        return tenant.priority_for(asked) if tenant is not None else asked or INTERACTIVE
+    def level(self, tenant: Tenant | None, asked: int | None, model: int = 0) -> int:
+        """The priority texts are batched at: the lowest of the model's (a config file table's
+        `priority`), the key's and the request's; so a key or a request may only lower it."""
+        level = tenant.priority_for(asked) if tenant is not None else asked or INTERACTIVE
+        return max(level, self.dispatcher.table.priority(model))
 
     def submit(
         self,
@@ -184,7 +186,7 @@ class Admission:
                 self.keys.counts(tenant.name).limited += len(texts) - within
             if not within:
                 return 0, 0
-        level = tenant.priority if tenant is not None else INTERACTIVE
+        level = self.level(tenant, None, model)
         late = self.late(deadline, model, level, d.clock())
         if late is not None:
             return late

@@ -159,6 +159,8 @@ class Dispatcher:
             self.inflight[r.id] = r
             r.queue_by_ns = by
         lane.admitted(len(reqs), sum(costs))
+        if priority == BULK:
+            lane.bulk_texts += len(reqs)
         if deadline_ns or by:
             self.expiry.arm(min(d for d in (deadline_ns, by) if d))
         self.place(reqs)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from ringserve.service.engine.bounds import Drain
 from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.meter import Meter
-from ringserve.service.engine.requests import BULK, Request, Waiting
+from ringserve.service.engine.requests import BULK, INTERACTIVE, Request, Waiting
 from ringserve.service.engine.routing import Homes, assign
 from ringserve.shm import layout as L
 
@@ -36,6 +36,7 @@ class Lane:
     """One model as the dispatcher admits it."""
 
     __slots__ = (
+        "bulk_texts",
         "cost",
         "depth",
         "drain",
@@ -43,6 +44,7 @@ class Lane:
         "max_queue",
         "name",
         "open",
+        "priority",
         "rejected",
         "waiters",
     )
@@ -55,6 +57,10 @@ class Lane:
         self.depth = 0  # admitted, not yet answered
         self.cost = 0  # of those (requests.text_cost)
         self.rejected = 0  # texts refused for lack of room (503)
+        # The level its texts are batched at, at most (a config file table's `priority`): a key
+        # or a request may lower it, never raise it (Admission.level); and its bulk texts.
+        self.priority = INTERACTIVE
+        self.bulk_texts = 0
         self.drain = Drain()  # how fast its answered cost comes back (bounds.Drain)
         self.waiters: list[asyncio.Future[None]] = []  # when_empty
 
@@ -93,15 +99,17 @@ class Lanes:
         self.lanes: dict[int, Lane] = {0: Lane(0, "", 0)}  # one a model, open or not
         self.names: dict[int, str] = {0: ""}  # every model ever opened
 
-    def open(self, index: int, name: str, max_queue: int) -> None:
+    def open(self, index: int, name: str, max_queue: int, priority: int = INTERACTIVE) -> None:
         """Admit texts for the model from now on, up to `max_queue` of them at once (within
-        the total; 0: the total alone); open again, it keeps what it had admitted."""
+        the total; 0: the total alone), at `priority` at most; open again, it keeps what it
+        had admitted."""
         if not 0 <= index < L.MAX_MODELS:
             raise ValueError(f"model index {index} is outside 0..{L.MAX_MODELS - 1}")
         lane = self.lanes.get(index)
         if lane is None:
             lane = self.lanes[index] = Lane(index, name, max_queue)
         lane.name, lane.max_queue, lane.open = name, max_queue, True
+        lane.priority = priority
         self.names[index] = name
 
     def close(self, index: int) -> None:
@@ -118,6 +126,11 @@ class Lanes:
     def name(self, index: int) -> str:
         """The model's name as it was opened (its index, for one never opened)."""
         return self.names.get(index) or str(index)
+
+    def priority(self, index: int) -> int:
+        """The level the model's texts are batched at, at most (INTERACTIVE for one unknown)."""
+        lane = self.lanes.get(index)
+        return lane.priority if lane is not None else INTERACTIVE
 
     def depth(self, index: int) -> int:
         """Texts admitted for the model and not yet answered."""

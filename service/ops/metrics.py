@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from ringserve.service.engine.tenants import PRIORITY_NAMES
 from ringserve.service.logs import EventLog
 from ringserve.service.ops import prometheus
 from ringserve.service.ops.stats import (
@@ -163,14 +164,16 @@ class Metrics:
                     entry = self.stats.model_minute(lane.name, now_ns)
                 else:  # never opened by name: the one model, whose numbers are the totals
                     entry = self.stats.overall_minute(sum(d.answered_by_task.values()), now_ns)
-                entry.update(open=False, queue_depth=0, waiting=0, rejected=0)
+                entry.update(open=False, queue_depth=0, waiting=0, rejected=0, bulk_texts=0)
                 out[name] = entry
             if lane.open or not entry["open"]:  # an open one's index and limit go first
                 limit = lane.max_queue or d.max_queue
-                entry.update(open=lane.open, index=lane.index, max_queue=limit)
+                level = PRIORITY_NAMES[lane.priority]
+                entry.update(open=lane.open, index=lane.index, max_queue=limit, priority=level)
             entry["queue_depth"] += lane.depth
             entry["waiting"] += d.waiting.waiting_for(lane.index)
             entry["rejected"] += lane.rejected
+            entry["bulk_texts"] += lane.bulk_texts  # admitted at bulk, by any of the three
         return out
 
     def render(self) -> bytes:

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
-from ringserve.service.settings import Config
+from ringserve.service.settings import PER_MODEL_SERVED, Config
 from ringserve.workers.artifact import ArtifactError, load_manifest
 from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.runtimes.onnx_model import choose_runtime
@@ -62,7 +62,13 @@ class Forker:
 
     def start(self, generation: int) -> None:
         dirs = tuple(m.model_dir for m in self.models) or (self.model_dir,)
-        own = [dataclasses.replace(self.settings, **dict(m.options)) for m in self.models]
+        # A model's own settings (max_length is the worker's alone, no server option).
+        own = [
+            dataclasses.replace(
+                self.settings, **{k: v for k, v in m.options if k in PER_MODEL_SERVED}
+            )
+            for m in self.models
+        ]
         pairs = zip(own or [self.settings], dirs, strict=True)
         torch = tuple(runs_torch(s, d, self.on_gpu) for s, d in pairs)
         self.zygote = Zygote(dirs, generation, torch, verify=not self.verified)

@@ -111,7 +111,7 @@ def submit(
     if priority is None:
         priority = asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
     tenant: Tenant | None = ex.tenant
-    level = admission.level(tenant, priority)
+    level = admission.level(tenant, priority, model)
     trace = None
     if admission.tracing is not None:
         trace = ex.trace = start_trace(admission.tracing, ex, protocol, task, tenant, level)

@@ -4,7 +4,10 @@ before anything starts, naming the key and the line; `config show` and `config c
 re-reads the model tables (one added, one removed) while another model keeps answering.
 
 One module server (1 worker, no spare) serves both models: the default SST-2 artifact twice,
-as `strict` (TorchScript, long texts refused) and `loose` (ONNX Runtime, batches of 4).
+as `strict` (TorchScript, texts over 64 tokens refused, batched at bulk) and `loose` (ONNX Runtime,
+batches of 4), the
+second from a copy that keeps prompts (as sentence-transformers' directories do; its default
+`passage`), whose table makes `query` its default prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ringserve.workers.artifact import compute_fingerprint
 
 from devkit.launcher import ROOT, inherited_env
 from devkit.server import ServerProc, serving, wait_for
@@ -32,11 +36,30 @@ TABLES = """
 path = "{model}"
 long-text = "refuse"
 runtime = "torch"
+priority = "bulk"
+max-length = 64
 
 [models.loose]
-path = "{model}"
+path = "{prompted}"
 max_batch = 4
+prompt-name = "query"
 """
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+
+
+def prompted_copy(model: str, where: Path) -> str:
+    """The default artifact with prompts in its manifest (its files linked, not copied), as
+    factory/build.py keeps a sentence-transformers directory's, `passage` its default."""
+    where.mkdir()
+    for f in Path(model).iterdir():
+        if f.name != "manifest.json":
+            (where / f.name).symlink_to(f)
+    raw = json.loads((Path(model) / "manifest.json").read_text())
+    raw["extra"] |= {"prompts": PROMPTS, "default_prompt_name": "passage"}
+    (where / "manifest.json").write_text(json.dumps(raw))
+    raw["fingerprint"] = compute_fingerprint(where)
+    (where / "manifest.json").write_text(json.dumps(raw))
+    return str(where)
 
 
 def write_config(path: Path, model: str, tables: str = TABLES) -> Path:
@@ -45,7 +68,7 @@ def write_config(path: Path, model: str, tables: str = TABLES) -> Path:
         "workers = 2       # --workers 1 wins\n"
         "max-texts = 100   # RINGSERVE_MAX_TEXTS=3 wins\n"
         "spares = 0\n"
-        "no_docs_page = true\n" + tables.format(model=model)
+        "no_docs_page = true\n" + tables.format(model=model, prompted=path.parent / "prompted")
     )
     return path
 
@@ -59,7 +82,9 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def config_path(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Path:
-    return write_config(tmp_path_factory.mktemp("cfg") / "ringserve.toml", default_model)
+    where = tmp_path_factory.mktemp("cfg")
+    prompted_copy(default_model, where / "prompted")
+    return write_config(where / "ringserve.toml", default_model)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +121,64 @@ def test_two_models_serve_with_their_own_settings(srv: ServerProc) -> None:
     assert max(abs(x - y) for x, y in zip(a["scores"], b["scores"], strict=True)) < 1e-4
 
 
+def vectors(srv: ServerProc, **named: str) -> list[list[float]]:
+    body = {"input": ["a fine film", "dull"], "model": "loose", **named}
+    status, _, data = srv.request("POST", "/v1/embeddings", body)
+    assert status == 200, data
+    return [row["embedding"] for row in json.loads(data)["data"]]
+
+
+def test_the_table_names_the_default_prompt(srv: ServerProc) -> None:
+    """`prompt-name = "query"` over the artifact's `passage`: a request that names no prompt
+    is embedded with `query: ` before it (OpenAI's route and TEI's), and /v1/models says so."""
+    plain = vectors(srv)
+    assert plain == vectors(srv, prompt_name="query")
+    assert max(abs(a - b) for a, b in zip(plain[0], vectors(srv, prompt_name="passage")[0],
+                                          strict=True)) > 1e-3  # fmt: skip
+    status, _, data = srv.request("POST", "/embed", {"inputs": "dull", "model": "loose"})
+    assert status == 200 and json.loads(data)[0] == pytest.approx(plain[1], abs=1e-6), data
+    doc = model_doc(srv, "loose")
+    assert (doc["default_prompt_name"], doc["prompts"]) == ("query", PROMPTS), doc
+    assert "prompts" not in model_doc(srv, "strict")
+
+
+def bulk_texts(srv: ServerProc) -> dict[str, tuple[str, int]]:
+    status, _, data = srv.request("GET", "/v1/stats")
+    assert status == 200, data
+    return {n: (m["priority"], m["bulk_texts"]) for n, m in json.loads(data)["models"].items()}
+
+
+def test_a_bulk_model_is_batched_at_bulk(srv: ServerProc) -> None:
+    """`priority = "bulk"`: every text of `strict` is admitted at bulk, even one that asks for
+    interactive (a request may only lower a priority); `loose` stays interactive unless a
+    request lowers its own."""
+    before = bulk_texts(srv)
+    assert (before["strict"][0], before["loose"][0]) == ("bulk", "interactive"), before
+    interactive = {"X-Priority": "interactive"}
+    body = {"texts": ["one", "two"], "model": "strict"}
+    assert srv.request("POST", "/v1/classify", body, interactive)[0] == 200
+    assert post(srv, {"text": "three", "model": "loose"})[0] == 200
+    lowered = {"text": "four", "model": "loose"}
+    assert srv.request("POST", "/v1/classify", lowered, {"X-Priority": "bulk"})[0] == 200
+    after = bulk_texts(srv)
+    assert after["strict"][1] - before["strict"][1] == 2, (before, after)
+    assert after["loose"][1] - before["loose"][1] == 1, (before, after)
+
+
+def test_the_table_lowers_max_length(srv: ServerProc) -> None:
+    """`max-length = 64` on `strict` (long texts refused): a text of about 80 tokens, within the
+    artifact's own max_length, is refused at 64, by the worker that tokenizes it; `loose` (the
+    artifact's max_length) answers it. /v1/models says 64."""
+    text = "a long review that goes on and on " * 10
+    status, doc = post(srv, {"text": text, "model": "strict"})
+    assert status == 413 and doc["max_length"] == 64 and doc["tokens"] > 64, doc
+    assert "over the model's max_length of 64" in doc["error"], doc
+    assert post(srv, {"text": text, "model": "loose"})[0] == 200
+    assert post(srv, {"text": "a fine film", "model": "strict"})[0] == 200
+    assert model_doc(srv, "strict")["max_length"] == 64
+    assert model_doc(srv, "loose")["max_length"] > 80
+
+
 def test_a_flag_and_a_variable_win_over_the_file(srv: ServerProc) -> None:
     serving_workers = [w for w in srv.status()["workers"] if w["id"] >= 0]
     assert len(serving_workers) == 1  # --workers 1 over the file's 2
@@ -113,7 +196,7 @@ def test_config_show_says_where_each_setting_came_from(config_path: Path) -> Non
     assert rows["workers"].split()[1:] == ["1", "flag"]
     assert rows["max-texts"].split()[1:] == ["100", f"{config_path}:3"]
     assert rows["threads"].split()[1:] == ["1", "default"]
-    assert "long-text=refuse runtime=torch" in rows["models.strict"]
+    assert "long-text=refuse max-length=64 priority=bulk" in rows["models.strict"]
     checked = cli("config", "check", str(config_path))
     assert checked.returncode == 0 and "ok (4 settings, 2 models)" in checked.stdout
 
@@ -123,15 +206,15 @@ def test_config_show_says_where_each_setting_came_from(config_path: Path) -> Non
     [
         ("max-txets = 3\n", "key max-txets: unknown key"),
         ("max-texts = '3'\n", "key max-texts: expected integer, got string '3'"),
-        ("[models.x]\npath = '/m'\nprompt_name = 'query'\n",
-         "key models.x.prompt_name: prompt-name is not honoured per model yet"),
+        ("[models.x]\npath = '{model}'\nprompt_name = 'query'\n",
+         "key models.x.prompt-name: 'query' is not one of the model's prompts: none"),
     ],
 )  # fmt: skip
 def test_a_bad_file_is_refused_before_anything_starts(
     tmp_path: Path, default_model: str, bad: str, said: str
 ) -> None:
     path = tmp_path / "bad.toml"
-    path.write_text(f"# line 1\nspares = 0\n{bad}")
+    path.write_text("# line 1\nspares = 0\n" + bad.format(model=default_model))
     line = 3 if bad.startswith("max") else 5
     checked = cli("config", "check", str(path))
     assert checked.returncode == 2 and f"{path}:{line}: {said}" in checked.stderr, checked

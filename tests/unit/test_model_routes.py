@@ -41,6 +41,9 @@ class Dispatcher:
     def is_open(self, model: int) -> bool:
         return model in self.names
 
+    def priority(self, model: int) -> int:  # every model interactive, as without a table's
+        return 0
+
     def name(self, model: int) -> str:
         return self.names.get(model, str(model))
 

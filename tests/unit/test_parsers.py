@@ -228,6 +228,9 @@ class Dispatcher:
     def is_open(self, model: int) -> bool:  # every model the protocol selects is open here
         return True
 
+    def priority(self, model: int) -> int:  # every model interactive, as without a table's
+        return 0
+
     def name(self, model: int) -> str:
         return str(model)
 

@@ -183,9 +183,10 @@ def test_the_file_sits_under_the_environment_and_the_flags(
         ('port = "x"', ":3: key port: expected integer, got string 'x'"),
         ("threads = 1.5", ":3: key threads: expected integer, got float"),
         ('long_text = "wrap"', ":3: key long_text: bad value: long-text must be"),
-        ('[models.a]\npath = "/a"\nprompt-name = "query"',
-         ":5: key models.a.prompt-name: prompt-name is not honoured per model yet"),
-        ('[models.a]\npath = "/a"\nmax-length = 64', ":5: key models.a.max-length"),
+        ('[models.a]\npath = "/a"\nprompt-name = 3',
+         ":5: key models.a.prompt-name: expected string, got integer 3"),
+        ('[models.a]\npath = "/a"\nmax-length = 2',
+         ":5: key models.a.max-length: bad value: max-length must be at least 3, got '2'"),
         ('[models.a]\npath = "/a"\ncolour = 1', ":5: key models.a.colour: unknown key"),
         ('[models.a]\nruntime = "onnx"', ":3: key models.a: a model table needs a path"),
         ("port =", "not valid TOML"),
@@ -227,4 +228,4 @@ def test_the_example_in_the_api_docs_checks(tmp_path: Path) -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**doc, "prot": 1}, toml_schema())
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"models": {"a": {"path": "/a", "prompt-name": "q"}}}, toml_schema())
+        jsonschema.validate({"models": {"a": {"path": "/a", "colour": "q"}}}, toml_schema())

@@ -15,7 +15,7 @@ from typing import Any
 
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
-from ringserve.workers.artifact import load_manifest, load_model, load_tokenizer
+from ringserve.workers.artifact import as_served, load_manifest, load_model, load_tokenizer
 from ringserve.workers.process.batcher import Batcher, default_grid, pad_grid
 from ringserve.workers.process.longtext import LongText
 from ringserve.workers.runtimes.cpu import ACTIVATIONS, Runner, joined, ort_runner
@@ -132,7 +132,7 @@ class Loader:
         self.current = ref
         on_gpu = is_gpu_device(spec.device)
         # The zygote verified the fingerprint before it loaded the weights it hands over.
-        manifest = load_manifest(ref.model_dir, verify=pre is None)
+        manifest = as_served(load_manifest(ref.model_dir, verify=pre is None), spec.max_length)
         runtime, _ = choose_runtime(spec.runtime, spec.precision, on_gpu, manifest)
         _import_runtime(runtime)  # so the first model's memory is its own, not the library's
         before = rss_bytes()

@@ -146,7 +146,7 @@ class Servicer(TritonMethods):
         try:
             job = infer.read_request(self.host, req)
             deadline = self.deadline_ns(context, job.timeout_us)
-            level = self.host.admission.level(tenant, job.priority)
+            level = self.host.admission.level(tenant, job.priority, job.info.index)
             if trace is not None:
                 trace.root.set_attributes(
                     {"ringserve.task": job.task, "ringserve.priority": PRIORITY_NAMES[level]}
