@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from multiprocessing import resource_tracker
 from typing import Any
 
@@ -118,12 +119,23 @@ class Lifecycle:
         await asyncio.wait([sup, stop_wait], return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
         code = 0
-        if self.supervisor.fatal:
-            self.log.error("fatal", reason=self.supervisor.fatal)
-            print(f"ringserve: {self.supervisor.fatal}", file=sys.stderr)
+        fatal = self.supervisor.fatal or self.crash(sup)
+        if fatal:
+            self.log.error("fatal", reason=fatal)
+            print(f"ringserve: {fatal}", file=sys.stderr)
             code = 1
         await self.drain()
         return code
+
+    @staticmethod
+    def crash(sup: asyncio.Task[Any]) -> str:
+        """Why the supervisor's task ended by raising ("" when it did not): a defect, said
+        with its traceback and ended with exit 1, never a silent exit 0."""
+        if not sup.done() or sup.cancelled() or sup.exception() is None:
+            return ""
+        exc = sup.exception()
+        trace = "".join(traceback.format_exception(exc))
+        return f"the supervisor failed: {exc!r}\n{trace}"
 
     async def drain(self) -> None:
         """Close the listeners and every idle connection, serve what is owed (each answer with
