@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.builds import CHEAP_BUILDS
+from devkit.builds import PLAIN_BUILDS
 from devkit.launcher import DATA
 from devkit.server import ServerProc, serving
 
@@ -23,7 +23,7 @@ def default_model() -> str:
     module asks first) and returns the default artifact directory."""
     from ringserve.factory.build import default_artifact_dir
 
-    old = {k: os.environ.pop(k, None) for k in CHEAP_BUILDS}
+    old = {k: os.environ.pop(k, None) for k in PLAIN_BUILDS}
     try:
         return str(default_artifact_dir())
     finally:
