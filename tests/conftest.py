@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from devkit.builds import PLAIN_BUILDS
+from devkit.exports import HfExports
 from devkit.launcher import DATA
 from devkit.server import ServerProc, serving
 
@@ -28,6 +29,13 @@ def default_model() -> str:
         return str(default_artifact_dir())
     finally:
         os.environ.update({k: v for k, v in old.items() if v is not None})
+
+
+@pytest.fixture(scope="session")
+def hf_exports(tmp_path_factory: pytest.TempPathFactory) -> HfExports:
+    """The tiny Hugging Face classifiers (devkit/hfmodels.py), each saved and exported once a
+    session, on first use (devkit/exports.py). Shared: copy a source or artifact to change it."""
+    return HfExports(tmp_path_factory.mktemp("hf-exports"))
 
 
 @pytest.fixture(scope="session")
