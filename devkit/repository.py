@@ -33,11 +33,6 @@ def export_artifact(hf_name: str, root: Path, name: str | None = None) -> Path:
     return out
 
 
-def build_artifacts(root: Path) -> dict[str, Path]:
-    """The NLI and reranker artifacts, by served name, built once under `root`."""
-    return {name: export_artifact(hf, root, name) for name, hf in BUILT.items()}
-
-
 def lay_out(
     repo: Path, name: str, artifact: Path | str, version: int | None = 1, copy: bool = False
 ) -> Path:

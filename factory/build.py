@@ -54,6 +54,10 @@ DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-mini
 # 5: int8's cost published from the publication split; the selection split's frontier in
 #    graphs.int8_selection (the record of the choice, never the published cost).
 ARTIFACT_FORMAT = 5
+# "plain" builds the plain ONNX graph alone: no fused graph, no int8 (served at fp32 on the plain
+# graph, as an artifact whose fused graph was not kept). For the tests' builds of artifacts read
+# on TorchScript and the plain graph only (devkit/builds.py plain_builds); unset or "all": all.
+GRAPHS_ENV = "RINGSERVE_BUILD_GRAPHS"
 # The model code the default artifact is built from: a change to it builds a new one.
 MODEL_CODE = ("model.py", "encoder.py")
 _MIB = 1 << 20
@@ -79,9 +83,9 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
     """Add the ONNX graphs (plain, fused when it matches, int8 by the recipe search) with their
     weights beside them, and what int8 costs. Without the ONNX packages, or for a model the
     exporter cannot take, the artifact stays TorchScript-only, said once."""
-    from ringserve.factory import int8
     from ringserve.factory import onnx as ox
 
+    plain_only = _plain_only()  # a bad value is refused before anything is written
     work = target / ".onnx-build"
     work.mkdir()
     try:
@@ -90,19 +94,17 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
         ox.export_onnx(model, plain, embed="embed" in task, alone="classify" not in task)
         width = ox.token_width(plain)  # TEI's /embed_all reads the token states (api.md)
         tokenizer = open_tokenizer(target / manifest["tokenizer_file"], manifest["max_length"])
-        fused, graphs = _fused(plain, work / ox.FUSED_FILE, tokenizer)
-        labels = list(manifest["labels"])
-        if labels:
-            chosen, cost, record = int8.choose(
-                plain, fused, work, tokenizer, labels, manifest["activation"]
-            )
-            graphs["int8_selection"] = record
-        else:  # an embed-only model: no decisions to agree on; dynamic int8, its cosine measured
-            chosen = work / ox.INT8_FILE
-            ox.quantize_int8(plain, chosen)
-            cost = int8.publish(plain, chosen, tokenizer, labels, manifest["activation"])
-            cost["recipe"] = "dynamic"
-        files = {"onnx_file": (plain, ox.ONNX_FILE), "int8_file": (chosen, ox.INT8_FILE)}
+        files = {"onnx_file": (plain, ox.ONNX_FILE)}
+        cost: dict[str, Any] = {}
+        if plain_only:
+            fused = None
+            graphs: dict[str, Any] = {
+                "fused": {"kept": False, "why": f"not built ({GRAPHS_ENV}=plain)"}
+            }
+        else:
+            fused, graphs = _fused(plain, work / ox.FUSED_FILE, tokenizer)
+            chosen, cost = _int8(plain, fused, work, tokenizer, manifest, graphs)
+            files["int8_file"] = (chosen, ox.INT8_FILE)
         if fused is not None:
             files["fused_file"] = (fused, ox.FUSED_FILE)
         data: list[str] = []
@@ -122,6 +124,40 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
     manifest.update(int8=cost, data_files=data, graphs=graphs)
     if width:
         manifest["extra"]["token_vectors"] = width
+
+
+def _plain_only() -> bool:
+    mode = os.environ.get(GRAPHS_ENV, "all") or "all"
+    if mode not in ("all", "plain"):
+        raise ValueError(f"{GRAPHS_ENV} must be all or plain, got {mode!r}")
+    return mode == "plain"
+
+
+def _int8(
+    plain: Path,
+    fused: Path | None,
+    work: Path,
+    tokenizer: Any,
+    manifest: dict[str, Any],
+    graphs: dict[str, Any],
+) -> tuple[Path, dict[str, Any]]:
+    """The int8 graph and its published cost: the recipe search for a model with labels (its
+    record in `graphs`), else dynamic int8 with its cosine to fp32 (an embed-only model has no
+    decisions to agree on)."""
+    from ringserve.factory import int8
+    from ringserve.factory import onnx as ox
+
+    labels = list(manifest["labels"])
+    if labels:
+        chosen, cost, record = int8.choose(
+            plain, fused, work, tokenizer, labels, manifest["activation"]
+        )
+        graphs["int8_selection"] = record
+        return chosen, cost
+    chosen = work / ox.INT8_FILE
+    ox.quantize_int8(plain, chosen)
+    cost = int8.publish(plain, chosen, tokenizer, labels, manifest["activation"])
+    return chosen, cost | {"recipe": "dynamic"}
 
 
 def _fused(plain: Path, dst: Path, tokenizer: Any) -> tuple[Path | None, dict[str, Any]]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from devkit.builds import CHEAP_BUILDS
+from devkit.builds import PLAIN_BUILDS
+from devkit.exports import HfExports
 from devkit.launcher import DATA
 from devkit.server import ServerProc, serving
 
@@ -23,11 +24,18 @@ def default_model() -> str:
     module asks first) and returns the default artifact directory."""
     from ringserve.factory.build import default_artifact_dir
 
-    old = {k: os.environ.pop(k, None) for k in CHEAP_BUILDS}
+    old = {k: os.environ.pop(k, None) for k in PLAIN_BUILDS}
     try:
         return str(default_artifact_dir())
     finally:
         os.environ.update({k: v for k, v in old.items() if v is not None})
+
+
+@pytest.fixture(scope="session")
+def hf_exports(tmp_path_factory: pytest.TempPathFactory) -> HfExports:
+    """The tiny Hugging Face classifiers (devkit/hfmodels.py), each saved and exported once a
+    session, on first use (devkit/exports.py). Shared: copy a source or artifact to change it."""
+    return HfExports(tmp_path_factory.mktemp("hf-exports"))
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ from ringserve.workers.runtimes.cpu import CpuRunner, joined, ort_runner, softma
 from ringserve.workers.runtimes.joined import Joined
 from tokenizers import Tokenizer
 
-from devkit.builds import cheap_builds
+from devkit.builds import plain_builds
 from devkit.hfmodels import NEWS, SST2, bpe_tokenizer
 from devkit.server import ServerProc, serving
 
@@ -154,7 +154,10 @@ def encode(model: Any, texts: list[str], normalize: bool = False) -> np.ndarray:
 
 
 def exported(source: Path, out: Path, *extra: str) -> Path:
-    with cheap_builds():  # the vectors are tested here, not int8's published cost
+    """`ringserve export --from`, the plain ONNX graph alone (devkit/builds.py): the vectors are
+    read here on TorchScript and that graph at fp32, never the fused graph or int8 (the
+    embed-only int8 build runs in test_families.py, on the artifacts it serves)."""
+    with plain_builds():
         assert export.main(["--from", str(source), "--out", str(out), *extra]) == 0
     return out
 
@@ -224,6 +227,7 @@ def test_every_architecture_and_pooling_matches_sentence_transformers(
         assert (m.task, m.labels, m.normalize) == (["embed"], [], False)
         assert m.dimension == built.want[name, pooling, False].shape[1]
         assert m.extra["pooling"] == pooling and m.onnx_file
+        assert (m.int8_file, m.fused_file, m.int8) == ("", "", {})  # plain_builds: nothing else
         got = runner_vectors(art, runtime, TEXTS)
         np.testing.assert_allclose(got, built.want[name, pooling, False], atol=TOL, rtol=0)
         unit = got / np.linalg.norm(got, axis=1, keepdims=True)

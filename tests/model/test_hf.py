@@ -21,7 +21,8 @@ from ringserve.workers.artifact import load_manifest
 from tokenizers import Tokenizer
 
 from devkit.builds import cheap_builds
-from devkit.hfmodels import MAX_LENGTH, MODELS, NEWS, SIZE, SST2, save_model
+from devkit.exports import HfExports
+from devkit.hfmodels import MAX_LENGTH, MODELS, NEWS, SIZE, SST2
 from devkit.server import ServerProc
 
 transformers = pytest.importorskip("transformers")
@@ -68,17 +69,17 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
-    """Every model exported and served, one small server each, all started at once."""
+def served(
+    tmp_path_factory: pytest.TempPathFactory, hf_exports: HfExports
+) -> Iterator[dict[str, Served]]:
+    """Every model exported (once a session: devkit/exports.py, `ringserve export --from` with
+    cheap_builds, as scores are tested here, not int8's choice or its cost) and served, one
+    small server each, all started at once."""
     root = tmp_path_factory.mktemp("hf")
     out: dict[str, Served] = {}
     try:
         for name in MODELS:
-            source = save_model(name, root / "src")
-            artifact = root / "art" / name
-            args = ["--from", str(source), "--out", str(artifact), "--max-length", str(MAX_LENGTH)]
-            with cheap_builds():  # scores are tested here, not int8's choice or its cost
-                assert export.main(args) == 0
+            source, artifact = hf_exports.get(name)
             server = ServerProc(root, ["--model", str(artifact), "--workers", "1", "--spares", "0"])
             out[name] = Served(name, source, artifact, server)
         for s in out.values():

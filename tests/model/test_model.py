@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from ringserve.workers.artifact import (
 )
 from safetensors.torch import save_file
 
-from devkit.builds import cheap_builds
+from devkit.builds import cheap_builds, plain_builds
 
 LONG_TEXT = " ".join(["the movie was long and"] * 80)  # 400 tokens before truncation
 # fmt: off
@@ -264,16 +265,20 @@ def test_export_builds_a_loadable_artifact(
     artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`export --head` over an artifact (the module's default one, max length 256, copied):
-    the new one replaces it whole. A build into a new directory is the module's own build."""
+    the new one replaces it whole. A build into a new directory is the module's own build,
+    with every graph; this one builds the plain ONNX graph alone (devkit/builds.py
+    plain_builds), so the replacement is seen to drop the old int8 and fused files."""
     out = _copy(artifact, tmp_path)
-    assert load_manifest(out).max_length == 256
+    assert load_manifest(out).max_length == 256 and load_manifest(out).int8_file
     head = Path(export.__file__).parent / "default_head" / "head.json"
-    assert export.main(["--head", str(head), "--out", str(out), "--max-length", "128"]) == 0
+    with plain_builds():
+        assert export.main(["--head", str(head), "--out", str(out), "--max-length", "128"]) == 0
     printed = capsys.readouterr().out.split()
     manifest = load_manifest(out)
     assert printed == [str(out), manifest.fingerprint]
     assert (manifest.name, manifest.max_length) == (out.name, 128)
     assert manifest.labels == ["negative", "positive"]
+    assert not any(name.startswith(("model.int8", "model.fused")) for name in os.listdir(out))
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # nothing left beside it
     assert export.main(["--head", str(head), "--out", str(tmp_path)]) == 1  # not an artifact
     assert "refusing to replace" in capsys.readouterr().err

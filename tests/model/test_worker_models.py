@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ringserve.factory import export
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells
 from ringserve.shm.control import model_rss
@@ -23,8 +22,7 @@ from ringserve.workers.process.worker import Worker
 from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.spec import STOP_SIGNAL, ModelRef, WorkerSpec
 
-from devkit.builds import cheap_builds
-from devkit.hfmodels import MAX_LENGTH, save_model
+from devkit.exports import HfExports
 
 TEXTS = [
     "a gripping, beautiful film",
@@ -39,15 +37,11 @@ NLI = 2  # the tiny model's index: any index but 0 is marked on the wire
 
 
 @pytest.fixture(scope="module")
-def nli(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A tiny random 3-label BERT (devkit/hfmodels.py), exported as `ringserve export` does."""
-    root = tmp_path_factory.mktemp("nli")
-    source = save_model("bert", root / "src")
-    out = root / "art"
-    args = ["--from", str(source), "--out", str(out), "--max-length", str(MAX_LENGTH)]
-    with cheap_builds():  # the worker is tested here, not int8's choice or its cost
-        assert export.main(args) == 0
-    return str(out)
+def nli(hf_exports: HfExports) -> str:
+    """A tiny random 3-label BERT (devkit/hfmodels.py), exported as `ringserve export` does
+    (once a session, with cheap_builds: the worker is tested here, not int8's choice or its
+    cost; devkit/exports.py)."""
+    return str(hf_exports.artifact("bert"))
 
 
 def new_wire() -> tuple[int, Channel, Doorbells]:

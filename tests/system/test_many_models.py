@@ -33,15 +33,15 @@ from ringserve.wire.frames import AnswerParser, encode_frame
 from ringserve.workers.artifact import load_manifest
 from tritonclient.utils import InferenceServerException
 
-from devkit.builds import cheap_builds
+from devkit.exports import HfExports
 from devkit.hfmodels import NEWS, SST2
 from devkit.load import Load
 from devkit.repository import (
+    BUILT,
     NLI,
     NLI_LABELS,
     RERANK,
     break_fingerprint,
-    build_artifacts,
     drop_file,
     lay_out,
     repository,
@@ -70,9 +70,11 @@ SMALL = ["--workers", "1", "--spares", "0"]
 
 # -- artifacts and the reference scores ------------------------------------------------------------
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> dict[str, Path]:
-    with cheap_builds():  # many models are tested here, not int8's choice or its cost
-        built = build_artifacts(tmp_path_factory.mktemp("built"))
+def artifacts(default_model: str, hf_exports: HfExports) -> dict[str, Path]:
+    """The default artifact, and the tiny NLI BERT and XLM-R reranker exported once a session
+    (devkit/exports.py, with cheap_builds: many models are tested here, not int8's choice or its
+    cost). Shared: the tests lay them out as symlinks and break copies only."""
+    built = {name: hf_exports.artifact(hf) for name, hf in BUILT.items()}
     return {DEFAULT: Path(default_model), **built}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -14,11 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ringserve.factory import export
 from ringserve.workers.artifact import load_manifest
 
-from devkit.builds import cheap_builds
-from devkit.hfmodels import MAX_LENGTH, NEWS, SST2, save_model
+from devkit.exports import HfExports
+from devkit.hfmodels import MAX_LENGTH, NEWS, SST2
 from devkit.server import ServerProc, serving, wait_for
 
 transformers = pytest.importorskip("transformers")
@@ -32,10 +32,13 @@ DOCS = [*SST2[40:52], *NEWS[10:14]]
 
 
 @pytest.fixture(scope="module")
-def reranker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(the HF source directory, the exported artifact) of a one-output cross-encoder."""
-    root = tmp_path_factory.mktemp("rerank")
-    source = save_model(NAME, root / "src")
+def reranker(tmp_path_factory: pytest.TempPathFactory, hf_exports: HfExports) -> tuple[Path, Path]:
+    """(the HF source directory, the exported artifact) of a one-output cross-encoder: exported
+    once a session (devkit/exports.py, with cheap_builds: reranking is tested here, not int8's
+    choice or its cost) from the source saved as devkit/hfmodels.py saves it."""
+    shared, artifact = hf_exports.get(NAME)
+    source = tmp_path_factory.mktemp("rerank") / "src"
+    shutil.copytree(shared, source)  # the shared source stays as export read it
     # The tokenizer as `transformers` saves it too, so that CrossEncoder can load the directory.
     raw = (source / "tokenizer.json").read_bytes()
     fast = transformers.PreTrainedTokenizerFast(
@@ -44,11 +47,7 @@ def reranker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         model_max_length=MAX_LENGTH,
     )  # fmt: skip
     fast.save_pretrained(source)
-    (source / "tokenizer.json").write_bytes(raw)  # the one export reads, as it was
-    artifact = root / "art"
-    args = ["--from", str(source), "--out", str(artifact), "--max-length", str(MAX_LENGTH)]
-    with cheap_builds():  # reranking is tested here, not int8's choice or its cost
-        assert export.main(args) == 0
+    (source / "tokenizer.json").write_bytes(raw)  # as HF's own tokenizer file, unchanged
     return source, artifact
 
 

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ringserve.shm.segment import Segment
 from devkit.launcher import ROOT
 from devkit.load import Load
 from devkit.server import ServerProc, segments_of, wait_for
+from devkit.server import serving as module_server
 
 
 def serving(srv: ServerProc) -> dict[int, int]:
@@ -40,13 +42,36 @@ def pool_with_spare(start_server, *extra: str) -> ServerProc:
     return srv
 
 
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
+    """pool_with_spare's layout with the heartbeat checked after 1 s, one server for the tests
+    that kill or hang workers and check the pool is made whole again (what one test kills is
+    replaced before the next begins: `whole_with_spare`) and for the control-socket tests; it
+    must still exit 0 with nothing left behind when the module ends."""
+    args = ["--workers", "2", "--spares", "1", "--heartbeat-timeout-s", "1"]
+    with module_server(ServerProc(tmp_path_factory.mktemp("pool"), args), 2) as srv:
+        yield srv
+
+
+def whole_with_spare(srv: ServerProc) -> ServerProc:
+    """`srv` with its two serving workers and a warm spare, as a test of the pool starts."""
+    wait_for(lambda: len(serving(srv)) == 2, 60.0, "two serving workers")
+    srv.wait_spares(1)
+    return srv
+
+
 def whole_again(srv: ServerProc, n: int, gone: set[int]) -> bool:
     pids = serving(srv)
     return len(pids) == n and not gone & set(pids.values())
 
 
-def test_sigkill_under_load_loses_nothing(start_server, sst2_texts) -> None:
-    srv = pool_with_spare(start_server)
+def restarts_of(srv: ServerProc, slot: int) -> int:
+    return int(next(w for w in srv.status()["workers"] if w["id"] == slot)["restarts"])
+
+
+def test_sigkill_under_load_loses_nothing(pool: ServerProc, sst2_texts) -> None:
+    srv = whole_with_spare(pool)
+    restarts = restarts_of(srv, 0)
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(30)
         victim = serving(srv)[0]
@@ -58,7 +83,7 @@ def test_sigkill_under_load_loses_nothing(start_server, sst2_texts) -> None:
     assert load.failed() == 0, (load.outcomes, load.errors[:5])
     status = srv.status()
     slot0 = next(w for w in status["workers"] if w["id"] == 0)
-    assert slot0["restarts"] == 1 and slot0["pid"] != victim
+    assert slot0["restarts"] == restarts + 1 and slot0["pid"] != victim
     assert status["restarts_total"] >= 1
     print(f"pool whole {elapsed:.3f}s after SIGKILL")
 
@@ -137,8 +162,9 @@ def test_lanes_without_a_spare_survive_a_hang_then_a_sigkill_right_after_readine
     assert "heartbeat stale" in srv.logs()
 
 
-def test_sigstop_hang_is_detected_and_replaced(start_server, sst2_texts) -> None:
-    srv = pool_with_spare(start_server, "--heartbeat-timeout-s", "1")
+def test_sigstop_hang_is_detected_and_replaced(pool: ServerProc, sst2_texts) -> None:
+    srv = whole_with_spare(pool)
+    logged_before = len(srv.logs())
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(30)
         victim = serving(srv)[1]
@@ -158,11 +184,11 @@ def test_sigstop_hang_is_detected_and_replaced(start_server, sst2_texts) -> None
                 os.kill(victim, signal.SIGCONT)
         load.wait_ok(30)
     assert load.failed() == 0, (load.outcomes, load.errors[:5])
-    assert "heartbeat stale" in srv.logs()
+    assert "heartbeat stale" in srv.logs()[logged_before:]
 
 
-def test_every_worker_killed_at_once(start_server, sst2_texts) -> None:
-    srv = pool_with_spare(start_server)
+def test_every_worker_killed_at_once(pool: ServerProc, sst2_texts) -> None:
+    srv = whole_with_spare(pool)
     with Load(srv.port, sst2_texts, clients=6) as load:
         load.wait_ok(30)
         victims = {w["pid"] for w in srv.status()["workers"]}
@@ -380,14 +406,14 @@ def test_fingerprint_mismatch_refuses_to_start(tmp_path: Path, default_model: st
         {"nocmd": 1},
     ],
 )
-def test_control_rejects_bad_commands(shared_server: ServerProc, cmd: dict) -> None:
-    reply = shared_server.ctl(cmd)
+def test_control_rejects_bad_commands(pool: ServerProc, cmd: dict) -> None:
+    reply = pool.ctl(cmd)
     assert reply["ok"] is False and reply["error"]
-    assert shared_server.status()["ok"] is True
+    assert pool.status()["ok"] is True
 
 
-def test_control_socket_mode_and_ctl_command(shared_server: ServerProc) -> None:
-    assert oct(os.stat(shared_server.control).st_mode & 0o777) == "0o600"
+def test_control_socket_mode_and_ctl_command(pool: ServerProc) -> None:
+    assert oct(os.stat(pool.control).st_mode & 0o777) == "0o600"
     out = subprocess.run(
         [
             sys.executable,
@@ -395,7 +421,7 @@ def test_control_socket_mode_and_ctl_command(shared_server: ServerProc) -> None:
             "ringserve.service.cli",
             "ctl",
             "--control",
-            shared_server.control,
+            pool.control,
             "status",
         ],
         capture_output=True,
@@ -432,7 +458,7 @@ def test_control_socket_mode_and_ctl_command(shared_server: ServerProc) -> None:
             "ringserve.service.cli",
             "ctl",
             "--control",
-            shared_server.control,
+            pool.control,
             "restart",
             "99",
         ],
