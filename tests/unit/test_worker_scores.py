@@ -37,10 +37,10 @@ def test_a_model_without_labels_has_no_scores_to_pack() -> None:
 
 def test_one_pass_answers_read_back_as_scores_and_vector() -> None:
     """OPT_BOTH: the worker packs a row's C scores and D floats in one record, its label the
-    scores' argmax (not the vector's); the front-end reads it back and kserve.unjoin cuts it
-    into the scores' results, then the vectors'."""
+    scores' argmax (not the vector's); the front-end reads it back and KServe's answer cuts
+    each record where it writes it: the scores' columns, then the vector."""
     from ringserve.service.engine.requests import Result
-    from ringserve.service.protocols.kserve import unjoin
+    from ringserve.service.protocols.kserve import OutputEncoder
     from ringserve.shm import layout as L
     from ringserve.workers.process.answers import pack
 
@@ -50,9 +50,11 @@ def test_one_pass_answers_read_back_as_scores_and_vector() -> None:
         _, payload, _, _ = pack(i, L.STATUS_OK, probs=row, scored=2)
         results.append(Result.from_ring(0, payload, 0))
     assert [r.label_id for r in results] == [1, 0]
-    parts = unjoin(results, 2)
-    assert [list(r.scores) for r in parts[:2]] == [list(row[:2]) for row in rows]
-    assert [list(r.scores) for r in parts[2:]] == [list(row[2:]) for row in rows]
+    wanted = [("scores", False), ("label", False), ("embedding", True)]
+    tensors, blobs = OutputEncoder(["neg", "pos"]).tensors(results, wanted, joined=True)
+    assert tensors[0]["shape"] == [2, 2] and tensors[0]["data"] == rows[:, :2].ravel().tolist()
+    assert tensors[1]["data"] == ["pos", "neg"]
+    assert tensors[2]["shape"] == [2, 3] and blobs == [rows[:, 2:].tobytes()]
 
 
 def test_token_vectors_read_back_as_k_rows() -> None:
