@@ -4,8 +4,9 @@ whether texts were admitted, or why not (a `Refusal`); each protocol writes its 
 (HTTP and KServe: protocols/admit.py; binary frames: protocols/binary.py). Also the map of a
 failed text's status to the HTTP code every protocol answers or counts it under.
 
-It knows the dispatcher, the keys and the tracing, and asks the server only why it refuses;
-it never sees the server itself, nor any protocol's types.
+It takes one type from every protocol, the `Ask` (service/engine/requests.py) each builds
+where its decoding ends. It knows the dispatcher, the keys and the tracing, and asks the server
+only why it refuses; it never sees the server itself, nor any protocol's types.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ringserve.service.engine.dispatcher import Dispatcher, Options, Result, text_cost
+from ringserve.service.engine.dispatcher import Dispatcher, Result, text_cost
+from ringserve.service.engine.requests import Ask
 from ringserve.service.engine.tenants import INTERACTIVE, KeyRing, Tenant
 from ringserve.shm import layout as L
 
@@ -117,35 +119,30 @@ class Admission:
         return max(level, self.dispatcher.table.priority(model))
 
     def submit(
-        self,
-        texts: list[bytes],
-        deadline: int,
-        done: Done,
-        protocol: str,
-        task: str,
-        tenant: Tenant | None,
-        level: int,
-        trace: RequestTrace | None = None,
-        model: int = 0,
-        options: Options = 0,
+        self, ask: Ask, done: Done, tenant: Tenant | None, trace: RequestTrace | None = None
     ) -> Refusal | None:
         """Admit a request's texts whole, or refuse them at once (the Refusal). `done` gets
-        the results, whatever their status, once every text is answered. `model` is the
-        model's wire index (ModelInfo.index); `options` the texts' options byte (OPT_*)."""
+        the results, whatever their status, once every text is answered. The texts are batched
+        at the key's priority, or the lower one the request asked for."""
         d = self.dispatcher
+        model = ask.model
         if not d.table.is_open(model):
             return self.unknown(model, trace)
         now = d.clock()
         if tenant is not None and not tenant.take(now):
             return self.over_rate(tenant, 1, now, trace)
-        late = self.late(deadline, model, level, now, trace)
+        level = self.level(tenant, ask.priority, model)
+        late = self.late(ask.deadline, model, level, now, trace)
         if late is not None:
             return late
         if trace is not None:
             done = traced(done, trace, d.clock)
         name = tenant.name if tenant is not None else ""
+        texts = ask.payloads
         admitted = d.clock()  # before submit: a worker may start on the texts before it returns
-        if not d.submit(texts, deadline, done, protocol, task, level, name, model, options):
+        if not d.submit(
+            texts, ask.deadline, done, ask.protocol, ask.task, level, name, model, ask.options
+        ):
             if not d.table.is_open(model):  # closed meanwhile (never, on the one loop)
                 return self.unknown(model, trace)
             if trace is not None:
@@ -158,25 +155,16 @@ class Admission:
         return None
 
     def submit_each(
-        self,
-        texts: list[bytes],
-        deadline: int,
-        on_admit: Callable[[int, int], Done],
-        protocol: str,
-        task: str,
-        tenant: Tenant | None,
-        prefix: bytes = b"",
-        model: int = 0,
-        options: int = 0,
+        self, ask: Ask, on_admit: Callable[[int, int], Done], tenant: Tenant | None
     ) -> tuple[int, int] | Refusal:
         """Independent texts (binary frames), in order: those within the key's rate and the
-        queue's room are admitted as one group, each with `prefix` (an embed model's prompt)
-        before it and `options` (OPT_*) in its record. `on_admit(k,
-        level)` makes the group's callback, before a worker can start on it. Returns (k, within):
-        texts[:k] admitted, texts[k:within] refused by the queue, texts[within:] over the rate;
-        or a Refusal, none admitted: 404 when the model is not open, 504 when the queue's delay
-        already passes the deadline."""
+        queue's room are admitted as one group, at the key's priority, with the ask's one
+        options byte in every record. `on_admit(k, level)` makes the group's callback, before a
+        worker can start on it. Returns (k, within): texts[:k] admitted, texts[k:within]
+        refused by the queue, texts[within:] over the rate; or a Refusal, none admitted: 404
+        when the model is not open, 504 when the queue's delay already passes the deadline."""
         d = self.dispatcher
+        model, texts = ask.model, ask.payloads
         if not d.table.is_open(model):
             return self.unknown(model)
         within = len(texts)
@@ -186,17 +174,18 @@ class Admission:
                 self.keys.counts(tenant.name).limited += len(texts) - within
             if not within:
                 return 0, 0
-        level = self.level(tenant, None, model)
-        late = self.late(deadline, model, level, d.clock())
+        level = self.level(tenant, ask.priority, model)
+        late = self.late(ask.deadline, model, level, d.clock())
         if late is not None:
             return late
         costs = [text_cost(t, d.max_tokens) for t in texts[:within]]
         k = d.room(within, whole=False, priority=level, model=model)
         if k:
             name = tenant.name if tenant is not None else ""
-            sent = [prefix + t for t in texts[:k]] if prefix else texts[:k]
             done = on_admit(k, level)
-            d.admit(sent, costs[:k], deadline, done, protocol, task, level, name, model, options)
+            sent = texts[:k] if k < len(texts) else texts
+            d.admit(sent, costs[:k], ask.deadline, done, ask.protocol, ask.task, level, name,
+                    model, ask.options)  # fmt: skip
             if tenant is not None and self.keys is not None:
                 self.keys.admitted(tenant.name, k, level)
         if k < within:

@@ -1,5 +1,6 @@
-"""A request's life in the front-end: the texts a client sent (a Group of one-text Requests),
-their answers (Result), and the two lines they wait in before a worker's ring (Waiting).
+"""A request's life in the front-end: what a client asked, whatever the wire (Ask), the texts
+it sent (a Group of one-text Requests), their answers (Result), and the two lines they wait in
+before a worker's ring (Waiting).
 
 A request is one text. A client call with N texts is a Group of N requests answered by one
 callback once the last answer is in, so a batch costs one pass through the loop, not N.
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import numpy as np
 from ringserve.shm import layout as L
 
@@ -24,6 +26,24 @@ BULK = 1
 # A request's options byte (shm.layout OPT_*: long text, embed): one for all its texts, or one
 # a text (a KServe request asking for scores and vectors sends each text twice).
 Options = int | Sequence[int]
+
+
+class Ask(msgspec.Struct):
+    """One client request as admission takes it, whatever the wire: every protocol builds it
+    where its own decoding ends (a JSON route from its body's Struct, KServe from `Infer` or
+    the protobuf message, a binary connection from its frames), and nothing after it knows the
+    wire. A msgspec Struct: the cheapest typed record to build (measured here: 0.11 us, a
+    slotted dataclass 0.23 us, a NamedTuple 0.35 us). HTTP's headers fill what a body leaves unset
+    (protocols/admit.py `submit`): the deadline, then the priority."""
+
+    payloads: list[bytes]  # one a text, as written into the ring: a pair joined by
+    # PAIR_SEPARATOR, a prompt before an embedding's text
+    options: Options = 0  # their options byte (shm.layout OPT_*), one for all or one a text
+    task: str = "classify"  # what it counts under: classify, embed or rerank
+    model: int = 0  # the model's wire index (ModelInfo.index)
+    deadline: int = 0  # monotonic ns (0: none yet; HTTP's headers or the default set it)
+    priority: int | None = None  # the priority asked for (None: the key's), never above it
+    protocol: str = "http"  # what it is counted and traced under
 
 
 def text_cost(payload: bytes, max_tokens: int) -> int:

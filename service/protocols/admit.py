@@ -15,7 +15,7 @@ from ringserve.service.engine.admission import (
     first_failure,
     too_long,
 )
-from ringserve.service.engine.dispatcher import Options, Result
+from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.engine.tenants import PRIORITIES, PRIORITY_NAMES, Tenant
 from ringserve.service.protocols.errors import error_body
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
@@ -92,29 +92,22 @@ def submit(
     admission: Admission,
     conn: HttpProtocol,
     ex: Exchange,
-    texts: list[bytes],
+    ask: Ask,
     on_ok: Callable[[list[Result]], None],
-    protocol: str,
-    deadline: int | None = None,
-    task: str = "classify",
-    priority: int | None = None,
-    model: int = 0,
-    options: Options = 0,
 ) -> None:
-    """Admit texts for inference, or answer 404, 429 or 503 at once. `deadline` overrides the
-    header's, `priority` (a KServe parameter) the X-Priority header's; neither raises the
-    key's priority. `model` is the model's wire index (ModelInfo.index); a model that is not
-    open (unloaded) is answered 404. `options`: the texts' options byte (shm.layout OPT_*).
+    """Admit an HTTP request's ask, or answer 404, 429, 503 or 504 at once. The headers fill
+    what its body left unset: the deadline (X-Request-Timeout-Ms after the request's last
+    byte, else the default) and the priority (X-Priority); neither raises the key's priority.
     `on_ok` gets the results when every text succeeded; any failure is answered here."""
-    if deadline is None:
-        deadline = deadline_ns(ex, admission.timeout_s)
-    if priority is None:
-        priority = asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
+    if not ask.deadline:
+        ask.deadline = deadline_ns(ex, admission.timeout_s)
+    if ask.priority is None:
+        ask.priority = asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
     tenant: Tenant | None = ex.tenant
-    level = admission.level(tenant, priority, model)
     trace = None
     if admission.tracing is not None:
-        trace = ex.trace = start_trace(admission.tracing, ex, protocol, task, tenant, level)
+        level = admission.level(tenant, ask.priority, ask.model)
+        trace = ex.trace = start_trace(admission.tracing, ex, ask, tenant, level)
 
     def done(results: list[Result]) -> None:
         failed = first_failure(results)
@@ -123,23 +116,21 @@ def submit(
         else:
             respond_failure(conn, ex, failed)
 
-    ex.model = admission.dispatcher.names.get(model, "")  # the answer is counted under it
-    refusal = admission.submit(
-        texts, deadline, done, protocol, task, tenant, level, trace, model, options
-    )
+    ex.model = admission.dispatcher.names.get(ask.model, "")  # the answer is counted under it
+    refusal = admission.submit(ask, done, tenant, trace)
     if refusal is not None:
         respond_refusal(conn, ex, refusal)
 
 
 def start_trace(
-    tracing: Tracing, ex: Exchange, protocol: str, task: str, tenant: Tenant | None, level: int
+    tracing: Tracing, ex: Exchange, ask: Ask, tenant: Tenant | None, level: int
 ) -> RequestTrace | None:
     path = ex.url.split(b"?", 1)[0].decode("utf-8", "replace")
     method = ex.method.decode("latin-1")
     attrs = {
         "http.request.method": method,
         "url.path": path,
-        "ringserve.task": task,
+        "ringserve.task": ask.task,
         "ringserve.priority": PRIORITY_NAMES[level],
         "ringserve.request_id": ex.request_id.decode("latin-1"),
     }
@@ -147,7 +138,7 @@ def start_trace(
         attrs["ringserve.tenant"] = tenant.name
     return tracing.start(
         f"{method} {path}",
-        protocol,
+        ask.protocol,
         ex.done_ns,
         ex.headers.get(b"traceparent"),
         ex.headers.get(b"tracestate"),

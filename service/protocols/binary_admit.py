@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from ringserve.service.engine.admission import STATUS_HTTP, Refusal
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import ModelRequired, UnknownModel
@@ -120,13 +120,11 @@ class FrameAdmitter:
             self.conn.owed += k
             return partial(self.answer, tags[:k], traces, unit=embed and m.normalize)
 
-        admission = self.server.admission
         prefix = prompts.prompt_bytes(m) if embed else b""  # the default prompt
+        payloads = [prefix + t for t in texts] if prefix else texts
         options = L.OPT_EMBED if embed else 0  # ask the worker for the text's vector
-        tenant = self.conn.tenant
-        admitted = admission.submit_each(
-            texts, deadline, on_admit, "binary", task, tenant, prefix, info.index, options
-        )
+        ask = Ask(payloads, options, task, info.index, deadline, None, "binary")
+        admitted = self.server.admission.submit_each(ask, on_admit, self.conn.tenant)
         if isinstance(admitted, Refusal):  # the model is not open (5), or the deadline (3)
             status = L.STATUS_DEADLINE if admitted.code == 504 else L.STATUS_UNKNOWN_MODEL
             answers = b"".join([status_answer(t, status) for t in tags])

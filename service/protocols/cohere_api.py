@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import tasks
 from ringserve.service.protocols.http import Exchange, HttpProtocol
@@ -66,7 +66,7 @@ def cohere_embed(
         keep = tasks.within_dimension(body.output_dimension, info, "output_dimension")
     prompt = prompt_for(info, body.input_type).encode()
     options = TRUNCATE[body.truncate or "END"] | L.OPT_EMBED
-    payloads = tasks.Texts([prompt + t.encode() for t in body.texts], options)
+    payloads = Ask([prompt + t.encode() for t in body.texts], options, "embed", info.index)
     originals = body.texts
 
     def answer(results: list[Result]) -> bytes:
@@ -82,7 +82,7 @@ def cohere_embed(
         )
         return msgspec.json.encode(answer)
 
-    tasks.submit_texts(server, conn, ex, payloads, answer, "embed", info)
+    tasks.submit_texts(server, conn, ex, payloads, answer)
 
 
 def cohere_rerank_v2(
@@ -100,7 +100,7 @@ def cohere_rerank_v2(
         ranking = CohereRankingV2(str(uuid.uuid4()), hits, meta({"search_units": 1}))
         return msgspec.json.encode(ranking)
 
-    tasks.submit_texts(server, conn, ex, payloads, answer, "rerank", info)
+    tasks.submit_texts(server, conn, ex, payloads, answer)
 
 
 def cohere_routes(router: Router) -> None:

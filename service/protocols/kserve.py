@@ -13,7 +13,6 @@ are one dispatcher group: one admission, one callback, one answer.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import struct
 import zlib
@@ -24,7 +23,7 @@ from urllib.parse import unquote
 
 import msgspec
 import numpy as np
-from ringserve.service.engine.dispatcher import Options, Result
+from ringserve.service.engine.requests import Ask, Options, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import READY, ModelSet
 from ringserve.service.ops.inference_stats import InferenceStats
@@ -50,7 +49,6 @@ from ringserve.service.protocols.tasks import vectors
 from ringserve.service.protocols.texts import require
 from ringserve.service.views import Failure, FrontView, Repository
 from ringserve.shm import layout as L
-from ringserve.workers.artifact import Manifest
 
 VERSION = "1"  # a model's version without numbered version directories
 EXTENSIONS = [
@@ -440,53 +438,59 @@ def passes(wanted: list[tuple[str, bool]]) -> tuple[bool, bool]:
     return bool(names - {EMBEDDING}), EMBEDDING in names
 
 
-def with_options(
-    texts: list[bytes], params: dict[str, Any], wanted: list[tuple[str, bool]], manifest: Manifest
-) -> tuple[list[bytes], Options, str]:
-    """The payloads and their options byte (the request's long-text options), and the task
-    they count under: the texts to classify; for output `embedding` alone, the texts with the
-    ask for a vector (layout OPT_EMBED); for both, the texts once with the ask for both
-    (OPT_BOTH: one forward pass), or, when the model's prompt goes before a text to embed, the
-    texts to classify then the prompted texts with OPT_EMBED (two passes, one group)."""
+def request_ask(
+    texts: list[bytes],
+    params: dict[str, Any],
+    wanted: list[tuple[str, bool]],
+    info: ModelInfo,
+    deadline: int,
+    priority: int | None,
+    protocol: str,
+) -> Ask:
+    """The core request of a KServe call (HTTP or gRPC): the payloads and their options byte
+    (the request's long-text options), and the task they count under: the texts to classify;
+    for output `embedding` alone, the texts with the ask for a vector (layout OPT_EMBED); for
+    both, the texts once with the ask for both (OPT_BOTH: one forward pass), or, when the
+    model's prompt goes before a text to embed, the texts to classify then the prompted texts
+    with OPT_EMBED (two passes, one group)."""
     opts = long_text_options(params, "parameters.")
     classify, embed = passes(wanted)
+    model = info.index
     if not embed:
-        return texts, opts, "classify"
+        return Ask(texts, opts, "classify", model, deadline, priority, protocol)
     # the worker answers each text's vector, the prompt before it (prompts.py)
-    vectors = prompts.with_prompt(manifest, params.get("prompt_name"), texts)
+    vectors = prompts.with_prompt(info.manifest, params.get("prompt_name"), texts)
     if not classify:
-        return vectors, opts | L.OPT_EMBED, "embed"
+        return Ask(vectors, opts | L.OPT_EMBED, "embed", model, deadline, priority, protocol)
     if vectors is texts:  # no prompt: the forward pass that scores a text also embeds it
-        return texts, opts | L.OPT_BOTH, "classify"
+        return Ask(texts, opts | L.OPT_BOTH, "classify", model, deadline, priority, protocol)
     both = [opts] * len(texts) + [opts | L.OPT_EMBED] * len(vectors)
-    return texts + vectors, both, "classify"
+    return Ask(texts + vectors, both, "classify", model, deadline, priority, protocol)
 
 
 def one_pass(options: Options) -> bool:
-    """Whether with_options asked for each text's scores and vector in one answer."""
+    """Whether request_ask asked for each text's scores and vector in one answer."""
     return isinstance(options, int) and bool(options & L.OPT_BOTH)
 
 
-def unjoin(results: list[Result], n_labels: int) -> list[Result]:
-    """One-pass answers (OPT_BOTH: C scores, then the vector) as two passes' results: every
-    text's scores, then every text's vector, as split_results takes them."""
-    scored = [dataclasses.replace(r, scores=r.scores[:n_labels]) for r in results]  # type: ignore[index]
-    embedded = [dataclasses.replace(r, scores=r.scores[n_labels:]) for r in results]  # type: ignore[index]
-    return scored + embedded
-
-
-def first_pass(results: list[Result], wanted: list[tuple[str, bool]]) -> list[Result]:
+def first_pass(
+    results: list[Result], wanted: list[tuple[str, bool]], joined: bool = False
+) -> list[Result]:
     """One result a text (a group of two passes has two)."""
-    scored, embedded = split_results(results, wanted)
+    scored, embedded = split_results(results, wanted, joined)
     return scored or embedded
 
 
 def split_results(
-    results: list[Result], wanted: list[tuple[str, bool]]
+    results: list[Result], wanted: list[tuple[str, bool]], joined: bool = False
 ) -> tuple[list[Result], list[Result]]:
-    """(scores' results, vectors' results) of a group made by with_options."""
+    """(scores' results, vectors' results) of a group made by request_ask. One pass's answers
+    (`joined`, OPT_BOTH: each holds C scores, then the vector) are both, read in place: the
+    scores and the vectors are cut from them where they are written (OutputEncoder.tensor)."""
     classify, embed = passes(wanted)
     if classify and embed:
+        if joined:
+            return results, results
         n = len(results) // 2
         return results[:n], results[n:]
     return (results, []) if classify else ([], results)
@@ -567,16 +571,18 @@ class OutputEncoder:
         results: list[Result],
         wanted: list[tuple[str, bool]],
         places: dict[str, Placement] | None = None,
+        joined: bool = False,
     ) -> tuple[list[dict[str, Any]], list[bytes]]:
         """The outputs' tensors (JSON data, or binary with its bytes in the blobs, in order);
-        an output with a place in `places` is written there, answered without data."""
-        scored, embedded = split_results(results, wanted)
+        an output with a place in `places` is written there, answered without data. `joined`:
+        one pass's answers, each its C scores then its vector (split_results)."""
+        scored, embedded = split_results(results, wanted, joined)
         tensors: list[dict[str, Any]] = []
         blobs: list[bytes] = []
         for name, binary in wanted:
             where = places.get(name) if places else None
             part = embedded if name == EMBEDDING else scored
-            tensor, data = self.tensor(name, part, binary or where is not None)
+            tensor, data = self.tensor(name, part, binary or where is not None, joined)
             if where is not None:  # the raw bytes, as the binary extension has them; the
                 REGIONS.write(where, data)  # tensor says no more (as Triton's: clients read
                 # parameters as the binary extension's)
@@ -588,16 +594,20 @@ class OutputEncoder:
             tensors.append(tensor)
         return tensors, blobs
 
-    def tensor(self, name: str, results: list[Result], binary: bool) -> tuple[dict[str, Any], Any]:
-        """One output: its tensor's head, and its data (raw bytes when `binary`)."""
+    def tensor(
+        self, name: str, results: list[Result], binary: bool, joined: bool = False
+    ) -> tuple[dict[str, Any], Any]:
+        """One output: its tensor's head, and its data (raw bytes when `binary`). `joined`: each
+        answer holds C scores then the vector, cut here (the scores' columns or the rest)."""
         n, c = len(results), len(self.labels)
         if name == EMBEDDING:
-            vecs = vectors(results, self.normalize)
+            vecs = vectors(results, self.normalize, skip=c if joined else 0)
             head = {"name": name, "datatype": "FP32", "shape": list(vecs.shape)}
             return head, vecs.tobytes() if binary else vecs.ravel().tolist()
         if name == "scores":
             head = {"name": name, "datatype": "FP32", "shape": [n, c]}
-            scores = np.stack([r.scores for r in results]).astype("<f4", copy=False)  # type: ignore[misc]
+            rows = np.stack([r.scores for r in results])  # type: ignore[misc]
+            scores = (rows[:, :c] if joined else rows).astype("<f4", copy=False)
             return head, scores.tobytes() if binary else scores.ravel().tolist()
         head = {"name": name, "datatype": "BYTES", "shape": [n]}
         if binary:
@@ -638,27 +648,28 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     texts = read_texts(server, doc, blob)
     m = info.manifest
     wanted = read_outputs(doc, m.embeds, m.embed_only)
-    texts, options, task = with_options(
-        texts, as_dict(doc.get("parameters"), "parameters"), wanted, m
-    )
-    deadline = request_deadline(server, ex, doc)
+    parameters = as_dict(doc.get("parameters"), "parameters")
+    deadline = request_deadline(server, ex, doc) or 0  # 0: the header's, or the default
+    asked = parameters.get("priority")
+    if isinstance(asked, float):  # a level: an integer, as its Struct reads it
+        asked = int(asked)
+    priority = asked_priority(asked, "parameters.priority")  # never above the key's
+    ask = request_ask(texts, parameters, wanted, info, deadline, priority, "kserve")
     encoder = encoder_for(info.labels, m.normalize)
 
     places = output_places(doc)
-    joined = one_pass(options)
+    joined = one_pass(ask.options)
 
     def done(results: list[Result]) -> None:
-        if joined:
-            results = unjoin(results, len(info.labels))
         try:
-            tensors, blobs = encoder.tensors(results, wanted, places)
+            tensors, blobs = encoder.tensors(results, wanted, places, joined)
         except HttpError as exc:  # a region unregistered meanwhile, or too small
             conn.respond_error(ex, exc.status, exc.message, [latency_header(conn, ex)])
             return
         answer: dict[str, Any] = {"model_name": name, "model_version": version}
         if request_id is not None:
             answer["id"] = request_id
-        texts = first_pass(results, wanted)
+        texts = first_pass(results, wanted, joined)
         if any(r.flags for r in texts):
             answer["parameters"] = long_text_parameters(texts)
         answer["outputs"] = tensors
@@ -671,14 +682,7 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
         else:
             conn.respond(ex, 200, head, extra=extra)
 
-    asked = as_dict(doc.get("parameters"), "parameters").get("priority")
-    if isinstance(asked, float):  # a level: an integer, as its Struct reads it
-        asked = int(asked)
-    priority = asked_priority(asked, "parameters.priority")  # never above the key's
-    admit.submit(
-        server.admission, conn, ex, texts, done, "kserve", deadline, task, priority, info.index,
-        options,
-    )  # fmt: skip
+    admit.submit(server.admission, conn, ex, ask, done)
 
 
 # -- the repository extension ---------------------------------------------------------------------

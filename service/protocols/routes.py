@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import msgspec
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import ModelRequired, UnknownModel
 from ringserve.service.protocols import admit, prompts
@@ -147,14 +147,14 @@ def classify(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[s
     needs_task(info, "classify")
     labels = info.labels
     texts, single = classify_texts(body)
-    options = body.options()
+    ask = Ask(texts, body.options(), "classify", info.index)
 
     def done(results: list[Result]) -> None:
         items = [classify_result(labels, r) for r in results]
         answer = msgspec.json.encode(items[0] if single else ClassifyBatch(items))
         conn.respond(ex, 200, answer, extra=[latency_header(conn, ex)])
 
-    admit.submit(server.admission, conn, ex, texts, done, "http", model=info.index, options=options)
+    admit.submit(server.admission, conn, ex, ask, done)
 
 
 def classify_texts(body: Classify) -> tuple[list[bytes], bool]:

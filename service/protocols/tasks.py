@@ -11,12 +11,12 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import numpy as np
 import orjson
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import latency_header
@@ -42,43 +42,36 @@ from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
 
-class Texts(NamedTuple):
-    """A request's payloads, as written into the ring, and the options byte every one of them
-    carries in its record (shm/layout.py OPT_*)."""
-
-    payloads: list[bytes]
-    options: int = 0
-
-
-def with_options(body: Truncation, texts: list[bytes], embed: bool) -> Texts:
-    """The texts with their options: `truncate` and friends, and OPT_EMBED."""
-    return Texts(texts, body.options() | (L.OPT_EMBED if embed else 0))
+def ask(body: Truncation, texts: list[bytes], task: str, info: ModelInfo) -> Ask:
+    """A task route's core request: the texts with the body's long-text options (`truncate`
+    and friends) in every record, and OPT_EMBED when they are to be embedded."""
+    options = body.options() | (L.OPT_EMBED if task == "embed" else 0)
+    return Ask(texts, options, task, info.index)
 
 
 def submit_texts(
     server: FrontView,
     conn: HttpProtocol,
     ex: Exchange,
-    texts: Texts,
+    ask: Ask,
     answer: Callable[[list[Result]], Any],
-    task: str,
-    info: ModelInfo,
 ) -> None:
     def done(results: list[Result]) -> None:
         doc = answer(results)
         body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         conn.respond(ex, 200, body, extra=[latency_header(conn, ex)])
 
-    admission, model, options = server.admission, info.index, texts.options
-    admit.submit(admission, conn, ex, texts.payloads, done, "http", task=task, model=model,
-                 options=options)  # fmt: skip
+    admit.submit(server.admission, conn, ex, ask, done)
 
 
 # -- embeddings ----------------------------------------------------------------------------------
-def vectors(results: list[Result], normalize: bool, keep: int = 0) -> np.ndarray:
+def vectors(results: list[Result], normalize: bool, keep: int = 0, skip: int = 0) -> np.ndarray:
     """The answers' embeddings [N, D] (or their first `keep` components), normalized when asked,
-    in float64 until the end so that a cut vector's norm is 1 to float32 precision."""
+    in float64 until the end so that a cut vector's norm is 1 to float32 precision. `skip`:
+    the floats before each vector (a one-pass KServe answer's C scores)."""
     out = np.stack([np.asarray(r.scores, dtype=np.float64) for r in results])
+    if skip:
+        out = out[:, skip:]
     if keep:
         out = out[:, :keep]
     if normalize:
@@ -124,7 +117,7 @@ def openai_embeddings(
         tail = f'"model":{json.dumps(name)},"usage":{json.dumps(usage)}}}'.encode()
         return b'{"object":"list","data":[%s],%s' % (data, tail)
 
-    submit_texts(server, conn, ex, with_options(body, texts, embed=True), answer, "embed", info)
+    submit_texts(server, conn, ex, ask(body, texts, "embed", info), answer)
 
 
 def within_dimension(keep: float, info: ModelInfo, key: str = "dimensions") -> int:
@@ -173,7 +166,7 @@ def tei_embed(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[
     def answer(results: list[Result]) -> bytes:
         return float_json(vectors(results, normalize))  # the [N, D] matrix in one call
 
-    submit_texts(server, conn, ex, with_options(body, texts, embed=True), answer, "embed", info)
+    submit_texts(server, conn, ex, ask(body, texts, "embed", info), answer)
 
 
 # -- rerank --------------------------------------------------------------------------------------
@@ -188,11 +181,11 @@ def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int
     return [(i, float(probs[i])) for i in order]
 
 
-def rerank_pairs(info: ModelInfo, body: Rerank, docs: list[str]) -> Texts:
+def rerank_pairs(info: ModelInfo, body: Rerank, docs: list[str]) -> Ask:
     """Each document after the query, one pair a worker payload."""
     needs_task(info, "rerank")
     query = body.query.encode() + L.PAIR_SEPARATOR
-    return with_options(body, [query + d.encode() for d in docs], embed=False)
+    return ask(body, [query + d.encode() for d in docs], "rerank", info)
 
 
 def document_texts(docs: list[str | Document]) -> list[str]:
@@ -218,7 +211,7 @@ def tei_rerank(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict
         ]
         return msgspec.json.encode(hits)
 
-    submit_texts(server, conn, ex, payloads, answer, "rerank", info)
+    submit_texts(server, conn, ex, payloads, answer)
 
 
 def cohere_rerank(
@@ -237,7 +230,7 @@ def cohere_rerank(
         ]
         return msgspec.json.encode(CohereRanking(hits))
 
-    submit_texts(server, conn, ex, payloads, answer, "rerank", info)
+    submit_texts(server, conn, ex, payloads, answer)
 
 
 def task_routes(router: Router) -> None:

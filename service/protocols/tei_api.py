@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import prompts, tasks
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
@@ -130,8 +130,7 @@ def tei_predict(
         out = [predictions(info, r, raw) for r in results]
         return msgspec.json.encode(out if batch else out[0])
 
-    classify = tasks.with_options(body, payloads, embed=False)
-    tasks.submit_texts(server, conn, ex, classify, answer, "classify", info)
+    tasks.submit_texts(server, conn, ex, tasks.ask(body, payloads, "classify", info), answer)
 
 
 def hf_classify(
@@ -153,7 +152,7 @@ def hf_classify(
     def answer(results: list[Result]) -> bytes:
         return msgspec.json.encode([predictions(info, r, apply == "none", k) for r in results])
 
-    tasks.submit_texts(server, conn, ex, tasks.Texts(payloads), answer, "classify", info)
+    tasks.submit_texts(server, conn, ex, Ask(payloads, 0, "classify", info.index), answer)
 
 
 # -- /similarity ---------------------------------------------------------------------------------
@@ -171,8 +170,8 @@ def tei_similarity(
         vecs = tasks.vectors(results, normalize=True).astype(np.float64)
         return [float(x) for x in vecs[1:] @ vecs[0]]
 
-    payloads = tasks.with_options(options, [t.encode() for t in texts], embed=True)
-    tasks.submit_texts(server, conn, ex, payloads, answer, "embed", info)
+    payloads = tasks.ask(options, [t.encode() for t in texts], "embed", info)
+    tasks.submit_texts(server, conn, ex, payloads, answer)
 
 
 # -- /tokenize, /decode, /embed_all --------------------------------------------------------------
@@ -255,8 +254,8 @@ def tei_embed_all(
         parts = [tasks.float_json(token_matrix(r)) for r in results]
         return b"[" + b",".join(parts) + b"]"
 
-    texts_opts = tasks.Texts(texts, opts | L.OPT_TOKENS)
-    tasks.submit_texts(server, conn, ex, texts_opts, answer, "embed", info)
+    ask = Ask(texts, opts | L.OPT_TOKENS, "embed", info.index)
+    tasks.submit_texts(server, conn, ex, ask, answer)
 
 
 def token_vectors_width(info: ModelInfo) -> int:
@@ -279,9 +278,15 @@ def token_vectors_width(info: ModelInfo) -> int:
 
 def check_token_floats(info: ModelInfo, texts: list[bytes], width: int) -> None:
     """413 when the texts' token vectors (their tokens, cut at max_length) would pass
-    MAX_TOKEN_FLOATS; a text too long for one answer is the worker's to refuse."""
+    MAX_TOKEN_FLOATS; a text too long for one answer is the worker's to refuse. No text gives
+    more than max_length vectors, so texts that could not pass the bound at that many are not
+    tokenized here (the worker tokenizes them anyway): at 384 floats and 256 tokens, up to 42
+    texts. Only a larger request is, so that its 413 says its exact count."""
+    cap = info.manifest.max_length
+    if len(texts) * cap * width <= MAX_TOKEN_FLOATS:
+        return
     encoded = tokenizer_for(info).encode_batch([t.decode() for t in texts])
-    tokens = sum(min(len(e.ids), info.manifest.max_length) for e in encoded)
+    tokens = sum(min(len(e.ids), cap) for e in encoded)
     if tokens * width > MAX_TOKEN_FLOATS:
         raise HttpError(
             413,

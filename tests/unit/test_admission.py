@@ -4,8 +4,9 @@ refuses; each protocol writes its own answer. In process, on a fake clock, witho
 from __future__ import annotations
 
 from ringserve.service.engine.admission import Admission, Done, Refusal
-from ringserve.service.engine.dispatcher import INTERACTIVE, Dispatcher, Result
-from ringserve.service.engine.tenants import BULK, Tenant
+from ringserve.service.engine.dispatcher import Dispatcher, Result
+from ringserve.service.engine.requests import Ask
+from ringserve.service.engine.tenants import BULK, INTERACTIVE, Tenant
 from ringserve.service.protocols.texts import checked
 from ringserve.shm import layout as L
 
@@ -17,14 +18,18 @@ def admission(max_queue: int) -> tuple[Admission, Dispatcher]:
     return Admission(d, lambda: d.why, 30.0), d
 
 
+def ask(texts: list[bytes], deadline: int, protocol: str, task: str = "classify") -> Ask:
+    return Ask(texts, 0, task, 0, deadline, None, protocol)
+
+
 def ignore(results: list[Result]) -> None:
     pass
 
 
 def test_a_request_is_admitted_whole_or_refused_with_the_reason() -> None:
     a, d = admission(1)
-    assert a.submit([b"one"], 10 * S, ignore, "http", "classify", None, INTERACTIVE) is None
-    refusal = a.submit([b"two"], 10 * S, ignore, "kserve", "classify", None, INTERACTIVE)
+    assert a.submit(ask([b"one"], 10 * S, "http"), ignore, None) is None
+    refusal = a.submit(ask([b"two"], 10 * S, "kserve"), ignore, None)
     assert refusal == Refusal(503, "queue is full", 1)
     assert d.rejected == 1 and len(d.inflight) == 1
 
@@ -36,11 +41,11 @@ def test_texts_past_their_deadline_give_their_room_to_a_new_request_at_once() ->
     d = Dispatcher(2, clock=lambda: now[0])
     a = Admission(d, lambda: d.why, 30.0)
     got: list[list[Result]] = []
-    assert a.submit([b"a", b"b"], 6 * S, got.append, "grpc", "classify", None, INTERACTIVE) is None
-    refusal = a.submit([b"c"], 10 * S, got.append, "grpc", "classify", None, INTERACTIVE)
+    assert a.submit(ask([b"a", b"b"], 6 * S, "grpc"), got.append, None) is None
+    refusal = a.submit(ask([b"c"], 10 * S, "grpc"), got.append, None)
     assert refusal == Refusal(503, "queue is full", 1) and not got  # still due: still held
     now[0] = 6 * S  # their deadline, before any tick of the timer
-    assert a.submit([b"c"], 10 * S, got.append, "grpc", "classify", None, INTERACTIVE) is None
+    assert a.submit(ask([b"c"], 10 * S, "grpc"), got.append, None) is None
     assert [[r.status for r in results] for results in got] == [[L.STATUS_DEADLINE] * 2]
     assert d.expired == 2 and d.rejected == 1 and len(d.inflight) == 1
 
@@ -48,8 +53,8 @@ def test_texts_past_their_deadline_give_their_room_to_a_new_request_at_once() ->
 def test_over_the_key_rate_is_a_429_with_the_wait_and_the_queue_is_untouched() -> None:
     a, d = admission(8)
     tenant = Tenant("beta", rate=0.5, burst=1)
-    assert a.submit([b"x"], 10 * S, ignore, "grpc", "classify", tenant, INTERACTIVE) is None
-    refusal = a.submit([b"y"], 10 * S, ignore, "grpc", "classify", tenant, INTERACTIVE)
+    assert a.submit(ask([b"x"], 10 * S, "grpc"), ignore, tenant) is None
+    refusal = a.submit(ask([b"y"], 10 * S, "grpc"), ignore, tenant)
     assert refusal == Refusal(429, "over the key's rate of 0.5 requests/s", 2)
     assert d.rejected == 0 and len(d.inflight) == 1
 
@@ -62,7 +67,7 @@ def test_frames_are_admitted_in_part_and_the_rest_counted_as_refused() -> None:
         made.append((k, level))
         return ignore
 
-    k, within = a.submit_each([b"a", b"b", b"c"], 10 * S, on_admit, "binary", "classify", None)
+    k, within = a.submit_each(ask([b"a", b"b", b"c"], 10 * S, "binary"), on_admit, None)
     assert (k, within) == (2, 3) and made == [(2, INTERACTIVE)]
     assert d.rejected == 1  # counted by the admission: the protocol only answers it
     a.refuse(2)  # frames a protocol refused itself (past its bound of answers owed)
@@ -78,10 +83,11 @@ def test_frames_over_the_key_rate_are_cut_first_and_keep_the_key_priority() -> N
         made.append((k, level))
         return ignore
 
-    frames = [b"a", b"b", b"c"]
-    k, within = a.submit_each(frames, 10 * S, on_admit, "binary", "embed", tenant, b"!")
+    frames = Ask([b"a", b"b", b"c"], L.OPT_EMBED, "embed", 0, 10 * S, None, "binary")
+    k, within = a.submit_each(frames, on_admit, tenant)
     assert (k, within) == (2, 2) and made == [(2, BULK)] and d.rejected == 0
-    assert all(r.payload.endswith((b"!a", b"!b")) for r in d.inflight.values())
+    records = [(r.payload, L.split_meta(r.meta)[0]) for r in d.inflight.values()]
+    assert records == [(b"a", L.OPT_EMBED | L.OPT_BULK), (b"b", L.OPT_EMBED | L.OPT_BULK)]
 
 
 def test_one_text_check_for_every_protocol() -> None:
@@ -99,16 +105,16 @@ def test_a_deadline_the_queues_measured_delay_already_passes_is_refused_504_at_o
     now = [5 * S]
     d = Dispatcher(100, clock=lambda: now[0])  # no worker: what is admitted waits
     a = Admission(d, lambda: d.why, 30.0)
-    assert a.submit([b"a"], 100 * S, ignore, "http", "classify", None, INTERACTIVE) is None
+    assert a.submit(ask([b"a"], 100 * S, "http"), ignore, None) is None
     now[0] += 2 * S
-    refusal = a.submit([b"b"], now[0] + S, ignore, "grpc", "classify", None, INTERACTIVE)
+    refusal = a.submit(ask([b"b"], now[0] + S, "grpc"), ignore, None)
     assert refusal is not None and refusal.code == 504 and refusal.retry_after_s == 0
     assert "measured delay of 2000 ms" in refusal.message
-    assert a.submit([b"c"], now[0] + 3 * S, ignore, "http", "classify", None, INTERACTIVE) is None
+    assert a.submit(ask([b"c"], now[0] + 3 * S, "http"), ignore, None) is None
 
     def on_admit(k: int, level: int) -> Done:
         return ignore
 
-    late = a.submit_each([b"d", b"e"], now[0] + S, on_admit, "binary", "classify", None)
+    late = a.submit_each(ask([b"d", b"e"], now[0] + S, "binary"), on_admit, None)
     assert isinstance(late, Refusal) and late.code == 504
     assert d.depth == 2 and d.rejected == 0  # not counted as the queue's refusals

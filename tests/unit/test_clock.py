@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
+from ringserve.service.engine.requests import Ask
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import MAX_PIPELINE, Exchange, HttpProtocol, HttpServerState
@@ -212,7 +213,7 @@ def test_the_latency_header_is_read_on_the_dispatchers_clock() -> None:
         def answer(_results: list[Result]) -> None:
             conn.respond(ex, 200, b"{}", extra=[latency_header(conn, ex)])
 
-        admit.submit(admission, conn, ex, [b"x"], answer, "http")
+        admit.submit(admission, conn, ex, Ask([b"x"]), answer)
 
     conn = HttpProtocol(HttpServerState(SETTINGS, route, lambda *_: None, d.clock))
     transport = Transport()

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from ringserve.service.engine.admission import Admission, Refusal
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
+from ringserve.service.engine.requests import Ask
 from ringserve.service.ops import stats as S_
 from ringserve.service.ops.prometheus import request_rows
 from ringserve.service.ops.stats import Stats
@@ -284,7 +285,7 @@ def admission(d: Dispatcher) -> Admission:
 
 def submit(a: Admission, text: bytes, model: int, done: Calls | None = None) -> Refusal | None:
     done = done if done is not None else Calls()
-    return a.submit([text], 100 * S, done, "http", "classify", None, 0, model=model)  # due later
+    return a.submit(Ask([text], 0, "classify", model, 100 * S), done, None)  # due later
 
 
 def test_one_models_full_queue_refuses_only_that_models_texts() -> None:
@@ -358,7 +359,8 @@ def test_frames_for_one_model_are_admitted_in_part_within_its_limit() -> None:
         made.append(k)
         return Calls()
 
-    got = a.submit_each([b"x", b"y", b"z"], 100 * S, on_admit, "binary", "classify", None, b"", B)
+    frames = Ask([b"x", b"y", b"z"], 0, "classify", B, 100 * S, None, "binary")
+    got = a.submit_each(frames, on_admit, None)
     assert got == (2, 3) and made == [2] and d.lanes[B].rejected == 1
     assert all(L.split_meta(r.meta)[1] == B for r in d.inflight.values())
 
@@ -374,10 +376,9 @@ def test_a_closed_model_is_refused_as_unknown_and_what_it_admitted_is_answered()
     d.table.close(B)
     assert submit(a, b"b2", B) == Refusal(404, "unknown model: b", 0)
     made: list[int] = []
-    frames = a.submit_each([b"f"], 100 * S, lambda k, lv: made.append(k), "binary", "x", None)
+    frames = a.submit_each(Ask([b"f"], 0, "x", 0, 100 * S), lambda k, lv: made.append(k), None)
     assert frames == (1, 1)  # model 0 is still open
-    refused = a.submit_each([b"f"], 100 * S, lambda k, lv: made.append(k), "binary", "x", None,
-                            b"", B)  # fmt: skip
+    refused = a.submit_each(Ask([b"f"], 0, "x", B, 100 * S), lambda k, lv: made.append(k), None)
     assert refused == Refusal(404, "unknown model: b", 0) and made == [1]
     assert submit(a, b"never", 9) == Refusal(404, "unknown model: 9", 0)  # never opened
     assert d.rejected == 0  # a 404 is not an overload

@@ -3,7 +3,10 @@ bytes as each row packed alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ringserve.workers.process.answers import Scores
@@ -37,10 +40,10 @@ def test_a_model_without_labels_has_no_scores_to_pack() -> None:
 
 def test_one_pass_answers_read_back_as_scores_and_vector() -> None:
     """OPT_BOTH: the worker packs a row's C scores and D floats in one record, its label the
-    scores' argmax (not the vector's); the front-end reads it back and kserve.unjoin cuts it
-    into the scores' results, then the vectors'."""
+    scores' argmax (not the vector's); the front-end reads it back and KServe's answer cuts
+    each record where it writes it: the scores' columns, then the vector."""
     from ringserve.service.engine.requests import Result
-    from ringserve.service.protocols.kserve import unjoin
+    from ringserve.service.protocols.kserve import OutputEncoder
     from ringserve.shm import layout as L
     from ringserve.workers.process.answers import pack
 
@@ -50,9 +53,11 @@ def test_one_pass_answers_read_back_as_scores_and_vector() -> None:
         _, payload, _, _ = pack(i, L.STATUS_OK, probs=row, scored=2)
         results.append(Result.from_ring(0, payload, 0))
     assert [r.label_id for r in results] == [1, 0]
-    parts = unjoin(results, 2)
-    assert [list(r.scores) for r in parts[:2]] == [list(row[:2]) for row in rows]
-    assert [list(r.scores) for r in parts[2:]] == [list(row[2:]) for row in rows]
+    wanted = [("scores", False), ("label", False), ("embedding", True)]
+    tensors, blobs = OutputEncoder(["neg", "pos"]).tensors(results, wanted, joined=True)
+    assert tensors[0]["shape"] == [2, 2] and tensors[0]["data"] == rows[:, :2].ravel().tolist()
+    assert tensors[1]["data"] == ["pos", "neg"]
+    assert tensors[2]["shape"] == [2, 3] and blobs == [rows[:, 2:].tobytes()]
 
 
 def test_token_vectors_read_back_as_k_rows() -> None:
@@ -70,3 +75,21 @@ def test_token_vectors_read_back_as_k_rows() -> None:
     result = Result.from_ring(0, payload, 0)
     assert msg_id == 7 and result.flags & L.RSP_TOKENS and result.windows == 4
     np.testing.assert_array_equal(token_matrix(result), states[:4])
+
+
+def test_embed_all_tokenizes_only_requests_whose_cap_could_pass_the_bound(tmp_path: Path) -> None:
+    """No text gives more than max_length token vectors, so a request whose texts could not
+    pass MAX_TOKEN_FLOATS at that many is admitted without the front-end tokenizing it; past
+    that, the tokenizer is read (here an artifact without one: 500) for the 413's exact count."""
+    from types import SimpleNamespace
+
+    from ringserve.service.protocols.http import HttpError
+    from ringserve.service.protocols.tei_api import MAX_TOKEN_FLOATS, check_token_floats
+
+    manifest = SimpleNamespace(max_length=256, fingerprint="x")
+    info = SimpleNamespace(manifest=manifest, model_dir=str(tmp_path), name="m")
+    fits = MAX_TOKEN_FLOATS // (256 * 384)
+    check_token_floats(info, [b"word " * 10_000] * fits, 384)  # type: ignore[arg-type]
+    with pytest.raises(HttpError) as refused:
+        check_token_floats(info, [b"word"] * (fits + 1), 384)  # type: ignore[arg-type]
+    assert refused.value.status == 500 and "model m" in refused.value.message

@@ -11,10 +11,11 @@ contents instead (for all outputs: raw is all or none, as KServe has it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ringserve.service.engine.dispatcher import Options, Result
+from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.admit import asked_priority
@@ -39,16 +40,12 @@ def params_dict(params: Any) -> dict[str, Any]:
 
 @dataclass(slots=True)
 class InferJob:
-    """One parsed ModelInfer: the payloads for the dispatcher and how to answer them."""
+    """One parsed ModelInfer: the core request for admission, and how to answer it."""
 
     info: ModelInfo  # the model it names, as found when it arrived
-    texts: list[bytes]
-    options: Options  # their options byte (shm/layout.py OPT_*), one for all or one a text
-    task: str
+    ask: Ask  # what every protocol hands admission (service/engine/requests.py)
     wanted: list[tuple[str, bool]]  # (output, raw), in the order asked for
     request_id: str
-    timeout_us: int | None  # Triton's `timeout` parameter, when set
-    priority: int | None  # the `priority` parameter: lower than the key's, never higher
     places: dict[str, Placement]  # outputs written to system shared memory (shm_regions.py)
 
 
@@ -87,7 +84,11 @@ def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
     return texts
 
 
-def read_request(server: FrontView, req: pb.ModelInferRequest) -> InferJob:
+def read_request(
+    server: FrontView, req: pb.ModelInferRequest, deadline_of: Callable[[int | None], int]
+) -> InferJob:
+    """The call's job, its deadline the call's own, else `deadline_of` the `timeout` parameter
+    (Triton's, in microseconds; None when unset)."""
     info = check_model(server, req.model_name, req.model_version)
     kserve.check_input_names([spec.name for spec in req.inputs])
     raws = list(req.raw_input_contents)
@@ -108,12 +109,12 @@ def read_request(server: FrontView, req: pb.ModelInferRequest) -> InferJob:
     asked = kserve.read_outputs(doc, m.embeds, m.embed_only)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     wanted = [(name, raw_out) for name, _ in asked]
-    texts, options, task = kserve.with_options(texts, params, wanted, m)
-    timeout = None if checked.timeout is None else int(checked.timeout)
     level = checked.priority
     priority = asked_priority(int(level) if isinstance(level, float) else level, "priority")  # 0 up
     places = kserve.output_places(doc)
-    return InferJob(info, texts, options, task, wanted, req.id, timeout, priority, places)
+    deadline = deadline_of(None if checked.timeout is None else int(checked.timeout))
+    ask = kserve.request_ask(texts, params, wanted, info, deadline, priority, "grpc")
+    return InferJob(info, ask, wanted, req.id, places)
 
 
 def set_param(p: pb.InferParameter, value: Any) -> None:
@@ -128,13 +129,12 @@ def set_param(p: pb.InferParameter, value: Any) -> None:
 def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
     info = job.info
     encoder = kserve.encoder_for(info.labels, info.manifest.normalize)
-    if kserve.one_pass(job.options):
-        results = kserve.unjoin(results, len(info.labels))
-    tensors, blobs = encoder.tensors(results, job.wanted, job.places)
+    joined = kserve.one_pass(job.ask.options)
+    tensors, blobs = encoder.tensors(results, job.wanted, job.places, joined)
     rsp = pb.ModelInferResponse(
         model_name=info.name, model_version=str(info.version), id=job.request_id
     )
-    texts = kserve.first_pass(results, job.wanted)
+    texts = kserve.first_pass(results, job.wanted, joined)
     if any(r.flags for r in texts):
         for key, value in kserve.long_text_parameters(texts).items():
             set_param(rsp.parameters[key], value)

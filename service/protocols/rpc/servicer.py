@@ -7,6 +7,7 @@ HTTP statuses of protocols/kserve.py's checks; rpc/server.py maps them to gRPC c
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Protocol
 
 from ringserve.service.engine.admission import failure, first_failure
@@ -144,30 +145,21 @@ class Servicer(TritonMethods):
         callback fills the reply, so a call costs the loop one wake-up (docs/design.md, "gRPC")."""
         trace = self.start_trace(context, time.monotonic_ns())
         try:
-            job = infer.read_request(self.host, req)
-            deadline = self.deadline_ns(context, job.timeout_us)
-            level = self.host.admission.level(tenant, job.priority, job.info.index)
+            job = infer.read_request(self.host, req, partial(self.deadline_ns, context))
             if trace is not None:
+                level = self.host.admission.level(tenant, job.ask.priority, job.ask.model)
                 trace.root.set_attributes(
-                    {"ringserve.task": job.task, "ringserve.priority": PRIORITY_NAMES[level]}
+                    {"ringserve.task": job.ask.task, "ringserve.priority": PRIORITY_NAMES[level]}
                 )
                 if tenant is not None:
                     trace.root.set_attribute("ringserve.tenant", tenant.name)
-            self.submit(job, deadline, level, tenant, trace, reply)
+            self.submit(job, tenant, trace, reply)
         except (RateLimited, HttpError) as exc:
             self.refused(exc, trace, reply)
         except Exception as exc:  # noqa: BLE001 - a bug: the waiting thread answers it (UNKNOWN)
             reply.fail(exc)
 
-    def submit(
-        self,
-        job: infer.InferJob,
-        deadline: int,
-        level: int,
-        tenant: Tenant | None,
-        trace: Any,
-        reply: Reply,
-    ) -> None:
+    def submit(self, job: infer.InferJob, tenant: Tenant | None, trace: Any, reply: Reply) -> None:
         def done(results: list[Result]) -> None:
             failed = first_failure(results)
             try:
@@ -184,11 +176,7 @@ class Servicer(TritonMethods):
                 trace.written(200, time.monotonic_ns())
             reply.give(answer)
 
-        admission = self.host.admission
-        refusal = admission.submit(
-            job.texts, deadline, done, "grpc", job.task, tenant, level, trace, job.info.index,
-            job.options,
-        )  # fmt: skip
+        refusal = self.host.admission.submit(job.ask, done, tenant, trace)
         if refusal is not None and refusal.code == 429:
             raise RateLimited(refusal.retry_after_s)
         if refusal is not None:
