@@ -606,8 +606,8 @@ class OutputEncoder:
             return head, vecs.tobytes() if binary else vecs.ravel().tolist()
         if name == "scores":
             head = {"name": name, "datatype": "FP32", "shape": [n, c]}
-            rows = np.stack([r.scores for r in results])  # type: ignore[misc]
-            scores = (rows[:, :c] if joined else rows).astype("<f4", copy=False)
+            rows = [r.scores[:c] if joined else r.scores for r in results]  # type: ignore[index]
+            scores = np.stack(rows).astype("<f4", copy=False)  # type: ignore[arg-type]
             return head, scores.tobytes() if binary else scores.ravel().tolist()
         head = {"name": name, "datatype": "BYTES", "shape": [n]}
         if binary:

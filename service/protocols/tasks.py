@@ -69,9 +69,7 @@ def vectors(results: list[Result], normalize: bool, keep: int = 0, skip: int = 0
     """The answers' embeddings [N, D] (or their first `keep` components), normalized when asked,
     in float64 until the end so that a cut vector's norm is 1 to float32 precision. `skip`:
     the floats before each vector (a one-pass KServe answer's C scores)."""
-    out = np.stack([np.asarray(r.scores, dtype=np.float64) for r in results])
-    if skip:
-        out = out[:, skip:]
+    out = np.stack([np.asarray(r.scores[skip:], dtype=np.float64) for r in results])  # type: ignore[index]
     if keep:
         out = out[:, :keep]
     if normalize:
