@@ -25,6 +25,7 @@ from ringserve.workers.artifact import (
     as_served,
     default_cache_dir,
     load_manifest,
+    load_tokenizer,
 )
 from ringserve.workers.process.batcher import default_grid, pad_grid
 from ringserve.workers.runtimes.graphpick import choose
@@ -96,6 +97,26 @@ def table_manifest(
         )
         raise ModelTableError(name, "max_length", why, where.get("max_length", ""))
     return as_served(manifest, longest, prompt)
+
+
+def check_window_room(
+    settings: Config, name: str, model_dir: str, max_length: int, where: dict[str, str]
+) -> None:
+    """A table that lowers max_length on a model whose long texts go in windows: a pair's
+    window must still move on past --window-stride (workers/process/longtext.py checks the
+    same at boot, where the refusal would name no file or line). Raises ModelTableError."""
+    served = settings.for_model(name)
+    if served.long_text != "window":
+        return
+    tokenizer = load_tokenizer(model_dir, max_length)
+    room = max_length - tokenizer.num_special_tokens_to_add(True) - 1
+    if not 0 <= served.window_stride < room:
+        why = (
+            f"{max_length} is too short for windows: --window-stride {served.window_stride} "
+            f"must stay below {room} (max_length less a pair's special tokens, less one); "
+            "raise max-length, lower --window-stride or set long-text to truncate or refuse"
+        )
+        raise ModelTableError(name, "max_length", why, where.get("max_length", ""))
 
 
 # -- where models are: an artifact, or numbered versions, and a repository of them ----------------
@@ -216,7 +237,10 @@ def check_tables(settings: Config) -> None:
             manifest = load_manifest(wanted.model_dir, verify=False)
         except ArtifactError:
             continue
-        table_manifest(manifest, table, name, settings.model_lines.get(name))
+        lines = settings.model_lines.get(name) or {}
+        served = table_manifest(manifest, table, name, lines)
+        if "max_length" in table:
+            check_window_room(settings, name, wanted.model_dir, served.max_length, lines)
 
 
 def resolve_models(
@@ -279,7 +303,10 @@ def describe(
     name = wanted.served_as or ""
     options = server.model_options.get(name, {})
     table = {k: v for k, v in options.items() if k in PER_MODEL_MANIFEST}
-    manifest = table_manifest(manifest, table, name, server.model_lines.get(name))
+    lines = server.model_lines.get(name) or {}
+    manifest = table_manifest(manifest, table, name, lines)
+    if "max_length" in table:
+        check_window_room(server, name, wanted.model_dir, manifest.max_length, lines)
     # What the workers apply: the settings of their spec, and the max_length they serve at.
     served = {k: v for k, v in options.items() if k in PER_MODEL_SERVED or k == "max_length"}
     max_len = manifest.max_length

@@ -208,6 +208,9 @@ def test_config_show_says_where_each_setting_came_from(config_path: Path) -> Non
         ("max-texts = '3'\n", "key max-texts: expected integer, got string '3'"),
         ("[models.x]\npath = '{model}'\nprompt_name = 'query'\n",
          "key models.x.prompt-name: 'query' is not one of the model's prompts: none"),
+        ("[models.x]\npath = '{model}'\nmax-length = 16\nlong-text = 'window'\n",
+         "key models.x.max-length: 16 is too short for windows: --window-stride 32 must stay "
+         "below 12"),
     ],
 )  # fmt: skip
 def test_a_bad_file_is_refused_before_anything_starts(
