@@ -354,7 +354,7 @@ def pick_runtime(settings: Config, manifest: Manifest, on_gpu: bool, log: EventL
         log.warning("int8_cost", **manifest.int8)
         print(int8_note(manifest.int8), file=sys.stderr)
     if runtime == "openvino":
-        log.info("runtime_chosen", runtime=runtime, precision=s.precision, **manifest.bf16)
+        log.info("runtime_chosen", runtime=runtime, precision=s.precision, bf16=manifest.bf16)
         said = bf16_note(s.precision, manifest.bf16)
         print(f"ringserve: serving {s.precision} on OpenVINO{said}", file=sys.stderr)
     return runtime
