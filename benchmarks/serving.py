@@ -14,12 +14,16 @@ served:  the real `ringserve serve` with default options (plus the runtime and p
 Two mixes: short (SST-2 sentences) and long (AG News descriptions). Reports served/ceiling,
 P50/P99, padding waste (from /v1/stats), whole-server CPU ms per request, and at concurrency 1 the
 model's own batch-1 latency. Configurations: the defaults (ONNX Runtime fp32 on the graph
-`--graph auto` picks at start), the other fp32 graph forced, TorchScript, and int8 (the recipe
-the artifact build chose; its frontier table, as the build measured it, is printed first). Each
-server's whole process tree's PSS at start and after its load. Then served figures divided by
-the fastest fp32 ceiling any graph reached, int8's served speed over fp32's, and two peers on the
-same texts: plain FastAPI (one text a forward pass) and LitServe with its own batching.
-Usage: python -m benchmarks.serving [--seconds 6] [--quick] [--configs default,other,torch,int8]
+`--graph auto` picks at start), the other fp32 graph forced, TorchScript, int8 (the recipe
+the artifact build chose; its frontier table, as the build measured it, is printed first), and
+bf16 on OpenVINO where the CPU has avx512_bf16 or amx_bf16 (in the default --configs there
+only). Each server's whole process tree's PSS at start and after its load. Then served figures
+divided by the fastest fp32 ceiling any graph reached, int8's and bf16's served speed over
+fp32's (the defaults', in the same run), and two peers on the same texts: plain FastAPI (one
+text a forward pass) and LitServe with its own batching. bf16 against fp32 at c=32 alone:
+  python -m benchmarks.serving --configs default,bf16 --levels 32 --no-peer --skip-limits
+Usage: python -m benchmarks.serving [--seconds 6] [--quick]
+       [--configs default,other,torch,int8,bf16]
        [--mixes short,long] [--peers fastapi,litserve] [--no-peer] [--levels 1,32,64]
        [--skip-limits] [--skip-256] [--baseline OTHER_CHECKOUT --rounds N]
 (a whole run takes about 15 minutes on 2 cores: --configs and --peers run it in parts).
@@ -52,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from ringserve.service.precision import BF16_FLAGS, cpu_flags
 from ringserve.service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
 from ringserve.workers.process.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
 
@@ -70,8 +75,11 @@ RUNTIMES = [
     ("onnx", "fp32", "other"),
     ("torch", "fp32", ""),
     ("onnx", "int8", ""),
+    ("openvino", "bf16", ""),
 ]
-CONFIG_NAMES = ("default", "other", "torch", "int8")  # --configs, in RUNTIMES' order
+CONFIG_NAMES = ("default", "other", "torch", "int8", "bf16")  # --configs, in RUNTIMES' order
+# bf16 is served on a CPU with one of these (service/precision.py BF16_FLAGS), else refused
+CPU_BF16 = bool(cpu_flags() & set(BF16_FLAGS))
 LEVELS = [1, 32, 64]
 # Batch limits the ceiling tries: (rows, padded tokens).
 LIMITS = [(8, 256), (16, 256), (32, 512), (64, 512), (64, 1024)]
@@ -459,7 +467,7 @@ def run_config(
 ) -> tuple[str, dict[tuple[str, int], Level]]:
     """One configuration served (by another checkout's server when `tree` is given: a
     baseline, named `label` in the rows) and measured against its own ceiling at every level;
-    returns the fp32 graph it served ("" for TorchScript and int8) and its levels."""
+    returns the fp32 graph it served ("" for TorchScript, int8 and bf16) and its levels."""
     runtime, precision, graph = config
     overhead = BATCH_OVERHEAD[runtime, precision]
     levels = {}
@@ -559,21 +567,23 @@ def serve_and_ceiling(
 
 def summary(results: dict[tuple[str, str, str], dict[tuple[str, int], Level]]) -> None:
     """The defaults' served figures over the fastest fp32 ceiling found (any graph or runtime),
-    and int8's served speed over the defaults' (fp32), all from this run."""
+    and int8's and bf16's served speed over the defaults' (fp32), all from this run."""
     if RUNTIMES[0] not in results:
         return
     default = results[RUNTIMES[0]]
     fp32 = [levels for config, levels in results.items() if config[1] == "fp32"]
     int8 = results.get(("onnx", "int8", ""))
+    bf16 = results.get(("openvino", "bf16", ""))
     print("\n| mix | c | served/s (defaults) | fastest fp32 ceiling/s | served/fastest | "
-          "int8 served/s | int8/fp32 served |")  # fmt: skip
-    print("| --- " * 7 + "|")
+          "int8 served/s | int8/fp32 served | bf16 served/s | bf16/fp32 served |")  # fmt: skip
+    print("| --- " * 9 + "|")
     for mix, c in default:
         best = max(levels[mix, c].ceiling for levels in fp32)
         rps = default[mix, c].served.load.rps
         i8 = int8[mix, c].served.load.rps if int8 else float("nan")
+        b16 = bf16[mix, c].served.load.rps if bf16 else float("nan")
         print(f"| {mix} | {c} | {rps:.1f} | {best:.1f} | {rps / best:.2f} | {i8:.1f} | "
-              f"{i8 / rps:.2f} |")  # fmt: skip
+              f"{i8 / rps:.2f} | {b16:.1f} | {b16 / rps:.2f} |")  # fmt: skip
 
 
 def options(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[tuple[str, str, str]]]:
@@ -601,8 +611,9 @@ def options(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[tup
     p.add_argument("--no-peer", action="store_true", help="skip the peers")
     p.add_argument(
         "--configs",
-        default=",".join(CONFIG_NAMES),
-        help=f"which of {', '.join(CONFIG_NAMES)} to serve (other, peers: default too)",
+        default=",".join(n for n in CONFIG_NAMES if n != "bf16" or CPU_BF16),
+        help=f"which of {', '.join(CONFIG_NAMES)} to serve (other, peers: default too; bf16 "
+        "by default only on a CPU that has it)",
     )
     p.add_argument("--skip-limits", action="store_true", help="skip the batch-limit search")
     p.add_argument("--skip-256", action="store_true", help="skip the 256-window reference")

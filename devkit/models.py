@@ -15,8 +15,9 @@ def raw_runner(
     model_dir: str, runtime: str, precision: str, max_batch: int, graph: str = "plain"
 ) -> Any:
     """The model alone on one thread, run as a CPU worker runs it (workers/process/): an
-    OrtRunner on the artifact's ONNX file for `precision`, or TorchScript without the profiling
-    executor. For the benchmarks' ceilings; imports torch, so call it in the measuring process."""
+    OrtRunner on the artifact's ONNX file for `precision`, an OvRunner (runtime "openvino": the
+    plain graph compiled at `precision`), or TorchScript without the profiling executor. For the
+    benchmarks' ceilings; imports torch, so call it in the measuring process."""
     import torch
     from ringserve.workers.artifact import load_manifest, load_model
     from ringserve.workers.process.served import set_graph_optimize
@@ -28,6 +29,11 @@ def raw_runner(
     if runtime == "onnx":
         session = open_session(f"{model_dir}/{m.onnx_for(precision, graph)}")
         return OrtRunner(session, m.max_length, max_batch, precision=precision)
+    if runtime == "openvino":
+        from ringserve.workers.runtimes.openvino import OvRunner, compile_model
+
+        compiled = compile_model(f"{model_dir}/{m.onnx_file}", precision, 1)
+        return OvRunner(compiled, m.max_length, max_batch, precision=precision)
     set_graph_optimize(True)
     return CpuRunner(load_model(model_dir), m.max_length, max_batch)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from ringserve.service.precision import BF16_FLAGS, cpu_flags
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
     OTHER_FILES,
@@ -53,7 +54,8 @@ DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-mini
 #    fused fp32 graph (model.fused.onnx) and the int8 recipe chosen by measurement (int8.py).
 # 5: int8's cost published from the publication split; the selection split's frontier in
 #    graphs.int8_selection (the record of the choice, never the published cost).
-ARTIFACT_FORMAT = 5
+# 6: bf16's cost (OpenVINO, the plain graph) published the same way, by a CPU that has bf16.
+ARTIFACT_FORMAT = 6
 # "plain" builds the plain ONNX graph alone: no fused graph, no int8 (served at fp32 on the plain
 # graph, as an artifact whose fused graph was not kept). For the tests' builds of artifacts read
 # on TorchScript and the plain graph only (devkit/builds.py plain_builds); unset or "all": all.
@@ -105,6 +107,9 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
             fused, graphs = _fused(plain, work / ox.FUSED_FILE, tokenizer)
             chosen, cost = _int8(plain, fused, work, tokenizer, manifest, graphs)
             files["int8_file"] = (chosen, ox.INT8_FILE)
+            bf16 = _bf16(plain, tokenizer, manifest)
+            if bf16:
+                manifest["bf16"] = bf16
         if fused is not None:
             files["fused_file"] = (fused, ox.FUSED_FILE)
         data: list[str] = []
@@ -158,6 +163,20 @@ def _int8(
     ox.quantize_int8(plain, chosen)
     cost = int8.publish(plain, chosen, tokenizer, labels, manifest["activation"])
     return chosen, cost | {"recipe": "dynamic"}
+
+
+def _bf16(plain: Path, tokenizer: Any, manifest: dict[str, Any]) -> dict[str, Any]:
+    """bf16's published cost (int8.publish_bf16) where this CPU has bf16 and OpenVINO can
+    compile the graph; {} otherwise (said once: the artifact then serves bf16 uncosted)."""
+    from ringserve.factory import int8
+
+    if not cpu_flags() & set(BF16_FLAGS):
+        return {}
+    try:
+        return int8.publish_bf16(plain, tokenizer, list(manifest["labels"]), manifest["activation"])
+    except Exception as exc:  # noqa: BLE001 - OpenVINO's errors have no common type
+        print(f"ringserve: no bf16 cost in this artifact ({str(exc)[:200]})", file=sys.stderr)
+        return {}
 
 
 def _fused(plain: Path, dst: Path, tokenizer: Any) -> tuple[Path | None, dict[str, Any]]:
@@ -398,6 +417,8 @@ def _cache_key(encoder: Path, head: Path) -> str:
     # Built without the ONNX packages, an artifact is TorchScript-only: keep it apart, so that
     # installing them later builds the full one instead of reusing it.
     digest.update(b"onnx" if onnx_available() else b"no onnx")
+    # and one built on a CPU with bf16 publishes bf16's cost, which one built without lacks
+    digest.update(b"bf16" if cpu_flags() & set(BF16_FLAGS) else b"no bf16")
     for name in MODEL_CODE:
         digest.update((Path(__file__).parent / name).read_bytes())
     digest.update(head.read_bytes())

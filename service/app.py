@@ -206,6 +206,8 @@ class App:
             models=[m.name for m in self.front.models.infos()],
             memory_budget=s.memory_budget,
             device=model.device,
+            runtime=model.runtime,
+            precision=s.for_model(model.name).precision,
             workers=self.supervisor.target,
             spares=s.spares,
         )

@@ -16,7 +16,7 @@ from ringserve.factory.build import default_in_child
 from ringserve.service.device import resolve_device
 from ringserve.service.engine.tenants import INTERACTIVE, PRIORITIES
 from ringserve.service.logs import EventLog
-from ringserve.service.precision import auto_precision, cpu_flags, cpu_refusal
+from ringserve.service.precision import BF16_FLAGS, auto_precision, cpu_flags, cpu_refusal
 from ringserve.service.settings import PER_MODEL_MANIFEST, PER_MODEL_SERVED, Config, ModelTableError
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
@@ -39,7 +39,7 @@ class ModelInfo:
     model_dir: str
     served_as: str | None  # --model-name: the name KServe and /v1/model give, else the artifact's
     device: str  # resolved: cpu, cuda, cuda:K (or the test-only fake-gpu)
-    runtime: str  # resolved: torch or onnx
+    runtime: str  # resolved: torch, onnx or openvino
     graph: dict[str, Any]  # ONNX Runtime at fp32: the graph chosen, and why; else empty
     pad_grid: tuple[int, ...]  # empty: each CPU batch padded to its own longest text
     buckets: tuple[int, ...]  # the length classes latency is reported in
@@ -344,14 +344,18 @@ def pick_precision(
     settings: Config, manifest: Manifest, on_gpu: bool, log: EventLog, first: ModelInfo | None
 ) -> str:
     """Resolve --precision auto once, on the first model (one setting serves them all, as
-    --graph auto: the others say "as for" it), from int8's published cost (service/precision.py);
-    refuse a precision this CPU cannot run. Returns why auto chose what it did ("" without auto)."""
+    --graph auto: the others say "as for" it), from int8's and bf16's published costs
+    (service/precision.py); refuse a precision this CPU cannot run. Returns why auto chose what
+    it did ("" without auto)."""
     s = settings
     if s.precision == "auto":
         if on_gpu:
             s.precision, why = "fp32", "auto: no published cost for fp16 or bf16 on CUDA"
         else:
-            s.precision, why = auto_precision(manifest.int8, bool(manifest.int8_file))
+            cpu_bf16 = bool(cpu_flags() & set(BF16_FLAGS))
+            s.precision, why = auto_precision(
+                manifest.int8, bool(manifest.int8_file), manifest.bf16, cpu_bf16
+            )
         log.info("precision_chosen", precision=s.precision, reason=why)
         print(f"ringserve: --precision auto: serving {s.precision} ({why})", file=sys.stderr)
         return why
@@ -376,7 +380,27 @@ def pick_runtime(settings: Config, manifest: Manifest, on_gpu: bool, log: EventL
     if s.precision == "int8" and not on_gpu:
         log.warning("int8_cost", **manifest.int8)
         print(int8_note(manifest.int8), file=sys.stderr)
+    if runtime == "openvino":
+        log.info("runtime_chosen", runtime=runtime, precision=s.precision, bf16=manifest.bf16)
+        said = bf16_note(s.precision, manifest.bf16)
+        print(f"ringserve: serving {s.precision} on OpenVINO{said}", file=sys.stderr)
     return runtime
+
+
+def bf16_note(precision: str, cost: dict[str, Any]) -> str:
+    """bf16's cost as published (factory/int8.py publish_bf16), or "" (fp32, or none)."""
+    if precision != "bf16":
+        return ""
+    if not cost:
+        return " (the artifact publishes no bf16 cost: built on a CPU without bf16)"
+    where = f"{cost.get('texts')} texts of the publication split"
+    speed = f", {cost['speedup']}x fp32's speed where built" if "speedup" in cost else ""
+    if "mean_cosine" in cost:
+        return f": mean cosine to fp32 {cost['mean_cosine']} on {where}{speed}"
+    return (
+        f": accuracy cost {cost.get('accuracy_cost')}, same decision as fp32 on "
+        f"{cost.get('argmax_agreement')} of {where}{speed}"
+    )
 
 
 def int8_note(cost: dict[str, Any]) -> str:

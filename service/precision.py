@@ -2,10 +2,13 @@
 precisions this CPU cannot run refused with the flags it lacks.
 
 `auto` reads only the figures the artifact published from its publication split
-(manifest.int8, factory/int8.py `publish`), never ones a recipe was chosen on: int8 when it
-agrees with fp32 on at least 99% of the split's decisions and costs at most 0.5 point of
-accuracy (an embed-only model: a mean cosine to fp32 of at least 0.999), and ran faster than
-fp32 where it was built; fp32 otherwise.
+(manifest.int8 and manifest.bf16, factory/int8.py `publish` and `publish_bf16`), never ones a
+recipe was chosen on. A candidate is faithful when it agrees with fp32 on at least 99% of the
+split's decisions and costs at most 0.5 point of accuracy (an embed-only model: a mean cosine to
+fp32 of at least 0.999), and ran faster than fp32 where it was built. The candidates are int8
+(when the artifact has its graph) and bf16 (when this CPU has AVX512_BF16 or AMX and the
+artifact published bf16's cost); the fastest faithful one by its published speedup serves, fp32
+when none is.
 """
 
 from __future__ import annotations
@@ -13,36 +16,60 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-MIN_AGREEMENT = 0.99  # int8's decisions equal to fp32's, at least this share of the split
-MAX_ACCURACY_COST = 0.005  # accuracy int8 may lose against fp32: half a point
-MIN_MEAN_COSINE = 0.999  # an embed-only model: int8's vectors this close to fp32's on average
+MIN_AGREEMENT = 0.99  # a precision's decisions equal to fp32's, at least this share of the split
+MAX_ACCURACY_COST = 0.005  # accuracy a precision may lose against fp32: half a point
+MIN_MEAN_COSINE = 0.999  # an embed-only model: its vectors this close to fp32's on average
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # what a CPU needs to run bf16 at speed
 
 
-def auto_precision(cost: dict[str, Any], has_int8: bool) -> tuple[str, str]:
-    """The precision `auto` serves given int8's published cost, and why (one line)."""
-    if not has_int8 or not cost:
-        return "fp32", "auto: the artifact has no int8 graph"
+def judge(name: str, cost: dict[str, Any]) -> tuple[bool, str]:
+    """Whether `name` (int8 or bf16) is faithful and faster by its published `cost`, and what
+    says so or why not (a clause of the reason line)."""
     where = f"of {cost.get('texts')} texts"
     if "mean_cosine" in cost:
         cosine = cost["mean_cosine"]
         if cosine < MIN_MEAN_COSINE:
-            return "fp32", f"auto: int8's mean cosine to fp32 is {cosine} {where}, below 0.999"
-        said = f"int8's mean cosine to fp32 is {cosine} {where}"
+            return False, f"{name}'s mean cosine to fp32 is {cosine} {where}, below 0.999"
+        said = f"{name}'s mean cosine to fp32 is {cosine} {where}"
     else:
         agreement = cost.get("argmax_agreement", 0.0)
         if agreement < MIN_AGREEMENT:
-            return "fp32", f"auto: int8 agrees on {agreement} {where}, below {MIN_AGREEMENT}"
-        said = f"int8 agrees on {agreement} {where}"
+            return False, f"{name} agrees on {agreement} {where}, below {MIN_AGREEMENT}"
+        said = f"{name} agrees on {agreement} {where}"
         lost = cost.get("accuracy_cost")
         if lost is not None and lost > MAX_ACCURACY_COST:
-            return "fp32", f"auto: int8 costs {lost * 100:.2f} points of accuracy, above 0.5"
+            return False, f"{name} costs {lost * 100:.2f} points of accuracy, above 0.5"
         if lost is not None:
             said += f" and costs {lost * 100:.2f} points of accuracy"
     speedup = cost.get("speedup")
     if speedup is not None and speedup <= 1.0:
-        return "fp32", f"auto: {said}, but ran at {speedup}x fp32's speed"
-    return "int8", f"auto: {said}" + (f", {speedup}x fp32's speed" if speedup else "")
+        return False, f"{said}, but ran at {speedup}x fp32's speed"
+    return True, said + (f", {speedup}x fp32's speed" if speedup else "")
+
+
+def auto_precision(
+    cost: dict[str, Any],
+    has_int8: bool,
+    bf16: dict[str, Any] | None = None,
+    cpu_bf16: bool = False,
+) -> tuple[str, str]:
+    """The precision `auto` serves given int8's and bf16's published costs, and why (one line):
+    the faithful candidate with the highest published speedup (int8 on a tie), else fp32."""
+    judged: list[tuple[str, bool, str, float]] = []
+    if has_int8 and cost:
+        judged.append(("int8", *judge("int8", cost), float(cost.get("speedup") or 1.0)))
+    if cpu_bf16 and bf16:
+        judged.append(("bf16", *judge("bf16", bf16), float(bf16.get("speedup") or 1.0)))
+    if not judged:
+        return "fp32", "auto: the artifact has no int8 graph" + (
+            " and publishes no bf16 cost" if cpu_bf16 else ""
+        )
+    faithful = [j for j in judged if j[1]]
+    if not faithful:
+        return "fp32", "auto: " + "; ".join(j[2] for j in judged)
+    best = max(faithful, key=lambda j: j[3])  # max keeps the first of equals: int8
+    others = [j[2] for j in judged if j is not best]
+    return best[0], "auto: " + "; ".join([best[2], *others])
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -58,7 +85,7 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
 
 
 def cpu_refusal(precision: str, flags: set[str]) -> str:
-    """Why the CPU cannot serve `precision` ("" when it can)."""
+    """Why the CPU cannot serve `precision` ("" when it can): bf16 needs one of BF16_FLAGS."""
     if precision == "fp16":
         return "--precision fp16 runs on CUDA only"
     if precision != "bf16":
@@ -68,8 +95,4 @@ def cpu_refusal(precision: str, flags: set[str]) -> str:
             f"--precision bf16 needs a CPU with {' or '.join(BF16_FLAGS)}; this one has "
             "neither (use fp32, int8 or auto)"
         )
-    return (
-        f"--precision bf16 is served on CUDA only so far; this CPU has "
-        f"{', '.join(f for f in BF16_FLAGS if f in flags)} (benchmarks/runtimes.py measures "
-        "OpenVINO bf16 on it)"
-    )
+    return ""  # served on OpenVINO (workers/runtimes/openvino.py)

@@ -58,8 +58,10 @@ def weights_bytes(
     """The size of the weight files a worker loads for this model on `runtime`: TorchScript's
     file, or the ONNX graph it runs and that graph's own .data files."""
     names = [manifest.model_file]
-    if runtime == "onnx":
-        graph_file = manifest.onnx_for(precision, graph)
+    if runtime in ("onnx", "openvino"):  # OpenVINO compiles the plain graph, at any precision
+        graph_file = (
+            manifest.onnx_for(precision, graph) if runtime == "onnx" else manifest.onnx_file
+        )
         names = [graph_file, *(f for f in manifest.data_files if f.startswith(graph_file + "."))]
     total = 0
     for name in names:

@@ -121,7 +121,7 @@ parse_precision = one_of(
     "precision", "fp32", "fp16", "bf16", "int8", "auto",
     said="fp32, int8 (CPU), fp16 or bf16 (CUDA), or auto",
 )  # fmt: skip
-parse_runtime = one_of("runtime", "auto", "torch", "onnx")
+parse_runtime = one_of("runtime", "auto", "torch", "onnx", "openvino")
 parse_graph = one_of("graph", "auto", "plain", "fused")
 parse_long_text = one_of("long-text", "truncate", "refuse", "window")
 parse_model_control = one_of("model-control", "none", "explicit")
@@ -439,17 +439,20 @@ class Config:
     precision: str = option(
         "fp32",
         "CPU: fp32 or int8 (on ONNX Runtime, the recipe the artifact build chose by measuring "
-        "agreement and speed; its accuracy cost is logged at start and in /v1/model); CUDA: "
-        "fp32, fp16 or bf16 (autocast; benchmarks/gpu_check.py measures their cost); auto: int8 "
-        "when its published cost is within 0.5 point of accuracy and 0.99 agreement (embeddings: "
-        "mean cosine 0.999) and it is faster, else fp32 (the choice and why: log, /v1/model). "
+        "agreement and speed; its accuracy cost is logged at start and in /v1/model), and bf16 "
+        "on a CPU with avx512_bf16 or amx_bf16 (on OpenVINO; its cost is published as int8's); "
+        "CUDA: fp32, fp16 or bf16 (autocast; benchmarks/gpu_check.py measures their cost); auto: "
+        "the fastest of int8 and bf16 whose published cost is within 0.5 point of accuracy and "
+        "0.99 agreement (embeddings: mean cosine 0.999) and that is faster, else fp32 (the "
+        "choice and why: log, /v1/model). "
         "Equal scores (1e-5) are promised for fp32",
         parse_precision,
     )
     runtime: str = option(
         "auto",
-        "torch (TorchScript) or onnx (ONNX Runtime, CPU); auto: onnx on the CPU when the "
-        "artifact has model.onnx (measured 2-2.8x faster, README), torch on CUDA",
+        "torch (TorchScript), onnx (ONNX Runtime, CPU) or openvino (OpenVINO, CPU: fp32 or "
+        "bf16); auto: onnx on the CPU when the artifact has model.onnx (measured 2-2.8x faster, "
+        "README), openvino for bf16 on the CPU, torch on CUDA",
         parse_runtime,
     )
     graph: str = option(

@@ -64,6 +64,8 @@ class Manifest:
     onnx_file: str = ""  # "" = none (an artifact built before format 2)
     int8_file: str = ""
     int8: dict[str, Any] = field(default_factory=dict)  # int8's recipe and cost (factory/int8.py)
+    # bf16's cost on OpenVINO, published by a building CPU with bf16 ({}: none; format 6)
+    bf16: dict[str, Any] = field(default_factory=dict)
     fused_file: str = ""  # ONNX Runtime's fused fp32 graph; "" = none (nothing fused, or old)
     data_files: list[str] = field(default_factory=list)  # the graphs' weights (.data files)
     graphs: dict[str, Any] = field(default_factory=dict)  # the fused graph's ops and drift
@@ -167,7 +169,7 @@ def check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
         if key not in raw:
             raise bad(f"missing field {key!r}")
     data_files = _check_files(raw, bad)
-    for key in ("int8", "graphs"):
+    for key in ("int8", "bf16", "graphs"):
         if not isinstance(raw.get(key, {}), dict):
             raise bad(f"{key!r} must be an object")
     task, dimension = _check_task(raw, bad)
@@ -203,6 +205,7 @@ def check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
         onnx_file=raw.get("onnx_file", ""),
         int8_file=raw.get("int8_file", ""),
         int8=raw.get("int8", {}),
+        bf16=raw.get("bf16", {}),
         fused_file=raw.get("fused_file", ""),
         data_files=list(data_files),
         graphs=raw.get("graphs", {}),

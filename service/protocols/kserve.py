@@ -58,8 +58,9 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
 ]
-# Triton's platform names for the runtime that serves (ModelInfo.runtime: onnx or torch)
-PLATFORMS = {"onnx": "onnxruntime_onnx", "torch": "pytorch_libtorch"}
+# Triton's platform names for the runtime that serves (ModelInfo.runtime: onnx, openvino or
+# torch); Triton names its OpenVINO backend "openvino"
+PLATFORMS = {"onnx": "onnxruntime_onnx", "torch": "pytorch_libtorch", "openvino": "openvino"}
 OUTPUTS = ("scores", "label")  # a classifier's outputs
 EMBEDDING = "embedding"  # an embed model's output, FP32 [N, D], asked for by name
 HEADER_LENGTH = b"inference-header-content-length"

@@ -245,8 +245,11 @@ def model_card(server: FrontView, info: ModelInfo) -> ModelCard:
         body["precision_chosen_by"] = info.precision_chosen_by
     if info.graph:  # ONNX Runtime at fp32: which graph serves, and the timings that chose it
         body["graph"] = info.graph
-    if server.settings.for_model(info.name).precision == "int8" and info.runtime == "onnx":
+    precision = server.settings.for_model(info.name).precision
+    if precision == "int8" and info.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built
+    if precision == "bf16" and info.runtime == "openvino" and m.bf16:
+        body["bf16"] = m.bf16  # the same, by a building CPU that had bf16
     return ModelCard(**body)
 
 

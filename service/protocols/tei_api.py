@@ -267,11 +267,11 @@ def token_vectors_width(info: ModelInfo) -> int:
             f"/embed_all is not served by model {info.name}: its artifact has no token vectors "
             "(an embed model built by this version of `ringserve build` has them)",
         )
-    if info.runtime != "onnx":
+    if info.runtime not in ("onnx", "openvino"):
         raise HttpError(
             400,
-            f"/embed_all is served on ONNX Runtime only; model {info.name} runs on "
-            f"{info.runtime} (--runtime onnx)",
+            f"/embed_all is served on ONNX Runtime and OpenVINO only; model {info.name} runs "
+            f"on {info.runtime} (--runtime onnx)",
         )
     return width
 

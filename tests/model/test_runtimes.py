@@ -67,6 +67,21 @@ def test_choose_runtime() -> None:
         choose_runtime("torch", "int8", False, new)
     with pytest.raises(ValueError, match="CPU only"):
         choose_runtime("onnx", "fp32", True, new)
+    # bf16 on the CPU is OpenVINO's, on the plain graph; it also serves fp32 when asked for
+    assert choose_runtime("auto", "bf16", False, new) == ("openvino", "")
+    assert choose_runtime("openvino", "bf16", False, new) == ("openvino", "")
+    assert choose_runtime("openvino", "fp32", False, new) == ("openvino", "")
+    assert choose_runtime("auto", "bf16", True, new) == ("torch", "")  # CUDA's autocast
+    for requested in ("torch", "onnx"):
+        with pytest.raises(ValueError, match="runs on OpenVINO"):
+            choose_runtime(requested, "bf16", False, new)
+    with pytest.raises(ValueError, match="int8 runs on ONNX Runtime"):
+        choose_runtime("openvino", "int8", False, new)
+    with pytest.raises(ValueError, match="CPU only"):
+        choose_runtime("openvino", "fp32", True, new)
+    for args in (("auto", "bf16", False, old), ("openvino", "fp32", False, old)):
+        with pytest.raises(ValueError, match="rebuild it"):
+            choose_runtime(*args)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -126,6 +141,41 @@ def test_runtimes_give_the_same_scores_alone_and_in_mixed_batches(
         shuffled = random.Random(5).sample(items, len(items))
         mixed = run(runner, shuffled)  # every length in one batch, padded to the longest
         np.testing.assert_allclose(mixed, expected[[it.msg_id for it in shuffled]], atol=1e-5)
+
+
+def test_openvino_scores_as_fp32_and_bf16_within_its_drift(
+    default_model: str, sst2_texts: list[str], agnews_texts: list[str]
+) -> None:
+    """OpenVINO's runner on the plain graph: at f32 the same scores as TorchScript (1e-4: its
+    kernels sum in another order), alone and in a mixed batch; at bf16, on a CPU that has it,
+    the same decisions within bf16's drift; its token states are those of the same pass."""
+    from ringserve.service.precision import BF16_FLAGS, cpu_flags
+    from ringserve.workers.runtimes.openvino import OvRunner, compile_model
+
+    texts = texts_of_every_length(sst2_texts, agnews_texts)
+    items = make_items(default_model, texts)
+    manifest = load_manifest(default_model)
+    plain = Path(default_model) / manifest.onnx_file
+    expected = softmax(reference_logits(default_model, texts))
+    f32 = OvRunner(compile_model(plain, "fp32", 1), manifest.max_length, 32, precision="fp32")
+    f32.warm()
+    alone = np.concatenate([run(f32, [it]) for it in items])
+    np.testing.assert_allclose(alone, expected, atol=1e-4, rtol=0)
+    shuffled = random.Random(5).sample(items, len(items))
+    np.testing.assert_allclose(run(f32, shuffled), expected[[it.msg_id for it in shuffled]],
+                               atol=1e-4)  # fmt: skip
+    length = max(len(it.ids) for it in items[:3])
+    f32.fill(length, items[:3])
+    rows, tokens = f32.forward_tokens(length, 3)
+    assert tokens.shape == (3, length, f32.token_width) and f32.token_width == 384
+    np.testing.assert_allclose(rows, expected[:3], atol=1e-4)
+    if not cpu_flags() & set(BF16_FLAGS):
+        pytest.skip("bf16: this CPU has neither avx512_bf16 nor amx_bf16")
+    bf16 = OvRunner(compile_model(plain, "bf16", 1), manifest.max_length, 32)
+    got = np.concatenate([run(bf16, [it]) for it in items])
+    assert (got.argmax(1) == expected.argmax(1)).all()
+    drift = float(np.abs(got - expected).max())
+    assert 0 < drift < 0.05, drift  # bf16 does move the scores, a little
 
 
 # check_served_scores sends 12 texts of every length at once (up to 512 tokens) to one or two

@@ -166,6 +166,8 @@ class Loader:
         # The allocator may hand the load memory freed earlier, so the delta can read low; the
         # weights it loaded are resident either way.
         weights = manifest.onnx_for(spec.precision, spec.graph) if runtime == "onnx" else ""
+        if runtime == "openvino":  # compiled from the plain graph, whatever the precision
+            weights = manifest.onnx_file
         grown = max(grown, weights_bytes(ref.model_dir, weights or manifest.model_file))
         return Served(
             ref, longtext, runner, batcher, n_labels, manifest.dimension, manifest.activation,
@@ -186,6 +188,13 @@ class Loader:
         if runtime == "onnx":  # the session is made here, after any fork: ORT keeps threads
             spec = self.spec.for_model(ref)
             runner: Runner = ort_runner(spec, manifest, activation, ref.model_dir)
+            self.model_ok = True
+            runner.warm()
+            return runner
+        if runtime == "openvino":  # compiled here, after any fork, as ONNX Runtime's session
+            from ringserve.workers.runtimes.openvino import ov_runner
+
+            runner = ov_runner(self.spec.for_model(ref), manifest, activation, ref.model_dir)
             self.model_ok = True
             runner.warm()
             return runner
@@ -225,6 +234,8 @@ class Loader:
 def _import_runtime(runtime: str) -> None:
     if runtime == "onnx":
         import onnxruntime  # noqa: F401
+    elif runtime == "openvino":
+        import openvino  # noqa: F401
     else:
         import ringserve.workers.runtimes.cuda  # noqa: F401
         import torch  # noqa: F401

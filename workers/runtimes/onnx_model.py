@@ -41,17 +41,29 @@ def open_session(path: str | os.PathLike[str], threads: int = 1) -> Any:
 
 
 def choose_runtime(requested: str, precision: str, on_gpu: bool, manifest: Any) -> tuple[str, str]:
-    """The runtime a worker runs ("torch" or "onnx") and a note to log once ("" when none).
+    """The runtime a worker runs ("torch", "onnx" or "openvino") and a note to log once ("" when
+    none).
 
     `auto` on the CPU is ONNX Runtime whenever the artifact has model.onnx: measured on this
     2-core machine with MiniLM, one thread, sorted SST-2 batches, it ran 2.0-2.3x the texts/s of
     TorchScript (163 against 80; 693 against 306 at batch 16) and 2.8x for texts alone (273
-    against 97 a second), with logits within 3e-6. On CUDA it is TorchScript (the CUDA graphs).
-    Impossible combinations raise ValueError with the reason."""
+    against 97 a second), with logits within 3e-6. bf16 on the CPU is OpenVINO's (its plain
+    graph compiled with the bf16 precision hint: docs/guides/runtimes.md); `--runtime openvino`
+    also serves fp32. On CUDA it is TorchScript (the CUDA graphs). Impossible combinations raise
+    ValueError with the reason."""
     if on_gpu:
-        if requested == "onnx" or precision == "int8":
-            raise ValueError("--runtime onnx and --precision int8 run on the CPU only")
+        if requested in ("onnx", "openvino") or precision == "int8":
+            raise ValueError(
+                "--runtime onnx, --runtime openvino and --precision int8 run on the CPU only"
+            )
         return "torch", ""
+    if precision == "bf16" and requested in ("torch", "onnx"):
+        raise ValueError(
+            "--precision bf16 on the CPU runs on OpenVINO (measured 2.8-3.7x ONNX Runtime fp32's "
+            "texts/s at batch 32): use --runtime openvino or auto"
+        )
+    if requested == "openvino" and precision == "int8":
+        raise ValueError("--precision int8 runs on ONNX Runtime: use --runtime onnx or auto")
     if requested == "torch":
         if precision == "int8":
             raise ValueError(
@@ -59,13 +71,15 @@ def choose_runtime(requested: str, precision: str, on_gpu: bool, manifest: Any) 
                 "fewer flipped decisions): use --runtime onnx or auto"
             )
         return "torch", ""
-    wanted = manifest.onnx_for(precision)
+    openvino = precision == "bf16" or requested == "openvino"
+    wanted = manifest.onnx_file if openvino else manifest.onnx_for(precision)
     if wanted:
-        return "onnx", ""
+        return ("openvino" if openvino else "onnx"), ""
     what = "model.int8.onnx" if precision == "int8" else "model.onnx"
-    if requested == "onnx" or precision == "int8":
+    if requested in ("onnx", "openvino") or precision in ("int8", "bf16"):
         raise ValueError(
             f"the artifact has no {what} (built before ONNX export, or the exporter could not "
             "take the model): rebuild it with `ringserve export`, or use --runtime torch"
+            + (" at fp32" if precision == "bf16" else "")
         )
     return "torch", f"the artifact has no {what} (built before ONNX export): serving TorchScript"

@@ -90,6 +90,7 @@ class ModelCard(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=
     # ONNX Runtime at fp32: the graph serving (plain or fused), what chose it, its timings
     graph: dict[str, Any] | UnsetType = UNSET
     int8: dict[str, Any] | UnsetType = UNSET  # the int8 cost measured at export
+    bf16: dict[str, Any] | UnsetType = UNSET  # bf16's on OpenVINO, where built on a bf16 CPU
 
 
 class NamedModelCard(ModelCard, kw_only=True):
