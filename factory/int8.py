@@ -20,6 +20,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,17 +147,21 @@ def _drift(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def rank_groups(
-    plain: Path, work: Path, calibration: list[Any], base: np.ndarray
+    plain: Path, work: Path, calibration: list[Any], pool: ThreadPoolExecutor
 ) -> tuple[list[str], dict[str, Path]]:
     """Groups from the most sensitive: int8 everywhere but one group, for each group, and how
-    close that comes to fp32 on the calibration rows. Returns the order and each group's file."""
+    close that comes to fp32 on the calibration rows. Returns the order and each group's file.
+    Each graph's pass on the calibration rows runs in `pool` (one thread) while the quantizer,
+    Python under the GIL, writes the next graph: the same passes, overlapped."""
     groups = weight_groups(plain)
-    drift: dict[str, float] = {}
+    base = pool.submit(ox.logits_of, plain, calibration)
+    passes: dict[str, Future[np.ndarray]] = {}
     files: dict[str, Path] = {}
     for i, (group, nodes) in enumerate(sorted(groups.items())):
         files[group] = work / f"keep{i}.onnx"
         dynamic(plain, files[group], nodes)
-        drift[group] = _drift(ox.session_logits(ox.open_session(files[group]), calibration), base)
+        passes[group] = pool.submit(ox.logits_of, files[group], calibration)
+    drift = {group: _drift(logits.result(), base.result()) for group, logits in passes.items()}
     return sorted(drift, key=drift.__getitem__), files
 
 
@@ -185,8 +190,8 @@ def candidates(
 
 def _keep_fp32(plain: Path, work: Path, calibration: list[Any]) -> list[Candidate]:
     """Dynamic int8 with the 1 .. KEEP_GROUPS most sensitive MatMul groups kept fp32."""
-    base = ox.session_logits(ox.open_session(plain), calibration)
-    order, files = rank_groups(plain, work, calibration, base)
+    with ThreadPoolExecutor(1) as pool:
+        order, files = rank_groups(plain, work, calibration, pool)
     groups = weight_groups(plain)
     out = []
     for k in range(1, min(KEEP_GROUPS, len(order)) + 1):
@@ -287,8 +292,7 @@ def publish(
     rows = int(os.environ.get(PUBLICATION_ROWS_ENV) or len(texts))
     texts, gold = texts[:rows], gold[:rows]
     encodings = tokenizer.encode_batch(texts)
-    a = ox.session_logits(ox.open_session(plain), encodings)
-    b = ox.session_logits(ox.open_session(chosen), encodings)
+    a, b = ox.logits_each([plain, chosen], encodings)  # the two passes at once
     cost: dict[str, Any] = {"texts": len(texts), "split": ox.PUBLICATION_SPLIT}
     if not labels:
         norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
