@@ -17,6 +17,8 @@ process it makes is removed (processes by PID); traffic goes only to its own nam
 private range 10.231.7.0/24 that exists only inside them. The binary client re-sends the frames
 a closed connection left unanswered on a new connection (HAProxy cannot retry inside a TCP
 stream); those re-sends are counted and printed, and only a frame never answered is a failure.
+Waits poll: traffic flows when every client has had an answer, and a scenario's window ends
+when every request begun in it is answered; the link-down is the one fixed wait.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -236,11 +239,28 @@ class Record:
         self.lock = threading.Lock()
         self.rows: list[tuple[float, float, str, str]] = []  # end, latency s, client, outcome
         self.resent: list[tuple[float, str]] = []  # binary frames re-sent: when, why
+        self.inflight: dict[str, float] = {}  # client -> when its unanswered request began
+
+    def begin(self, client: str, started: float) -> None:
+        with self.lock:
+            self.inflight[client] = started
 
     def add(self, client: str, started: float, outcome: str) -> None:
         now = time.monotonic()
         with self.lock:
+            self.inflight.pop(client, None)
             self.rows.append((now, now - started, client, outcome))
+
+    def settled(self, t: float) -> bool:
+        """No request that began before `t` is still unanswered."""
+        with self.lock:
+            return all(started > t for started in self.inflight.values())
+
+    def answered_since(self, t: float, clients: list[str]) -> bool:
+        """Every client named has had a request that began after `t` answered ok."""
+        with self.lock:
+            done = {c for end, lat, c, outcome in self.rows if outcome == "ok" and end - lat > t}
+        return done >= set(clients)
 
     def window(self, t0: float, t1: float) -> dict[str, Any]:
         with self.lock:
@@ -303,6 +323,7 @@ class HttpClient(Paced):
         closes idle ones at once), it fails before any answer: then it is re-sent once on a new
         connection, as Go's Transport does (errServerClosedIdle), and counted as a re-send."""
         started = time.monotonic()
+        self.rec.begin(self.name, started)
         body = json.dumps({"text": self.text()})
         reused = self.conn is not None
         outcome = self.send(body)
@@ -348,6 +369,7 @@ class BinaryClient(Paced):
 
     def once(self) -> None:
         started = time.monotonic()
+        self.rec.begin(self.name, started)
         data = self.text().encode()
         frame = wire.encode_frame(data, self.i)
         outcome = "never answered"
@@ -459,8 +481,25 @@ class Run:
         code = proc.wait(60)
         return code, segments_of(proc.pid)
 
+    def until(self, what: str, done: Callable[[], bool], timeout: float = 35) -> None:
+        """Poll `done` until true; a RuntimeError naming `what` after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what}: not within {timeout} s")
+            time.sleep(0.01)
+
+    def flowing(self, clients: list[Paced]) -> None:
+        """Wait until traffic flows: every client has had a request answered ok since now."""
+        t = time.monotonic()
+        self.until(
+            "every client answered", lambda: self.rec.answered_since(t, [c.name for c in clients])
+        )
+
     def record(self, name: str, t0: float, passed: bool, **extra: Any) -> None:
-        time.sleep(0.5)  # let requests that began in the window end in it
+        # Requests that began in the window end in it (the clients' timeout is 30 s).
+        end = time.monotonic()
+        self.until("requests of the window answered", lambda: self.rec.settled(end))
         row = {"scenario": name, "seconds": round(time.monotonic() - t0, 1)}
         row.update(self.rec.window(t0, time.monotonic()), **extra)
         row["pass"] = passed and row["failed"] == 0
@@ -513,7 +552,7 @@ class Run:
         """In place on node 0, clients connected to it directly (not through HAProxy)."""
         for c in clients:
             c.start()
-        time.sleep(2)
+        self.flowing(clients)
         t0 = time.monotonic()
         codes, left = [], 0
         for _ in range(self.args.upgrades):
@@ -523,7 +562,7 @@ class Run:
             code, segs = self.exit_clean(old)
             codes.append(code)
             left += len(segs)
-        time.sleep(1)
+        self.flowing(clients)  # the new server answers every client
         for c in clients:
             c.stop_event.set()
         for c in clients:
@@ -547,7 +586,7 @@ class Run:
         clients = mixed_clients(HUB_IP, rate, self.texts, self.rec, "lb-")
         for c in clients:
             c.start()
-        time.sleep(2)
+        self.flowing(clients)
         self.sigterm_one()
         self.sigkill_one()
         self.link_down()

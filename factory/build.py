@@ -192,8 +192,7 @@ def _fused(plain: Path, dst: Path, tokenizer: Any) -> tuple[Path | None, dict[st
         return None, {"fused": {"kept": False, "why": "nothing to fuse"}}
     texts, _ = ox.read_heldout()
     encodings = tokenizer.encode_batch(texts[:256])
-    a = ox.session_logits(ox.open_session(plain), encodings)
-    b = ox.session_logits(ox.open_session(dst), encodings)
+    a, b = ox.logits_each([plain, dst], encodings)
     drift = float(np.abs(a - b).max())
     kept = drift <= ox.FUSED_DRIFT
     info = {"kept": kept, "ops": ops, "max_logit_drift": float(f"{drift:.3g}")}

@@ -15,11 +15,14 @@ Recipes (ONNX Runtime's quantizer, weights int8 per output channel):
 from __future__ import annotations
 
 import csv
+import multiprocessing
 import os
 import re
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,18 +148,66 @@ def _drift(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).mean())
 
 
+@dataclass
+class Second:
+    """A process that runs `dynamic` beside this one (the quantizer is Python under the GIL),
+    spawned, so that nothing of this process's threads is copied into it, and the copy of the
+    plain graph it reads (the quantizer writes its shape-inferred model beside its input)."""
+
+    pool: ProcessPoolExecutor
+    plain: Path
+
+    def submit(self, dst: Path, keep: Sequence[str] = ()) -> Future[None]:
+        return self.pool.submit(dynamic, self.plain, dst, keep)
+
+
+@contextmanager
+def second_quantizer(plain: Path, work: Path) -> Iterator[Second | None]:
+    """A Second on a copy of `plain`; None for a graph whose weights are in files beside it
+    (then this process quantizes alone)."""
+    import onnx
+
+    graph = onnx.load(str(plain), load_external_data=False).graph
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer):
+        yield None
+        return
+    (work / "second").mkdir()
+    copy = work / "second" / plain.name
+    shutil.copyfile(plain, copy)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield Second(pool, copy)
+
+
+def _written(made: Future[None], path: Path, calibration: list[Any]) -> np.ndarray:
+    made.result()
+    return ox.logits_of(path, calibration)
+
+
 def rank_groups(
-    plain: Path, work: Path, calibration: list[Any], base: np.ndarray
+    plain: Path,
+    work: Path,
+    calibration: list[Any],
+    pool: ThreadPoolExecutor,
+    child: Second | None,
 ) -> tuple[list[str], dict[str, Path]]:
     """Groups from the most sensitive: int8 everywhere but one group, for each group, and how
-    close that comes to fp32 on the calibration rows. Returns the order and each group's file."""
+    close that comes to fp32 on the calibration rows. Returns the order and each group's file.
+    Every other graph is written by `child` while this process writes the next, and each
+    graph's pass on the calibration rows runs in `pool` (one thread) once it is written: the
+    same files and passes, overlapped."""
     groups = weight_groups(plain)
-    drift: dict[str, float] = {}
+    base = pool.submit(ox.logits_of, plain, calibration)
+    passes: dict[str, Future[np.ndarray]] = {}
     files: dict[str, Path] = {}
     for i, (group, nodes) in enumerate(sorted(groups.items())):
         files[group] = work / f"keep{i}.onnx"
-        dynamic(plain, files[group], nodes)
-        drift[group] = _drift(ox.session_logits(ox.open_session(files[group]), calibration), base)
+        if i % 2 and child is not None:
+            made = child.submit(files[group], nodes)
+            passes[group] = pool.submit(_written, made, files[group], calibration)
+        else:
+            dynamic(plain, files[group], nodes)
+            passes[group] = pool.submit(ox.logits_of, files[group], calibration)
+    drift = {group: _drift(logits.result(), base.result()) for group, logits in passes.items()}
     return sorted(drift, key=drift.__getitem__), files
 
 
@@ -166,11 +217,17 @@ def candidates(
     """Every recipe's file, built in `work`; a recipe the quantizer cannot apply to this graph
     is listed in `failed` with the reason (dynamic int8 must build: it is the fallback)."""
     out = [Candidate("dynamic", work / "dynamic.onnx")]
-    dynamic(plain, out[0].path)
-    try:
-        out += _keep_fp32(plain, work, calibration)
-    except Exception as exc:  # noqa: BLE001 - the quantizer's errors have no common type
-        failed.append({"recipe": "dynamic, fp32 <most sensitive>", "error": str(exc)[:200]})
+    with second_quantizer(plain, work) as child:
+        if child is None:
+            dynamic(plain, out[0].path)
+        else:
+            first = child.submit(out[0].path)
+        try:
+            out += _keep_fp32(plain, work, calibration, child)
+        except Exception as exc:  # noqa: BLE001 - the quantizer's errors have no common type
+            failed.append({"recipe": "dynamic, fp32 <most sensitive>", "error": str(exc)[:200]})
+        if child is not None:
+            first.result()  # dynamic int8 must build: it is the fallback
     for graph, src in (("plain", plain), ("fused", fused)):
         if src is None:
             continue
@@ -183,10 +240,12 @@ def candidates(
     return out
 
 
-def _keep_fp32(plain: Path, work: Path, calibration: list[Any]) -> list[Candidate]:
+def _keep_fp32(
+    plain: Path, work: Path, calibration: list[Any], child: Second | None
+) -> list[Candidate]:
     """Dynamic int8 with the 1 .. KEEP_GROUPS most sensitive MatMul groups kept fp32."""
-    base = ox.session_logits(ox.open_session(plain), calibration)
-    order, files = rank_groups(plain, work, calibration, base)
+    with ThreadPoolExecutor(1) as pool:
+        order, files = rank_groups(plain, work, calibration, pool, child)
     groups = weight_groups(plain)
     out = []
     for k in range(1, min(KEEP_GROUPS, len(order)) + 1):

@@ -1,6 +1,9 @@
 """benchmarks/cluster.py in its short mode: two nodes in network namespaces behind HAProxy, each
 failure scenario with its pass mark (SIGTERM, SIGKILL, link down, rolling restart, in-place
---reuse-port upgrade). Needs root, iproute2 and haproxy (tests/install_browser.py installs it)."""
+--reuse-port upgrade). Needs root, iproute2 and haproxy (tests/install_browser.py installs it).
+Its only fixed wait is the scenario's own link-down: traffic is known to flow when every client
+has had an answer (before the scenarios, before and after the upgrade), and a scenario's window
+ends when every request begun in it is answered (these were 2 s, 2 s, 1 s and 0.5 s sleeps)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,10 @@ and `ringserve ctl` reaches its control socket. A block that starts servers of i
 (`RINGSERVE_SPARES=0`, less CPU), the plain ONNX graph without timing both at start
 (`RINGSERVE_GRAPH=plain`), and the binary and gRPC ports off unless it names them; its
 servers are stopped when it ends. A block that exports a page's stand-in model builds it the
-tests' cheap way (devkit/builds.py: int8's recipe search skipped; no page shows that cost).
+tests' cheap way (devkit/builds.py: int8's recipe search skipped; no page shows that cost), and
+where no block of its page names int8, a precision, a graph or a runtime, the plain ONNX graph
+alone (plain_builds: the block servers serve that graph, RINGSERVE_GRAPH=plain; the families'
+fused and int8 builds are tests/model/test_families.py's and test_hf.py's).
 The blocks of one page run in order in one directory (a page may build a model in one block
 and serve it in the next); two pages run at a time. Output shown
 under a `$ ` command is checked for shape (devkit/snippets.py). A block marked
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.builds import CHEAP_BUILDS
+from devkit.builds import CHEAP_BUILDS, PLAIN_BUILDS
 from devkit.launcher import ROOT, free_port
 from devkit.server import ServerProc, serving
 from devkit.snippets import PORT, PYTHON, SHELL, Block, blocks, output_matches
@@ -43,6 +46,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 ALL = [b for page in PAGES for b in blocks(page) if b.runnable]
 VENV_BIN = Path(sys.executable).parent
 BLOCK_TIMEOUT_S = 240
+# A page whose blocks name none of these serves its exports on the plain graph alone.
+GRAPH_WORDS = ("int8", "precision", "fused", "graph", "runtime")
 
 PRELUDE = r"""
 set -e  # no pipefail: `... | head` may end its writer early, as in a terminal
@@ -112,10 +117,16 @@ def environment(block: Block, srv: ServerProc) -> dict[str, str]:
     env.update(RINGSERVE_SPARES="0", RINGSERVE_BINARY_PORT="0", RINGSERVE_GRPC_PORT="0")
     env["RINGSERVE_GRAPH"] = "plain"  # no graph timing at each block server's start (~1 s)
     if "ringserve export --from" in block.text:  # a stand-in model: its int8 cost is not shown
-        env.update(CHEAP_BUILDS)  # (about 1.5 s an export of a small one, not 8)
+        env.update(PLAIN_BUILDS if plain_page(block.path) else CHEAP_BUILDS)  # ~1.9 / 2.9 s, not 8
     if not block.starts_server:
         env["RINGSERVE_CONTROL"] = srv.control
     return env
+
+
+def plain_page(page: Path) -> bool:
+    """No runnable block of the page names an int8 graph, a precision, a graph or a runtime."""
+    texts = [b.text for b in blocks(page) if b.runnable and not b.not_run]
+    return not any(word in text for text in texts for word in GRAPH_WORDS)
 
 
 def shell_script(block: Block, mapping: dict[str, str]) -> tuple[str, list[list[str]]]:
