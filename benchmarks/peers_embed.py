@@ -60,6 +60,7 @@ CONFIGS = ("fp32", "faithful")
 INFINITY_FP32 = "--dtype float32"
 SERVED_NAME = "all-minilm-l6-v2"  # Infinity's name for the model (`model` in its requests)
 CHECKED = 4  # texts of each mix embedded by both and compared
+FAITHFUL = 0.999  # the least cosine to the model's fp32 vectors a faithful precision keeps
 SHOWN = ("runtime", "precision", "graph", "device")  # of ringserve's /v1/model
 
 
@@ -71,12 +72,15 @@ class Infinity:
         self.log_path = log_path
         env = {**inherited_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}  # fmt: skip
-        cmd = [str(venv / "bin" / "infinity_emb"), "v2", "--model-id", str(model_dir),
+        # Started in the model's directory, named ".": infinity-emb 0.0.78's optimum engine
+        # names a local directory's ONNX file by its whole path, which optimum 2 looks for
+        # among the bare names it lists (the torch engine reads "." the same as the full path).
+        cmd = [str(venv / "bin" / "infinity_emb"), "v2", "--model-id", ".",
                "--served-model-name", SERVED_NAME, "--host", HOST, "--port", str(self.port),
                "--device", "cpu", "--log-level", "warning", *args]  # fmt: skip
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                cmd, cwd=model_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
         self.pid = self.proc.pid
@@ -113,6 +117,7 @@ class Side:
     path: str
     extra: dict[str, str] = field(default_factory=dict)  # fields every request carries
     best: dict[tuple[str, int], Draw] = field(default_factory=dict)
+    cosine_min: float = float("nan")  # its vectors against the model's fp32 ones, the lowest
 
     def body(self, texts: str | list[str]) -> bytes:
         return json.dumps({"input": texts, **self.extra}).encode()
@@ -158,6 +163,14 @@ def agreement(
         if name in reference:
             cos = [cosine(x, y) for x, y in zip(vecs, reference[name], strict=True)]
             print(f"vectors, {name} against its own fp32: cosine min {min(cos):.6f}")
+    # The model's own vectors: ringserve's fp32 (equal to Infinity's torch fp32 to 1e-6)
+    model = reference.get("ringserve") or vectors.get("ringserve")
+    for s in sides:
+        if model is not None:
+            s.cosine_min = min(cosine(x, y) for x, y in zip(vectors[s.name], model, strict=True))
+            if s.cosine_min < FAITHFUL:
+                print(f"NOT FAITHFUL: {s.name}'s vectors against the model's fp32 ones: cosine "
+                      f"min {s.cosine_min:.6f} (under {FAITHFUL})")  # fmt: skip
     return vectors
 
 
@@ -204,7 +217,8 @@ def report(sides: list[Side], mix: str, c: int, label: str) -> dict[str, Any]:
         d = s.best[mix, c]
         row[s.name] = {"per_s": round(d.load.rps, 1), "p50_ms": round(d.load.pct(50), 1),
                        "p99_ms": round(d.load.pct(99), 1), "cpu_ms": round(d.cpu_ms, 2),
-                       "other_idle_cpu_pct": round(d.idle_pct, 1)}  # fmt: skip
+                       "other_idle_cpu_pct": round(d.idle_pct, 1),
+                       "cosine_min": round(s.cosine_min, 6)}  # fmt: skip
     if len(sides) == 2:
         row["ratio"] = round(row["ringserve"]["per_s"] / row["infinity"]["per_s"], 2)
     print(json.dumps(row), flush=True)
@@ -214,8 +228,9 @@ def report(sides: list[Side], mix: str, c: int, label: str) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]]) -> None:
     print("\n| config | mix | c | ringserve/s | Infinity/s | ringserve/Infinity | "
           "P50 ms ringserve / Infinity | P99 ms ringserve / Infinity | "
-          "CPU ms/req ringserve / Infinity |")  # fmt: skip
-    print("| --- " * 9 + "|")
+          "CPU ms/req ringserve / Infinity | "
+          "cosine min to fp32, ringserve / Infinity |")  # fmt: skip
+    print("| --- " * 10 + "|")
     for row in rows:
         r, i = row.get("ringserve"), row["infinity"]
 
@@ -224,7 +239,7 @@ def table(rows: list[dict[str, Any]]) -> None:
 
         print(f"| {row['config']} | {row['mix']} | {row['c']} | {r['per_s'] if r else '-'} | "
               f"{i['per_s']} | {row.get('ratio', '-')} | {cell('p50_ms')} | {cell('p99_ms')} | "
-              f"{cell('cpu_ms')} |")  # fmt: skip
+              f"{cell('cpu_ms')} | {cell('cosine_min')} |")  # fmt: skip
 
 
 def start_ringserve(tmp: Path, args: list[str]) -> Launched | None:
@@ -258,8 +273,8 @@ def run_config(
         t0 = time.monotonic()
         srv = start_ringserve(Path(tmp), ringserve_args)
         t1 = time.monotonic()
-        inf = Infinity(args.infinity_venv, default_encoder_dir(), infinity_args,
-                       Path(tmp) / "infinity.log")  # fmt: skip
+        model_dir = args.infinity_model or default_encoder_dir()
+        inf = Infinity(args.infinity_venv, model_dir, infinity_args, Path(tmp) / "infinity.log")
         try:
             inf.wait_ready()
             t2 = time.monotonic()
@@ -290,6 +305,12 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ringserve-faithful-args", default="--precision bf16")
     p.add_argument("--infinity-faithful-args", default="--dtype bfloat16")
     p.add_argument("--infinity-venv", type=Path, default=ROOT / ".venv-infinity")
+    p.add_argument(
+        "--infinity-model",
+        type=Path,
+        help="the model directory Infinity serves (default: the encoder's own; a copy with an "
+        "ONNX export under onnx/ for --engine optimum)",
+    )
     args = p.parse_args(argv)
     args.levels = [int(c) for c in args.levels.split(",")]
     args.mixes = [m for m in MIXES if m in args.mixes.split(",")]
