@@ -22,6 +22,9 @@ float32` (what its `auto` picks on a CPU); faithful, ringserve with --ringserve-
 against Infinity with --infinity-faithful-args (its bf16 torch engine: on a CPU with AMX,
 oneDNN's bf16 kernels), each also checked against its own fp32 vectors. A ringserve that does
 not start (an option this tree lacks) is reported, and Infinity's figures are still taken.
+Infinity's ONNX Runtime engine: --infinity-faithful-args "--engine optimum --pooling-method mean"
+--infinity-model DIR, DIR from benchmarks/peers/export_infinity_onnx.sh (its auto pooling gave
+other vectors; each row shows both servers' lowest cosine to the model's fp32 vectors).
 """
 
 from __future__ import annotations
@@ -308,8 +311,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--infinity-model",
         type=Path,
-        help="the model directory Infinity serves (default: the encoder's own; a copy with an "
-        "ONNX export under onnx/ for --engine optimum)",
+        help="the model directory Infinity serves (default: the encoder's own; for --engine "
+        "optimum, the copy benchmarks/peers/export_infinity_onnx.sh makes)",
     )
     args = p.parse_args(argv)
     args.levels = [int(c) for c in args.levels.split(",")]
