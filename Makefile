@@ -8,7 +8,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install install-test serve test test-unit lint docs fuzz bench proto image test-deploy clean
+.PHONY: install install-test serve test test-unit lint docs fuzz bench bench-peers proto image test-deploy \
+	clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +74,17 @@ $(VENV)/.installed-bench: $(VENV)/.installed pyproject.toml
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m benchmarks.serving
 
+# benchmarks/peers_embed.py's peer, Infinity (infinity-emb), in a venv of its own: its pins are not
+# the project's. The script checks pip's plan first and refuses any CUDA package.
+INFINITY_VENV ?= .venv-infinity
+$(INFINITY_VENV)/.installed: benchmarks/peers/infinity.txt benchmarks/peers/constraints.txt \
+		benchmarks/peers/install_infinity.sh
+	PYTHON=$(PYTHON) bash benchmarks/peers/install_infinity.sh $(INFINITY_VENV)
+	touch $@
+
+bench-peers: $(VENV)/.installed $(INFINITY_VENV)/.installed
+	$(BIN)/python -m benchmarks.peers_embed
+
 # service/protocols/rpc/kserve_pb2.py(i) are committed (a clean clone needs no protoc); regenerate them
 # after editing kserve.proto. tests/system/test_grpc.py fails while they differ.
 proto: install-test
@@ -80,4 +92,4 @@ proto: install-test
 		--pyi_out=service/protocols/rpc service/protocols/rpc/kserve.proto
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-output build/site
+	rm -rf $(VENV) $(INFINITY_VENV) .pytest_cache .mypy_cache .ruff_cache test-output build/site
