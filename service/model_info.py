@@ -311,9 +311,9 @@ def describe(
     served = {k: v for k, v in options.items() if k in PER_MODEL_SERVED or k == "max_length"}
     max_len = manifest.max_length
     on_gpu = device != "cpu"
-    grid = pad_grid(settings.buckets, on_gpu, max_len)
     chosen_by = pick_precision(settings, manifest, on_gpu, log, first)
     runtime = pick_runtime(settings, manifest, on_gpu, log)
+    grid = pad_grid(settings.buckets, on_gpu, max_len, runtime)  # as the workers' (served.py)
     graph: dict[str, Any] = {}
     if runtime == "onnx" and settings.precision == "fp32":
         if first is None:

@@ -49,6 +49,12 @@ def test_grids() -> None:
     assert pad_grid((64,), False, 256) == (64, 256)  # opt-in on the CPU
     assert CUDA_BUCKETS == (16, 32, 48, 64, 96, 128, 192, 256)
     assert pad_grid((), True, 256) == CUDA_BUCKETS  # the default model's grid as it was
+    # OpenVINO's CPU default: a grid, so that few shapes get kernels built (batcher.py says why)
+    assert pad_grid((), False, 256, "openvino") == (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+    assert pad_grid((), False, 100, "openvino") == (8, 16, 24, 32, 48, 64, 96, 100)
+    assert pad_grid((), False, 512, "openvino")[-3:] == (256, 384, 512)  # on past 256
+    assert pad_grid((), False, 256, "onnx") == ()  # ONNX Runtime: none, as before
+    assert pad_grid((64,), False, 256, "openvino") == (64, 256)  # --buckets wins
 
 
 def test_a_long_models_default_grid_goes_on_past_256() -> None:

@@ -100,3 +100,16 @@ def test_each_bound_alone_refuses_bf16() -> None:
     cosine = {"texts": 3793, "min_cosine": 0.99, "mean_cosine": 0.9999, "speedup": 2.5}
     assert auto_precision({}, False, cosine, True)[0] == "bf16"
     assert auto_precision({}, False, cosine | {"mean_cosine": 0.998}, True)[0] == "fp32"
+
+
+def test_the_start_line_says_bf16s_published_cost() -> None:
+    from ringserve.service.model_info import bf16_note
+
+    assert bf16_note("fp32", BF16) == ""  # --runtime openvino at fp32: no cost to state
+    assert bf16_note("bf16", BF16) == (
+        ": accuracy cost -0.0003, same decision as fp32 on 0.9997 of 3793 texts of the "
+        "publication split, 2.8x fp32's speed where built"
+    )
+    assert "publishes no bf16 cost" in bf16_note("bf16", {})
+    cosine = bf16_note("bf16", {"texts": 400, "mean_cosine": 0.9999})
+    assert cosine == ": mean cosine to fp32 0.9999 on 400 texts of the publication split"

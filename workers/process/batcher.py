@@ -84,12 +84,25 @@ def default_grid(max_len: int) -> tuple[int, ...]:
     return length_grid(CUDA_BUCKETS + LONG_STEPS, max_len)
 
 
-def pad_grid(buckets: tuple[int, ...], on_gpu: bool, max_len: int) -> tuple[int, ...]:
+# OpenVINO's default grid on the CPU: it builds kernels for each new input shape and keeps them,
+# so batches padded each to its own longest (a new shape for most batches) ran slower and grew
+# its memory. benchmarks.serving bf16 at c=32 (AMX Xeon, 2026-12-06, 3 s draws, one run each,
+# in turns): no grid 1267 short / 561 long texts/s, served/ceiling 0.69 / 0.74, tree PSS 474 ->
+# 966 MiB after the load; this grid 1410 / 718, 0.78 / 0.93, 472 -> 574 MiB.
+OPENVINO_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def pad_grid(
+    buckets: tuple[int, ...], on_gpu: bool, max_len: int, runtime: str = ""
+) -> tuple[int, ...]:
     """The lengths batches are padded up to: --buckets when given; else the CUDA grid (on past
-    256 tokens for a longer model) on a GPU (graphs need fixed shapes) and none on the CPU (each
-    batch padded to its own longest)."""
+    256 tokens for a longer model) on a GPU (graphs need fixed shapes), OPENVINO_BUCKETS (on in
+    the same steps past 256) on OpenVINO, and none on the CPU otherwise (each batch padded to
+    its own longest)."""
     if buckets:
         return length_grid(buckets, max_len)
+    if runtime == "openvino" and not on_gpu:
+        return length_grid(OPENVINO_BUCKETS + LONG_STEPS, max_len)
     return default_grid(max_len) if on_gpu else ()
 
 

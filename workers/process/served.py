@@ -137,7 +137,7 @@ class Loader:
         _import_runtime(runtime)  # so the first model's memory is its own, not the library's
         before = rss_bytes()
         max_len = manifest.max_length
-        grid = pad_grid(spec.buckets, on_gpu, max_len)
+        grid = pad_grid(spec.buckets, on_gpu, max_len, runtime)
         tokenizer = load_tokenizer(ref.model_dir, max_len)
         longtext = LongText(
             tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows,
