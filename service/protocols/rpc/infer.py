@@ -155,8 +155,9 @@ def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
             set_param(rsp.parameters[key], value)
     raw = iter(blobs)
     for tensor in tensors:
-        out = rsp.outputs.add(name=tensor["name"], datatype=tensor["datatype"])
-        out.shape.extend(tensor["shape"])
+        out = rsp.outputs.add(
+            name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"]
+        )
         if "data" not in tensor:  # raw: its bytes, or none when shared memory holds them
             # (clients index raw_output_contents by output: one entry each, as Triton's)
             if tensor["name"] not in job.places:
