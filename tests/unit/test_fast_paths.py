@@ -20,7 +20,15 @@ from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 
-from tests.unit.test_model_routes import SST2, model
+SST2 = ("sst2", ["negative", "positive"], ["classify"])
+
+
+def model(name: str, labels: list[str], task: list[str], index: int) -> Any:
+    """What ModelSet and the KServe readers read of a model (its ModelInfo)."""
+    manifest = SimpleNamespace(
+        task=task, labels=labels, embeds=False, embed_only=False, normalize=False, dimension=0
+    )
+    return SimpleNamespace(name=name, labels=labels, manifest=manifest, index=index, version=1)
 
 
 def test_the_router_remembers_matches_as_it_found_them() -> None:
