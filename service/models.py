@@ -86,10 +86,14 @@ class ModelSet:
             names = ", ".join(sorted({m.name for m in ready}))
             raise ModelRequired(f'several models are loaded ({names}): name one in "model"')
         if version is None or version == "":
-            versions = [e for (n, _), e in self.entries.items() if n == name and e.state == READY]
-            if not versions:
+            best: Entry | None = None  # the highest READY version, in one pass (every request)
+            for (n, _), e in self.entries.items():
+                newer = best is None or e.info.version > best.info.version
+                if n == name and e.state == READY and newer:
+                    best = e
+            if best is None:
                 raise UnknownModel(f"unknown model: {name}")
-            return max(versions, key=lambda e: e.info.version).info
+            return best.info
         try:
             v = int(version)
         except (TypeError, ValueError):

@@ -54,23 +54,32 @@ class InferenceStats:
         if c is None:
             c = self.models[group.model] = Counters()
         total = answered_ns - group.admitted_ns
-        results = [r for r in group.results if r is not None]
         c.last_inference_ms = time.time_ns() // 1_000_000
-        if not results or any(r.status for r in results):
+        # one pass over the answers (this runs for every request): their count, whether any
+        # failed, and the longest queue and forward pass and the last read off the ring
+        n = queued_us = model_us = last_read = 0
+        failed = False
+        for r in group.results:
+            if r is None:
+                continue
+            n += 1
+            failed = failed or bool(r.status)
+            queued_us = max(queued_us, r.queued_us)
+            model_us = max(model_us, r.model_us)
+            last_read = max(last_read, r.read_ns)
+        if not n or failed:
             c.add("fail", total)
             return
         c.add("success", total)
-        c.inference_count += len(results)
-        queue = max(r.queued_us for r in results) * 1000
-        infer = max(r.model_us for r in results) * 1000
-        last_read = max(r.read_ns for r in results)
+        c.inference_count += n
+        queue, infer = queued_us * 1000, model_us * 1000
         output = answered_ns - last_read if last_read else 0
         c.add("queue", queue)
         c.add("compute_infer", infer)
         c.add("compute_output", output)
         c.add("compute_input", total - queue - infer - output)
-        for r in results:
-            if r.batch:
+        for r in group.results:
+            if r is not None and r.batch:
                 c.batches.batch(r)
 
     def doc(self, name: str, version: str, index: int) -> dict[str, Any]:

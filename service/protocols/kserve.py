@@ -435,8 +435,13 @@ def join_pairs(server: FrontView, found: dict[str, list[bytes]]) -> list[bytes]:
 def passes(wanted: list[tuple[str, bool]]) -> tuple[bool, bool]:
     """(classify, embed): which answers the outputs asked for need. Both: one pass answers
     each text's scores and vector (OPT_BOTH), unless a prompt makes the two inputs differ."""
-    names = {name for name, _ in wanted}
-    return bool(names - {EMBEDDING}), EMBEDDING in names
+    classify = embed = False
+    for name, _ in wanted:  # a loop, not sets: called a few times for every request
+        if name == EMBEDDING:
+            embed = True
+        else:
+            classify = True
+    return classify, embed
 
 
 def request_ask(
@@ -520,6 +525,9 @@ def read_outputs(
             raise HttpError(400, f"unknown output {name!r}: the model gives {', '.join(known)}")
         if any(spec["name"] == w for w, _ in wanted):
             raise HttpError(400, f"output {spec['name']!r} asked for twice")
+        if spec.get("parameters") is None:  # the usual output: no place, the default encoding
+            wanted.append((spec["name"], default))
+            continue
         out_params = as_dict(spec.get("parameters"), "output parameters")
         if out_params.get("classification") is not None:
             raise HttpError(400, "classification outputs are not supported")
@@ -535,6 +543,8 @@ def output_places(doc: dict[str, Any]) -> dict[str, Placement]:
     """The outputs a request (checked by read_outputs) has written into shared memory."""
     found: dict[str, Placement] = {}
     for spec in doc.get("outputs") or []:
+        if spec.get("parameters") is None:  # no parameters: no place
+            continue
         where = placement(as_dict(spec.get("parameters"), "output parameters"), spec["name"])
         if where is not None:
             found[spec["name"]] = where
@@ -608,7 +618,9 @@ class OutputEncoder:
         if name == "scores":
             head = {"name": name, "datatype": "FP32", "shape": [n, c]}
             rows = [r.scores[:c] if joined else r.scores for r in results]  # type: ignore[index]
-            scores = np.stack(rows).astype("<f4", copy=False)  # type: ignore[arg-type]
+            # one text's row as a [1, C] view: np.stack's own checks cost more than the copy
+            stacked = np.asarray(rows[0])[None] if n == 1 else np.stack(rows)  # type: ignore[arg-type]
+            scores = stacked.astype("<f4", copy=False)
             return head, scores.tobytes() if binary else scores.ravel().tolist()
         head = {"name": name, "datatype": "BYTES", "shape": [n]}
         if binary:

@@ -273,6 +273,9 @@ def health_ready(
         conn.respond(ex, 503, NOT_READY, extra=RETRY_AFTER)
 
 
+SEEN_PATHS = 256  # pattern paths the router remembers (Router.seen)
+
+
 class Router:
     """Exact paths and `{name}` patterns, each with the methods it allows."""
 
@@ -281,8 +284,12 @@ class Router:
         self.exact: dict[bytes, dict[bytes, Handler]] = {}
         self.patterns: list[tuple[list[str], dict[bytes, Handler]]] = []
         self.routes: list[tuple[str, str]] = []  # (method, path) as added: what openapi documents
+        # Paths matched lately (a pattern's: the same few model paths, request after request),
+        # so a request skips the scan of every pattern; bounded, and emptied by add().
+        self.seen: dict[bytes, tuple[dict[bytes, Handler], dict[str, str]] | None] = {}
 
     def add(self, method: str, path: str, handler: Handler) -> None:
+        self.seen.clear()
         if (method, path) not in self.routes:
             self.routes.append((method, path))
         if "{" in path:
@@ -296,9 +303,20 @@ class Router:
             self.exact.setdefault(path.encode(), {})[method.encode()] = handler
 
     def match(self, path: bytes) -> tuple[dict[bytes, Handler], dict[str, str]] | None:
+        """The path's methods and its pattern's values (a copy the handler may keep)."""
         table = self.exact.get(path)
         if table is not None:
             return table, {}
+        if path in self.seen:
+            found = self.seen[path]
+            return None if found is None else (found[0], dict(found[1]))
+        found = self.scan(path)
+        if len(self.seen) >= SEEN_PATHS:  # bounded: a client's every path is not kept
+            self.seen.clear()
+        self.seen[path] = found
+        return None if found is None else (found[0], dict(found[1]))
+
+    def scan(self, path: bytes) -> tuple[dict[bytes, Handler], dict[str, str]] | None:
         try:
             parts = path.decode("utf-8").strip("/").split("/")
         except UnicodeDecodeError:

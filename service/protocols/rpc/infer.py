@@ -24,7 +24,7 @@ from ringserve.service.protocols.routes import find_model
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.schemas import convert
 from ringserve.service.protocols.schemas.kserve import InferParameters
-from ringserve.service.protocols.shm_regions import Placement, placement
+from ringserve.service.protocols.shm_regions import PARAM_REGION, Placement, placement
 from ringserve.service.protocols.texts import require
 from ringserve.service.views import FrontView
 
@@ -35,7 +35,12 @@ def param_value(p: pb.InferParameter) -> Any:
 
 
 def params_dict(params: Any) -> dict[str, Any]:
+    if not params:  # most calls set none: no walk over the empty map
+        return {}
     return {k: param_value(v) for k, v in params.items()}
+
+
+NO_PARAMETERS = InferParameters()  # what a call without parameters converts to
 
 
 @dataclass(slots=True)
@@ -56,13 +61,16 @@ def check_model(server: FrontView, name: str, version: str) -> ModelInfo:
     return find_model(server, name, version or None)
 
 
-def read_input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> list[bytes]:
-    """One BYTES input's checked texts, from its raw bytes or its typed contents."""
+def read_input(
+    spec: pb.ModelInferRequest.InferInputTensor, params: dict[str, Any], raw: bytes | None
+) -> list[bytes]:
+    """One BYTES input's checked texts (`params`: its parameters, read), from its raw bytes or
+    its typed contents."""
     name = spec.name
     if spec.datatype != "BYTES":
         raise HttpError(400, f"input {name} must have datatype BYTES, not {spec.datatype!r}")
     n = kserve.check_shape(list(spec.shape))
-    where = placement(params_dict(spec.parameters), f"input {name}")
+    where = placement(params, f"input {name}")
     if where is not None:
         if raw is not None or spec.contents.ByteSize():
             raise HttpError(400, f"input {name} has shared memory and contents both")
@@ -90,19 +98,26 @@ def read_request(
     """The call's job, its deadline the call's own, else `deadline_of` the `timeout` parameter
     (Triton's, in microseconds; None when unset)."""
     info = check_model(server, req.model_name, req.model_version)
-    kserve.check_input_names([spec.name for spec in req.inputs])
+    specs = list(req.inputs)
+    kserve.check_input_names([spec.name for spec in specs])
+    given = [params_dict(spec.parameters) for spec in specs]  # each input's, read once
     raws = list(req.raw_input_contents)
-    in_shm = [s for s in req.inputs if "shared_memory_region" in s.parameters]
-    if raws and len(raws) != len(req.inputs) - len(in_shm):
-        raise HttpError(400, f"{len(raws)} raw_input_contents for {len(req.inputs)} inputs")
+    in_shm = sum(PARAM_REGION in p for p in given)
+    if raws and len(raws) != len(specs) - in_shm:
+        raise HttpError(400, f"{len(raws)} raw_input_contents for {len(specs)} inputs")
     found = {}
-    for spec in req.inputs:  # raw contents in order, for the inputs not in shared memory
-        in_raw = raws and "shared_memory_region" not in spec.parameters
-        found[spec.name] = read_input(spec, raws.pop(0) if in_raw else None)
+    for spec, given_params in zip(specs, given, strict=True):
+        # raw contents in order, for the inputs not in shared memory
+        in_raw = raws and PARAM_REGION not in given_params
+        found[spec.name] = read_input(spec, given_params, raws.pop(0) if in_raw else None)
     texts = kserve.join_pairs(server, found)
     params = params_dict(req.parameters)
-    checked = convert(params, InferParameters, "parameters")  # as the HTTP header's are checked
-    outputs = [{"name": o.name, "parameters": params_dict(o.parameters)} for o in req.outputs]
+    # checked as the HTTP header's are (none given: the defaults, without converting)
+    checked = convert(params, InferParameters, "parameters") if params else NO_PARAMETERS
+    # an output without parameters is read as HTTP's without any (kserve.read_outputs)
+    outputs = [
+        {"name": o.name, "parameters": params_dict(o.parameters) or None} for o in req.outputs
+    ]
     default = {"binary_data_output": bool(params.get("binary_data_output", True))}
     m = info.manifest
     doc = {"parameters": default, "outputs": outputs}
@@ -140,8 +155,9 @@ def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
             set_param(rsp.parameters[key], value)
     raw = iter(blobs)
     for tensor in tensors:
-        out = rsp.outputs.add(name=tensor["name"], datatype=tensor["datatype"])
-        out.shape.extend(tensor["shape"])
+        out = rsp.outputs.add(
+            name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"]
+        )
         if "data" not in tensor:  # raw: its bytes, or none when shared memory holds them
             # (clients index raw_output_contents by output: one entry each, as Triton's)
             if tensor["name"] not in job.places:

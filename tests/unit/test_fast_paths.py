@@ -1,0 +1,150 @@
+"""The request path's fast paths (issue 47's front-end CPU) answer what the slow ones did: the
+router's remembered matches, an output without parameters, one text's scores, gRPC calls
+without parameters, Triton's statistics read in one pass, and a model found by name alone."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from ringserve.service.engine.requests import Group, Result
+from ringserve.service.models import READY, UNLOADING, Entry, ModelSet, UnknownModel
+from ringserve.service.ops.inference_stats import InferenceStats
+from ringserve.service.protocols import kserve
+from ringserve.service.protocols.http import HttpError
+from ringserve.service.protocols.routes import SEEN_PATHS, Router
+from ringserve.service.protocols.rpc import infer
+from ringserve.service.protocols.rpc import kserve_pb2 as pb
+from ringserve.service.settings import Config
+from ringserve.shm import layout as L
+
+SST2 = ("sst2", ["negative", "positive"], ["classify"])
+
+
+def model(name: str, labels: list[str], task: list[str], index: int) -> Any:
+    """What ModelSet and the KServe readers read of a model (its ModelInfo)."""
+    manifest = SimpleNamespace(
+        task=task, labels=labels, embeds=False, embed_only=False, normalize=False, dimension=0
+    )
+    return SimpleNamespace(name=name, labels=labels, manifest=manifest, index=index, version=1)
+
+
+def test_the_router_remembers_matches_as_it_found_them() -> None:
+    router = Router(SimpleNamespace())
+    infer_a, infer_b = object(), object()
+    router.add("POST", "/v2/models/{model}/infer", infer_a)  # type: ignore[arg-type]
+    first = router.match(b"/v2/models/sst2/infer")
+    again = router.match(b"/v2/models/sst2/infer")
+    assert first is not None and again is not None
+    assert first[0] is again[0] and first[1] == again[1] == {"model": "sst2"}
+    first[1]["model"] = "changed by a handler"  # each match is its own copy
+    assert router.match(b"/v2/models/sst2/infer") == (again[0], {"model": "sst2"})
+    assert router.match(b"/v2/models/x/y/infer") is None
+    assert router.match(b"/v2/models/x/y/infer") is None  # a miss is remembered too
+    # a route added later is found, though the path was matched (or missed) before
+    router.add("POST", "/v2/models/{model}/{version}/infer", infer_b)  # type: ignore[arg-type]
+    found = router.match(b"/v2/models/x/y/infer")
+    assert found is not None and found[0][b"POST"] is infer_b
+    assert found[1] == {"model": "x", "version": "y"}
+    for i in range(SEEN_PATHS + 5):  # bounded: many paths do not grow it past the limit
+        router.match(b"/v2/models/m%d/infer" % i)
+    assert len(router.seen) <= SEEN_PATHS
+
+
+def test_an_output_without_parameters_reads_as_one_with_none() -> None:
+    bare = {"outputs": [{"name": "scores"}, {"name": "label", "parameters": None}]}
+    empty = {"outputs": [{"name": "scores", "parameters": {}}, {"name": "label"}]}
+    for doc in (bare, empty):
+        assert kserve.read_outputs(doc) == [("scores", False), ("label", False)]
+        assert kserve.output_places(doc) == {}
+        doc["parameters"] = {"binary_data_output": True}
+        assert kserve.read_outputs(doc) == [("scores", True), ("label", True)]
+    with pytest.raises(HttpError, match="asked for twice"):
+        kserve.read_outputs({"outputs": [{"name": "label"}, {"name": "label"}]})
+    with pytest.raises(HttpError, match="unknown output"):
+        kserve.read_outputs({"outputs": [{"name": "embedding"}]})
+    assert kserve.passes([("scores", True), ("embedding", False)]) == (True, True)
+    assert kserve.passes([("embedding", False)]) == (False, True)
+    assert kserve.passes([("label", False)]) == (True, False)
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_one_texts_scores_are_the_stacked_row(joined: bool) -> None:
+    encoder = kserve.OutputEncoder(["negative", "positive"])
+    rows = [np.array([0.25, 0.75, 9.0, 9.0], np.float32), np.array([0.5, 0.5, 9.0], np.float32)]
+    for n in (1, 2):
+        results = [Result(L.STATUS_OK, label_id=1, scores=r if joined else r[:2]) for r in rows]
+        head, data = encoder.tensor("scores", results[:n], True, joined)
+        stacked = np.stack([r[:2] for r in rows[:n]]).astype("<f4")
+        assert head["shape"] == [n, 2] and data == stacked.tobytes()
+        head, data = encoder.tensor("scores", results[:n], False, joined)
+        assert data == stacked.ravel().tolist()
+
+
+def grpc_host() -> SimpleNamespace:
+    return SimpleNamespace(settings=Config(), models=ModelSet(model(*SST2, 0)))
+
+
+def grpc_call(**params: Any) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="sst2")
+    req.inputs.add(name="text", datatype="BYTES", shape=[1])
+    req.outputs.add(name="label")
+    req.raw_input_contents.append(b"\x02\x00\x00\x00hi")
+    for key, value in params.items():
+        infer.set_param(req.parameters[key], value)
+    return req
+
+
+def test_a_grpc_call_without_parameters_is_read_as_with_the_defaults() -> None:
+    host = grpc_host()
+    job = infer.read_request(host, grpc_call(), lambda timeout_us: 7 if timeout_us is None else 0)
+    assert job.ask.payloads == [b"hi"] and job.ask.priority is None and job.ask.deadline == 7
+    assert job.wanted == [("label", True)] and job.places == {}
+    # parameters given are still converted and checked
+    job = infer.read_request(host, grpc_call(priority=2, timeout=5), lambda t: t or 0)
+    assert job.ask.priority == 1 and job.ask.deadline == 5
+    with pytest.raises(HttpError, match="priority"):
+        infer.read_request(host, grpc_call(priority="soon"), lambda t: 0)
+    # an input in shared memory takes no raw contents: counted from its parameters
+    req = grpc_call()
+    infer.set_param(req.inputs[0].parameters["shared_memory_region"], "r")
+    with pytest.raises(HttpError, match="1 raw_input_contents for 1 inputs"):
+        infer.read_request(host, req, lambda t: 0)
+
+
+def answer(status: int = L.STATUS_OK, queued: int = 0, ran: int = 0, read: int = 0) -> Result:
+    return Result(status, label_id=0, queued_us=queued, model_us=ran, read_ns=read)
+
+
+def test_statistics_of_a_group_read_in_one_pass() -> None:
+    stats = InferenceStats()
+    ok = Group(3, lambda r: None, "kserve", admitted_ns=1_000_000)
+    ok.results = [answer(queued=9, ran=40, read=900_000), None, answer(queued=5, ran=20, read=0)]
+    stats.record(ok, 2_000_000)
+    failed = Group(2, lambda r: None, "kserve", admitted_ns=0)
+    failed.results = [answer(), answer(L.STATUS_DEADLINE)]
+    stats.record(failed, 500)
+    stats.record(Group(1, lambda r: None, "kserve", admitted_ns=0), 100)  # nothing answered
+    doc = stats.doc("sst2", "1", 0)["inference_stats"]
+    assert doc["success"] == {"count": 1, "ns": 1_000_000}
+    assert doc["fail"] == {"count": 2, "ns": 600}
+    assert doc["queue"] == {"count": 1, "ns": 9_000}  # the longest wait, in ns
+    assert doc["compute_infer"] == {"count": 1, "ns": 40_000}  # the longest pass
+    assert doc["compute_output"] == {"count": 1, "ns": 1_100_000}  # since the last read
+    assert stats.doc("sst2", "1", 0)["inference_count"] == 2
+
+
+def test_a_model_by_name_is_its_highest_ready_version() -> None:
+    models = ModelSet(model(*SST2, 0))
+    for version, state in ((3, READY), (2, READY), (4, UNLOADING)):
+        info = model(*SST2, version)
+        info.version = version
+        models.entries[("sst2", version)] = Entry(info, state)
+    assert models.find("sst2").version == 3
+    assert models.find("sst2", 2).version == 2
+    models.entries[("sst2", 3)].state = UNLOADING
+    assert models.find("sst2").version == 2
+    with pytest.raises(UnknownModel):
+        models.find("nli")
