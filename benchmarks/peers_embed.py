@@ -151,10 +151,15 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 
 def agreement(
-    sides: list[Side], texts: dict[str, list[str]], reference: dict[str, list[list[float]]]
+    sides: list[Side],
+    texts: dict[str, list[str]],
+    reference: dict[str, list[list[float]]],
+    fp32: bool = True,
 ) -> dict[str, list[list[float]]]:
     """Each side's vectors for the first CHECKED texts of each mix: the lowest cosine between the
-    two sides, and each side's against its vectors in `reference` (its fp32 run), printed."""
+    two sides, and each side's against its vectors in `reference` (its fp32 run), printed.
+    `fp32`: this run's ringserve vectors are the model's fp32 ones (without a reference, a
+    faithful run has none to hold its sides to: their cosine to fp32 stays unmeasured, nan)."""
     sample = [t for mix in texts.values() for t in mix[:CHECKED]]
     vectors = {s.name: s.embed(sample) for s in sides}
     if len(sides) == 2:
@@ -167,7 +172,7 @@ def agreement(
             cos = [cosine(x, y) for x, y in zip(vecs, reference[name], strict=True)]
             print(f"vectors, {name} against its own fp32: cosine min {min(cos):.6f}")
     # The model's own vectors: ringserve's fp32 (equal to Infinity's torch fp32 to 1e-6)
-    model = reference.get("ringserve") or vectors.get("ringserve")
+    model = reference.get("ringserve") or (vectors.get("ringserve") if fp32 else None)
     for s in sides:
         if model is not None:
             s.cosine_min = min(cosine(x, y) for x, y in zip(vectors[s.name], model, strict=True))
@@ -288,7 +293,7 @@ def run_config(
                       f"{json.dumps({k: model.get(k) for k in SHOWN})}")  # fmt: skip
                 sides.insert(0, Side("ringserve", srv.port, srv.pid, "/v1/embeddings"))
             print(f"Infinity ready in {t2 - t1:.1f} s", flush=True)
-            vectors = agreement(sides, texts, reference)
+            vectors = agreement(sides, texts, reference, label == "fp32")
             return measure(sides, texts, args, label), vectors
         finally:
             inf.close()
