@@ -35,7 +35,6 @@ import json
 import math
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving import cpu_name, simd_flags, tree_cpu_s, wait_cores
+from benchmarks.serving import cpu_name, simd_flags, stop_group, tree_cpu_s, wait_cores
 from devkit.http import HOST, http_message, http_request
 from devkit.launcher import (
     AG_NEWS,
@@ -101,13 +100,7 @@ class Infinity:
         raise TimeoutError(f"Infinity did not answer /health in {timeout} s")
 
     def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_group(self.proc)
 
 
 @dataclass

@@ -385,13 +385,19 @@ class Peer:
         raise TimeoutError("the peer did not answer /health")
 
     def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_group(self.proc)
+
+
+def stop_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM to a peer started in its own session (its whole process group), SIGKILL after
+    30 s, and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 PEERS = {
