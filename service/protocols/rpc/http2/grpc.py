@@ -218,11 +218,13 @@ class Stream:
         self.conn.sender.flush_stream(self)
 
 
-def call_headers(
-    fields: list[tuple[bytes, bytes]],
-) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None, list[tuple[str, str]]]:
+CallHead = tuple[bytes | None, bytes | None, bytes | None, bytes | None, list[tuple[str, str]]]
+
+
+def call_headers(fields: list[tuple[bytes, bytes]]) -> CallHead:
     """A call's request headers: :method, :path, content-type, grpc-timeout, and the rest as
-    metadata (str pairs, as grpcio's servicers read them)."""
+    metadata (str pairs, as grpcio's servicers read them; calls with the same header list share
+    it, so nothing may change it)."""
     method = path = content_type = timeout = None
     metadata: list[tuple[str, str]] = []
     for name, value in fields:

@@ -32,6 +32,7 @@ from ringserve.service.protocols.rpc.http2.grpc import (
     INTERNAL,
     UNKNOWN,
     WINDOW,
+    CallHead,
     Port,
     Stream,
     call_headers,
@@ -73,6 +74,9 @@ class StreamTable:
         self.ended: dict[int, int] = {}  # stream id: OURS, PEER_END or PEER_RESET
         self.ending: dict[int, Stream] = {}  # requests ended in this read, their calls to start
         self.window = WINDOW  # connection receive window left
+        # the last header list read, and its call headers: a client's repeated call decodes to
+        # the very list HeaderDecoder kept for it (codec.py), so they are read once
+        self.last_head: tuple[list[tuple[bytes, bytes]], CallHead] | None = None
 
     # -- HEADERS --------------------------------------------------------------------------------
     def on_headers(self, flags: int, sid: int, payload: bytes) -> None:
@@ -130,7 +134,13 @@ class StreamTable:
         self.open(sid, flags, fields)
 
     def open(self, sid: int, flags: int, fields: list[tuple[bytes, bytes]]) -> None:
-        method, path, content_type, timeout, metadata = call_headers(fields)
+        last = self.last_head
+        if last is not None and last[0] is fields:
+            head = last[1]
+        else:
+            head = call_headers(fields)
+            self.last_head = (fields, head)
+        method, path, content_type, timeout, metadata = head
         stream = Stream(self.conn, sid, path or b"", metadata)
         self.streams[sid] = stream
         if method != b"POST" or not path:
