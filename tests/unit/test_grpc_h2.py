@@ -187,6 +187,18 @@ def test_indexed_blocks_decode_the_same_when_the_table_moves() -> None:
     assert c.conn.decoder.known  # the last repeat was served from what was kept
 
 
+def test_repeated_header_blocks_name_their_own_paths() -> None:
+    """Two header lists, each repeated (indexed-only blocks, kept decoded), in turns: each call
+    is read with its own list's path, not the last one read (StreamTable keeps the call
+    headers of the last list beside it)."""
+    c = Client()
+    paths = [PATH, PATH, b"/slow", b"/slow", PATH, b"/slow", PATH]
+    c.send(b"".join(c.call(1 + 2 * i, b"m", path=p) for i, p in enumerate(paths)))
+    assert [s.id for s in c.port.kept] == [1 + 2 * i for i, p in enumerate(paths) if p != PATH]
+    assert sorted(c.answers()) == [1 + 2 * i for i, p in enumerate(paths) if p == PATH]
+    assert len(c.conn.decoder.known) == 2  # both lists were served from what was kept
+
+
 def test_the_answer_waits_for_the_clients_window() -> None:
     c = Client(settings=struct.pack(">HI", 4, 10))  # SETTINGS_INITIAL_WINDOW_SIZE 10
     c.frames()
