@@ -106,10 +106,11 @@ info = SimpleNamespace(name="sst2", labels=["negative", "positive"], manifest=ma
 host = SimpleNamespace(settings=Config(), models=ModelSet(info))
 
 
-def call(**params):
+def call(outputs=("label",), **params):
     req = pb.ModelInferRequest(model_name="sst2")
     req.inputs.add(name="text", datatype="BYTES", shape=[1])
-    req.outputs.add(name="label")
+    for name in outputs:
+        req.outputs.add(name=name)
     req.raw_input_contents.append(b"\\x02\\x00\\x00\\x00hi")
     for key, value in params.items():
         infer.set_param(req.parameters[key], value)
@@ -136,6 +137,28 @@ refused(call(priority="soon"), "priority")
 req = call()
 infer.set_param(req.inputs[0].parameters["shared_memory_region"], "r")
 refused(req, "1 raw_input_contents for 1 inputs")
+# outputs without parameters: each kind of ask read once and kept; every call still gets its
+# own list, in its own order, and a refused ask is refused every time (never kept)
+for _ in range(2):
+    first = infer.read_request(host, call(("scores", "label")), lambda t: 0)
+    again = infer.read_request(host, call(("scores", "label")), lambda t: 0)
+    assert first.wanted == again.wanted == [("scores", True), ("label", True)]
+    assert first.wanted is not again.wanted
+    assert infer.read_request(host, call(("label", "scores")), lambda t: 0).wanted == [
+        ("label", True), ("scores", True)]
+    typed = infer.read_request(host, call(("label",), binary_data_output=False), lambda t: 0)
+    assert typed.wanted == [("label", False)]
+    assert infer.read_request(host, call(()), lambda t: 0).wanted == [
+        ("scores", True), ("label", True)]
+    refused(call(("embedding",)), "unknown output 'embedding'")
+    refused(call(("label", "label")), "asked for twice")
+# an output with parameters is read in full, as before
+req = call(("label",))
+infer.set_param(req.outputs[0].parameters["binary_data"], False)
+assert infer.read_request(host, req, lambda t: 0).wanted == [("label", False)]
+req = call(("label",))
+infer.set_param(req.outputs[0].parameters["classification"], 2)
+refused(req, "classification outputs are not supported")
 print("ok")
 """
 

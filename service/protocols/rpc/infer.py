@@ -92,6 +92,43 @@ def read_input(
     return texts
 
 
+PLAIN_OUTPUTS: dict[tuple[tuple[str, ...], bool, bool, bool], tuple[tuple[str, bool], ...]] = {}
+
+
+def read_outputs(
+    req: pb.ModelInferRequest, default: bool, embeds: bool, embed_only: bool
+) -> tuple[list[tuple[str, bool]], dict[str, Placement]]:
+    """The outputs to answer, (name, raw) in the order asked for, and those written to shared
+    memory; each output is read as HTTP's (kserve.read_outputs), one without parameters as
+    HTTP's without any."""
+    outputs = [
+        {"name": o.name, "parameters": params_dict(o.parameters) or None} for o in req.outputs
+    ]
+    doc = {"parameters": {"binary_data_output": default}, "outputs": outputs}
+    asked = kserve.read_outputs(doc, embeds, embed_only)
+    raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
+    return [(name, raw_out) for name, _ in asked], kserve.output_places(doc)
+
+
+def plain_outputs(
+    key: tuple[tuple[str, ...], bool, bool, bool],
+) -> tuple[tuple[str, bool], ...]:
+    """read_outputs of outputs without parameters (names, binary default, embeds, embed_only):
+    the same for every call that asks alike, so each such ask is read once and kept (bounded;
+    a refused one is never kept)."""
+    found = PLAIN_OUTPUTS.get(key)
+    if found is None:
+        names, default, embeds, embed_only = key
+        outputs = [{"name": name, "parameters": None} for name in names]
+        doc = {"parameters": {"binary_data_output": default}, "outputs": outputs}
+        asked = kserve.read_outputs(doc, embeds, embed_only)
+        raw_out = all(raw for _, raw in asked)
+        if len(PLAIN_OUTPUTS) >= 256:
+            PLAIN_OUTPUTS.clear()
+        found = PLAIN_OUTPUTS[key] = tuple((name, raw_out) for name, _ in asked)
+    return found
+
+
 def read_request(
     server: FrontView, req: pb.ModelInferRequest, deadline_of: Callable[[int | None], int]
 ) -> InferJob:
@@ -114,19 +151,16 @@ def read_request(
     params = params_dict(req.parameters)
     # checked as the HTTP header's are (none given: the defaults, without converting)
     checked = convert(params, InferParameters, "parameters") if params else NO_PARAMETERS
-    # an output without parameters is read as HTTP's without any (kserve.read_outputs)
-    outputs = [
-        {"name": o.name, "parameters": params_dict(o.parameters) or None} for o in req.outputs
-    ]
-    default = {"binary_data_output": bool(params.get("binary_data_output", True))}
     m = info.manifest
-    doc = {"parameters": default, "outputs": outputs}
-    asked = kserve.read_outputs(doc, m.embeds, m.embed_only)
-    raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
-    wanted = [(name, raw_out) for name, _ in asked]
+    default = bool(params.get("binary_data_output", True))
+    places: dict[str, Placement] = {}
+    if not any(o.parameters for o in req.outputs):  # the usual call: read once, then kept
+        plain = (tuple(o.name for o in req.outputs), default, m.embeds, m.embed_only)
+        wanted = list(plain_outputs(plain))
+    else:
+        wanted, places = read_outputs(req, default, m.embeds, m.embed_only)
     level = checked.priority
     priority = asked_priority(int(level) if isinstance(level, float) else level, "priority")  # 0 up
-    places = kserve.output_places(doc)
     deadline = deadline_of(None if checked.timeout is None else int(checked.timeout))
     ask = kserve.request_ask(texts, params, wanted, info, deadline, priority, "grpc")
     return InferJob(info, ask, wanted, req.id, places)
