@@ -1,15 +1,12 @@
-"""The engine's channel to one worker process (WorkerLink): the request ring and its doorbell
-(one post per request written, a loop turn's posts in one write), the response ring and the
-answer eventfd the dispatcher reads, the models the worker serves, and the requests handed to it
-and not yet answered.
+"""The engine's channel to one worker process (WorkerLink): the request ring and the doorbell
+posted once per request, the response ring and the answer eventfd the dispatcher reads, the
+models the worker serves, and the requests handed to it and not yet answered.
 
 The pool owns the process (service.pool.handle.WorkerHandle: start, signal, reap, pin, rss)
 and makes its link; the engine reads and writes only the link. The pool tells the engine what
 changed through calls: drain() (take no new work), lose() (the process is gone)."""
 
 from __future__ import annotations
-
-import asyncio
 
 from ringserve.service.engine.requests import Request
 from ringserve.shm import layout as L
@@ -33,7 +30,6 @@ class WorkerLink:
         self.assigned: dict[int, Request] = {}  # msg id -> request, in dispatch order
         self.draining = False  # takes no new work; its owner is told once it holds none
         self.gone = False  # its process is gone: its doorbell says nothing more
-        self.unposted = 0  # requests written this loop turn whose doorbell post is due
 
     @classmethod
     def open(
@@ -45,25 +41,12 @@ class WorkerLink:
         )
 
     def submit(self, messages: list[Message]) -> int:
-        """Write requests into the ring; the doorbell gets one post per request written, all of
-        a loop turn's in one eventfd write at the turn's end (one read of the socket brings
-        several calls: one syscall for them, not one each). Outside a running loop: at once."""
+        """Write requests into the ring and post the doorbell once per request written (one
+        write of n to the semaphore eventfd)."""
         n = self.requests.write_many(messages)
         if n:
-            if not self.unposted:
-                try:
-                    asyncio.get_running_loop().call_soon(self.post)
-                except RuntimeError:  # no loop (a tool or a test driving the link by hand)
-                    self.doorbell.release(n)
-                    return n
-            self.unposted += n
-        return n
-
-    def post(self) -> None:
-        """The turn's doorbell posts, in one write (none once the doorbell is closed)."""
-        n, self.unposted = self.unposted, 0
-        if n and self.doorbell.fd >= 0:
             self.doorbell.release(n)
+        return n
 
     def loaded(self) -> bool:
         """The worker said it is ready (or ready on the CPU only)."""

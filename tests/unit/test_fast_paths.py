@@ -4,8 +4,6 @@ without parameters, Triton's statistics read in one pass, and a model found by n
 
 from __future__ import annotations
 
-import asyncio
-import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -13,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.requests import Group, Result
 from ringserve.service.models import READY, UNLOADING, Entry, ModelSet, UnknownModel
 from ringserve.service.ops.inference_stats import InferenceStats
@@ -21,7 +18,6 @@ from ringserve.service.protocols import kserve
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import SEEN_PATHS, Router
 from ringserve.shm import layout as L
-from ringserve.shm.ring import Message
 
 SST2 = ("sst2", ["negative", "positive"], ["classify"])
 
@@ -204,47 +200,3 @@ def test_a_model_by_name_is_its_highest_ready_version() -> None:
     assert models.find("sst2").version == 2
     with pytest.raises(UnknownModel):
         models.find("nli")
-
-
-def test_a_loop_turns_doorbell_posts_go_in_one_write() -> None:
-    """WorkerLink.submit on the loop posts the worker's doorbell at the turn's end, once for
-    every request written that turn (the semaphore's count is what the worker takes: one a
-    request); off the loop it posts at once; a link whose doorbell closed posts nothing."""
-    link = WorkerLink.open(os.getpid(), 900 + os.getpid() % 1000, 16, 16, frozenset({0}))
-    try:
-
-        def posts() -> int:
-            n = 0
-            while link.doorbell.acquire(False):
-                n += 1
-            return n
-
-        def message(i: int) -> Message:
-            return (i, b"text", 0, L.request_meta(0, 0))
-
-        async def turn() -> tuple[int, int]:
-            for i in range(3):
-                assert link.submit([message(i)]) == 1
-            assert link.submit([message(3), message(4)]) == 2
-            during = posts()  # nothing yet: the post waits for the turn's end
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
-            return during, posts()
-
-        assert asyncio.run(turn()) == (0, 5)
-        assert link.submit([message(5)]) == 1 and posts() == 1  # no loop: at once
-
-        errors: list[dict[str, Any]] = []
-
-        async def closed() -> None:
-            asyncio.get_running_loop().set_exception_handler(lambda _, e: errors.append(e))
-            link.submit([message(6)])
-            link.bells.close()  # the worker left before the turn ended
-            await asyncio.sleep(0)
-
-        asyncio.run(closed())  # the due post finds the doorbell closed: no write, no error
-        assert link.unposted == 0 and not errors
-    finally:
-        link.channel.close()
-        link.channel.unlink()
-        link.bells.close()
