@@ -104,6 +104,25 @@ def _canonical(manifest: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+_HASH_CHUNK = 4 << 20
+
+
+def _hash_file(digest: Any, tag: bytes, path: Path, buffer: memoryview) -> None:
+    """digest.update(tag + the file's length as 8 bytes + its bytes), read in chunks into one
+    buffer: the same digest as reading the file whole, without a copy of each graph's hundreds
+    of MB in memory (a front-end's start, a reload and reference_logits verify every file).
+    A file whose length changes while it is read gets a digest no manifest holds."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        digest.update(tag + size.to_bytes(8, "big"))
+        read = 0
+        while n := f.readinto(buffer):
+            digest.update(buffer[:n])
+            read += n
+    if read != size:
+        digest.update(b"the file changed while it was read")
+
+
 def fingerprint_files(
     model: Path, tokenizer: Path, manifest: dict[str, Any], others: tuple[Path, ...] = ()
 ) -> str:
@@ -112,9 +131,9 @@ def fingerprint_files(
     # Files added in format 2 are tagged by name; an older artifact's hash is unchanged.
     parts += [(b"file:" + p.name.encode(), p) for p in others]
     # Each part is length-prefixed so bytes cannot shift from one part to the next unnoticed.
+    buffer = memoryview(bytearray(_HASH_CHUNK))
     for tag, path in parts:
-        data = path.read_bytes()
-        digest.update(tag + len(data).to_bytes(8, "big") + data)
+        _hash_file(digest, tag, path, buffer)
     body = _canonical(manifest)
     digest.update(b"manifest" + len(body).to_bytes(8, "big") + body)
     return "sha256:" + digest.hexdigest()

@@ -12,7 +12,10 @@ where no block of its page names int8, a precision, a graph or a runtime, the pl
 alone (plain_builds: the block servers serve that graph, RINGSERVE_GRAPH=plain; the families'
 fused and int8 builds are tests/model/test_families.py's and test_hf.py's).
 The blocks of one page run in order in one directory (a page may build a model in one block
-and serve it in the next); two pages run at a time. Output shown
+and serve it in the next); two pages run at a time, each page's blocks on a core of their own
+(`taskset`: a block's processes, and the servers it starts, see one CPU; on two cores,
+`ringserve evaluate`'s two torch threads beside the other page's processes took 19.7 s, and 9.0 s
+on a core of its own). Output shown
 under a `$ ` command is checked for shape (devkit/snippets.py). A block marked
 `<!-- not-run: REASON -->` is skipped with that reason: it needs a GPU, root, systemd, another
 host, or minutes of CPU; one marked `<!-- same-as: PAGE -->` must read exactly as a block that
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -143,7 +148,7 @@ def shell_script(block: Block, mapping: dict[str, str]) -> tuple[str, list[list[
     return "\n".join(script) + "\n", expected
 
 
-def run_block(block: Block, srv: ServerProc, cwd: Path) -> None:
+def run_block(block: Block, srv: ServerProc, cwd: Path, cpu: int | None = None) -> None:
     mapping = port_map(block, srv)
     env = environment(block, srv)
     if block.lang in PYTHON:
@@ -154,6 +159,9 @@ def run_block(block: Block, srv: ServerProc, cwd: Path) -> None:
         if block.starts_server:  # a server started without --port takes this one
             env["RINGSERVE_PORT"] = mapping.get("8000", str(free_port()))
         argv = ["bash", "-c", script]
+    if cpu is not None:  # the page's core (outcomes)
+        argv = ["taskset", "-c", str(cpu), *argv]
+    start = time.monotonic()
     done = subprocess.run(
         argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
         start_new_session=True,
@@ -161,9 +169,10 @@ def run_block(block: Block, srv: ServerProc, cwd: Path) -> None:
     where = f"{block.name} ({block.lang})"
     assert done.returncode == 0, f"{where} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     outputs = re.split(r"\n?@@command \d+@@\n", done.stdout)[1:]
-    record = os.environ.get("RINGSERVE_DOCS_RECORD")  # a file: what each command printed
+    record = os.environ.get("RINGSERVE_DOCS_RECORD")  # a file: each block's time, its output
     if record:
         with open(record, "a", encoding="utf-8") as f:
+            f.write(f"== {block.name} took {time.monotonic() - start:.1f} s\n")
             for i, out in enumerate(outputs or [done.stdout]):
                 f.write(f"== {block.name} command {i + 1}\n{out.strip()[:600]}\n")
     for i, want in enumerate(expected):
@@ -178,7 +187,8 @@ def to_run(block: Block) -> bool:
 @pytest.fixture(scope="module")
 def outcomes(docs_server: ServerProc, workdirs: dict[Path, Path]) -> dict[str, str | None]:
     """Every page's runnable blocks, in order, two pages at a time (the blocks are subprocesses
-    and their servers; two cores): block name -> None, or why it failed."""
+    and their servers; two cores), each page on a core of its own while it runs, where there
+    are two and `taskset`: block name -> None, or why it failed."""
     by_page: dict[Path, list[Block]] = {}
     for block in ALL:
         if to_run(block):
@@ -186,15 +196,23 @@ def outcomes(docs_server: ServerProc, workdirs: dict[Path, Path]) -> dict[str, s
     results: dict[str, str | None] = {}
 
     took: dict[str, float] = {}
+    cpus = sorted(os.sched_getaffinity(0))
+    free: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    for lane in range(2):  # one page a lane; without two cores and taskset, unpinned
+        free.put(cpus[lane] if len(cpus) >= 2 and shutil.which("taskset") else None)
 
     def run_page(page: Path) -> None:
         start = time.monotonic()
-        for block in by_page[page]:  # a later block may use what an earlier one made
-            try:
-                run_block(block, docs_server, workdirs[page])
-                results[block.name] = None
-            except (AssertionError, subprocess.TimeoutExpired) as exc:
-                results[block.name] = str(exc)
+        cpu = free.get()
+        try:
+            for block in by_page[page]:  # a later block may use what an earlier one made
+                try:
+                    run_block(block, docs_server, workdirs[page], cpu)
+                    results[block.name] = None
+                except (AssertionError, subprocess.TimeoutExpired) as exc:
+                    results[block.name] = str(exc)
+        finally:
+            free.put(cpu)
         took[page.name] = time.monotonic() - start
 
     # the pages that build models first, so the two lanes end together
