@@ -95,37 +95,43 @@ def read_input(
 PLAIN_OUTPUTS: dict[tuple[tuple[str, ...], bool, bool, bool], tuple[tuple[str, bool], ...]] = {}
 
 
-def read_outputs(
-    req: pb.ModelInferRequest, default: bool, embeds: bool, embed_only: bool
-) -> tuple[list[tuple[str, bool]], dict[str, Placement]]:
-    """The outputs to answer, (name, raw) in the order asked for, and those written to shared
-    memory; each output is read as HTTP's (kserve.read_outputs), one without parameters as
-    HTTP's without any."""
-    outputs = [
-        {"name": o.name, "parameters": params_dict(o.parameters) or None} for o in req.outputs
-    ]
+def asked_outputs(
+    outputs: list[dict[str, Any]], default: bool, embeds: bool, embed_only: bool
+) -> tuple[list[tuple[str, bool]], dict[str, Any]]:
+    """(name, raw) for each output to answer, in the order asked for, read as HTTP's
+    (kserve.read_outputs; an output without parameters as HTTP's without any), and the document
+    they were read from."""
     doc = {"parameters": {"binary_data_output": default}, "outputs": outputs}
     asked = kserve.read_outputs(doc, embeds, embed_only)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
-    return [(name, raw_out) for name, _ in asked], kserve.output_places(doc)
+    return [(name, raw_out) for name, _ in asked], doc
+
+
+def read_outputs(
+    req: pb.ModelInferRequest, default: bool, embeds: bool, embed_only: bool
+) -> tuple[list[tuple[str, bool]], dict[str, Placement]]:
+    """The outputs to answer, and those written to shared memory."""
+    outputs = [
+        {"name": o.name, "parameters": params_dict(o.parameters) or None} for o in req.outputs
+    ]
+    wanted, doc = asked_outputs(outputs, default, embeds, embed_only)
+    return wanted, kserve.output_places(doc)
 
 
 def plain_outputs(
     key: tuple[tuple[str, ...], bool, bool, bool],
 ) -> tuple[tuple[str, bool], ...]:
-    """read_outputs of outputs without parameters (names, binary default, embeds, embed_only):
-    the same for every call that asks alike, so each such ask is read once and kept (bounded;
-    a refused one is never kept)."""
+    """The outputs to answer when none has parameters (the key: their names, the binary
+    default, embeds, embed_only): the same for every call that asks alike, so each such ask is
+    read once and kept (bounded; a refused one is never kept)."""
     found = PLAIN_OUTPUTS.get(key)
     if found is None:
         names, default, embeds, embed_only = key
-        outputs = [{"name": name, "parameters": None} for name in names]
-        doc = {"parameters": {"binary_data_output": default}, "outputs": outputs}
-        asked = kserve.read_outputs(doc, embeds, embed_only)
-        raw_out = all(raw for _, raw in asked)
+        plain = [{"name": name, "parameters": None} for name in names]
+        wanted, _ = asked_outputs(plain, default, embeds, embed_only)
         if len(PLAIN_OUTPUTS) >= 256:
             PLAIN_OUTPUTS.clear()
-        found = PLAIN_OUTPUTS[key] = tuple((name, raw_out) for name, _ in asked)
+        found = PLAIN_OUTPUTS[key] = tuple(wanted)
     return found
 
 
