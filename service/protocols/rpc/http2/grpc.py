@@ -240,3 +240,17 @@ def call_headers(fields: list[tuple[bytes, bytes]]) -> CallHead:
         else:
             metadata.append((name.decode("latin-1"), value.decode("latin-1")))
     return method, path, content_type, timeout, metadata
+
+
+class CallHeads:
+    """The last header list read on a connection and its call headers: a client's repeated
+    call decodes to the very list HeaderDecoder kept for it (codec.py), so they are read once."""
+
+    def __init__(self) -> None:
+        self.fields: list[tuple[bytes, bytes]] | None = None
+        self.head: CallHead | None = None
+
+    def read(self, fields: list[tuple[bytes, bytes]]) -> CallHead:
+        if fields is not self.fields or self.head is None:
+            self.fields, self.head = fields, call_headers(fields)
+        return self.head

@@ -32,10 +32,9 @@ from ringserve.service.protocols.rpc.http2.grpc import (
     INTERNAL,
     UNKNOWN,
     WINDOW,
-    CallHead,
+    CallHeads,
     Port,
     Stream,
-    call_headers,
     parse_timeout,
 )
 
@@ -74,9 +73,7 @@ class StreamTable:
         self.ended: dict[int, int] = {}  # stream id: OURS, PEER_END or PEER_RESET
         self.ending: dict[int, Stream] = {}  # requests ended in this read, their calls to start
         self.window = WINDOW  # connection receive window left
-        # the last header list read, and its call headers: a client's repeated call decodes to
-        # the very list HeaderDecoder kept for it (codec.py), so they are read once
-        self.last_head: tuple[list[tuple[bytes, bytes]], CallHead] | None = None
+        self.heads = CallHeads()  # a repeated header list's call headers, read once
 
     # -- HEADERS --------------------------------------------------------------------------------
     def on_headers(self, flags: int, sid: int, payload: bytes) -> None:
@@ -134,13 +131,7 @@ class StreamTable:
         self.open(sid, flags, fields)
 
     def open(self, sid: int, flags: int, fields: list[tuple[bytes, bytes]]) -> None:
-        last = self.last_head
-        if last is not None and last[0] is fields:
-            head = last[1]
-        else:
-            head = call_headers(fields)
-            self.last_head = (fields, head)
-        method, path, content_type, timeout, metadata = head
+        method, path, content_type, timeout, metadata = self.heads.read(fields)
         stream = Stream(self.conn, sid, path or b"", metadata)
         self.streams[sid] = stream
         if method != b"POST" or not path:
