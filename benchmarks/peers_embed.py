@@ -30,7 +30,6 @@ other vectors; each row shows both servers' lowest cosine to the model's fp32 ve
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -43,7 +42,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving import cpu_name, simd_flags, stop_group, tree_cpu_s, wait_cores
+from benchmarks.serving import (
+    cpu_name,
+    simd_flags,
+    stop_group,
+    tree_cpu_s,
+    wait_cores,
+    wait_health,
+)
 from devkit.http import HOST, http_message, http_request
 from devkit.launcher import (
     AG_NEWS,
@@ -88,16 +94,10 @@ class Infinity:
         self.pid = self.proc.pid
 
     def wait_ready(self, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"Infinity exited with {self.proc.returncode}:\n{tail}")
-            with contextlib.suppress(OSError):
-                if http_request(self.port, "GET", "/health", timeout=2.0)[0] == 200:
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"Infinity did not answer /health in {timeout} s")
+        wait_health(
+            self.proc, self.port, "Infinity", timeout,
+            lambda: self.log_path.read_text(errors="replace")[-3000:],
+        )  # fmt: skip
 
     def close(self) -> None:
         stop_group(self.proc)

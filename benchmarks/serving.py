@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -372,20 +373,32 @@ class Peer:
         self.pid = self.proc.pid
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        stop = time.monotonic() + timeout
-        while time.monotonic() < stop:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the peer exited with {self.proc.returncode}")
-            try:  # LitServe answers /health with a plain "ok", FastAPI with JSON
-                if http_request(self.port, "GET", "/health", timeout=2.0)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("the peer did not answer /health")
+        # LitServe answers /health with a plain "ok", FastAPI with JSON: the status is read
+        wait_health(self.proc, self.port, "the peer", timeout)
 
     def close(self) -> None:
         stop_group(self.proc)
+
+
+def wait_health(
+    proc: subprocess.Popen[Any],
+    port: int,
+    what: str,
+    timeout: float,
+    log_tail: Callable[[], str] | None = None,
+) -> None:
+    """Poll a peer's GET /health until it answers 200; an exit first is an error naming `what`
+    (with `log_tail()` when given), as is no answer within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = f":\n{log_tail()}" if log_tail is not None else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode}{tail}")
+        with contextlib.suppress(OSError):
+            if http_request(port, "GET", "/health", timeout=2.0)[0] == 200:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} did not answer /health in {timeout} s")
 
 
 def stop_group(proc: subprocess.Popen[Any]) -> None:

@@ -4,8 +4,14 @@ faithful pair, and the cosine it checks the two servers' vectors by."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+
+import pytest
 
 from benchmarks.peers_embed import cosine, options, pairs
+from benchmarks.serving import stop_group, wait_health
+from devkit.launcher import free_port
 
 
 def test_fp32_is_ringserve_defaults_against_infinity_float32() -> None:
@@ -33,3 +39,37 @@ def test_cosine() -> None:
     assert math.isclose(cosine([1.0, 0.0], [2.0, 0.0]), 1.0)
     assert math.isclose(cosine([1.0, 0.0], [0.0, 3.0]), 0.0, abs_tol=1e-12)
     assert math.isclose(cosine([1.0, 1.0], [-1.0, -1.0]), -1.0)
+
+
+HEALTH = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_wait_health_returns_on_200_and_names_an_early_exit() -> None:
+    """Both peers' readiness wait (serving's LitServe/FastAPI, peers_embed's Infinity), on real
+    processes: a server that answers /health is ready; one that exits first is an error with
+    its log's tail; one that never answers times out."""
+    port = free_port()
+    up = subprocess.Popen([sys.executable, "-c", HEALTH, str(port)], start_new_session=True)
+    try:
+        wait_health(up, port, "the peer", 30.0)
+    finally:
+        stop_group(up)
+    gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
+    with pytest.raises(RuntimeError, match="Infinity exited with 3:\nlast lines"):
+        wait_health(gone, free_port(), "Infinity", 30.0, lambda: "last lines")
+    mute = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                            start_new_session=True)  # fmt: skip
+    try:
+        with pytest.raises(TimeoutError, match=r"the peer did not answer /health in 0\.3 s"):
+            wait_health(mute, free_port(), "the peer", 0.3)
+    finally:
+        stop_group(mute)
