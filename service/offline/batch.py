@@ -30,7 +30,7 @@ from ringserve.service.device import resolve_device
 from ringserve.service.engine.admission import too_long
 from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.logs import EventLog
-from ringserve.service.model_info import scan_repository
+from ringserve.service.model_info import pick_precision, scan_repository
 from ringserve.service.offline import corpus as C
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.protocols import prompts
@@ -289,6 +289,11 @@ class BatchJob:
         self.model_dir = batch_model_dir(settings)
         self.manifest = load_manifest(self.model_dir)
         self.device = resolve_device(settings.device, self.log)
+        # --precision as serve resolves it: auto from the artifact's published costs and this
+        # CPU's flags, a precision the CPU cannot run refused; the workers read the result.
+        self.chosen_by = pick_precision(
+            settings, self.manifest, self.device != "cpu", self.log, None
+        )
         self.source = C.open_texts(args.input)
         self.n = len(self.source)
         st = os.stat(args.input)
@@ -299,6 +304,7 @@ class BatchJob:
             "lines": self.n,
             "fingerprint": self.manifest.fingerprint,
             "task": args.task,
+            "precision": settings.precision,  # a resumed run keeps the precision it began with
         }
         m = self.manifest
         if args.task not in m.task:
@@ -423,6 +429,7 @@ class BatchJob:
             "resumed": progress.start_done,  # of them, finished before this run began
             "written": self.results.written,
             "errors": bad,
+            "precision": self.settings.precision,  # the one that scored every line
             "texts_per_s": round(rate, 1),
             "seconds": round(time.monotonic() - progress.t0, 2),
             "front_end_max_rss_mib": round(_max_rss_mib(), 1),
@@ -501,6 +508,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--device", default="auto")
     p.add_argument("--runtime", default="auto", help="auto, torch or onnx, as for serve")
+    opt = BY_NAME["precision"]
+    p.add_argument(
+        "--precision", type=opt.type, default=os.environ.get(opt.env, opt.default),
+        help=f"as for serve: fp32, int8, bf16 or auto [env {opt.env}, default {opt.shown}]",
+    )  # fmt: skip
     p.add_argument("--max-batch", type=int, default=None, help="rows a batch (serve's default)")
     p.add_argument("--max-batch-tokens", type=int, default=None, help="padded tokens a batch")
     for name in ("long-text", "window-stride", "max-windows"):  # as serve names them
@@ -520,6 +532,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Config]:
         threads=args.threads,
         device=args.device,
         runtime=args.runtime,
+        precision=BY_NAME["precision"].type(args.precision),  # an environment default is text
         spares=0,  # a batch run has no clients to keep waiting: a replacement may boot cold
         max_batch=args.max_batch,
         max_batch_tokens=args.max_batch_tokens,

@@ -179,3 +179,53 @@ def test_embed_resume_finishes_what_ctrl_c_left(
     assert status == 200
     want = np.array([d["embedding"] for d in json.loads(data)["data"]])
     np.testing.assert_allclose(got[sample], want, atol=1e-6, rtol=0)
+
+
+def summary_of(run: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    return dict(json.loads(run.stderr.strip().splitlines()[-1]))
+
+
+def test_batch_precision_auto_scores_with_the_chosen_precision_and_says_which(
+    tmp_path: Path, server: ServerProc, default_model: str
+) -> None:
+    """`--precision auto` resolves as serve does (the artifact's published costs, this CPU's
+    flags), says the choice on stderr and in the summary, and the lines are that precision's:
+    not fp32's scores unless fp32 was chosen, with the same decisions on nearly every text."""
+    from ringserve.service.precision import BF16_FLAGS, auto_precision, cpu_flags
+    from ringserve.workers.artifact import load_manifest
+
+    texts = column(DATA / "sst2" / "sample.tsv", 120, skip=1500)
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"\n".join(texts) + b"\n")
+    m = load_manifest(default_model)
+    want, _ = auto_precision(m.int8, bool(m.int8_file), m.bf16, bool(cpu_flags() & set(BF16_FLAGS)))
+    runs = {"auto": want} | ({"int8": "int8"} if m.int8_file else {})
+    fp32 = server.classify([t.decode() for t in texts])["results"]
+    for asked, chosen in runs.items():
+        out = tmp_path / f"{asked}.jsonl"
+        run = run_batch(src, out, "--precision", asked)
+        assert run.returncode == 0, run.stderr
+        assert summary_of(run)["precision"] == chosen
+        if asked == "auto":
+            assert f"--precision auto: serving {chosen} (" in run.stderr
+        got = [json.loads(line) for line in out.read_text().splitlines()]
+        same = sum(g["label_id"] == f["label_id"] for g, f in zip(got, fp32, strict=True))
+        assert same >= 0.95 * len(texts)
+        drift = max(
+            abs(a - b)
+            for g, f in zip(got, fp32, strict=True)
+            for a, b in zip(g["scores"], f["scores"], strict=True)
+        )
+        assert (drift <= 1e-5) == (chosen == "fp32"), (asked, chosen, drift)
+
+
+def test_batch_refuses_a_precision_this_cpu_cannot_run(tmp_path: Path) -> None:
+    from ringserve.service.precision import BF16_FLAGS, cpu_flags
+
+    src = tmp_path / "in.txt"
+    src.write_text("a gripping film\n")
+    run = run_batch(src, tmp_path / "out.jsonl", "--precision", "fp16")
+    assert run.returncode != 0 and "fp16 runs on CUDA only" in run.stderr
+    if not cpu_flags() & set(BF16_FLAGS):
+        run = run_batch(src, tmp_path / "out.jsonl", "--precision", "bf16")
+        assert run.returncode != 0 and "needs a CPU with" in run.stderr
