@@ -55,7 +55,9 @@ DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-mini
 # 5: int8's cost published from the publication split; the selection split's frontier in
 #    graphs.int8_selection (the record of the choice, never the published cost).
 # 6: bf16's cost (OpenVINO, the plain graph) published the same way, by a CPU that has bf16.
-ARTIFACT_FORMAT = 6
+# 8: int8_checked: the second look's threshold (chosen on the selection split) and its cost
+#    (the publication split), for --precision int8-checked.
+ARTIFACT_FORMAT = 8  # 7 is embedx59's (calibration); merged, both are in 8
 # "plain" builds the plain ONNX graph alone: no fused graph, no int8 (served at fp32 on the plain
 # graph, as an artifact whose fused graph was not kept). For the tests' builds of artifacts read
 # on TorchScript and the plain graph only (devkit/builds.py plain_builds); unset or "all": all.
@@ -123,6 +125,7 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
                 (target / name).unlink()
         for key in OTHER_FILES:
             manifest.pop(key, None)
+        manifest.pop("int8_checked", None)  # it runs the int8 graph
         return
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -158,6 +161,10 @@ def _int8(
             plain, fused, work, tokenizer, labels, manifest["activation"]
         )
         graphs["int8_selection"] = record
+        threshold = record["second_look"]["threshold"]
+        manifest["int8_checked"] = int8.publish_checked(
+            plain, chosen, tokenizer, labels, manifest["activation"], threshold
+        )
         return chosen, cost
     chosen = work / ox.INT8_FILE
     ox.quantize_int8(plain, chosen)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 from ringserve.factory import onnx as ox
+from ringserve.workers.runtimes.checked import margins
 
 CALIBRATION = Path(__file__).parent / "default_head" / "calibration.tsv"
 MIN_SPEEDUP = 1.3  # a recipe must run this many times fp32's texts/s to be worth its cost
@@ -49,6 +50,7 @@ class Candidate:
     recipe: str
     path: Path
     row: dict[str, Any] = field(default_factory=dict)  # what was measured of it
+    logits: Any = None  # its logits on the selection split (the second look's threshold)
 
 
 def search_mode() -> str:
@@ -279,9 +281,10 @@ def measure(
     tokenizer: Any,
     labels: list[str],
     activation: str,
-) -> tuple[Candidate, dict[str, Any]]:
-    """Each candidate against fp32 on the selection split; the chosen recipe and the record of
-    the choice (the frontier). These figures choose; they are never published as the cost."""
+) -> tuple[Candidate, dict[str, Any], np.ndarray]:
+    """Each candidate against fp32 on the selection split; the chosen recipe, the record of the
+    choice (the frontier) and fp32's logits there. These figures choose; they are never
+    published as the cost."""
     texts, gold = ox.read_heldout()
     encodings = tokenizer.encode_batch(texts)
     gold_ids = np.array(gold)
@@ -295,6 +298,7 @@ def measure(
     scored = labels == ["negative", "positive"]  # the split's own labels apply
     for c in found:
         logits, speed = timed_logits(c.path, encodings)
+        c.logits = logits
         c.row = _row(c.recipe, logits, base, speed / fp32_speed, activation)
         c.row["texts_per_s"] = round(speed, 1)
         if scored:
@@ -310,7 +314,7 @@ def measure(
     }
     if scored:
         record["accuracy_fp32"] = round(float((base.argmax(1) == gold_ids).mean()), 4)
-    return pick, record
+    return pick, record, base
 
 
 def best(found: list[Candidate]) -> Candidate:
@@ -476,10 +480,75 @@ def choose(
     fp32 = {"plain": plain}
     if fused is not None and mode == "full":  # fp32's speed: the faster graph of the two
         fp32["fused"] = fused
-    pick, record = measure(fp32, found, tokenizer, labels, activation)
+    pick, record, base = measure(fp32, found, tokenizer, labels, activation)
     cost = publish(plain, pick.path, tokenizer, labels, activation)
     cost |= {"recipe": pick.recipe, "speedup": pick.row["speedup"], "search": mode}
+    record["second_look"] = second_look(base, pick.logits, activation)
     return pick.path, cost, record | {"failed": failed}
+
+
+def second_look(fp32: np.ndarray, int8: np.ndarray, activation: str) -> dict[str, Any]:
+    """int8-checked's threshold, chosen on the selection split: just above the largest int8
+    margin (workers/runtimes/checked.py) of a text whose decision int8 changed, so that every
+    disagreement of the split would have been looked at again, rounded up to 0.01. Its cost is
+    read on the publication split (publish_checked), never here."""
+    margin = margins(scores(int8, activation), activation)
+    changed = (decisions(fp32, activation) != decisions(int8, activation)).any(axis=1)
+    widest = float(margin[changed].max()) if changed.any() else None
+    threshold = 0.0 if widest is None else float(np.ceil((widest + 1e-9) * 100) / 100)
+    return {
+        "threshold": threshold,
+        "split": ox.SELECTION_SPLIT,
+        "texts": len(fp32),
+        "disagreements": int(changed.sum()),
+        "rerun_share": round(float((margin < threshold).mean()), 4),
+    }
+
+
+def publish_checked(
+    plain: Path,
+    chosen: Path,
+    tokenizer: Any,
+    labels: list[str],
+    activation: str,
+    threshold: float,
+) -> dict[str, Any]:
+    """What int8-checked costs, read once on the publication split: publish's figures for the
+    answers it gives (fp32's scores for a text whose int8 margin is under `threshold`, int8's
+    for the rest), the share of texts it re-runs, and its speed against the fp32 pass, timed
+    as a worker runs it: each batch through int8, then its close calls through fp32 at the
+    batch's padded length, one thread each."""
+    encodings, gold = publication_rows(tokenizer)
+    a, fp32_speed = fp32_pass(plain, encodings)  # int8's publish read it already
+    int8_s, fp32_s = ox.open_session(chosen), ox.open_session(plain)
+    batches = ox.batches_of(encodings)
+    out: list[np.ndarray] = [np.zeros(0)] * len(encodings)
+    rerun = np.zeros(len(encodings), dtype=bool)
+
+    def run(part: list[tuple[list[int], dict[str, np.ndarray]]]) -> None:
+        for rows, feed in part:
+            logits = np.asarray(int8_s.run(None, feed)[0], dtype=np.float32)
+            close = margins(scores(logits, activation), activation) < threshold
+            if close.any():
+                sub = {k: v[close] for k, v in feed.items()}
+                logits[close] = np.asarray(fp32_s.run(None, sub)[0], dtype=np.float32)
+            for r, i in enumerate(rows):
+                out[i], rerun[i] = logits[r], close[r]
+
+    run(batches[:1])  # a warm batch, as every timed pass here has
+    t0 = time.perf_counter()
+    run(batches)
+    speed = len(encodings) / (time.perf_counter() - t0)
+    b = np.stack(out)
+    cost = compare(a, b, gold, labels, activation, "int8_checked")
+    return cost | {
+        "threshold": threshold,
+        "rerun_share": round(float(rerun.mean()), 4),
+        "rerun_share_ci95": interval(rerun.astype(np.float64)),
+        "speedup": round(speed / fp32_speed, 3),
+        "texts_per_s": round(speed, 1),
+        "fp32_texts_per_s": round(fp32_speed, 1),
+    }
 
 
 def cleanup(work: Path) -> None:

@@ -354,8 +354,9 @@ def pick_precision(
         else:
             cpu_bf16 = bool(cpu_flags() & set(BF16_FLAGS))
             s.precision, why = auto_precision(
-                manifest.int8, bool(manifest.int8_file), manifest.bf16, cpu_bf16
-            )
+                manifest.int8, bool(manifest.int8_file), manifest.bf16, cpu_bf16,
+                manifest.int8_checked,
+            )  # fmt: skip
         log.info("precision_chosen", precision=s.precision, reason=why)
         print(f"ringserve: --precision auto: serving {s.precision} ({why})", file=sys.stderr)
         return why
@@ -380,6 +381,9 @@ def pick_runtime(settings: Config, manifest: Manifest, on_gpu: bool, log: EventL
     if s.precision == "int8" and not on_gpu:
         log.warning("int8_cost", **manifest.int8)
         print(int8_note(manifest.int8), file=sys.stderr)
+    if s.precision == "int8-checked" and not on_gpu:
+        log.info("int8_checked_cost", **manifest.int8_checked)
+        print(checked_note(manifest.int8_checked), file=sys.stderr)
     if runtime == "openvino":
         log.info("runtime_chosen", runtime=runtime, precision=s.precision, bf16=manifest.bf16)
         said = bf16_note(s.precision, manifest.bf16)
@@ -420,6 +424,21 @@ def int8_note(cost: dict[str, Any]) -> str:
         f"as fp32 on {cost.get('argmax_agreement')} of {where} "
         f"(recipe: {cost.get('recipe', 'dynamic')}{speed})"
     )
+
+
+def checked_note(cost: dict[str, Any]) -> str:
+    """int8-checked's threshold and cost, as its build published them (factory/int8.py
+    publish_checked)."""
+    share, ci = cost.get("rerun_share"), cost.get("rerun_share_ci95") or ["?", "?"]
+    said = (
+        f"ringserve: --precision int8-checked: a text whose int8 margin is under "
+        f"{cost.get('threshold')} is scored again by fp32 ({share} of "
+        f"{cost.get('texts')} texts of the publication split, 95% interval {ci[0]} to "
+        f"{ci[1]}); same decision as fp32 on {cost.get('argmax_agreement')}"
+    )
+    if "accuracy_cost" in cost:
+        said += f", accuracy cost {cost['accuracy_cost']}"
+    return said + (f", {cost['speedup']}x fp32's speed where built" if "speedup" in cost else "")
 
 
 def pick_graph(

@@ -2,17 +2,19 @@
 precisions this CPU cannot run refused with the flags it lacks.
 
 `auto` reads only the figures the artifact published from its publication split
-(manifest.int8 and manifest.bf16, factory/int8.py `publish` and `publish_bf16`), never ones a
-recipe was chosen on. A candidate is faithful when it agrees with fp32 on at least 99% of the
-split's decisions and costs at most 0.5 point of accuracy (an embed-only model: a mean cosine to
-fp32 of at least 0.999), and ran faster than fp32 where it was built. The candidates are int8
-(when the artifact has its graph) and bf16 (when this CPU has AVX512_BF16 or AMX and the
-artifact published bf16's cost); the fastest faithful one by its published speedup serves, fp32
-when none is.
+(manifest.int8, int8_checked and bf16: factory/int8.py `publish`, `publish_checked` and
+`publish_bf16`), never ones a recipe or a threshold was chosen on. A candidate is faithful when
+it agrees with fp32 on at least 99% of the split's decisions and costs at most 0.5 point of
+accuracy (an embed-only model: a mean cosine to fp32 of at least 0.999), and ran faster than
+fp32 where it was built. The candidates are int8 (when the artifact has its graph),
+int8-checked (when it also published a second look) and bf16 (when this CPU has AVX512_BF16 or
+AMX and the artifact published bf16's cost); the fastest faithful one by its published speedup
+serves, fp32 when none is.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +54,17 @@ def auto_precision(
     has_int8: bool,
     bf16: dict[str, Any] | None = None,
     cpu_bf16: bool = False,
+    checked: dict[str, Any] | None = None,
 ) -> tuple[str, str]:
-    """The precision `auto` serves given int8's and bf16's published costs, and why (one line):
-    the faithful candidate with the highest published speedup (int8 on a tie), else fp32."""
+    """The precision `auto` serves given int8's, int8-checked's and bf16's published costs, and
+    why (one line): the faithful candidate with the highest published speedup (int8 on a tie),
+    else fp32."""
     judged: list[tuple[str, bool, str, float]] = []
     if has_int8 and cost:
         judged.append(("int8", *judge("int8", cost), float(cost.get("speedup") or 1.0)))
+    if has_int8 and checked:
+        speed = float(checked.get("speedup") or 1.0)
+        judged.append(("int8-checked", *judge("int8-checked", checked), speed))
     if cpu_bf16 and bf16:
         judged.append(("bf16", *judge("bf16", bf16), float(bf16.get("speedup") or 1.0)))
     if not judged:
@@ -72,7 +79,15 @@ def auto_precision(
     return best[0], "auto: " + "; ".join([best[2], *others])
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+# A recorded /proc/cpuinfo read in place of this machine's: what `auto` and the bf16 refusal
+# would decide on that CPU (tests record an AVX2-only EPYC's; an operator can ask the same).
+CPUINFO_ENV = "RINGSERVE_CPUINFO"
+
+
+def cpu_flags(cpuinfo: Path | None = None) -> set[str]:
+    """The CPU's flags: /proc/cpuinfo's first `flags` line, or RINGSERVE_CPUINFO's file's."""
+    if cpuinfo is None:
+        cpuinfo = Path(os.environ.get(CPUINFO_ENV) or "/proc/cpuinfo")
     try:
         text = cpuinfo.read_text()
     except OSError:

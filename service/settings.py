@@ -118,8 +118,8 @@ def parse_start_method(text: str) -> str:
 
 
 parse_precision = one_of(
-    "precision", "fp32", "fp16", "bf16", "int8", "auto",
-    said="fp32, int8 (CPU), fp16 or bf16 (CUDA), or auto",
+    "precision", "fp32", "fp16", "bf16", "int8", "int8-checked", "auto",
+    said="fp32, int8 or int8-checked (CPU), bf16 (CPU with bf16, or CUDA), fp16 (CUDA), or auto",
 )  # fmt: skip
 parse_runtime = one_of("runtime", "auto", "torch", "onnx", "openvino")
 parse_graph = one_of("graph", "auto", "plain", "fused")
@@ -439,12 +439,15 @@ class Config:
     precision: str = option(
         "fp32",
         "CPU: fp32 or int8 (on ONNX Runtime, the recipe the artifact build chose by measuring "
-        "agreement and speed; its accuracy cost is logged at start and in /v1/model), and bf16 "
+        "agreement and speed; its accuracy cost is logged at start and in /v1/model), "
+        "int8-checked (int8, and a text whose int8 margin is under the threshold the artifact "
+        "build chose is scored again by fp32 in the same worker, which answers for it; each "
+        "answer says which precision scored it), and bf16 "
         "on a CPU with avx512_bf16 or amx_bf16 (on OpenVINO; its cost is published as int8's); "
         "CUDA: fp32, fp16 or bf16 (autocast; benchmarks/gpu_check.py measures their cost); auto: "
-        "the fastest of int8 and bf16 whose published cost is within 0.5 point of accuracy and "
-        "0.99 agreement (embeddings: mean cosine 0.999) and that is faster, else fp32 (the "
-        "choice and why: log, /v1/model). "
+        "the fastest of int8, int8-checked and bf16 whose published cost is within 0.5 point of "
+        "accuracy and 0.99 agreement (embeddings: mean cosine 0.999) and that is faster, else "
+        "fp32 (the choice and why: log, /v1/model). "
         "Equal scores (1e-5) are promised for fp32",
         parse_precision,
     )

@@ -63,7 +63,8 @@ OPT_TOKENS = 64  # answer the text's token vectors (TEI's /embed_all; an ONNX em
 # Response payload (24 bytes, so a two-label answer still fits one 64-byte slot):
 #   status u8 | bucket u8 | label_id u16 | n u16 | flags u8 | reserved u8 |
 #   windows u16 | limit u16 | tokens u32 | queued_us u32 | model_us u32 | n x f32 scores
-# flags: RSP_TRUNCATED (the text was cut) and RSP_WINDOWED (scored in `windows` windows);
+# flags: RSP_TRUNCATED (the text was cut) and RSP_WINDOWED (scored in `windows` windows), and
+# with --precision int8-checked RSP_INT8 or RSP_SECOND_LOOK (the precision that scored it);
 # tokens: the text's (or pair's) token count with the special tokens, before any cut. A
 # STATUS_TOO_LONG refusal has no scores: `limit` is the model's max_length (truncate: false) or
 # --max-windows (RSP_WINDOWED set; `windows` = the windows the text needs, 0 when a pair's first
@@ -87,6 +88,10 @@ RESPONSE_SIZE = RESPONSE.size  # 24
 RSP_TRUNCATED = 1
 RSP_WINDOWED = 2
 RSP_TOKENS = 4  # the payload is `windows` token vectors of n floats each (OPT_TOKENS)
+# --precision int8-checked (workers/runtimes/checked.py): which precision scored the text.
+RSP_INT8 = 8  # int8's scores: its margin was at least the threshold
+RSP_SECOND_LOOK = 16  # fp32's scores: int8's margin was under the threshold (a windowed text:
+# under it in at least one of its windows)
 
 STATUS_OK = 0
 STATUS_BAD_REQUEST = 1

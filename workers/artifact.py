@@ -66,6 +66,9 @@ class Manifest:
     int8: dict[str, Any] = field(default_factory=dict)  # int8's recipe and cost (factory/int8.py)
     # bf16's cost on OpenVINO, published by a building CPU with bf16 ({}: none; format 6)
     bf16: dict[str, Any] = field(default_factory=dict)
+    # int8 with an fp32 second look at close calls: its threshold and published cost ({}:
+    # none; format 7; factory/int8.py publish_checked)
+    int8_checked: dict[str, Any] = field(default_factory=dict)
     fused_file: str = ""  # ONNX Runtime's fused fp32 graph; "" = none (nothing fused, or old)
     data_files: list[str] = field(default_factory=list)  # the graphs' weights (.data files)
     graphs: dict[str, Any] = field(default_factory=dict)  # the fused graph's ops and drift
@@ -89,7 +92,7 @@ class Manifest:
     def onnx_for(self, precision: str, graph: str = "plain") -> str:
         """The ONNX file that runs `precision` on `graph` ("" when the artifact has none); a
         fused graph asked of an artifact without one is the plain graph."""
-        if precision == "int8":
+        if precision in ("int8", "int8-checked"):  # int8-checked: the fp32 graph beside it
             return self.int8_file
         return self.fused_file if graph == "fused" and self.fused_file else self.onnx_file
 
@@ -188,7 +191,7 @@ def check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
         if key not in raw:
             raise bad(f"missing field {key!r}")
     data_files = _check_files(raw, bad)
-    for key in ("int8", "bf16", "graphs"):
+    for key in ("int8", "bf16", "int8_checked", "graphs"):
         if not isinstance(raw.get(key, {}), dict):
             raise bad(f"{key!r} must be an object")
     task, dimension = _check_task(raw, bad)
@@ -225,6 +228,7 @@ def check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
         int8_file=raw.get("int8_file", ""),
         int8=raw.get("int8", {}),
         bf16=raw.get("bf16", {}),
+        int8_checked=raw.get("int8_checked", {}),
         fused_file=raw.get("fused_file", ""),
         data_files=list(data_files),
         graphs=raw.get("graphs", {}),

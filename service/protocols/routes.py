@@ -81,6 +81,10 @@ def classify_result(labels: list[str], r: Result) -> ClassifyResult:
         out.truncated, out.tokens = True, r.tokens
     elif r.flags & L.RSP_WINDOWED:
         out.windows, out.tokens = r.windows, r.tokens
+    if r.flags & L.RSP_SECOND_LOOK:
+        out.precision = "fp32"
+    elif r.flags & L.RSP_INT8:
+        out.precision = "int8"
     return out
 
 
@@ -248,6 +252,8 @@ def model_card(server: FrontView, info: ModelInfo) -> ModelCard:
     precision = server.settings.for_model(info.name).precision
     if precision == "int8" and info.runtime == "onnx":
         body["int8"] = m.int8  # the cost measured when the artifact was built
+    if precision == "int8-checked" and info.runtime == "onnx":
+        body["int8_checked"] = m.int8_checked
     if precision == "bf16" and info.runtime == "openvino" and m.bf16:
         body["bf16"] = m.bf16  # the same, by a building CPU that had bf16
     return ModelCard(**body)

@@ -53,13 +53,6 @@ def test_auto_names_what_it_serves_and_why(auto: ServerProc, default_model: str)
     assert "int8" not in doc  # int8's cost is shown when int8 serves
 
 
-@pytest.mark.skipif(bool(cpu_flags() & set(BF16_FLAGS)), reason="this CPU has bf16")
-def test_bf16_on_a_cpu_without_it_is_refused_at_start(tmp_path: Path) -> None:
-    srv = ServerProc(tmp_path, ["--precision", "bf16", "--device", "cpu"])
-    assert srv.wait_exit(60) != 0
-    assert "--precision bf16 needs a CPU with avx512_bf16 or amx_bf16" in srv.logs()
-
-
 # The positive side, on a CPU with bf16: one server (a config file) serves the default artifact
 # twice, `bf16` by its table's precision and `fp32` beside it, so the two are compared through
 # the same server, protocols and batching.
@@ -167,3 +160,107 @@ def test_bf16_embeddings_both_outputs_and_token_vectors(pair: ServerProc) -> Non
     t, u = tokens["bf16"], tokens["fp32"]
     assert not np.array_equal(t, u)  # each model's own pass, the bf16 one on OpenVINO
     assert ((t * u).sum(1) / np.linalg.norm(t, axis=1) / np.linalg.norm(u, axis=1)).min() > 0.99
+
+
+# int8-checked beside fp32 in one server (a config file's per-model precisions), as bf16 above.
+CHECKED_TABLES = """spares = 0
+[models.checked]
+path = "{model}"
+precision = "int8-checked"
+
+[models.fp32]
+path = "{model}"
+precision = "fp32"
+"""
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterator[ServerProc]:
+    where = tmp_path_factory.mktemp("checked")
+    config = where / "ringserve.toml"
+    config.write_text(CHECKED_TABLES.format(model=default_model))
+    args = ["--config", str(config), "--workers", "1", "--max-queue-ms", "60000"]
+    with serving(ServerProc(where, args), 1) as srv:
+        yield srv
+
+
+def results_of(srv: ServerProc, texts: list[str], model: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for k in range(0, len(texts), 256):  # a request holds at most 256 texts
+        body = {"texts": texts[k : k + 256], "model": model}
+        status, _, data = srv.request("POST", "/v1/classify", body)
+        assert status == 200, data
+        out += json.loads(data)["results"]
+    return out
+
+
+def test_int8_checked_answers_close_calls_with_fp32_and_says_which(
+    checked: ServerProc, default_model: str, sst2_texts: list[str]
+) -> None:
+    """Every answer names the precision that scored it: fp32's exact scores for a close call
+    (int8's margin under the published threshold), int8's for the rest, each of those at least
+    the threshold sure; decisions agree with fp32 at the published level."""
+    from ringserve.workers.runtimes.checked import margins
+
+    published = load_manifest(default_model).int8_checked
+    threshold = published["threshold"]
+    assert 0 < threshold < 1 and published["argmax_agreement"] >= 0.995
+    doc = card(checked, "checked")
+    assert doc["precision"] == "int8-checked" and doc["int8_checked"] == published
+    texts = sst2_texts[:400]
+    got, want = results_of(checked, texts, "checked"), results_of(checked, texts, "fp32")
+    assert {r["precision"] for r in got} == {"int8", "fp32"}
+    assert all("precision" not in r for r in want)
+    looked = [i for i, r in enumerate(got) if r["precision"] == "fp32"]
+    kept = [i for i, r in enumerate(got) if r["precision"] == "int8"]
+    a = np.array([r["scores"] for r in got])
+    b = np.array([r["scores"] for r in want])
+    np.testing.assert_allclose(a[looked], b[looked], atol=1e-5, rtol=0)
+    assert (margins(a[kept], "softmax") >= threshold).all()
+    assert not np.allclose(a[kept], b[kept], atol=1e-5)  # int8 answers them, not fp32
+    agreement = float((a.argmax(1) == b.argmax(1)).mean())
+    assert agreement >= MIN_AGREEMENT, agreement
+    assert 0 < len(looked) < 0.4 * len(texts)  # a few close calls, not every text
+    logs = checked.logs()
+    assert "ringserve: --precision int8-checked: a text whose int8 margin is under " in logs
+
+
+AVX2_EPYC = (  # the flags line of the AVX2-only AMD EPYC these tests were first run on
+    "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B12\n"
+    "flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush "
+    "mmx fxsr sse sse2 ht syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good nopl "
+    "nonstop_tsc cpuid extd_apicid tsc_known_freq pni pclmulqdq ssse3 fma cx16 sse4_1 sse4_2 "
+    "x2apic movbe popcnt aes xsave avx f16c rdrand hypervisor lahf_lm cmp_legacy cr8_legacy abm "
+    "sse4a misalignsse 3dnowprefetch osvw topoext ssbd ibrs ibpb stibp vmmcall fsgsbase bmi1 "
+    "avx2 smep bmi2 rdseed adx smap clflushopt clwb sha_ni xsaveopt xsavec xgetbv1 clzero "
+    "xsaveerptr arat npt nrip_save umip rdpid\n"
+)
+
+
+def test_auto_on_a_recorded_avx2_cpu_weighs_int8_checked(
+    tmp_path: Path, default_model: str
+) -> None:
+    """On a CPU without bf16 (a recorded AVX2-only EPYC), auto chooses among fp32, int8 and
+    int8-checked by their published costs: int8-checked where it is faithful and faster, as it
+    is for the default model when its build measured it faster than fp32."""
+    from ringserve.service.precision import CPUINFO_ENV, auto_precision
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(AVX2_EPYC)
+    m = load_manifest(default_model)
+    want, why = auto_precision(m.int8, bool(m.int8_file), m.bf16, False, m.int8_checked)
+    args = ["--model", default_model, "--precision", "auto", "--workers", "1", "--spares", "0"]
+    (tmp_path / "auto").mkdir()
+    with serving(ServerProc(tmp_path / "auto", args, {CPUINFO_ENV: str(info)})) as srv:
+        doc = json.loads(srv.request("GET", "/v1/model")[2])
+        assert doc["precision"] == want and doc["precision_chosen_by"] == why
+        assert "bf16" not in doc  # not a candidate on this CPU, whatever the artifact says
+        if m.int8_checked.get("speedup", 0) > 1:
+            assert want == "int8-checked"
+            assert srv.classify("a warm and funny film")["precision"] in ("int8", "fp32")
+    # and bf16 asked for outright is refused at start, naming the flags (as on such a CPU)
+    (tmp_path / "bf16").mkdir()
+    srv = ServerProc(tmp_path / "bf16", ["--model", default_model, "--precision", "bf16"],
+                     {CPUINFO_ENV: str(info)})  # fmt: skip
+    assert srv.wait_exit(60) != 0
+    assert "--precision bf16 needs a CPU with avx512_bf16 or amx_bf16" in srv.logs()

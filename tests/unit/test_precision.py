@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ringserve.service.precision import auto_precision, cpu_flags, cpu_refusal
+import numpy as np
+import pytest
+from ringserve.service.precision import CPUINFO_ENV, auto_precision, cpu_flags, cpu_refusal
 from ringserve.service.settings import parse_precision
+from ringserve.workers.runtimes.checked import margins
 
 # the default model's published cost on the day the rule was written (manifest.int8)
 PUBLISHED = {
@@ -113,3 +116,58 @@ def test_the_start_line_says_bf16s_published_cost() -> None:
     assert "publishes no bf16 cost" in bf16_note("bf16", {})
     cosine = bf16_note("bf16", {"texts": 400, "mean_cosine": 0.9999})
     assert cosine == ": mean cosine to fp32 0.9999 on 400 texts of the publication split"
+
+
+# int8-checked's cost as the default artifact published it here (2-vCPU EPYC with AVX-512 and
+# BF16, 2026-12-07): threshold 0.14 chosen on the selection split
+CHECKED = {
+    "texts": 3793,
+    "argmax_agreement": 0.9979,
+    "accuracy_cost": 0.0011,
+    "speedup": 1.341,
+    "threshold": 0.14,
+    "rerun_share": 0.0841,
+}
+
+
+def test_int8_checked_is_chosen_where_int8_is_not_faithful_and_bf16_is_absent() -> None:
+    precision, why = auto_precision(PUBLISHED, True, {}, False, CHECKED)
+    assert precision == "int8-checked"
+    assert why.startswith("auto: int8-checked agrees on 0.9979 of 3793 texts and costs 0.11 ")
+    assert why.endswith("; int8 agrees on 0.9794 of 3793 texts, below 0.99")
+    # bf16, faithful and faster, wins on a CPU that has it; int8-checked needs the int8 graph
+    assert auto_precision(PUBLISHED, True, BF16, True, CHECKED)[0] == "bf16"
+    assert auto_precision(PUBLISHED, False, {}, False, CHECKED)[0] == "fp32"
+    # its own bounds: agreement, accuracy and speed, as every candidate's
+    for worse in ({"argmax_agreement": 0.989}, {"accuracy_cost": 0.006}, {"speedup": 0.95}):
+        assert auto_precision(PUBLISHED, True, {}, False, CHECKED | worse)[0] == "fp32"
+
+
+def test_a_recorded_cpuinfo_stands_in_for_this_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    monkeypatch.setenv(CPUINFO_ENV, str(info))
+    assert cpu_flags() == {"fpu", "sse2", "avx2", "fma"}
+    assert "neither" in cpu_refusal("bf16", cpu_flags())
+
+
+def test_margins_are_a_decisions_distance_from_changing() -> None:
+    soft = np.array([[0.9, 0.1], [0.52, 0.48], [0.2, 0.5, 0.3]], dtype=object)
+    got = [float(margins(np.array([row]), "softmax")[0]) for row in soft]
+    assert np.allclose(got, [0.8, 0.04, 0.2])
+    sig = np.array([[0.95, 0.2], [0.55, 0.99]])
+    assert np.allclose(margins(sig, "sigmoid"), [0.6, 0.1])  # the closest label decides
+
+
+def test_the_threshold_covers_every_selection_disagreement() -> None:
+    from ringserve.factory.int8 import second_look
+
+    fp32 = np.array([[2.0, 0.0], [0.0, 2.0], [0.1, 0.0], [0.0, 0.3], [3.0, 0.0]])
+    int8 = np.array([[1.9, 0.0], [0.0, 2.1], [0.0, 0.1], [0.2, 0.0], [2.9, 0.0]])
+    chosen = second_look(fp32, int8, "softmax")
+    # rows 2 and 3 changed decision; the wider of their int8 margins is tanh(0.1) = 0.0997
+    assert chosen["disagreements"] == 2 and chosen["threshold"] == 0.1
+    assert chosen["rerun_share"] == 0.4
+    assert second_look(fp32, fp32, "softmax")["threshold"] == 0.0  # nothing to look at again

@@ -35,6 +35,8 @@ class Running:
     t0: int = 0
     future: Future[tuple[Any, int]] | None = None
     states: Any = None  # the token states [rows, length, H], when a text asked (OPT_TOKENS)
+    # int8-checked: the rows fp32 scored again (workers/runtimes/checked.py); None: no check
+    checked: Any = None
 
 
 def forward_batch(runner: Any, run: Running) -> Any:
@@ -42,8 +44,10 @@ def forward_batch(runner: Any, run: Running) -> Any:
     pass when one of its texts asked for its token vectors; no other batch copies them out."""
     if any(it.token_vectors for it in run.batch):
         probs, run.states = runner.forward_tokens(run.length, len(run.batch))
-        return probs
-    return runner.forward(run.length, len(run.batch))
+    else:
+        probs = runner.forward(run.length, len(run.batch))
+    run.checked = getattr(runner, "checked", None)  # read on the thread that ran it
+    return probs
 
 
 class Answers:
@@ -64,10 +68,12 @@ class Answers:
         model_us = (t1 - t0) // 1000
         aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces
         scores = Scores(probs, len(batch), served.n_labels)
+        looked = precision_flags(run.checked, len(batch))
         out = []
         for row, it in enumerate(batch):
+            flags = it.flags | looked[row]
             if it.whole is not None:
-                answer = window_done(served, it, probs[row], t0, model_us, aux)
+                answer = window_done(served, it, probs[row], t0, model_us, aux, looked[row])
                 if answer is not None:
                     out.append(answer)
                 continue
@@ -79,13 +85,13 @@ class Answers:
             if it.embed or it.both:
                 out.append(
                     pack(it.msg_id, L.STATUS_OK, cls, served.part(probs[row], True, it.both),
-                         queued_us, model_us, it.flags, it.tokens, embed=it.embed, aux=aux,
+                         queued_us, model_us, flags, it.tokens, embed=it.embed, aux=aux,
                          scored=served.n_labels if it.both else 0)
                 )  # fmt: skip
                 continue
             head = L.pack_response(
                 L.STATUS_OK, cls, scores.labels[row], served.n_labels, queued_us, model_us,
-                it.flags, 0, it.tokens,
+                flags, 0, it.tokens,
             )  # fmt: skip
             out.append((it.msg_id, head + scores.row(row), aux, 0))
         self.count(run, t1, len(out))  # first: whoever sees an answer sees its batch counted
@@ -122,6 +128,13 @@ class Answers:
         self.spec.eventfd.ring()
 
 
+def precision_flags(checked: Any, n: int) -> list[int]:
+    """Each row's RSP_INT8 or RSP_SECOND_LOOK under int8-checked; 0s for any other runner."""
+    if checked is None or len(checked) != n:
+        return [0] * n
+    return [L.RSP_SECOND_LOOK if c else L.RSP_INT8 for c in checked.tolist()]
+
+
 def token_answer(
     it: Item, states: Any, bucket: int, queued_us: int, model_us: int, aux: int
 ) -> Answer:
@@ -136,7 +149,7 @@ def token_answer(
 
 
 def window_done(
-    served: Served, it: Item, probs: Any, t0: int, model_us: int, aux: int = 0
+    served: Served, it: Item, probs: Any, t0: int, model_us: int, aux: int = 0, looked: int = 0
 ) -> Answer | None:
     """Record one window's scores (a copy: the runner reuses its output buffer); the answer
     once the text's last window is in."""
@@ -144,6 +157,7 @@ def window_done(
     if whole.done:  # its deadline passed while this window ran
         return None
     whole.scores[it.window] = probs.copy()
+    whole.looked |= looked
     whole.left -= 1
     whole.model_us += model_us  # the model time the text cost, over all its windows
     if whole.left:
@@ -154,9 +168,15 @@ def window_done(
     queued_us = (t0 - whole.arrived_ns) // 1000 - whole.model_us + model_us
     return pack(
         whole.msg_id, L.STATUS_OK, cls, combined, max(0, queued_us), whole.model_us,
-        L.RSP_WINDOWED, whole.tokens, len(whole.scores), embed=whole.embed, aux=aux,
+        L.RSP_WINDOWED | second_look(whole.looked), whole.tokens, len(whole.scores),
+        embed=whole.embed, aux=aux,
         scored=served.n_labels if whole.both else 0,
     )  # fmt: skip
+
+
+def second_look(looked: int) -> int:
+    """A windowed text's precision flag: fp32's when any window was looked at again."""
+    return L.RSP_SECOND_LOOK if looked & L.RSP_SECOND_LOOK else looked
 
 
 def combine_windows(served: Served, whole: Whole) -> Any:

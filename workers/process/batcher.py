@@ -29,6 +29,7 @@ BATCH_OVERHEAD = {
     ("torch", "fp32"): 13,
     ("onnx", "fp32"): 11,
     ("onnx", "int8"): 4,
+    ("onnx", "int8-checked"): 4,  # int8's; a close call's fp32 pass is the rows it re-runs
     ("openvino", "bf16"): 26,
 }
 BATCH_OVERHEAD_TOKENS = 32  # for a runner that has not measured its own (CUDA)

@@ -53,6 +53,7 @@ class Whole:
     done: bool = False  # answered (combined, or expired): later windows are dropped
     embed: bool = False  # answered with the mean of its windows' embeddings
     both: bool = False  # answered with its combined scores, then that mean (OPT_BOTH)
+    looked: int = 0  # int8-checked: its windows' RSP_INT8 / RSP_SECOND_LOOK, or-ed together
 
 
 def combine(scores: list[Any], activation: str) -> np.ndarray:

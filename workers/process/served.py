@@ -187,7 +187,12 @@ class Loader:
         """The model's runner, warmed; on a GPU its report callback joins `started`."""
         if runtime == "onnx":  # the session is made here, after any fork: ORT keeps threads
             spec = self.spec.for_model(ref)
-            runner: Runner = ort_runner(spec, manifest, activation, ref.model_dir)
+            if spec.precision == "int8-checked":
+                from ringserve.workers.runtimes.checked import checked_runner
+
+                runner: Runner = checked_runner(spec, manifest, activation, ref.model_dir)
+            else:
+                runner = ort_runner(spec, manifest, activation, ref.model_dir)
             self.model_ok = True
             runner.warm()
             return runner

@@ -51,8 +51,9 @@ def choose_runtime(requested: str, precision: str, on_gpu: bool, manifest: Any) 
     graph compiled with the bf16 precision hint: docs/guides/runtimes.md); `--runtime openvino`
     also serves fp32. On CUDA it is TorchScript (the CUDA graphs). Impossible combinations raise
     ValueError with the reason."""
+    int8 = precision in ("int8", "int8-checked")
     if on_gpu:
-        if requested in ("onnx", "openvino") or precision == "int8":
+        if requested in ("onnx", "openvino") or int8:
             raise ValueError(
                 "--runtime onnx, --runtime openvino and --precision int8 run on the CPU only"
             )
@@ -62,21 +63,29 @@ def choose_runtime(requested: str, precision: str, on_gpu: bool, manifest: Any) 
             "--precision bf16 on the CPU runs on OpenVINO (measured 2.8-3.7x ONNX Runtime fp32's "
             "texts/s at batch 32): use --runtime openvino or auto"
         )
-    if requested == "openvino" and precision == "int8":
-        raise ValueError("--precision int8 runs on ONNX Runtime: use --runtime onnx or auto")
+    if requested == "openvino" and int8:
+        raise ValueError(
+            f"--precision {precision} runs on ONNX Runtime: use --runtime onnx or auto"
+        )
+    if precision == "int8-checked" and not manifest.int8_checked:
+        raise ValueError(
+            "--precision int8-checked needs the second look's threshold, which an artifact "
+            "publishes from format 7 on (and only a model with labels): rebuild it with "
+            "`ringserve export`, or use int8"
+        )
     if requested == "torch":
-        if precision == "int8":
+        if int8:
             raise ValueError(
-                "--precision int8 runs on ONNX Runtime (measured faster than torch's int8 with "
-                "fewer flipped decisions): use --runtime onnx or auto"
+                f"--precision {precision} runs on ONNX Runtime (measured faster than torch's "
+                "int8 with fewer flipped decisions): use --runtime onnx or auto"
             )
         return "torch", ""
     openvino = precision == "bf16" or requested == "openvino"
     wanted = manifest.onnx_file if openvino else manifest.onnx_for(precision)
     if wanted:
         return ("openvino" if openvino else "onnx"), ""
-    what = "model.int8.onnx" if precision == "int8" else "model.onnx"
-    if requested in ("onnx", "openvino") or precision in ("int8", "bf16"):
+    what = "model.int8.onnx" if int8 else "model.onnx"
+    if requested in ("onnx", "openvino") or int8 or precision == "bf16":
         raise ValueError(
             f"the artifact has no {what} (built before ONNX export, or the exporter could not "
             "take the model): rebuild it with `ringserve export`, or use --runtime torch"

@@ -45,6 +45,9 @@ class ClassifyResult(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
     truncated: Literal[True] | UnsetType = UNSET  # cut to max_length (`tokens` before the cut)
     tokens: int | UnsetType = UNSET
     windows: int | UnsetType = UNSET  # windowed: how many windows it took
+    # --precision int8-checked: which precision's scores these are (int8's, or fp32's for a
+    # close call that was looked at again)
+    precision: Literal["int8", "fp32"] | UnsetType = UNSET
 
 
 class ClassifyBatch(Struct, forbid_unknown_fields=True):
@@ -91,6 +94,8 @@ class ModelCard(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=
     graph: dict[str, Any] | UnsetType = UNSET
     int8: dict[str, Any] | UnsetType = UNSET  # the int8 cost measured at export
     bf16: dict[str, Any] | UnsetType = UNSET  # bf16's on OpenVINO, where built on a bf16 CPU
+    # int8-checked's threshold and cost (the publication split), when it serves
+    int8_checked: dict[str, Any] | UnsetType = UNSET
 
 
 class NamedModelCard(ModelCard, kw_only=True):
