@@ -110,8 +110,8 @@ class Results:
             old = json.loads(self.meta_path.read_text())
             if old != meta:
                 raise SystemExit(
-                    f"ringserve batch: --resume: {self.meta_path} was made for another input "
-                    "or model; remove it or run without --resume"
+                    f"ringserve batch: --resume: {self.meta_path} was made for another input, "
+                    "model or precision; remove it or run without --resume"
                 )
             table = np.lib.format.open_memmap(self.state, mode="r+")
             if table.shape != (n,) or table.dtype != table_dtype(self.width):
