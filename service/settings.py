@@ -628,8 +628,10 @@ class Config:
         for what a lane cannot do.
 
         A lane is a thread of one worker process, pinned to its own core, running the whole
-        serving loop with its own ONNX Runtime session; the lanes of a worker take their
-        batches from one Batcher (workers/process/). Measured on 2 cores (docs/design.md, "A
+        serving loop with its own ONNX Runtime session (or, on OpenVINO, its own infer request
+        of the one compiled model the lanes share: one copy of the bf16 weights, run on each
+        calling thread); the lanes of a worker take their batches from one Batcher
+        (workers/process/). Measured on 2 cores (docs/design.md, "A
         lane per core"): one worker of 2 lanes served 0.95-0.97 of the ceiling on short texts
         at c=32, against 0.81-0.84 for two workers of one, since both cores' texts wait in one
         pool and form fuller batches. The default pairs cores: one worker's lanes share its
@@ -637,8 +639,8 @@ class Config:
         why = ""
         if device != "cpu":
             why = "the device is not the CPU"
-        elif any(r != "onnx" for r in runtimes):
-            why = "the runtime is not ONNX Runtime"
+        elif any(r not in ("onnx", "openvino") for r in runtimes):
+            why = "the runtime is neither ONNX Runtime nor OpenVINO"
         elif len(runtimes) != 1 or self.model_control == "explicit" or self.file_models:
             why = "more than one model may be served"  # a config file's tables: by SIGHUP
         elif self.threads != 1:
@@ -655,7 +657,8 @@ class Config:
         if not why and (cores < 2 or cores % 2):
             why = f"{cores} cores do not pair"
         self.lanes = 1 if why else 2
-        return why or f"{cores} cores, one model on ONNX Runtime: a worker of 2 lanes per pair"
+        said = "OpenVINO" if runtimes == ["openvino"] else "ONNX Runtime"
+        return why or f"{cores} cores, one model on {said}: a worker of 2 lanes per pair"
 
 
 SETTINGS: tuple[Setting, ...] = tuple(

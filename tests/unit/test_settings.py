@@ -104,6 +104,9 @@ def test_lanes_pair_the_cores_for_one_onnx_model_with_default_workers() -> None:
     c = Config()
     c.resolve_lanes("cpu", ["onnx"], cores=4)
     assert c.lanes == 2
+    c = Config()  # bf16 on OpenVINO: the lanes share one compiled model
+    assert "one model on OpenVINO" in c.resolve_lanes("cpu", ["openvino"], cores=2)
+    assert c.lanes == 2
     for cores, config, device, runtimes in [
         (3, Config(), "cpu", ["onnx"]),  # odd cores do not pair
         (1, Config(), "cpu", ["onnx"]),
@@ -122,7 +125,7 @@ def test_lanes_asked_for_are_kept_or_refused_with_the_reason() -> None:
     c = Config(lanes=2, workers=1)
     assert c.resolve_lanes("cpu", ["onnx"], cores=3) == "as --lanes asks"
     assert (c.lanes, c.serving_workers()) == (2, 1)
-    with pytest.raises(ValueError, match="runtime is not ONNX Runtime"):
+    with pytest.raises(ValueError, match="runtime is neither ONNX Runtime nor OpenVINO"):
         Config(lanes=2).resolve_lanes("cpu", ["torch"], cores=2)
     with pytest.raises(ValueError, match="more than one model"):
         Config(lanes=2).resolve_lanes("cpu", ["onnx", "onnx"], cores=2)

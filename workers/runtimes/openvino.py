@@ -92,11 +92,14 @@ def ov_runner(
     manifest: Any,
     activation: Callable[[np.ndarray], np.ndarray] = softmax,
     model_dir: str | None = None,
+    compiled: Any = None,
 ) -> OvRunner:
-    """The OpenVINO runner of a worker, compiled from the artifact's plain ONNX graph."""
+    """The OpenVINO runner of a worker, compiled from the artifact's plain ONNX graph, or an
+    infer request of `compiled`, another lane's compiled model of the same artifact."""
     path = Path(model_dir or spec.model_dir) / manifest.onnx_file
     t0 = time.perf_counter()
-    compiled = compile_model(path, spec.precision, spec.threads)
+    if compiled is None:
+        compiled = compile_model(path, spec.precision, spec.threads)
     return OvRunner(
         compiled,
         manifest.max_length,
