@@ -100,8 +100,9 @@ def options_page() -> str:
 def default_document() -> dict[str, Any]:
     """The OpenAPI document of a server of the default model with the default options."""
     from ringserve.service.protocols import openapi
-    from ringserve.service.protocols.kserve import VERSION, server_version
+    from ringserve.service.protocols.kserve import VERSION
     from ringserve.service.settings import Config
+    from ringserve.service.version import version
 
     s = Config()
     f = openapi.Facts(
@@ -113,7 +114,7 @@ def default_document() -> dict[str, Any]:
         max_documents=s.max_documents,
         max_body=s.max_body,
         version=VERSION,
-        server_version=server_version(),
+        server_version=version(),
         key=False,
     )
     # /docs/openapi.json is the operator port's alone (its /docs shows the HTTP port's document)

@@ -12,7 +12,7 @@ from typing import Any
 from ringserve.service import settings as S
 from ringserve.service.protocols import auth
 
-USAGE = """ringserve <command> [options]
+USAGE = """ringserve <command> [options]   (ringserve --version: the version)
 
 commands:
   serve      start the server (see `ringserve serve --help`; `--config FILE` reads a TOML file)
@@ -167,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command in ("--version", "-V"):
+        from ringserve.service.version import version
+
+        print(f"ringserve {version()}")
+        return 0
     if command == "serve":
         return serve_main(rest)
     if command == "ctl":

@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from ringserve.service.version import version
 from ringserve.shm import layout as L
 
 if TYPE_CHECKING:
@@ -53,15 +54,6 @@ def traces_url(endpoint: str) -> str:
     return endpoint
 
 
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("ringserve")
-    except metadata.PackageNotFoundError:
-        return "0.1.0"
-
-
 class Tracing:
     """The SDK's tracer provider, sampler (OTEL_TRACES_SAMPLER) and batch exporter."""
 
@@ -74,7 +66,7 @@ class Tracing:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         attrs: dict[str, Any] = {
-            "service.version": _version(),
+            "service.version": version(),
             "ringserve.runtime": runtime,
         }
         if not os.environ.get("OTEL_SERVICE_NAME"):

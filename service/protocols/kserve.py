@@ -17,7 +17,6 @@ import json
 import struct
 import zlib
 from collections.abc import Awaitable, Callable
-from importlib import metadata
 from typing import Any
 from urllib.parse import unquote
 
@@ -47,6 +46,7 @@ from ringserve.service.protocols.schemas.kserve import (
 from ringserve.service.protocols.shm_regions import REGIONS, Placement, placement
 from ringserve.service.protocols.tasks import vectors
 from ringserve.service.protocols.texts import require
+from ringserve.service.version import version
 from ringserve.service.views import Failure, FrontView, Repository
 from ringserve.shm import layout as L
 
@@ -67,13 +67,6 @@ HEADER_LENGTH = b"inference-header-content-length"
 _U32 = struct.Struct("<I")
 
 KHandler = Callable[[FrontView, HttpProtocol, Exchange, dict[str, str]], None]
-
-
-def server_version() -> str:
-    try:
-        return metadata.version("ringserve")
-    except metadata.PackageNotFoundError:
-        return "0.1.0"
 
 
 def register(router: Router) -> None:
@@ -123,7 +116,7 @@ def respond_json(conn: HttpProtocol, ex: Exchange, doc: Any, status: int = 200) 
 
 # -- metadata and health --------------------------------------------------------------------------
 def server_metadata(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
-    doc = {"name": "ringserve", "version": server_version(), "extensions": EXTENSIONS}
+    doc = {"name": "ringserve", "version": version(), "extensions": EXTENSIONS}
     respond_json(conn, ex, doc)
 
 

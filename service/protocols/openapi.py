@@ -29,7 +29,7 @@ from ringserve.service.protocols import errors, schemas
 from ringserve.service.protocols.auth import OPEN_PATH
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.kserve import VERSION, server_version
+from ringserve.service.protocols.kserve import VERSION
 from ringserve.service.protocols.routes import Router
 from ringserve.service.protocols.schemas import cohere as cohere_structs
 from ringserve.service.protocols.schemas import kserve as kserve_structs
@@ -39,6 +39,7 @@ from ringserve.service.protocols.schemas import tasks as task_schemas
 from ringserve.service.protocols.schemas import tei as tei_structs
 from ringserve.service.protocols.schemas import v1 as v1_schemas
 from ringserve.service.protocols.schemas.v1 import ONE_OR_MANY
+from ringserve.service.version import version
 from ringserve.service.views import FrontView
 
 Schema = dict[str, Any]
@@ -1005,7 +1006,7 @@ def facts(server: FrontView, key: bool) -> Facts:
         max_documents=s.max_documents,
         max_body=s.max_body,
         version=VERSION,
-        server_version=server_version(),
+        server_version=version(),
         key=key,
         models=tuple(sorted({info.name for info in server.models.ready()})),
         activation=m.activation,

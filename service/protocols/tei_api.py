@@ -15,7 +15,6 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import prompts, tasks
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.kserve import server_version
 from ringserve.service.protocols.routes import (
     Router,
     inference,
@@ -27,6 +26,7 @@ from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas import tei as tei_schemas
 from ringserve.service.protocols.schemas.tei import Info, Prediction, Token
 from ringserve.service.protocols.vocab import tokenizer_for
+from ringserve.service.version import version
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
@@ -62,7 +62,7 @@ def info_doc(server: FrontView, info: ModelInfo) -> Info:
         max_client_batch_size=s.max_texts,
         auto_truncate=s.long_text == "truncate",
         tokenization_workers=s.serving_workers(),
-        version=server_version(),
+        version=version(),
         sha=None,
         docker_label=None,
         tasks=info.manifest.task,

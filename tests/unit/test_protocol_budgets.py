@@ -6,6 +6,7 @@ production protocol objects on a fake transport (devkit.fakes), inside a real ev
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -18,6 +19,7 @@ from ringserve.service.protocols import http as http_module
 from ringserve.service.protocols.binary import (
     FRAMES_PER_TURN,
     GARBAGE_BURST,
+    GARBAGE_RATE,
     BinaryProtocol,
     BinaryServerState,
 )
@@ -163,7 +165,12 @@ def test_one_binary_read_parses_a_bounded_number_of_frames() -> None:
 def test_a_flood_of_bad_frames_ends_the_connection() -> None:
     conn, transport, dispatcher = binary_conn()
     bad = b"".join(encode_frame(b"\xff", tag) for tag in range(1, 2 * GARBAGE_BURST))
+    t0 = time.monotonic()
     in_loop(lambda: conn.data_received(bad + encode_frame("ok", 99999)))
+    # the budget refills at GARBAGE_RATE a second of the real clock: on a loaded machine the
+    # parse itself can take long enough to earn a few more answers
+    refilled = int((time.monotonic() - t0) * GARBAGE_RATE) + 1
     answers = AnswerParser().feed(transport.written)
     assert transport.closed and not dispatcher.depth
-    assert len(answers) == GARBAGE_BURST + 1 and {a.status for a in answers} == {1}
+    assert GARBAGE_BURST + 1 <= len(answers) <= GARBAGE_BURST + 1 + refilled
+    assert {a.status for a in answers} == {1}

@@ -19,6 +19,7 @@ from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.rpc.triton import TritonMethods
+from ringserve.service.version import version
 from ringserve.service.views import FrontView
 
 
@@ -72,7 +73,7 @@ class Servicer(TritonMethods):
         self, req: Any, context: Any, tenant: Tenant | None = None
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
-            name="ringserve", version=kserve.server_version(), extensions=kserve.EXTENSIONS
+            name="ringserve", version=version(), extensions=kserve.EXTENSIONS
         )
 
     async def model_metadata(
