@@ -19,10 +19,10 @@ import json
 import os
 import socket
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ringserve.service.logs import EventLog
-from ringserve.service.protocols.tls import Tls
+from ringserve.service.protocols.tls import Tls, TlsListener
 from ringserve.service.settings import Config
 
 
@@ -120,21 +120,16 @@ async def listen(
     backlog: int,
 ) -> asyncio.AbstractServer:
     """Serve on the socket handed over for `name` when it is bound where we would bind; else bind
-    (with SO_REUSEPORT under --reuse-port). With TLS, a client has --read-timeout-s to end its
-    handshake (the protocol, and its limits, begin after it), and a closing connection waits
-    --write-timeout-s at most for its last answers to be read and the peer's close_notify."""
+    (with SO_REUSEPORT under --reuse-port). With TLS the loop's server holds the socket and a
+    TlsListener accepts on it (protocols/tls.py)."""
     loop = asyncio.get_running_loop()
-    s = server.settings
-    tls: dict[str, Any] = {}
-    if server.tls is not None:
-        tls = {
-            "ssl": server.tls.context(name),
-            "ssl_handshake_timeout": s.read_timeout_s,
-            "ssl_shutdown_timeout": s.write_timeout_s,
-        }
+    tls = server.tls
     sock = server.inherited.pop(name, None)
+    listener: asyncio.AbstractServer
     if sock is not None and sock.getsockname()[1] == port:
-        listener = await loop.create_server(factory, sock=sock, backlog=backlog, **tls)
+        listener = await loop.create_server(
+            factory, sock=sock, backlog=backlog, start_serving=tls is None
+        )
         server.log.info("listener_handed_over", name=name, port=port)
     else:
         if sock is not None:
@@ -144,9 +139,12 @@ async def listen(
             host,
             port,
             reuse_address=True,
-            reuse_port=s.reuse_port or None,
+            reuse_port=server.settings.reuse_port or None,
             backlog=backlog,
-            **tls,
+            start_serving=tls is None,
         )
+    if tls is not None:
+        context = tls.context(name)
+        listener = TlsListener(listener, factory, context, server.settings, backlog, server.log)
     server.bound[name] = listener
     return listener

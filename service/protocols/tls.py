@@ -1,17 +1,28 @@
 """TLS on the TCP ports (--tls-cert, --tls-key, --tls-client-ca): the server's contexts, built
 and checked once before anything starts, one a port kind for its ALPN.
 
-TLS wraps at the asyncio level (handover.listen gives `create_server` the port's context), so
-a listening socket handed over across a --reuse-port upgrade serves TLS as a bound one does.
-The protocols above see plain bytes: every limit of theirs holds as before, counted from the
-end of the handshake (connection_made); the handshake itself must end within --read-timeout-s.
+TLS wraps at the asyncio level: a TlsListener accepts on the port's listening socket, bound or
+handed over across a --reuse-port upgrade alike, and gives each connection to the loop's
+`connect_accepted_socket` with the port's context. The protocols above see plain bytes: every
+limit of theirs holds as before, counted from the end of the handshake (connection_made). The
+handshake has limits of its own: it must end within --read-timeout-s, and at most
+--max-connections of a port's connections are in one at once (past that, a new connection is
+closed as it is accepted), since the loop's own TLS server would hold any number of them (about
+52 KiB each, measured) until their timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import os
+import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from ringserve.service.logs import EventLog
 from ringserve.service.settings import Config
 
 # What each listener offers in ALPN: HTTP/1.1 on the HTTP and operator ports (a client that
@@ -92,3 +103,104 @@ def server_context(cert: str, key: str, ca: str | None, alpn: list[str]) -> ssl.
 def refuse_password() -> bytes:
     """Never prompt on the terminal for a key's pass phrase (OpenSSL would)."""
     raise TlsError("the key is encrypted; give it unencrypted")
+
+
+ACCEPT_PAUSE_S = 0.1  # after an accept error such as EMFILE, before the next try
+
+
+class TlsListener(asyncio.AbstractServer):
+    """A listener whose connections speak TLS, with at most `settings.max_connections` of them
+    in a handshake at once. `inner` is the loop's server holding the bound (or handed-over)
+    sockets, not serving: this one accepts on them."""
+
+    def __init__(
+        self,
+        inner: asyncio.AbstractServer,
+        factory: Callable[[], asyncio.Protocol],
+        context: ssl.SSLContext,
+        settings: Config,
+        backlog: int,
+        log: EventLog,
+    ) -> None:
+        self.inner, self.factory, self.context, self.log = inner, factory, context, log
+        self.cap = settings.max_connections
+        self.wrap: dict[str, Any] = {
+            "ssl": context,
+            "ssl_handshake_timeout": settings.read_timeout_s,
+            # a closing connection's last answers and close_notify, as a plain one's writes
+            "ssl_shutdown_timeout": settings.write_timeout_s,
+        }
+        self.pending = 0  # connections in their handshake
+        self.refused = 0  # closed at accept: the handshakes were at the cap
+        self.full = False  # logged once a time the cap is reached
+        self.handshakes: set[asyncio.Task[None]] = set()
+        self.loop = asyncio.get_running_loop()
+        self.accepting: list[tuple[socket.socket, asyncio.Task[None]]] = []
+        for held in getattr(inner, "sockets", ()):
+            sock = socket.socket(fileno=os.dup(held.fileno()))
+            sock.setblocking(False)
+            sock.listen(backlog)  # the loop's server bound it without listening
+            self.accepting.append((sock, self.loop.create_task(self.accept(sock))))
+
+    @property
+    def sockets(self) -> Any:
+        """The listening sockets (handover.listening_fds hands them over)."""
+        return self.inner.sockets  # type: ignore[attr-defined]  # uvloop's and asyncio's alike
+
+    async def accept(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = await self.loop.sock_accept(sock)
+            except OSError as exc:  # out of descriptors, or a connection reset while queued
+                if exc.errno not in (errno.ECONNABORTED, errno.EPROTO):
+                    self.log.warning("accept_failed", error=repr(exc))
+                    await asyncio.sleep(ACCEPT_PAUSE_S)
+                continue
+            if self.pending >= self.cap:
+                self.refused += 1
+                if not self.full:
+                    self.full = True
+                    self.log.warning("tls_handshakes_full", limit=self.cap)
+                conn.close()
+                continue
+            self.pending += 1
+            task = self.loop.create_task(self.handshake(conn))
+            self.handshakes.add(task)
+            task.add_done_callback(self.handshakes.discard)
+
+    async def handshake(self, conn: socket.socket) -> None:
+        """The loop wraps the connection and, once the handshake is done, calls the protocol's
+        connection_made; a failed or slow handshake closes the connection (the loop's log
+        says why at debug level)."""
+        try:
+            await self.loop.connect_accepted_socket(self.factory, conn, **self.wrap)
+        except OSError:  # ssl.SSLError, ConnectionAbortedError (the timeout), a reset
+            conn.close()  # the loop detached it already: nothing to close twice
+        finally:
+            self.pending -= 1
+            if self.pending < self.cap // 2:
+                self.full = False
+
+    def close(self) -> None:
+        """Stop accepting; connections in a handshake finish it (as the loop's own server
+        leaves its accepted connections be)."""
+        for sock, task in self.accepting:
+            task.cancel()
+            sock.close()
+        self.accepting = []
+        self.inner.close()
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self.loop
+
+    def is_serving(self) -> bool:
+        return bool(self.accepting)
+
+    async def start_serving(self) -> None:
+        return None  # serving from construction
+
+    async def serve_forever(self) -> None:
+        raise NotImplementedError("a TlsListener serves from its construction")
+
+    async def wait_closed(self) -> None:
+        await self.inner.wait_closed()
