@@ -143,8 +143,8 @@ async def listen(
             backlog=backlog,
             start_serving=tls is None,
         )
-    if tls is not None:
-        context = tls.context(name)
-        listener = TlsListener(listener, factory, context, server.settings, backlog, server.log)
+    if tls is not None:  # the loop's server holds the socket; this one accepts on it
+        s, log = server.settings, server.log
+        listener = TlsListener(name, listener, factory, tls.context(name), s, backlog, log)
     server.bound[name] = listener
     return listener

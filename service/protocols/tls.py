@@ -106,6 +106,7 @@ def refuse_password() -> bytes:
 
 
 ACCEPT_PAUSE_S = 0.1  # after an accept error such as EMFILE, before the next try
+ACCEPTS_PER_TURN = 64  # then the loop's other work goes first (a flood of connects waits)
 
 
 class TlsListener(asyncio.AbstractServer):
@@ -115,6 +116,7 @@ class TlsListener(asyncio.AbstractServer):
 
     def __init__(
         self,
+        name: str,
         inner: asyncio.AbstractServer,
         factory: Callable[[], asyncio.Protocol],
         context: ssl.SSLContext,
@@ -122,7 +124,7 @@ class TlsListener(asyncio.AbstractServer):
         backlog: int,
         log: EventLog,
     ) -> None:
-        self.inner, self.factory, self.context, self.log = inner, factory, context, log
+        self.name, self.inner, self.factory, self.log = name, inner, factory, log
         self.cap = settings.max_connections
         self.wrap: dict[str, Any] = {
             "ssl": context,
@@ -148,19 +150,23 @@ class TlsListener(asyncio.AbstractServer):
         return self.inner.sockets  # type: ignore[attr-defined]  # uvloop's and asyncio's alike
 
     async def accept(self, sock: socket.socket) -> None:
+        accepted = 0
         while True:
+            accepted += 1
+            if accepted % ACCEPTS_PER_TURN == 0:
+                await asyncio.sleep(0)
             try:
                 conn, _ = await self.loop.sock_accept(sock)
             except OSError as exc:  # out of descriptors, or a connection reset while queued
                 if exc.errno not in (errno.ECONNABORTED, errno.EPROTO):
-                    self.log.warning("accept_failed", error=repr(exc))
+                    self.log.warning("accept_failed", listener=self.name, error=repr(exc))
                     await asyncio.sleep(ACCEPT_PAUSE_S)
                 continue
             if self.pending >= self.cap:
                 self.refused += 1
                 if not self.full:
                     self.full = True
-                    self.log.warning("tls_handshakes_full", limit=self.cap)
+                    self.log.warning("tls_handshakes_full", listener=self.name, limit=self.cap)
                 conn.close()
                 continue
             self.pending += 1
