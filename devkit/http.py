@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +21,15 @@ def http_request(
     headers: dict[str, str] | None = None,
     timeout: float = 60.0,
     host: str = HOST,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
-    """One request on its own connection: (status, headers with lower-case names, body)."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    """One request on its own connection: (status, headers with lower-case names, body); over
+    TLS with a client `context` (a server started with --tls-cert)."""
+    conn = (
+        http.client.HTTPConnection(host, port, timeout=timeout)
+        if context is None
+        else http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+    )
     try:
         conn.request(method, path, body=body, headers=headers or {})
         resp = conn.getresponse()

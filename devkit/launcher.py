@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -95,14 +96,18 @@ class Launched:
         own_group: bool = False,
         tree: Path | None = None,
         grpc: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """`grpc`: serve the gRPC port too, on a free port (off unless asked: most servers
         here never use it, and none may take the default 8002 another test server holds).
         `beside`: share that server's ports and control path (a --reuse-port upgrade).
         `own_group`: start it in a session of its own, so a signal to its process group (as
         systemd, supervisord and `kill -TERM -PGID` send) reaches it and its children only.
-        `tree`: run the server of another checkout (a baseline commit), not this one."""
+        `tree`: run the server of another checkout (a baseline commit), not this one.
+        `tls`: the client context its HTTP port is probed with (a server given --tls-cert in
+        `args`)."""
         tmp = Path(tmp)
+        self.tls = tls
         self.port: int = beside.port if beside else port or free_port()
         self.binary_port: int = beside.binary_port if beside else free_port() if binary else 0
         self.grpc_port: int = beside.grpc_port if beside else free_port() if grpc else 0
@@ -135,7 +140,7 @@ class Launched:
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"{'http' if self.tls is None else 'https'}://{HOST}:{self.port}"
 
     def logs(self) -> str:
         if not self.log.closed:
@@ -154,7 +159,9 @@ class Launched:
         if self.proc.poll() is not None:
             raise ServerExited(f"server exited with {self.proc.returncode}:\n{self.logs()[-4000:]}")
         try:
-            status, _, _ = http_request(self.port, "GET", "/v2/health/ready", timeout=5)
+            status, _, _ = http_request(
+                self.port, "GET", "/v2/health/ready", timeout=5, context=self.tls
+            )
         except OSError:
             return False
         return status == 200 and (workers is None or self.ready_workers() >= workers)

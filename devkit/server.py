@@ -56,7 +56,7 @@ class ServerProc(Launched):
     ) -> tuple[int, dict[str, str], bytes]:
         if isinstance(body, dict):
             body = json.dumps(body)
-        return http_request(self.port, method, path, body, headers, timeout)
+        return http_request(self.port, method, path, body, headers, timeout, context=self.tls)
 
     def classify(self, text: str | list[str], **kw: Any) -> dict[str, Any]:
         body = {"text": text} if isinstance(text, str) else {"texts": text}

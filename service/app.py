@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from typing import Any
 
@@ -36,6 +37,7 @@ from ringserve.service.protocols.http import HttpProtocol, HttpServerState
 from ringserve.service.protocols.routes import Router, v1_routes
 from ringserve.service.protocols.tasks import task_routes
 from ringserve.service.protocols.tei_api import tei_routes
+from ringserve.service.protocols.tls import Tls, TlsError, load_tls
 from ringserve.service.repository import Repository
 from ringserve.service.settings import Config, default_memory_budget
 from ringserve.shm import segment
@@ -49,6 +51,7 @@ class App:
         self.log = EventLog(settings.log_level)
         self.started = time.monotonic()
         self.keys = load_keys(settings)  # a bad key file stops the start first
+        self.tls = tls_or_exit(settings)  # as does a certificate that cannot serve
         self.api_key = ApiKey(settings.api_key) if settings.api_key is not None else None
         self.api_router: Router | None = None  # the HTTP port's routes (/docs on the operator's)
 
@@ -82,7 +85,7 @@ class App:
             dispatcher.answers.on_group = self.front.inference_stats.record
         self.front.repository = Repository(s, log, self.front, dispatcher, self.supervisor)
         self.front.repository.problems.update(problems)
-        self.ports = Ports(s, log)
+        self.ports = Ports(s, log, self.tls)
         self.life = Lifecycle(s, log, self.front, dispatcher, self.supervisor, self.ports)
         parts = (self.stats, dispatcher, self.supervisor, self.keys, self.api_key)
         self.metrics_view = MetricsHost(s, log, *parts, self.front, self.ports)
@@ -196,6 +199,7 @@ class App:
             host=s.host,
             port=s.port,
             operator_port=s.operator_port or None,
+            tls=None if self.tls is None else "mutual" if self.tls.mutual else "on",
             api_key="set" if self.api_key else "none",  # never the key itself
             api_keys=len(self.keys.entries) if self.keys is not None else 0,
             tracing=self.front.admission.tracing is not None,
@@ -270,6 +274,16 @@ def load_keys(settings: Config) -> KeyRing | None:
         return KeyRing(settings.api_key, settings.api_keys)
     except KeyFileError as exc:
         raise SystemExit(f"ringserve: --api-keys: {exc}") from None
+
+
+def tls_or_exit(settings: Config) -> Tls | None:
+    """--tls-cert's contexts; a file that cannot serve is exit 2 (a bad setting, as a config
+    file's), named with its option, before anything starts."""
+    try:
+        return load_tls(settings)
+    except TlsError as exc:
+        print(f"ringserve: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def serve(settings: Config) -> int:

@@ -14,6 +14,7 @@ from ringserve.service.logs import EventLog
 from ringserve.service.protocols.binary import BinaryServerState
 from ringserve.service.protocols.handover import listening_fds
 from ringserve.service.protocols.http import HttpServerState
+from ringserve.service.protocols.tls import Tls
 from ringserve.service.settings import Config
 
 if TYPE_CHECKING:
@@ -23,9 +24,10 @@ if TYPE_CHECKING:
 class Ports:
     """Implements handover's Listeners: `listen` records what it binds in `bound`."""
 
-    def __init__(self, settings: Config, log: EventLog) -> None:
+    def __init__(self, settings: Config, log: EventLog, tls: Tls | None = None) -> None:
         self.settings = settings
         self.log = log
+        self.tls = tls  # --tls-cert: the contexts every listener serves with
         self.listeners: list[asyncio.AbstractServer] = []  # closed when the drain begins
         self.control_path = settings.control  # PATH, or PATH.<pid> beside a live server
         self.bound: dict[str, asyncio.AbstractServer] = {}  # listeners by name, to hand over

@@ -413,6 +413,18 @@ class Config:
         int,
     )
     operator_host: str | None = option(None, "bind address of the operator port (default: --host)")
+    tls_cert: str | None = option(
+        None,
+        "a PEM certificate chain (the server's certificate first): with --tls-key, the HTTP, "
+        "operator, binary and gRPC ports speak TLS only (gRPC with ALPN h2); a file that "
+        "cannot be read, or does not match the key, stops the start (exit 2)",
+    )
+    tls_key: str | None = option(None, "the PEM private key of --tls-cert (unencrypted)")
+    tls_client_ca: str | None = option(
+        None,
+        "PEM CA certificates: with --tls-cert, every port asks for a client certificate and "
+        "completes the handshake only with one these CAs signed (mutual TLS)",
+    )
     no_docs_page: bool = option(
         False,
         "do not serve /docs, the Swagger UI page for /openapi.json (served on the operator "

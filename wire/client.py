@@ -7,6 +7,10 @@ with BinaryClient("127.0.0.1", 8001) as client:          # key: RINGSERVE_API_KE
 
 async with await AsyncBinaryClient.connect("127.0.0.1", 8001) as client:
     answers = await asyncio.gather(*(client.classify(t) for t in texts))  # one connection
+
+A server started with --tls-cert speaks TLS on the port: pass `ssl=` an SSLContext that trusts
+its CA (`ssl.create_default_context(cafile=...)`, with `load_cert_chain` for mutual TLS), or
+True for the system's CAs, to either client.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import selectors
 import socket
 import time
 from collections.abc import Iterable
+from ssl import SSLContext, SSLSocket, SSLWantReadError, SSLWantWriteError, create_default_context
 from types import TracebackType
 
 from ringserve.wire.frames import OK, Answer, AnswerParser, auth_frame, encode_frame, model_frame
@@ -31,6 +36,9 @@ __all__ = [
     "UnknownModelError",
 ]
 API_KEY_ENV = "RINGSERVE_API_KEY"
+# Bytes handed to one send: a TLS record's worth over TLS (a write OpenSSL could not finish must be
+# retried with the same bytes, so smaller is simpler), more in the clear.
+SEND_CHUNK, TLS_SEND_CHUNK = 1 << 20, 1 << 14
 
 
 class ProtocolError(ConnectionError):
@@ -60,6 +68,13 @@ def resolve_key(given: str | None) -> str | None:
     return given if given is not None else os.environ.get(API_KEY_ENV) or None
 
 
+def tls_context(given: SSLContext | bool | None) -> SSLContext | None:
+    """`ssl=`: a context as given, True for the system's CAs, None or False for plain TCP."""
+    if given is True:
+        return create_default_context()
+    return given or None
+
+
 class BinaryClient:
     """A blocking client on one connection. Not thread-safe: one per thread."""
 
@@ -69,10 +84,23 @@ class BinaryClient:
         port: int = 8001,
         timeout: float = 60.0,
         api_key: str | None = None,
+        ssl: SSLContext | bool | None = None,
+        server_hostname: str | None = None,
     ) -> None:
+        """`ssl`: speak TLS (a server with --tls-cert); `server_hostname`: the name its
+        certificate is checked against (default: `host`)."""
         self.timeout = timeout
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw = socket.create_connection((host, port), timeout=timeout)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        context = tls_context(ssl)
+        self.sock: socket.socket = raw
+        if context is not None:
+            try:  # the handshake, blocking, within `timeout`
+                self.sock = context.wrap_socket(raw, server_hostname=server_hostname or host)
+            except BaseException:
+                raw.close()
+                raise
+        self.chunk = SEND_CHUNK if context is None else TLS_SEND_CHUNK
         self.parser = AnswerParser()
         self.tags = itertools.count(1)  # tag 0 is the AUTH frame's
         key = resolve_key(api_key)
@@ -130,7 +158,7 @@ class BinaryClient:
                         raise TimeoutError(f"{len(tags) - len(got)} answers still owed")
                     for _key, events in sel.select(left):
                         if events & selectors.EVENT_WRITE and sent < len(data):
-                            sent += self._send(view[sent : sent + (1 << 20)])
+                            sent += self._send(view[sent : sent + self.chunk])
                             if sent == len(data):
                                 sel.modify(self.sock, selectors.EVENT_READ)
                         if events & selectors.EVENT_READ:
@@ -142,13 +170,16 @@ class BinaryClient:
     def _send(self, data: memoryview) -> int:
         try:
             return self.sock.send(data)
-        except BlockingIOError:
+        except (BlockingIOError, SSLWantWriteError, SSLWantReadError):
             return 0
 
     def _receive(self, tags: set[int], got: dict[int, Answer]) -> None:
         try:
             chunk = self.sock.recv(1 << 18)
-        except BlockingIOError:
+            # TLS: what OpenSSL has decrypted already wakes no selector; read it now.
+            while chunk and isinstance(self.sock, SSLSocket) and self.sock.pending():
+                chunk += self.sock.recv(self.sock.pending())
+        except (BlockingIOError, SSLWantReadError, SSLWantWriteError):
             return
         if not chunk:
             raise ConnectionError(f"connection closed with {len(tags) - len(got)} answers owed")
@@ -179,6 +210,7 @@ class _Connection(asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.lost: BaseException | None = None
+        self.gone = asyncio.Event()  # connection_lost came: the socket is closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -201,6 +233,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(exc or ConnectionError("connection closed by the server"))
         self.writable.set()  # wake writers so that they see the loss
+        self.gone.set()
 
     def _fail(self, exc: BaseException) -> None:
         self.lost = exc
@@ -221,11 +254,21 @@ class AsyncBinaryClient:
 
     @classmethod
     async def connect(
-        cls, host: str = "127.0.0.1", port: int = 8001, api_key: str | None = None
+        cls,
+        host: str = "127.0.0.1",
+        port: int = 8001,
+        api_key: str | None = None,
+        ssl: SSLContext | bool | None = None,
+        server_hostname: str | None = None,
     ) -> AsyncBinaryClient:
-        """Connect, and present the key (given, else RINGSERVE_API_KEY) when there is one."""
+        """Connect (over TLS with `ssl`, as BinaryClient), and present the key (given, else
+        RINGSERVE_API_KEY) when there is one."""
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Connection, host, port)
+        context = tls_context(ssl)
+        name = (server_hostname or host) if context is not None else None
+        _, conn = await loop.create_connection(
+            _Connection, host, port, ssl=context, server_hostname=name
+        )
         key = resolve_key(api_key)
         if key and conn.transport is not None:
             future: asyncio.Future[Answer] = loop.create_future()
@@ -265,10 +308,18 @@ class AsyncBinaryClient:
     async def classify_many(self, texts: Iterable[str | bytes]) -> list[Answer]:
         return list(await asyncio.gather(*(self.classify(t) for t in texts)))
 
-    async def close(self) -> None:
-        if self.conn.transport is not None:
-            self.conn.transport.close()
-        await asyncio.sleep(0)
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close, and wait until the socket is (over TLS, after the close_notify exchange;
+        aborted past `timeout`)."""
+        transport = self.conn.transport
+        if transport is None:
+            return
+        transport.close()
+        try:
+            await asyncio.wait_for(self.conn.gone.wait(), timeout)
+        except TimeoutError:
+            transport.abort()
+            await asyncio.sleep(0)
 
     async def __aenter__(self) -> AsyncBinaryClient:
         return self

@@ -6,6 +6,9 @@ net.ipv4.tcp_migrate_req=1 (measured by benchmarks/reuseport_queue.py: 109 of 20
 server started beside a live one first asks it, over the control socket, for its listening
 sockets, as HAProxy's `expose-fd listeners` and Envoy's hot restart do. The socket then lives on
 in the new server when the old one closes its copy; nothing queued is lost, whatever the sysctl.
+
+With --tls-cert, `listen` serves TLS on the socket, bound or handed over alike: the listening
+socket is plain TCP, and each accepted connection is wrapped by the loop (protocols/tls.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ringserve.service.logs import EventLog
+from ringserve.service.protocols.tls import Tls, TlsListener
 from ringserve.service.settings import Config
 
 
@@ -33,6 +37,8 @@ class Listeners(Protocol):
     def bound(self) -> dict[str, asyncio.AbstractServer]: ...  # by name, to hand over
     @property
     def inherited(self) -> dict[str, socket.socket]: ...  # handed over to us
+    @property
+    def tls(self) -> Tls | None: ...  # --tls-cert: every listener speaks TLS
 
 
 MAX_FDS = 8
@@ -114,11 +120,16 @@ async def listen(
     backlog: int,
 ) -> asyncio.AbstractServer:
     """Serve on the socket handed over for `name` when it is bound where we would bind; else bind
-    (with SO_REUSEPORT under --reuse-port)."""
+    (with SO_REUSEPORT under --reuse-port). With TLS the loop's server holds the socket and a
+    TlsListener accepts on it (protocols/tls.py)."""
     loop = asyncio.get_running_loop()
+    tls = server.tls
     sock = server.inherited.pop(name, None)
+    listener: asyncio.AbstractServer
     if sock is not None and sock.getsockname()[1] == port:
-        listener = await loop.create_server(factory, sock=sock, backlog=backlog)
+        listener = await loop.create_server(
+            factory, sock=sock, backlog=backlog, start_serving=tls is None
+        )
         server.log.info("listener_handed_over", name=name, port=port)
     else:
         if sock is not None:
@@ -130,6 +141,10 @@ async def listen(
             reuse_address=True,
             reuse_port=server.settings.reuse_port or None,
             backlog=backlog,
+            start_serving=tls is None,
         )
+    if tls is not None:  # the loop's server holds the socket; this one accepts on it
+        s, log = server.settings, server.log
+        listener = TlsListener(name, listener, factory, tls.context(name), s, backlog, log)
     server.bound[name] = listener
     return listener

@@ -56,9 +56,10 @@ GRAPH_WORDS = ("int8", "precision", "fused", "graph", "runtime")
 
 PRELUDE = r"""
 set -e  # no pipefail: `... | head` may end its writer early, as in a terminal
-__ready() {  # PORT PID: wait until that server answers ready on the port, or fail
+__ready() {  # PORT PID: wait until that server answers ready on the port (or over TLS), or fail
     local end=$((SECONDS + 180))
-    until command curl -sf -o /dev/null "http://127.0.0.1:$1/v2/health/ready" \
+    until { command curl -sf -o /dev/null "http://127.0.0.1:$1/v2/health/ready" \
+            || command curl -sfk -o /dev/null "https://127.0.0.1:$1/v2/health/ready"; } \
         && ss -ltnpH "sport = :$1" | grep -q "pid=$2,"; do
         kill -0 "$2" 2>/dev/null || { echo "server $2 exited" >&2; return 1; }
         [ "$SECONDS" -lt "$end" ] || { echo "server $2 not ready in 180 s" >&2; return 1; }
