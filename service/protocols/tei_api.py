@@ -43,7 +43,7 @@ def model_type(info: ModelInfo) -> dict[str, Any]:
     if tasks_[0] == "embed":
         pooling = str(info.manifest.extra.get("pooling", "mean"))
         return {"embedding": {"pooling": pooling}}
-    kind = "reranker" if tasks_[0] == "rerank" else "classifier"
+    kind = "reranker" if tasks_[0] in ("rerank", "multivector") else "classifier"
     id2label = {str(i): name for i, name in enumerate(labels)}
     return {kind: {"id2label": id2label, "label2id": {n: i for i, n in enumerate(labels)}}}
 
