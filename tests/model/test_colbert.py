@@ -95,7 +95,9 @@ def artifacts(made: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory, artifacts: dict[str, Path]) -> Iterator[ServerProc]:
+def srv(
+    tmp_path_factory: pytest.TempPathFactory, artifacts: dict[str, Path]
+) -> Iterator[ServerProc]:
     models = [a for k in LAYOUTS for a in ("--model", f"colbert-{k}={artifacts[k]}")]
     with serving(
         ServerProc(tmp_path_factory.mktemp("srv"), [*models, "--workers", "1"], grpc=True), 1
@@ -194,9 +196,9 @@ def test_kserve_scores_each_pair_by_maxsim(srv: ServerProc, made: Path) -> None:
         result = client.infer("colbert-pylate", inputs)
         assert close(result.as_numpy("scores"), want) < TOL
         meta = client.get_model_metadata("colbert-pylate")
-        outputs = meta["outputs"] if isinstance(meta, dict) else [
-            {"name": o.name} for o in meta.outputs
-        ]
+        outputs = (
+            meta["outputs"] if isinstance(meta, dict) else [{"name": o.name} for o in meta.outputs]
+        )
         assert [o["name"] for o in outputs] == ["scores"]
         client.close()
     status, doc = post(srv, "/v2/models/colbert-pylate/infer", {"inputs": [
