@@ -177,7 +177,8 @@ def config_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
         "max_batch_size": server.settings.max_texts,
         "input": [
             {"name": "text", "data_type": "TYPE_STRING", "dims": [1]},
-            {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+            {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [1]}
+            | ({} if info.manifest.multivector else {"optional": True}),
         ],
         "output": config_outputs(info),
         "dynamic_batching": {},  # the workers batch what arrives together (docs/design.md)

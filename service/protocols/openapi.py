@@ -276,7 +276,10 @@ INFER_RULES = (  # what kserve.read_texts and read_outputs check across fields
 
 
 # A multivector model's infer scores pairs (multivector.kserve_ask): a text without its pair.
-MULTIVECTOR_INFER = (r"scores a query \(text\) against a document \(text_pair\) by MaxSim",)
+MULTIVECTOR_INFER = (
+    r"scores a query \(text\) against a document \(text_pair\) by MaxSim",
+    r"^unknown output 'label': the model gives scores$",
+)
 
 
 def ok(

@@ -242,6 +242,7 @@ def tei_embed_all(
     from the same forward pass as the embedding (an ONNX Runtime artifact built with them)."""
     body = decode(ex, bodies.of(server.settings).embed_all)
     info = request_model(server, body)
+    needs_task(info, "embed")  # a multivector model's token vectors: /v1/embeddings/multi
     width = token_vectors_width(info)
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     texts = prompts.with_prompt(info.manifest, body.prompt_name, [t.encode() for t in inputs])

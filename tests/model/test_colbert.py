@@ -230,3 +230,27 @@ def test_export_refuses_what_it_cannot_serve_exactly(made: Path, tmp_path: Path)
         from ringserve.factory.build import build_hf_artifact
 
         build_hf_artifact(tmp_path / "b", source, "b", max_length=2)
+
+
+def test_answers_match_the_servers_document(srv: ServerProc) -> None:
+    """/v1/embeddings/multi's answer and Cohere's unbounded MaxSim relevance_score, as the
+    server's own /openapi.json states them (the Schemathesis fuzz is tests/system/test_openapi.py's,
+    on the default model)."""
+    import jsonschema
+
+    status, _, data = srv.request("GET", "/openapi.json")
+    assert status == 200
+    doc = json.loads(data)
+
+    def schema(path: str) -> Any:
+        answer = doc["paths"][path]["post"]["responses"]["200"]["content"]["application/json"]
+        return {**answer["schema"], "components": doc["components"]}
+
+    body = {"input": QUERIES[:2], "input_type": "query", "model": "colbert-pylate"}
+    status, got = post(srv, "/v1/embeddings/multi", body)
+    assert status == 200
+    jsonschema.validate(got, schema("/v1/embeddings/multi"))
+    body = {"query": QUERIES[0], "documents": DOCUMENTS, "model": "colbert-pylate"}
+    status, got = post(srv, "/v2/rerank", body)
+    assert status == 200 and got["results"][0]["relevance_score"] > 1  # MaxSim, not a probability
+    jsonschema.validate(got, schema("/v2/rerank"))
