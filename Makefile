@@ -28,8 +28,23 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 	$(BIN)/python tests/install_browser.py
 	touch $@
 
+# tests/model/test_colbert.py's reference, PyLate, in a venv of its own (devkit/pylate_colbert.py):
+# PyLate 1.6 pins sentence-transformers 5.3 and transformers <= 5.3, below the test extra's.
+# torch 2.13.0 (the CPU build on disk) first, so nothing pulls CUDA; pylate without its
+# dependencies (devkit/pylate-requirements.txt says why); then a check that torch is the CPU one.
+PYLATE_VENV ?= .venv-pylate
+$(PYLATE_VENV)/.installed: devkit/pylate-requirements.txt
+	rm -rf $(PYLATE_VENV)
+	$(PYTHON) -m venv $(PYLATE_VENV)
+	$(PYLATE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PYLATE_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(PYLATE_VENV)/bin/python -m pip install -q -r devkit/pylate-requirements.txt
+	$(PYLATE_VENV)/bin/python -m pip install -q --no-deps pylate==1.6.0
+	$(PYLATE_VENV)/bin/python -c "import torch; assert torch.version.cuda is None, torch.__version__"
+	touch $@
+
 install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test $(PYLATE_VENV)/.installed
 
 serve: install
 	$(BIN)/ringserve serve
@@ -92,4 +107,4 @@ proto: install-test
 		--pyi_out=service/protocols/rpc service/protocols/rpc/kserve.proto
 
 clean:
-	rm -rf $(VENV) $(INFINITY_VENV) .pytest_cache .mypy_cache .ruff_cache test-output build/site
+	rm -rf $(VENV) $(INFINITY_VENV) $(PYLATE_VENV) .pytest_cache .mypy_cache .ruff_cache test-output build/site

@@ -336,12 +336,20 @@ def build_hf_artifact(
     pooling: str | None = None,
 ) -> Path:
     """An artifact from a HF `save_pretrained` directory of a supported sequence classifier, a
-    sentence-transformers directory, or a base model with `pooling` (factory/embedder.py)."""
+    sentence-transformers directory, a base model with `pooling` (factory/embedder.py), or a
+    ColBERT checkpoint, PyLate's or Stanford's (factory/colbert.py)."""
+    from ringserve.factory import colbert
     from ringserve.factory.embedder import embed_source
 
     source = Path(source_dir)
     if not (source / "config.json").is_file():
         raise ArtifactError(f"{source}: no config.json (not a Hugging Face model directory)")
+    with _building(source):
+        is_colbert = colbert.is_colbert(source)
+    if is_colbert:
+        if pooling is not None:
+            raise ArtifactError(f"{source}: a ColBERT checkpoint has no pooling (--pooling)")
+        return colbert.build_colbert_artifact(Path(out_dir), source, name, max_length, _publish)
     with _building(source):
         embed = embed_source(source, pooling)
     if embed is not None:

@@ -319,16 +319,24 @@ def _base_weights(c: HfConfig, tensors: dict[str, Tensor], where: Path) -> dict[
     return out
 
 
-def _plain_encoder(source: EmbedSource) -> tuple[nn.Module, HfConfig | families.FamilyConfig]:
-    """The pooled encoder of `source`, every tensor used or named unused, every shape checked."""
-    where, raw = read_weights(source.model_dir)
+def _plain_encoder(
+    source: EmbedSource,
+    weights: tuple[Path, dict[str, Tensor]] | None = None,
+    architectures: dict[str, str] | None = None,
+) -> tuple[nn.Module, HfConfig | families.FamilyConfig]:
+    """The pooled encoder of `source`, every tensor used or named unused, every shape checked.
+    `weights`: the checkpoint's tensors, already read (a ColBERT's, less its projection);
+    `architectures`: the BERT-like ones to take instead of the base models (factory/colbert.py)."""
+    where, raw = weights or read_weights(source.model_dir)
     path = source.model_dir / "config.json"
-    family = families.read_family_config(path, families.BASE_ARCHITECTURES)
+    family = None
+    if architectures is None:
+        family = families.read_family_config(path, families.BASE_ARCHITECTURES)
     if family is not None:
         encoder = FamilyEncoder(family, source.pooling)
         families.load_family(encoder, family.family, raw, where)
         return encoder, family
-    config = read_config(path, BASE_ARCHITECTURES)
+    config = read_config(path, architectures or BASE_ARCHITECTURES)
     model = SentenceEncoder(config, source.pooling)
     tensors = _base_weights(config, raw, where)
     names = {

@@ -60,6 +60,9 @@ OPT_EMBED = 8  # answer the text's embedding (D floats), not its scores (an embe
 OPT_BULK = 16  # a bulk text: the worker batches interactive texts first (service/engine/tenants.py)
 OPT_BOTH = 32  # answer the scores and the embedding of one forward pass (a model with both)
 OPT_TOKENS = 64  # answer the text's token vectors (TEI's /embed_all; an ONNX embed graph only)
+# With OPT_TOKENS, to a multivector (ColBERT) model: the text is a query (its prefix token and
+# [MASK] expansion), not a document (workers/process/multivector.py).
+OPT_QUERY = 128
 # Response payload (24 bytes, so a two-label answer still fits one 64-byte slot):
 #   status u8 | bucket u8 | label_id u16 | n u16 | flags u8 | reserved u8 |
 #   windows u16 | limit u16 | tokens u32 | queued_us u32 | model_us u32 | n x f32 scores
@@ -76,6 +79,8 @@ OPT_TOKENS = 64  # answer the text's token vectors (TEI's /embed_all; an ONNX em
 # An OPT_TOKENS answer has RSP_TOKENS in flags, n = H (the hidden size) and `windows` = k, the
 # text's tokens after any cut: k x H floats, token by token (the worker refuses a text whose
 # vectors would not fit the response ring, STATUS_TOO_LONG with `limit` the tokens that fit).
+# A multivector model's answer is the same, its k the tokens it keeps (a document's skiplist
+# tokens left out) and H its vectors' dimension D.
 # The response record's aux word (unused before) describes the batch that answered the text, for
 # the front-end's traces: rows (12 bits) | padded length (12 bits) | the batch's start, the
 # forward pass's first moment, in CLOCK_MONOTONIC microseconds modulo 2**40 (12.7 days: the

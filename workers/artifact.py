@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 MANIFEST_FILE = "manifest.json"
 OTHER_FILES = ("onnx_file", "int8_file", "fused_file")  # graphs beside model.pt, when present
 ACTIVATIONS = ("softmax", "sigmoid")
-TASKS = ("classify", "embed", "rerank")
+# "multivector": a ColBERT model's token vectors (factory/colbert.py), with "rerank" by MaxSim.
+TASKS = ("classify", "embed", "rerank", "multivector")
 
 
 @contextlib.contextmanager
@@ -83,6 +84,12 @@ class Manifest:
     @property
     def embeds(self) -> bool:
         return "embed" in self.task
+
+    @property
+    def multivector(self) -> dict[str, Any]:
+        """A ColBERT model's settings (factory/colbert.py multivector_extra); {} otherwise."""
+        found = self.extra.get("multivector") if "multivector" in self.task else None
+        return found if isinstance(found, dict) else {}
 
     @property
     def embed_only(self) -> bool:
@@ -208,6 +215,8 @@ def check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
     extra = raw.get("extra", {})
     if not isinstance(extra, dict):
         raise bad("'extra' must be an object")
+    if "multivector" in task and not isinstance(extra.get("multivector"), dict):
+        raise bad("task multivector needs 'extra.multivector' (factory/colbert.py)")
     activation = raw.get("activation", "softmax")
     if activation not in ACTIVATIONS:
         raise bad(f"'activation' must be one of {', '.join(ACTIVATIONS)}")

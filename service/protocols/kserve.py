@@ -26,7 +26,7 @@ from ringserve.service.engine.requests import Ask, Options, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import READY, ModelSet
 from ringserve.service.ops.inference_stats import InferenceStats
-from ringserve.service.protocols import admit, prompts, shm_regions
+from ringserve.service.protocols import admit, multivector, prompts, shm_regions
 from ringserve.service.protocols.admit import asked_priority, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
@@ -138,7 +138,8 @@ def metadata_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
         "platform": platform_of(info),
         "inputs": [
             {"name": "text", "datatype": "BYTES", "shape": [-1, 1]},
-            {"name": "text_pair", "datatype": "BYTES", "shape": [-1, 1], "optional": True},
+            {"name": "text_pair", "datatype": "BYTES", "shape": [-1, 1]}
+            | ({} if info.manifest.multivector else {"optional": True}),
         ],
         "outputs": [
             *class_outputs(info, "datatype", ("FP32", "BYTES"), "shape"),
@@ -169,7 +170,8 @@ def config_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
         "max_batch_size": server.settings.max_texts,
         "input": [
             {"name": "text", "data_type": "TYPE_STRING", "dims": [1]},
-            {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+            {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [1]}
+            | ({} if info.manifest.multivector else {"optional": True}),
         ],
         "output": config_outputs(info),
         "dynamic_batching": {},  # the workers batch what arrives together (docs/design.md)
@@ -197,9 +199,12 @@ def config_outputs(info: ModelInfo) -> list[dict[str, Any]]:
 def class_outputs(
     info: ModelInfo, kind: str, types: tuple[str, str], dims: str
 ) -> list[dict[str, Any]]:
-    """`scores` and `label`, for a model that classifies (an embed-only one gives neither)."""
+    """`scores` and `label`, for a model that classifies (an embed-only one gives neither);
+    a multivector model's `scores` alone, each pair's MaxSim."""
     if info.manifest.embed_only:
         return []
+    if info.manifest.multivector:
+        return [{"name": "scores", kind: types[0], dims: [-1, 1]}]
     return [
         {"name": "scores", kind: types[0], dims: [-1, len(info.labels)]},
         {"name": "label", kind: types[1], dims: [-1]},
@@ -214,7 +219,8 @@ def embedding_output(info: ModelInfo, kind: str, fp32: str, dims: str) -> list[d
 def task_parameters(info: ModelInfo) -> dict[str, Any]:
     """The model's tasks (comma list: KServe parameters are scalars) and its dimension."""
     m = info.manifest
-    return {"task": ",".join(m.task), "dimension": m.dimension}
+    dimension = m.dimension or int(m.multivector.get("dimension", 0))  # ColBERT's: a token's
+    return {"task": ",".join(m.task), "dimension": dimension}
 
 
 def model_ready(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict[str, str]) -> None:
@@ -453,6 +459,8 @@ def request_ask(
     model's prompt goes before a text to embed, the texts to classify then the prompted texts
     with OPT_EMBED (two passes, one group)."""
     opts = long_text_options(params, "parameters.")
+    if info.manifest.multivector:  # a rerank: each pair's MaxSim
+        return multivector.kserve_ask(texts, opts, info, deadline, priority, protocol)
     classify, embed = passes(wanted)
     model = info.index
     if not embed:
@@ -496,17 +504,20 @@ def split_results(
 
 
 def read_outputs(
-    doc: dict[str, Any], embeds: bool = False, embed_only: bool = False
+    doc: dict[str, Any], embeds: bool = False, embed_only: bool = False, multi: bool = False
 ) -> list[tuple[str, bool]]:
     """(name, binary) for each output to answer, in the order asked for: any of the model's
     outputs; when none is named, all of them in metadata's order (Triton's rule): `scores`,
-    `label`, then `embedding` for a model that has it; one forward pass answers them all."""
+    `label`, then `embedding` for a model that has it; one forward pass answers them all. A
+    multivector model (`multi`) has `scores` alone."""
     params = as_dict(doc.get("parameters"), "parameters")
     default = params.get("binary_data_output", False)
     if not isinstance(default, bool):
         raise HttpError(400, "parameters.binary_data_output must be true or false")
     asked = doc.get("outputs")
     known = (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
+    if multi:
+        known = OUTPUTS[:1]
     if not asked:
         return [(name, default) for name in known]
     if not isinstance(asked, list):
@@ -653,7 +664,8 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     request_id = doc.get("id")
     texts = read_texts(server, doc, blob)
     m = info.manifest
-    wanted = read_outputs(doc, m.embeds, m.embed_only)
+    multi = bool(m.multivector)
+    wanted = read_outputs(doc, m.embeds, m.embed_only, multi)
     parameters = as_dict(doc.get("parameters"), "parameters")
     deadline = request_deadline(server, ex, doc) or 0  # 0: the header's, or the default
     asked = parameters.get("priority")
@@ -661,12 +673,14 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
         asked = int(asked)
     priority = asked_priority(asked, "parameters.priority")  # never above the key's
     ask = request_ask(texts, parameters, wanted, info, deadline, priority, "kserve")
-    encoder = encoder_for(info.labels, m.normalize)
+    encoder = encoder_for(multivector.KSERVE_LABELS if multi else info.labels, m.normalize)
 
     places = output_places(doc)
     joined = one_pass(ask.options)
 
     def done(results: list[Result]) -> None:
+        if multi:  # each pair's MaxSim, as one score
+            results = multivector.kserve_results(results)
         try:
             tensors, blobs = encoder.tensors(results, wanted, places, joined)
         except HttpError as exc:  # a region unregistered meanwhile, or too small

@@ -33,6 +33,7 @@ from ringserve.service.protocols.kserve import VERSION
 from ringserve.service.protocols.routes import Router
 from ringserve.service.protocols.schemas import cohere as cohere_structs
 from ringserve.service.protocols.schemas import kserve as kserve_structs
+from ringserve.service.protocols.schemas import multivector as multivector_schemas
 from ringserve.service.protocols.schemas import operator as operator_structs
 from ringserve.service.protocols.schemas import server as server_bodies
 from ringserve.service.protocols.schemas import tasks as task_schemas
@@ -275,6 +276,13 @@ INFER_RULES = (  # what kserve.read_texts and read_outputs check across fields
 )
 
 
+# A multivector model's infer scores pairs (multivector.kserve_ask): a text without its pair.
+MULTIVECTOR_INFER = (
+    r"scores a query \(text\) against a document \(text_pair\) by MaxSim",
+    r"^unknown output 'label': the model gives scores$",
+)
+
+
 def ok(
     description: str,
     schema: Schema | None,
@@ -383,6 +391,13 @@ def task_routes(f: Facts) -> dict[tuple[str, str], Route]:
             "rerank",
             ("highest score first", cohere_schemas(f)),
             {"query": "films", "documents": ["a film", "a cat"]},
+        ),
+        ("POST", "/v1/embeddings/multi"): task_route(
+            f,
+            "Token vectors of a multivector (ColBERT) model, one matrix a text",
+            "multivector",
+            ("one matrix a text", (body(f, "multi_embeddings"), answer(f, "multi_embeddings"))),
+            {"input": ["a fine film"], "input_type": "document"},
         ),
     }
 
@@ -757,7 +772,11 @@ def kserve_model_routes(f: Facts, k: dict[str, Schema], base: str) -> dict[tuple
             infer_in,
             inference=True,
             model_path=True,
-            beyond_schema=(*INFER_RULES, *needs(f, "classify")),
+            beyond_schema=(
+                *INFER_RULES,
+                *needs(f, "classify"),
+                *(MULTIVECTOR_INFER if "multivector" in f.tasks else ()),
+            ),
             description=INFER_DESCRIPTION,
             examples={"one": INFER_EXAMPLE},
         ),
@@ -797,11 +816,16 @@ def _answers(
 ) -> tuple[dict[str, Schema], Schema]:
     one, batch = v1_schemas.answers(labels, max_texts)
     outputs = ("scores", "label", *(("embedding",) if "embed" in tasks else ()))
+    ranks = task_schemas.rank_answers(max_documents)
+    if "multivector" in tasks:  # KServe's scores alone (MaxSim); Cohere's scores unbounded
+        outputs = ("scores",)
+        ranks |= multivector_schemas.rank_answers(max_documents)
     kserve_answers = kserve_structs.answers(names, VERSION, outputs, max_texts)
     parts = [
         {"classify": one, "classify_batch": batch},
         v1_schemas.model_answers(names, list(labels), list(tasks), dimension),
-        task_schemas.rank_answers(max_documents),
+        ranks,
+        multivector_schemas.multi_answers(names, dimension, max_texts),
         tei_structs.answers(labels, max_texts),
         {"info": tei_structs.info_answer(names)},
         task_schemas.embed_answers(names, dimension, max_texts),
@@ -1001,7 +1025,7 @@ def facts(server: FrontView, key: bool) -> Facts:
         model=server.model.name,
         labels=list(server.model.labels),
         tasks=list(m.task),
-        dimension=m.dimension,
+        dimension=m.dimension or int(m.multivector.get("dimension", 0)),
         max_texts=s.max_texts,
         max_documents=s.max_documents,
         max_body=s.max_body,

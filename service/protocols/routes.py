@@ -242,7 +242,7 @@ def model_card(server: FrontView, info: ModelInfo) -> ModelCard:
         "runtime": info.runtime,
         "precision": server.settings.for_model(info.name).precision,
         "task": m.task,
-        "dimension": m.dimension,
+        "dimension": m.dimension or int(m.multivector.get("dimension", 0)),  # ColBERT's: a token's
     }
     body |= prompts.listing(m)  # sentence-transformers' prompts, for prompt_name
     if info.precision_chosen_by:  # --precision auto: what it resolved to, and why

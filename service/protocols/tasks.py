@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.protocols import admit, prompts
+from ringserve.service.protocols import admit, multivector, prompts
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
@@ -170,8 +170,13 @@ def tei_embed(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[
 # -- rerank --------------------------------------------------------------------------------------
 def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int, float]]:
     """(document index, score) highest first, ties in input order, cut at `top`. The score is
-    the cross-encoder's sigmoid probability, or with `raw` its logit."""
-    probs = np.array([float(r.scores[0]) for r in results], dtype=np.float64)  # type: ignore[index]
+    the cross-encoder's sigmoid probability, or with `raw` its logit; a multivector model's
+    (its answers are token vectors: the query's, then each document's) MaxSim, raw or not."""
+    if results and results[0].flags & L.RSP_TOKENS:
+        probs = multivector.rerank_scores(results)
+        raw = False
+    else:
+        probs = np.array([float(r.scores[0]) for r in results], dtype=np.float64)  # type: ignore[index]
     if raw:
         p = np.clip(probs, 1e-45, 1 - 1e-7)
         probs = np.log(p) - np.log1p(-p)
@@ -180,8 +185,11 @@ def ranked(results: list[Result], top: int, raw: bool = False) -> list[tuple[int
 
 
 def rerank_pairs(info: ModelInfo, body: Rerank, docs: list[str]) -> Ask:
-    """Each document after the query, one pair a worker payload."""
+    """Each document after the query, one pair a worker payload; for a multivector model, the
+    query, then each document (multivector.rerank_ask)."""
     needs_task(info, "rerank")
+    if multivector.is_multivector(info):
+        return multivector.rerank_ask(info, body, body.query, docs)
     query = body.query.encode() + L.PAIR_SEPARATOR
     return ask(body, [query + d.encode() for d in docs], "rerank", info)
 

@@ -43,7 +43,7 @@ def model_type(info: ModelInfo) -> dict[str, Any]:
     if tasks_[0] == "embed":
         pooling = str(info.manifest.extra.get("pooling", "mean"))
         return {"embedding": {"pooling": pooling}}
-    kind = "reranker" if tasks_[0] == "rerank" else "classifier"
+    kind = "reranker" if tasks_[0] in ("rerank", "multivector") else "classifier"
     id2label = {str(i): name for i, name in enumerate(labels)}
     return {kind: {"id2label": id2label, "label2id": {n: i for i, n in enumerate(labels)}}}
 
@@ -242,6 +242,7 @@ def tei_embed_all(
     from the same forward pass as the embedding (an ONNX Runtime artifact built with them)."""
     body = decode(ex, bodies.of(server.settings).embed_all)
     info = request_model(server, body)
+    needs_task(info, "embed")  # a multivector model's token vectors: /v1/embeddings/multi
     width = token_vectors_width(info)
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     texts = prompts.with_prompt(info.manifest, body.prompt_name, [t.encode() for t in inputs])

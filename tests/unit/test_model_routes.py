@@ -72,6 +72,7 @@ def model(name: str, labels: list[str], task: list[str], index: int) -> Any:
         fingerprint=f"fp-{name}",
         extra={},
         int8={},
+        multivector={},
     )
     return SimpleNamespace(
         name=name,

@@ -138,12 +138,13 @@ def precision_flags(checked: Any, n: int) -> list[int]:
 def token_answer(
     it: Item, states: Any, bucket: int, queued_us: int, model_us: int, aux: int
 ) -> Answer:
-    """A text's token vectors (its first k rows of the batch's states: rows are right padded)."""
-    k = len(it.ids)
-    vectors = np.ascontiguousarray(states[:k], dtype=np.float32)
+    """A text's token vectors (its first k rows of the batch's states: rows are right padded),
+    or the rows it keeps (a multivector document's, its skiplist tokens left out)."""
+    rows = states[: len(it.ids)] if it.rows is None else states[it.rows]
+    vectors = np.ascontiguousarray(rows, dtype=np.float32)
     head = L.pack_response(
         L.STATUS_OK, bucket, 0, vectors.shape[1], queued_us, model_us, it.flags | L.RSP_TOKENS,
-        k, it.tokens,
+        len(vectors), it.tokens,
     )  # fmt: skip
     return (it.msg_id, head + vectors.tobytes(), aux, 0)
 

@@ -66,6 +66,7 @@ class Item:
     both: bool = False  # answer the scores, then the embedding (shm.layout.OPT_BOTH)
     token_vectors: bool = False  # answer the token states (shm.layout.OPT_TOKENS)
     bulk: bool = False  # a bulk text (shm.layout.OPT_BULK): interactive texts go first
+    rows: list[int] | None = None  # token rows its token vectors keep (None: all its tokens)
 
 
 def bucket_index(buckets: tuple[int, ...], length: int) -> int:

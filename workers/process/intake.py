@@ -112,7 +112,7 @@ def admit(served: Served, keep: list[Kept], plans: list[Plan], now: int) -> list
             p = plan.pieces[0]
             add(Item(msg_id, deadline, now, p.ids, types=p.types, tokens=plan.tokens,
                      flags=plan.flags, embed=embed, bulk=bulk, both=both,
-                     token_vectors=tokens))  # fmt: skip
+                     token_vectors=tokens, rows=p.rows))  # fmt: skip
         else:  # windows: one Whole answers once, when its last window is scored
             whole = Whole(msg_id, plan.tokens, now, left=len(plan.pieces), embed=embed, both=both)
             whole.scores = [None] * len(plan.pieces)

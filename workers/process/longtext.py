@@ -28,6 +28,7 @@ class Piece:
 
     ids: list[int]
     types: list[int] | None
+    rows: list[int] | None = None  # the token rows a multivector answer keeps (None: all)
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from ringserve.shm.control import ControlBlock
 from ringserve.workers.artifact import as_served, load_manifest, load_model, load_tokenizer
 from ringserve.workers.process.batcher import Batcher, default_grid, pad_grid
 from ringserve.workers.process.longtext import LongText
+from ringserve.workers.process.multivector import MultiVectorText
 from ringserve.workers.runtimes.cpu import ACTIVATIONS, Runner, joined, ort_runner
 from ringserve.workers.runtimes.onnx_model import choose_runtime
 from ringserve.workers.spec import ModelRef, WorkerSpec, is_gpu_device
@@ -112,6 +113,22 @@ def token_room(max_payload: int, runner: Any) -> int:
     return max(0, (max_payload // 2 - L.RESPONSE_SIZE) // (4 * width))
 
 
+def check_multivector_room(max_payload: int, runner: Any, max_len: int) -> None:
+    """A multivector (ColBERT) model answers token vectors only: its runner must give them
+    (ONNX Runtime, OpenVINO) and the response ring must hold a text's longest answer."""
+    room = token_room(max_payload, runner)
+    if not room:
+        raise RuntimeError(
+            "a multivector (ColBERT) model serves on ONNX Runtime or OpenVINO, the runtimes "
+            "that give token vectors (--runtime onnx; not on a GPU)"
+        )
+    if room < max_len:
+        raise RuntimeError(
+            f"the response ring holds the vectors of {room} tokens, the model's texts have up "
+            f"to {max_len} (raise --ring-slots)"
+        )
+
+
 class Loader:
     """Builds a worker's Served models one at a time. `model_ok` tells a device's failure from
     a bad model: it is set once the current model's CPU weights are loaded; `started` holds,
@@ -144,6 +161,8 @@ class Loader:
         longtext = LongText(
             tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows,
             manifest.token_types,
+        ) if not manifest.multivector else MultiVectorText(
+            tokenizer, max_len, manifest.multivector
         )  # fmt: skip
         self.ctl.beat()
         n_labels = len(manifest.labels)
@@ -159,6 +178,8 @@ class Loader:
                                         pre))  # fmt: skip
             self.ctl.beat()
         runner = runners[0]
+        if manifest.multivector:
+            check_multivector_room(self.max_payload, runner, max_len)
         delay_ns = int(spec.max_delay_ms * 1e6)
         batcher = Batcher(
             spec.max_batch, spec.max_batch_tokens, delay_ns, grid, runner.overhead_tokens

@@ -75,8 +75,8 @@ def fill_rows(ids: np.ndarray, mask: np.ndarray, batch: list[Item]) -> int:
         k = len(item.ids)
         ids[row, :k] = item.ids
         mask[row, :k] = 1
-        if item.types is not None:  # a pair on a model with token types: 2 marks segment B
-            mask[row, :k] += item.types
+        if item.types is not None:  # a pair on a model with token types: 2 marks segment B;
+            mask[row, :k] += item.types  # -1 a ColBERT query's unattended expansion (mask 0)
         tokens += k
     return tokens
 

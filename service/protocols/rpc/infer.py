@@ -17,7 +17,7 @@ from typing import Any
 
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.protocols import kserve
+from ringserve.service.protocols import kserve, multivector
 from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import find_model
@@ -92,43 +92,49 @@ def read_input(
     return texts
 
 
-PLAIN_OUTPUTS: dict[tuple[tuple[str, ...], bool, bool, bool], tuple[tuple[str, bool], ...]] = {}
+Kinds = tuple[bool, bool, bool]  # the model's embeds, embed_only, multivector
+PLAIN_OUTPUTS: dict[tuple[tuple[str, ...], bool, Kinds], tuple[tuple[str, bool], ...]] = {}
 
 
 def asked_outputs(
-    outputs: list[dict[str, Any]], default: bool, embeds: bool, embed_only: bool
+    outputs: list[dict[str, Any]], default: bool, kinds: Kinds
 ) -> tuple[list[tuple[str, bool]], dict[str, Any]]:
     """(name, raw) for each output to answer, in the order asked for, read as HTTP's
     (kserve.read_outputs; an output without parameters as HTTP's without any), and the document
-    they were read from."""
+    they were read from. `kinds`: the model's (kinds_of)."""
     doc = {"parameters": {"binary_data_output": default}, "outputs": outputs}
-    asked = kserve.read_outputs(doc, embeds, embed_only)
+    asked = kserve.read_outputs(doc, *kinds)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     return [(name, raw_out) for name, _ in asked], doc
 
 
+def kinds_of(m: Any) -> Kinds:
+    """What decides a manifest's outputs: embeds, embed_only, multivector."""
+    return m.embeds, m.embed_only, bool(m.multivector)
+
+
 def read_outputs(
-    req: pb.ModelInferRequest, default: bool, embeds: bool, embed_only: bool
+    req: pb.ModelInferRequest, default: bool, kinds: Kinds
 ) -> tuple[list[tuple[str, bool]], dict[str, Placement]]:
     """The outputs to answer, and those written to shared memory."""
     outputs = [
         {"name": o.name, "parameters": params_dict(o.parameters) or None} for o in req.outputs
     ]
-    wanted, doc = asked_outputs(outputs, default, embeds, embed_only)
+    wanted, doc = asked_outputs(outputs, default, kinds)
     return wanted, kserve.output_places(doc)
 
 
 def plain_outputs(
-    key: tuple[tuple[str, ...], bool, bool, bool],
+    key: tuple[tuple[str, ...], bool, Kinds],
 ) -> tuple[tuple[str, bool], ...]:
     """The outputs to answer when none has parameters (the key: their names, the binary
-    default, embeds, embed_only): the same for every call that asks alike, so each such ask is
-    read once and kept (bounded; a refused one is never kept)."""
+    default, the model's kinds_of): the same for every call that asks alike, so each such ask
+    is read once and kept (bounded; a refused one is never kept)."""
     found = PLAIN_OUTPUTS.get(key)
     if found is None:
-        names, default, embeds, embed_only = key
+        names, default, kinds = key
         plain = [{"name": name, "parameters": None} for name in names]
-        wanted, _ = asked_outputs(plain, default, embeds, embed_only)
+        wanted, _ = asked_outputs(plain, default, kinds)
         if len(PLAIN_OUTPUTS) >= 256:
             PLAIN_OUTPUTS.clear()
         found = PLAIN_OUTPUTS[key] = tuple(wanted)
@@ -161,10 +167,10 @@ def read_request(
     default = bool(params.get("binary_data_output", True))
     places: dict[str, Placement] = {}
     if not any(o.parameters for o in req.outputs):  # the usual call: read once, then kept
-        plain = (tuple(o.name for o in req.outputs), default, m.embeds, m.embed_only)
+        plain = (tuple(o.name for o in req.outputs), default, kinds_of(m))
         wanted = list(plain_outputs(plain))
     else:
-        wanted, places = read_outputs(req, default, m.embeds, m.embed_only)
+        wanted, places = read_outputs(req, default, kinds_of(m))
     level = checked.priority
     priority = asked_priority(int(level) if isinstance(level, float) else level, "priority")  # 0 up
     deadline = deadline_of(None if checked.timeout is None else int(checked.timeout))
@@ -183,8 +189,12 @@ def set_param(p: pb.InferParameter, value: Any) -> None:
 
 def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
     info = job.info
-    encoder = kserve.encoder_for(info.labels, info.manifest.normalize)
+    multi = bool(info.manifest.multivector)
+    labels = multivector.KSERVE_LABELS if multi else info.labels
+    encoder = kserve.encoder_for(labels, info.manifest.normalize)
     joined = kserve.one_pass(job.ask.options)
+    if multi:  # each pair's MaxSim, as one score
+        results = multivector.kserve_results(results)
     tensors, blobs = encoder.tensors(results, job.wanted, job.places, joined)
     rsp = pb.ModelInferResponse(
         model_name=info.name, model_version=str(info.version), id=job.request_id

@@ -13,6 +13,7 @@ from ringserve.service.protocols.schemas import (
     UnsetType,
     cohere,
     kserve,
+    multivector,
     narrowed,
     tasks,
     tei,
@@ -44,6 +45,7 @@ class Bodies:
     repository_unload: type[kserve.RepositoryUnload] = kserve.RepositoryUnload
     register_region: type[kserve.RegisterRegion] = kserve.RegisterRegion
     anything: type[kserve.Anything] = kserve.Anything
+    multi_embeddings: type[multivector.MultiEmbeddings] = multivector.MultiEmbeddings
 
 
 def _list(item: Any, limit: int) -> Any:
@@ -72,6 +74,7 @@ def bodies(max_texts: int, max_documents: int) -> Bodies:
         tokenize=narrowed(tei.Tokenize, inputs=Text | texts),
         decode=tei.Decode,  # as /v1/embeddings' input: the count of a batch checked after
         embed_all=narrowed(tei.EmbedAll, inputs=Text | texts),
+        multi_embeddings=narrowed(multivector.MultiEmbeddings, input=Text | texts),
     )
 
 

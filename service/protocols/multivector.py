@@ -1,0 +1,138 @@
+"""Multivector (ColBERT) models in the front-end: POST /v1/embeddings/multi, and the MaxSim
+score the rerank routes (TEI's /rerank, Cohere's /v1/rerank and /v2/rerank, KServe's infer
+over HTTP and gRPC) give such a model.
+
+Every text is an ordinary request to the dispatcher asking for its token vectors
+(shm/layout.py OPT_TOKENS; a query's with OPT_QUERY), so queries and documents batch by length
+with everyone else's texts and are re-sent when a worker dies. The worker tokenizes them as
+PyLate does and answers the normalized projected vectors of the tokens kept
+(workers/process/multivector.py). MaxSim is computed here, once the texts are in: for each
+query token the largest dot product with the document's tokens, summed over the query's
+tokens: one matrix product over all the documents of a request.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import orjson
+from ringserve.service.engine.requests import Ask, Result
+from ringserve.service.model_info import ModelInfo
+from ringserve.service.protocols import admit
+from ringserve.service.protocols.admit import latency_header
+from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.routes import Router, inference, needs_task, request_model
+from ringserve.service.protocols.schemas import Truncation, decode
+from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.views import FrontView
+from ringserve.shm import layout as L
+
+TASK = "multivector"
+# The label of a KServe answer's one score column (its `scores` [N, 1]: MaxSim).
+KSERVE_LABELS = ["maxsim"]
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def is_multivector(info: ModelInfo) -> bool:
+    return bool(info.manifest.multivector)
+
+
+def matrix(r: Result) -> np.ndarray:
+    """A text's token vectors [k, D] from its answer (shm/layout.py RSP_TOKENS)."""
+    return np.asarray(r.scores, dtype=np.float32).reshape(r.windows, -1)
+
+
+def maxsim(query: np.ndarray, docs: list[np.ndarray]) -> np.ndarray:
+    """MaxSim of the query's token vectors [q, D] with each document's [k, D]: for each query
+    token its largest dot product with the document's tokens, summed (float64 throughout).
+    A document without a token scores 0."""
+    out = np.zeros(len(docs), dtype=np.float64)
+    some = [i for i, d in enumerate(docs) if len(d)]
+    if not some:
+        return out
+    stacked = np.concatenate([docs[i] for i in some]).astype(np.float64)
+    sims = query.astype(np.float64) @ stacked.T  # [q, all tokens]
+    starts = np.cumsum([0] + [len(docs[i]) for i in some[:-1]])
+    out[some] = np.maximum.reduceat(sims, starts, axis=1).sum(axis=0)
+    return out
+
+
+def rerank_ask(info: ModelInfo, body: Truncation, query: str, docs: list[str]) -> Ask:
+    """The query's token vectors, then each document's: one group, one answer."""
+    opts = body.options() | L.OPT_TOKENS
+    payloads = [query.encode(), *[d.encode() for d in docs]]
+    options = [opts | L.OPT_QUERY] + [opts] * len(docs)
+    return Ask(payloads, options, "rerank", info.index)
+
+
+def rerank_scores(results: list[Result]) -> np.ndarray:
+    """Each document's MaxSim with the query, from a rerank_ask group's answers."""
+    return maxsim(matrix(results[0]), [matrix(r) for r in results[1:]])
+
+
+def kserve_ask(
+    payloads: list[bytes],
+    opts: int,
+    info: ModelInfo,
+    deadline: int,
+    priority: int | None,
+    protocol: str,
+) -> Ask:
+    """KServe's rerank: each `text` (a query) with its `text_pair` (a document), as
+    kserve.join_pairs joined them; each pair's query then its document, in order."""
+    split = [p.split(L.PAIR_SEPARATOR, 1) for p in payloads]
+    if any(len(parts) != 2 for parts in split):
+        raise HttpError(
+            400,
+            f"model {info.name} scores a query (text) against a document (text_pair) by "
+            "MaxSim: give input text_pair",
+        )
+    texts = [part for parts in split for part in parts]
+    opts |= L.OPT_TOKENS
+    options = [opts | L.OPT_QUERY, opts] * len(split)
+    return Ask(texts, options, "rerank", info.index, deadline, priority, protocol)
+
+
+def kserve_results(results: list[Result]) -> list[Result]:
+    """A kserve_ask group's answers as one result a pair: its MaxSim as the one score, the
+    document's token count, and both texts' long-text flags."""
+    out = []
+    for q, d in zip(results[::2], results[1::2], strict=True):
+        score = maxsim(matrix(q), [matrix(d)]).astype(np.float32)
+        out.append(Result(L.STATUS_OK, 0, score, flags=(q.flags | d.flags) & ~L.RSP_TOKENS,
+                          tokens=d.tokens))  # fmt: skip
+    return out
+
+
+def token_json(vectors: np.ndarray) -> bytes:
+    return orjson.dumps(np.ascontiguousarray(vectors, dtype=np.float32), option=_NUMPY)
+
+
+def multi_embeddings(
+    server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]
+) -> None:
+    """POST /v1/embeddings/multi: each text's token vectors, as a query or a document."""
+    body = decode(ex, bodies.of(server.settings).multi_embeddings)
+    info = request_model(server, body)
+    needs_task(info, TASK)
+    inputs = [body.input] if isinstance(body.input, str) else body.input
+    opts = body.options() | L.OPT_TOKENS | (L.OPT_QUERY if body.input_type == "query" else 0)
+    ask = Ask([t.encode() for t in inputs], opts, "embed", info.index)
+    name = json.dumps(info.name).encode()
+
+    def done(results: list[Result]) -> None:
+        data = b",".join(
+            b'{"index":%d,"embedding":%s}' % (i, token_json(matrix(r)))
+            for i, r in enumerate(results)
+        )
+        tokens = sum(r.tokens for r in results)
+        usage = b'{"prompt_tokens":%d,"total_tokens":%d}' % (tokens, tokens)
+        answer = b'{"object":"list","data":[%s],"model":%s,"usage":%s}' % (data, name, usage)
+        conn.respond(ex, 200, answer, extra=[latency_header(conn, ex)])
+
+    admit.submit(server.admission, conn, ex, ask, done)
+
+
+def routes(router: Router) -> None:
+    router.add("POST", "/v1/embeddings/multi", inference(router.server, multi_embeddings))
