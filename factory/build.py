@@ -331,12 +331,16 @@ def build_hf_artifact(
     """An artifact from a HF `save_pretrained` directory of a supported sequence classifier, a
     sentence-transformers directory, or a base model with `pooling` (factory/embedder.py)."""
     from ringserve.factory.embedder import embed_source
+    from ringserve.factory.sparse import build_sparse_artifact, sparse_source
 
     source = Path(source_dir)
     if not (source / "config.json").is_file():
         raise ArtifactError(f"{source}: no config.json (not a Hugging Face model directory)")
     with _building(source):
-        embed = embed_source(source, pooling)
+        sparse = sparse_source(source, pooling)  # a SparseEncoder, or an MLM with splade
+        embed = None if sparse is not None else embed_source(source, pooling)
+    if sparse is not None:
+        return build_sparse_artifact(Path(out_dir), source, sparse, name, max_length)
     if embed is not None:
         return _embed_artifact(Path(out_dir), source, embed, name, max_length)
     model, config, length = _hf_model(source, max_length)

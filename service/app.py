@@ -34,6 +34,7 @@ from ringserve.service.protocols.control import ControlProtocol, choose_control_
 from ringserve.service.protocols.handover import fetch_listeners, listen, live_peer
 from ringserve.service.protocols.http import HttpProtocol, HttpServerState
 from ringserve.service.protocols.routes import Router, v1_routes
+from ringserve.service.protocols.sparse_api import sparse_routes
 from ringserve.service.protocols.tasks import task_routes
 from ringserve.service.protocols.tei_api import tei_routes
 from ringserve.service.repository import Repository
@@ -95,6 +96,7 @@ class App:
         task_routes(router)
         tei_routes(router)  # TEI's /info, /predict, /tokenize, ... and POST /
         cohere_routes(router)  # Cohere's v2
+        sparse_routes(router)  # a SPLADE model's /embed_sparse and /v1/embeddings/sparse
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener
             self.add_metrics(router)

@@ -87,6 +87,9 @@ RESPONSE_SIZE = RESPONSE.size  # 24
 RSP_TRUNCATED = 1
 RSP_WINDOWED = 2
 RSP_TOKENS = 4  # the payload is `windows` token vectors of n floats each (OPT_TOKENS)
+# A sparse model's answer (workers/process/sparse.py): n term ids (u32, ascending), then their n
+# weights (f32); `limit` > 0: the text had more nonzero terms, the heaviest `limit` were kept.
+RSP_SPARSE = 8
 
 STATUS_OK = 0
 STATUS_BAD_REQUEST = 1

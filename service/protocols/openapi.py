@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ringserve.service.protocols import errors, schemas
+from ringserve.service.protocols import errors, schemas, sparse_terms
 from ringserve.service.protocols.auth import OPEN_PATH
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
@@ -35,6 +35,7 @@ from ringserve.service.protocols.schemas import cohere as cohere_structs
 from ringserve.service.protocols.schemas import kserve as kserve_structs
 from ringserve.service.protocols.schemas import operator as operator_structs
 from ringserve.service.protocols.schemas import server as server_bodies
+from ringserve.service.protocols.schemas import sparse as sparse_structs
 from ringserve.service.protocols.schemas import tasks as task_schemas
 from ringserve.service.protocols.schemas import tei as tei_structs
 from ringserve.service.protocols.schemas import v1 as v1_schemas
@@ -293,6 +294,7 @@ def routes(f: Facts) -> dict[tuple[str, str], Route]:
         **task_routes(f),
         **operator_routes(f),
         **kserve_routes(f),
+        **sparse_routes(f),
     }
 
 
@@ -542,6 +544,27 @@ def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
             f, "Rerank documents, in Cohere's v2 shape", "rerank",
             ("highest score first", (rerank_in, rerank_out)),
             {"query": "films", "documents": ["a film", "a cat"]},
+        ),
+    }  # fmt: skip
+
+
+# -- a sparse (SPLADE) model: service/protocols/sparse_api.py ------------------------------------
+SPARSE_RULES = (r"^model .* gives no sparse vectors", PROMPT_RULE)
+
+
+def sparse_routes(f: Facts) -> dict[tuple[str, str], Route]:
+    tei = (body(f, "embed_sparse"), answer(f, "embed_sparse"))
+    ours = (body(f, "sparse_embeddings"), answer(f, "sparse_embeddings"))
+    return {
+        ("POST", "/embed_sparse"): task_route(
+            f, "Sparse vectors (SPLADE), in TEI's shape", "sparse",
+            ("a list a text of its nonzero terms, ids ascending", tei),
+            {"inputs": ["a fine film"]}, SPARSE_RULES,
+        ),
+        ("POST", "/v1/embeddings/sparse"): task_route(
+            f, "Sparse vectors (SPLADE): indices and values a text, pruned on request", "sparse",
+            ("each text's nonzero terms, ids ascending", ours),
+            {"input": "a fine film", "top_k": 64, "return_tokens": True}, SPARSE_RULES,
         ),
     }  # fmt: skip
 
@@ -796,6 +819,7 @@ def _answers(
 ) -> tuple[dict[str, Schema], Schema]:
     one, batch = v1_schemas.answers(labels, max_texts)
     outputs = ("scores", "label", *(("embedding",) if "embed" in tasks else ()))
+    outputs = sparse_terms.OUTPUTS if "sparse" in tasks else outputs
     kserve_answers = kserve_structs.answers(names, VERSION, outputs, max_texts)
     parts = [
         {"classify": one, "classify_batch": batch},
@@ -807,6 +831,7 @@ def _answers(
         {"cohere_embed": cohere_structs.embed_answer(dimension)},
         {f"kserve_{k}": v for k, v in kserve_answers.items()},
         operator_structs.health_answers(),
+        sparse_structs.answers(max_texts),
     ]
     kinds: dict[str, Any] = {}
     for part in parts:

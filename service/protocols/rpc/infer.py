@@ -92,43 +92,45 @@ def read_input(
     return texts
 
 
-PLAIN_OUTPUTS: dict[tuple[tuple[str, ...], bool, bool, bool], tuple[tuple[str, bool], ...]] = {}
+PLAIN_OUTPUTS: dict[
+    tuple[tuple[str, ...], bool, bool, bool, bool], tuple[tuple[str, bool], ...]
+] = {}
 
 
 def asked_outputs(
-    outputs: list[dict[str, Any]], default: bool, embeds: bool, embed_only: bool
+    outputs: list[dict[str, Any]], default: bool, embeds: bool, embed_only: bool, sparse: bool
 ) -> tuple[list[tuple[str, bool]], dict[str, Any]]:
     """(name, raw) for each output to answer, in the order asked for, read as HTTP's
     (kserve.read_outputs; an output without parameters as HTTP's without any), and the document
     they were read from."""
     doc = {"parameters": {"binary_data_output": default}, "outputs": outputs}
-    asked = kserve.read_outputs(doc, embeds, embed_only)
+    asked = kserve.read_outputs(doc, embeds, embed_only, sparse)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     return [(name, raw_out) for name, _ in asked], doc
 
 
 def read_outputs(
-    req: pb.ModelInferRequest, default: bool, embeds: bool, embed_only: bool
+    req: pb.ModelInferRequest, default: bool, embeds: bool, embed_only: bool, sparse: bool
 ) -> tuple[list[tuple[str, bool]], dict[str, Placement]]:
     """The outputs to answer, and those written to shared memory."""
     outputs = [
         {"name": o.name, "parameters": params_dict(o.parameters) or None} for o in req.outputs
     ]
-    wanted, doc = asked_outputs(outputs, default, embeds, embed_only)
+    wanted, doc = asked_outputs(outputs, default, embeds, embed_only, sparse)
     return wanted, kserve.output_places(doc)
 
 
 def plain_outputs(
-    key: tuple[tuple[str, ...], bool, bool, bool],
+    key: tuple[tuple[str, ...], bool, bool, bool, bool],
 ) -> tuple[tuple[str, bool], ...]:
     """The outputs to answer when none has parameters (the key: their names, the binary
-    default, embeds, embed_only): the same for every call that asks alike, so each such ask is
-    read once and kept (bounded; a refused one is never kept)."""
+    default, embeds, embed_only, sparse): the same for every call that asks alike, so each such
+    ask is read once and kept (bounded; a refused one is never kept)."""
     found = PLAIN_OUTPUTS.get(key)
     if found is None:
-        names, default, embeds, embed_only = key
+        names, default, embeds, embed_only, sparse = key
         plain = [{"name": name, "parameters": None} for name in names]
-        wanted, _ = asked_outputs(plain, default, embeds, embed_only)
+        wanted, _ = asked_outputs(plain, default, embeds, embed_only, sparse)
         if len(PLAIN_OUTPUTS) >= 256:
             PLAIN_OUTPUTS.clear()
         found = PLAIN_OUTPUTS[key] = tuple(wanted)
@@ -161,10 +163,10 @@ def read_request(
     default = bool(params.get("binary_data_output", True))
     places: dict[str, Placement] = {}
     if not any(o.parameters for o in req.outputs):  # the usual call: read once, then kept
-        plain = (tuple(o.name for o in req.outputs), default, m.embeds, m.embed_only)
+        plain = (tuple(o.name for o in req.outputs), default, m.embeds, m.embed_only, m.sparse)
         wanted = list(plain_outputs(plain))
     else:
-        wanted, places = read_outputs(req, default, m.embeds, m.embed_only)
+        wanted, places = read_outputs(req, default, m.embeds, m.embed_only, m.sparse)
     level = checked.priority
     priority = asked_priority(int(level) if isinstance(level, float) else level, "priority")  # 0 up
     deadline = deadline_of(None if checked.timeout is None else int(checked.timeout))
@@ -206,6 +208,8 @@ def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
                 rsp.raw_output_contents.append(b"")
         elif tensor["datatype"] == "BYTES":
             out.contents.bytes_contents.extend([s.encode() for s in tensor["data"]])
+        elif tensor["datatype"] == "INT32":  # a sparse model's term ids and counts
+            out.contents.int_contents.extend(tensor["data"])
         else:
             out.contents.fp32_contents.extend(tensor["data"])
     return rsp

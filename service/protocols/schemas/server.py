@@ -14,6 +14,7 @@ from ringserve.service.protocols.schemas import (
     cohere,
     kserve,
     narrowed,
+    sparse,
     tasks,
     tei,
     texts_of,
@@ -38,6 +39,8 @@ class Bodies:
     tokenize: type[tei.Tokenize]
     decode: type[tei.Decode]
     embed_all: type[tei.EmbedAll]
+    embed_sparse: type[sparse.EmbedSparse]
+    sparse_embeddings: type[sparse.SparseEmbeddings]
     infer: type[kserve.Infer] = kserve.Infer
     repository_index: type[kserve.RepositoryIndex] = kserve.RepositoryIndex
     repository_load: type[kserve.RepositoryLoad] = kserve.RepositoryLoad
@@ -72,6 +75,8 @@ def bodies(max_texts: int, max_documents: int) -> Bodies:
         tokenize=narrowed(tei.Tokenize, inputs=Text | texts),
         decode=tei.Decode,  # as /v1/embeddings' input: the count of a batch checked after
         embed_all=narrowed(tei.EmbedAll, inputs=Text | texts),
+        embed_sparse=narrowed(sparse.EmbedSparse, inputs=Text | texts),
+        sparse_embeddings=narrowed(sparse.SparseEmbeddings, input=Text | texts),
     )
 
 
