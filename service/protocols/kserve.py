@@ -209,7 +209,7 @@ def class_outputs(
 ) -> list[dict[str, Any]]:
     """`scores` and `label`, for a model that classifies (an embed-only or a sparse one gives
     neither)."""
-    if info.manifest.embed_only or info.manifest.sparse:
+    if info.manifest.embed_only or "sparse" in info.manifest.task:
         return []
     return [
         {"name": "scores", kind: types[0], dims: [-1, len(info.labels)]},
@@ -224,7 +224,7 @@ def embedding_output(info: ModelInfo, kind: str, fp32: str, dims: str) -> list[d
 
 def sparse_outputs(info: ModelInfo, kind: str, dims: str, types: dict[str, str]) -> list[Any]:
     """A sparse model's three outputs (service/protocols/sparse_terms.py)."""
-    return sparse_terms.kserve_outputs(kind, dims, types) if info.manifest.sparse else []
+    return sparse_terms.kserve_outputs(kind, dims, types) if "sparse" in info.manifest.task else []
 
 
 def task_parameters(info: ModelInfo) -> dict[str, Any]:
@@ -470,7 +470,7 @@ def request_ask(
     with OPT_EMBED (two passes, one group)."""
     opts = long_text_options(params, "parameters.")
     model = info.index
-    if info.manifest.sparse:  # one answer a text: its terms, whatever outputs are asked
+    if "sparse" in info.manifest.task:  # one answer a text: its terms, whatever outputs are asked
         return Ask(texts, opts, "sparse", model, deadline, priority, protocol)
     classify, embed = passes(wanted)
     if not embed:
@@ -674,7 +674,7 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     request_id = doc.get("id")
     texts = read_texts(server, doc, blob)
     m = info.manifest
-    wanted = read_outputs(doc, m.embeds, m.embed_only, m.sparse)
+    wanted = read_outputs(doc, m.embeds, m.embed_only, "sparse" in m.task)
     parameters = as_dict(doc.get("parameters"), "parameters")
     deadline = request_deadline(server, ex, doc) or 0  # 0: the header's, or the default
     asked = parameters.get("priority")

@@ -26,7 +26,7 @@ _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # float32 weights in their shortest form
 
 def needs_sparse(info: ModelInfo) -> None:
     """400 naming the model's tasks when it gives no sparse vectors."""
-    if not info.manifest.sparse:
+    if "sparse" not in info.manifest.task:
         tasks = ", ".join(info.manifest.task)
         raise HttpError(
             400,

@@ -59,9 +59,7 @@ def assert_equal_vectors(got: np.ndarray, want: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("family", ["bert", "distilbert", "roberta"])
-def test_a_masked_lm_with_splade_pooling_equals_sparse_encoder(
-    family: str, tmp_path: Path
-) -> None:
+def test_a_masked_lm_with_splade_pooling_equals_sparse_encoder(family: str, tmp_path: Path) -> None:
     source = save_mlm(family, tmp_path)
     artifact = exported(source, tmp_path / "art", "--pooling", "splade")
     manifest = load_manifest(artifact)

@@ -163,10 +163,16 @@ def read_request(
     default = bool(params.get("binary_data_output", True))
     places: dict[str, Placement] = {}
     if not any(o.parameters for o in req.outputs):  # the usual call: read once, then kept
-        plain = (tuple(o.name for o in req.outputs), default, m.embeds, m.embed_only, m.sparse)
+        plain = (
+            tuple(o.name for o in req.outputs),
+            default,
+            m.embeds,
+            m.embed_only,
+            "sparse" in m.task,
+        )
         wanted = list(plain_outputs(plain))
     else:
-        wanted, places = read_outputs(req, default, m.embeds, m.embed_only, m.sparse)
+        wanted, places = read_outputs(req, default, m.embeds, m.embed_only, "sparse" in m.task)
     level = checked.priority
     priority = asked_priority(int(level) if isinstance(level, float) else level, "priority")  # 0 up
     deadline = deadline_of(None if checked.timeout is None else int(checked.timeout))
