@@ -552,6 +552,14 @@ def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
 SPARSE_RULES = (r"^model .* gives no sparse vectors", PROMPT_RULE)
 
 
+def sparse_outputs_rule(f: Facts) -> tuple[str, ...]:
+    """KServe's outputs of another kind of model than this one (sparse_terms.OUTPUTS are a
+    sparse model's only)."""
+    if "sparse" in f.tasks:
+        return (r"^unknown output '\w+': the model gives sparse_indices",)
+    return (r"^unknown output 'sparse_\w+': the model gives",)
+
+
 def sparse_routes(f: Facts) -> dict[tuple[str, str], Route]:
     tei = (body(f, "embed_sparse"), answer(f, "embed_sparse"))
     ours = (body(f, "sparse_embeddings"), answer(f, "sparse_embeddings"))
@@ -779,7 +787,7 @@ def kserve_model_routes(f: Facts, k: dict[str, Schema], base: str) -> dict[tuple
             infer_in,
             inference=True,
             model_path=True,
-            beyond_schema=(*INFER_RULES, *needs(f, "classify")),
+            beyond_schema=(*INFER_RULES, *needs(f, "classify"), *sparse_outputs_rule(f)),
             description=INFER_DESCRIPTION,
             examples={"one": INFER_EXAMPLE},
         ),
