@@ -340,6 +340,7 @@ def build_hf_artifact(
     ColBERT checkpoint, PyLate's or Stanford's (factory/colbert.py)."""
     from ringserve.factory import colbert
     from ringserve.factory.embedder import embed_source
+    from ringserve.factory.sparse import build_sparse_artifact, sparse_source
 
     source = Path(source_dir)
     if not (source / "config.json").is_file():
@@ -351,7 +352,10 @@ def build_hf_artifact(
             raise ArtifactError(f"{source}: a ColBERT checkpoint has no pooling (--pooling)")
         return colbert.build_colbert_artifact(Path(out_dir), source, name, max_length, _publish)
     with _building(source):
-        embed = embed_source(source, pooling)
+        sparse = sparse_source(source, pooling)  # a SparseEncoder, or an MLM with splade
+        embed = None if sparse is not None else embed_source(source, pooling)
+    if sparse is not None:
+        return build_sparse_artifact(Path(out_dir), source, sparse, name, max_length)
     if embed is not None:
         return _embed_artifact(Path(out_dir), source, embed, name, max_length)
     model, config, length = _hf_model(source, max_length)

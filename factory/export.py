@@ -17,6 +17,7 @@ from ringserve.factory.build import (
     read_head,
 )
 from ringserve.factory.embedder import POOLINGS
+from ringserve.factory.sparse import SPLADE
 from ringserve.workers.artifact import ArtifactError, load_manifest
 
 
@@ -38,9 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--head", type=Path, help="head JSON (from ringserve train)")
     parser.add_argument(
         "--pooling",
-        choices=POOLINGS,
+        choices=(*POOLINGS, SPLADE),
         default=None,
-        help="with --from a base model (BertModel, ...): an embed model pooling this way",
+        help="with --from a base model (BertModel, ...): an embed model pooling this way; "
+        "splade with a masked-language model (BertForMaskedLM, ...): a sparse model",
     )
     parser.add_argument("--out", type=Path, required=True, help="artifact directory to write")
     parser.add_argument("--name", default=None, help="model name (default: the --out dir name)")

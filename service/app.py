@@ -35,6 +35,7 @@ from ringserve.service.protocols.control import ControlProtocol, choose_control_
 from ringserve.service.protocols.handover import fetch_listeners, listen, live_peer
 from ringserve.service.protocols.http import HttpProtocol, HttpServerState
 from ringserve.service.protocols.routes import Router, v1_routes
+from ringserve.service.protocols.sparse_api import sparse_routes
 from ringserve.service.protocols.tasks import task_routes
 from ringserve.service.protocols.tei_api import tei_routes
 from ringserve.service.protocols.tls import Tls, TlsError, load_tls
@@ -99,6 +100,7 @@ class App:
         tei_routes(router)  # TEI's /info, /predict, /tokenize, ... and POST /
         cohere_routes(router)  # Cohere's v2
         multivector.routes(router)  # ColBERT's token vectors: /v1/embeddings/multi
+        sparse_routes(router)  # a SPLADE model's /embed_sparse and /v1/embeddings/sparse
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener
             self.add_metrics(router)

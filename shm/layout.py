@@ -93,9 +93,12 @@ RESPONSE_SIZE = RESPONSE.size  # 24
 RSP_TRUNCATED = 1
 RSP_WINDOWED = 2
 RSP_TOKENS = 4  # the payload is `windows` token vectors of n floats each (OPT_TOKENS)
+# A sparse model's answer (workers/process/sparse.py): n term ids (u32, ascending), then their n
+# weights (f32); `limit` > 0: the text had more nonzero terms, the heaviest `limit` were kept.
+RSP_SPARSE = 8
 # --precision int8-checked (workers/runtimes/checked.py): which precision scored the text.
-RSP_INT8 = 8  # int8's scores: its margin was at least the threshold
-RSP_SECOND_LOOK = 16  # fp32's scores: int8's margin was under the threshold (a windowed text:
+RSP_INT8 = 16  # int8's scores: its margin was at least the threshold
+RSP_SECOND_LOOK = 32  # fp32's scores: int8's margin was under the threshold (a windowed text:
 # under it in at least one of its windows)
 
 STATUS_OK = 0

@@ -29,8 +29,8 @@ TAG = struct.Struct("<Q")
 ANSWER = struct.Struct("<QBBHH")  # tag, status, flags, label_id, n; then n x f32
 TRUNCATED = 1  # flags bit 0: the text was cut to the model's max_length
 WINDOWED = 2  # flags bit 1: the text was scored in windows
-INT8 = 8  # flags bit 3 (--precision int8-checked): int8's scores, sure enough
-SECOND_LOOK = 16  # flags bit 4 (--precision int8-checked): fp32's scores, a close call
+INT8 = 16  # flags bit 4 (--precision int8-checked): int8's scores, sure enough
+SECOND_LOOK = 32  # flags bit 5 (--precision int8-checked): fp32's scores, a close call
 SCORE = struct.Struct("<f")
 
 # The statuses an answer may carry are the worker's own, so none needs translating.

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 MANIFEST_FILE = "manifest.json"
 OTHER_FILES = ("onnx_file", "int8_file", "fused_file")  # graphs beside model.pt, when present
 ACTIVATIONS = ("softmax", "sigmoid")
-# "multivector": a ColBERT model's token vectors (factory/colbert.py), with "rerank" by MaxSim.
-TASKS = ("classify", "embed", "rerank", "multivector")
+# "multivector": a ColBERT model's token vectors (factory/colbert.py), with "rerank" by MaxSim;
+# "sparse": a SPLADE model's weights over the vocabulary (factory/sparse.py).
+TASKS = ("classify", "embed", "rerank", "multivector", "sparse")
 
 
 @contextlib.contextmanager
@@ -74,7 +75,8 @@ class Manifest:
     data_files: list[str] = field(default_factory=list)  # the graphs' weights (.data files)
     graphs: dict[str, Any] = field(default_factory=dict)  # the fused graph's ops and drift
     # What the model does: "classify" always; "embed" (the graph also gives the pooled vector
-    # of `dimension` floats, from the same forward), "rerank" (a one-output pair scorer).
+    # of `dimension` floats, from the same forward), "rerank" (a one-output pair scorer),
+    # "sparse" alone (no labels: SPLADE's weights over the vocabulary, factory/sparse.py).
     task: list[str] = field(default_factory=lambda: ["classify"])
     dimension: int = 0
     # Whether the model's own pipeline L2-normalizes its embeddings (sentence-transformers'
@@ -90,6 +92,11 @@ class Manifest:
         """A ColBERT model's settings (factory/colbert.py multivector_extra); {} otherwise."""
         found = self.extra.get("multivector") if "multivector" in self.task else None
         return found if isinstance(found, dict) else {}
+
+    @property
+    def sparse(self) -> bool:
+        """A sparse (SPLADE) model: its answers are weights over the vocabulary."""
+        return "sparse" in self.task
 
     @property
     def embed_only(self) -> bool:

@@ -92,7 +92,7 @@ class Answers:
         # Once a group's reply is written, with the clock then (ops/inference_stats.py).
         self.on_group: Callable[[Group, int], None] | None = None
         # Texts answered (any status) by task; a rerank counts its documents.
-        self.by_task = dict.fromkeys(("classify", "embed", "rerank"), 0)
+        self.by_task = dict.fromkeys(("classify", "embed", "rerank", "sparse"), 0)
 
     def add(self, worker: WorkerLink, loop: asyncio.AbstractEventLoop, owner: Owner) -> None:
         """Read the worker's answers whenever its answer doorbell rings."""

@@ -80,6 +80,7 @@ class Result:
         scores = None
         if status == L.STATUS_OK:
             count = n * windows if flags & L.RSP_TOKENS else n  # token vectors: k rows of n
+            count = 2 * n if flags & L.RSP_SPARSE else count  # n ids (as u32 bits), n weights
             scores = np.frombuffer(payload, dtype="<f4", count=count, offset=L.RESPONSE_SIZE)
         return cls(
             status, label, scores, bucket, queued_us, model_us, flags, tokens, windows, limit,

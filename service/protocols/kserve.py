@@ -5,7 +5,8 @@ the repository extension lists, loads and unloads them through `front.repository
 input `text` (BYTES, shape [N] or [N, 1]) and the
 optional `text_pair` (as many texts, for models that classify a pair), outputs
 `scores` (FP32 [N, C]) and `label` (BYTES [N]), and `embedding` (FP32 [N, D]) for a model that
-embeds: those named, or all when none is (one forward pass answers them all). Tensors travel as
+embeds (a sparse model: `sparse_indices`, `sparse_values`, `sparse_lengths`, sparse_terms.py):
+those named, or all when none is (one forward pass answers them all). Tensors travel as
 JSON or through the binary tensor data extension, in both directions. An infer call's N texts
 are one dispatcher group: one admission, one callback, one answer.
 """
@@ -26,7 +27,7 @@ from ringserve.service.engine.requests import Ask, Options, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import READY, ModelSet
 from ringserve.service.ops.inference_stats import InferenceStats
-from ringserve.service.protocols import admit, multivector, prompts, shm_regions
+from ringserve.service.protocols import admit, multivector, prompts, shm_regions, sparse_terms
 from ringserve.service.protocols.admit import asked_priority, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
@@ -144,6 +145,7 @@ def metadata_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
         "outputs": [
             *class_outputs(info, "datatype", ("FP32", "BYTES"), "shape"),
             *embedding_output(info, "datatype", "FP32", "shape"),
+            *sparse_outputs(info, "datatype", "shape", sparse_terms.DATATYPES),
         ],
         "parameters": task_parameters(info) | {"activation": info.manifest.activation},
     }
@@ -193,15 +195,16 @@ def config_outputs(info: ModelInfo) -> list[dict[str, Any]]:
         spec["dims"] = spec["dims"][1:] or [1]
         if spec["name"] == "label":
             spec["reshape"] = {"shape": []}
-    return out
+    # a sparse model's outputs are flat, of any length: no batch dimension to leave out
+    return out + sparse_outputs(info, "data_type", "dims", sparse_terms.CONFIG_TYPES)
 
 
 def class_outputs(
     info: ModelInfo, kind: str, types: tuple[str, str], dims: str
 ) -> list[dict[str, Any]]:
-    """`scores` and `label`, for a model that classifies (an embed-only one gives neither);
-    a multivector model's `scores` alone, each pair's MaxSim."""
-    if info.manifest.embed_only:
+    """`scores` and `label`, for a model that classifies (an embed-only or a sparse one gives
+    neither); a multivector model's `scores` alone, each pair's MaxSim."""
+    if info.manifest.embed_only or "sparse" in info.manifest.task:
         return []
     if info.manifest.multivector:
         return [{"name": "scores", kind: types[0], dims: [-1, 1]}]
@@ -214,6 +217,11 @@ def class_outputs(
 def embedding_output(info: ModelInfo, kind: str, fp32: str, dims: str) -> list[dict[str, Any]]:
     m = info.manifest
     return [{"name": EMBEDDING, kind: fp32, dims: [-1, m.dimension]}] if m.embeds else []
+
+
+def sparse_outputs(info: ModelInfo, kind: str, dims: str, types: dict[str, str]) -> list[Any]:
+    """A sparse model's three outputs (service/protocols/sparse_terms.py)."""
+    return sparse_terms.kserve_outputs(kind, dims, types) if "sparse" in info.manifest.task else []
 
 
 def task_parameters(info: ModelInfo) -> dict[str, Any]:
@@ -461,8 +469,10 @@ def request_ask(
     opts = long_text_options(params, "parameters.")
     if info.manifest.multivector:  # a rerank: each pair's MaxSim
         return multivector.kserve_ask(texts, opts, info, deadline, priority, protocol)
-    classify, embed = passes(wanted)
     model = info.index
+    if "sparse" in info.manifest.task:  # one answer a text: its terms, whatever outputs are asked
+        return Ask(texts, opts, "sparse", model, deadline, priority, protocol)
+    classify, embed = passes(wanted)
     if not embed:
         return Ask(texts, opts, "classify", model, deadline, priority, protocol)
     # the worker answers each text's vector, the prompt before it (prompts.py)
@@ -504,7 +514,11 @@ def split_results(
 
 
 def read_outputs(
-    doc: dict[str, Any], embeds: bool = False, embed_only: bool = False, multi: bool = False
+    doc: dict[str, Any],
+    embeds: bool = False,
+    embed_only: bool = False,
+    multi: bool = False,
+    sparse: bool = False,
 ) -> list[tuple[str, bool]]:
     """(name, binary) for each output to answer, in the order asked for: any of the model's
     outputs; when none is named, all of them in metadata's order (Triton's rule): `scores`,
@@ -518,6 +532,7 @@ def read_outputs(
     known = (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
     if multi:
         known = OUTPUTS[:1]
+    known = sparse_terms.OUTPUTS if sparse else known
     if not asked:
         return [(name, default) for name in known]
     if not isinstance(asked, list):
@@ -615,6 +630,8 @@ class OutputEncoder:
         """One output: its tensor's head, and its data (raw bytes when `binary`). `joined`: each
         answer holds C scores then the vector, cut here (the scores' columns or the rest)."""
         n, c = len(results), len(self.labels)
+        if name in sparse_terms.OUTPUTS:
+            return sparse_terms.kserve_tensor(name, results, binary)
         if name == EMBEDDING:
             vecs = vectors(results, self.normalize, skip=c if joined else 0)
             head = {"name": name, "datatype": "FP32", "shape": list(vecs.shape)}
@@ -665,7 +682,7 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     texts = read_texts(server, doc, blob)
     m = info.manifest
     multi = bool(m.multivector)
-    wanted = read_outputs(doc, m.embeds, m.embed_only, multi)
+    wanted = read_outputs(doc, m.embeds, m.embed_only, multi, "sparse" in m.task)
     parameters = as_dict(doc.get("parameters"), "parameters")
     deadline = request_deadline(server, ex, doc) or 0  # 0: the header's, or the default
     asked = parameters.get("priority")

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ringserve.service.protocols import errors, schemas
+from ringserve.service.protocols import errors, schemas, sparse_terms
 from ringserve.service.protocols.auth import OPEN_PATH
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
@@ -36,6 +36,7 @@ from ringserve.service.protocols.schemas import kserve as kserve_structs
 from ringserve.service.protocols.schemas import multivector as multivector_schemas
 from ringserve.service.protocols.schemas import operator as operator_structs
 from ringserve.service.protocols.schemas import server as server_bodies
+from ringserve.service.protocols.schemas import sparse as sparse_structs
 from ringserve.service.protocols.schemas import tasks as task_schemas
 from ringserve.service.protocols.schemas import tei as tei_structs
 from ringserve.service.protocols.schemas import v1 as v1_schemas
@@ -302,6 +303,7 @@ def routes(f: Facts) -> dict[tuple[str, str], Route]:
         **task_routes(f),
         **operator_routes(f),
         **kserve_routes(f),
+        **sparse_routes(f),
     }
 
 
@@ -562,6 +564,35 @@ def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
     }  # fmt: skip
 
 
+# -- a sparse (SPLADE) model: service/protocols/sparse_api.py ------------------------------------
+SPARSE_RULES = (r"^model .* gives no sparse vectors", PROMPT_RULE)
+
+
+def sparse_outputs_rule(f: Facts) -> tuple[str, ...]:
+    """KServe's outputs of another kind of model than this one (sparse_terms.OUTPUTS are a
+    sparse model's only)."""
+    if "sparse" in f.tasks:
+        return (r"^unknown output '\w+': the model gives sparse_indices",)
+    return (r"^unknown output 'sparse_\w+': the model gives",)
+
+
+def sparse_routes(f: Facts) -> dict[tuple[str, str], Route]:
+    tei = (body(f, "embed_sparse"), answer(f, "embed_sparse"))
+    ours = (body(f, "sparse_embeddings"), answer(f, "sparse_embeddings"))
+    return {
+        ("POST", "/embed_sparse"): task_route(
+            f, "Sparse vectors (SPLADE), in TEI's shape", "sparse",
+            ("a list a text of its nonzero terms, ids ascending", tei),
+            {"inputs": ["a fine film"]}, SPARSE_RULES,
+        ),
+        ("POST", "/v1/embeddings/sparse"): task_route(
+            f, "Sparse vectors (SPLADE): indices and values a text, pruned on request", "sparse",
+            ("each text's nonzero terms, ids ascending", ours),
+            {"input": "a fine film", "top_k": 64, "return_tokens": True}, SPARSE_RULES,
+        ),
+    }  # fmt: skip
+
+
 def compat_routes(f: Facts) -> dict[tuple[str, str], Route]:
     return {**tei_routes(f), **cohere_routes(f)}
 
@@ -776,6 +807,7 @@ def kserve_model_routes(f: Facts, k: dict[str, Schema], base: str) -> dict[tuple
                 *INFER_RULES,
                 *needs(f, "classify"),
                 *(MULTIVECTOR_INFER if "multivector" in f.tasks else ()),
+                *sparse_outputs_rule(f),
             ),
             description=INFER_DESCRIPTION,
             examples={"one": INFER_EXAMPLE},
@@ -820,6 +852,7 @@ def _answers(
     if "multivector" in tasks:  # KServe's scores alone (MaxSim); Cohere's scores unbounded
         outputs = ("scores",)
         ranks |= multivector_schemas.rank_answers(max_documents)
+    outputs = sparse_terms.OUTPUTS if "sparse" in tasks else outputs
     kserve_answers = kserve_structs.answers(names, VERSION, outputs, max_texts)
     parts = [
         {"classify": one, "classify_batch": batch},
@@ -832,6 +865,7 @@ def _answers(
         {"cohere_embed": cohere_structs.embed_answer(dimension)},
         {f"kserve_{k}": v for k, v in kserve_answers.items()},
         operator_structs.health_answers(),
+        sparse_structs.answers(max_texts),
     ]
     kinds: dict[str, Any] = {}
     for part in parts:

@@ -40,7 +40,7 @@ def model_type(info: ModelInfo) -> dict[str, Any]:
     model that both classifies and embeds is given by its first task; `tasks` lists all."""
     tasks_ = info.manifest.task
     labels = info.labels
-    if tasks_[0] == "embed":
+    if tasks_[0] in ("embed", "sparse"):  # a sparse model: TEI's embedding with splade pooling
         pooling = str(info.manifest.extra.get("pooling", "mean"))
         return {"embedding": {"pooling": pooling}}
     kind = "reranker" if tasks_[0] in ("rerank", "multivector") else "classifier"

@@ -18,6 +18,7 @@ from ringserve.shm.ring import Ring
 from ringserve.workers.process.batcher import Item, bucket_index
 from ringserve.workers.process.longtext import Whole, combine
 from ringserve.workers.process.served import Served
+from ringserve.workers.process.sparse import batch_answers
 from ringserve.workers.spec import EXIT_PARENT_GONE, WorkerSpec
 
 Answer = tuple[int, bytes, int, int]  # (msg id, response payload, aux, meta 0): a ring message
@@ -67,6 +68,11 @@ class Answers:
         served, batch, length, t0 = run.served, run.batch, run.length, run.t0
         model_us = (t1 - t0) // 1000
         aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces
+        if served.sparse_limit:  # only the nonzero terms go through the ring
+            out = batch_answers(served, batch, probs, t0, model_us, aux)
+            self.count(run, t1, len(out))
+            self.send(out)
+            return
         scores = Scores(probs, len(batch), served.n_labels)
         looked = precision_flags(run.checked, len(batch))
         out = []

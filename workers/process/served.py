@@ -19,6 +19,7 @@ from ringserve.workers.artifact import as_served, load_manifest, load_model, loa
 from ringserve.workers.process.batcher import Batcher, default_grid, pad_grid
 from ringserve.workers.process.longtext import LongText
 from ringserve.workers.process.multivector import MultiVectorText
+from ringserve.workers.process.sparse import sparse_limit
 from ringserve.workers.runtimes.cpu import ACTIVATIONS, Runner, joined, ort_runner
 from ringserve.workers.runtimes.onnx_model import choose_runtime
 from ringserve.workers.spec import ModelRef, WorkerSpec, is_gpu_device
@@ -76,10 +77,17 @@ class Served:
     # The most tokens whose vectors (OPT_TOKENS) one answer may carry: what half the response
     # ring holds (room to wrap); 0 when the runner has no token states to give.
     token_limit: int = 0
+    # A sparse model's (workers/process/sparse.py): the most terms one answer carries (0: not
+    # sparse), and whether its windows pool by sum (else max).
+    sparse_limit: int = 0
+    sparse_sum: bool = False
 
     def refuses(self, embed: bool, both: bool = False, tokens: bool = False) -> bool:
         """A vector from a model without one, scores from a model without labels, or token
-        vectors from a runner without them (the front-end checks first; the last guard)."""
+        vectors from a runner without them (the front-end checks first; the last guard). A
+        sparse model answers its terms, and nothing else."""
+        if self.sparse_limit:
+            return embed or both or tokens
         if tokens:
             return not self.token_limit
         if both:
@@ -170,6 +178,8 @@ class Loader:
         if manifest.embeds:  # one output holds both answers: logits, then the embedding
             activation = joined(activation, n_labels)
             check_answer_room(self.max_payload, manifest.dimension, n_labels)
+        if manifest.sparse:  # the pooled weights as the graph gives them (a copy)
+            activation = joined(activation, 0)
         if spec.lanes > 1 and runtime not in ("onnx", "openvino"):  # resolve_lanes keeps it out
             raise ValueError("a worker of several lanes runs ONNX Runtime or OpenVINO only")
         runners = []
@@ -192,11 +202,16 @@ class Loader:
         if runtime == "openvino":  # compiled from the plain graph, whatever the precision
             weights = manifest.onnx_file
         grown = max(grown, weights_bytes(ref.model_dir, weights or manifest.model_file))
-        return Served(
+        served = Served(
             ref, longtext, runner, batcher, n_labels, manifest.dimension, manifest.activation,
             grid or default_grid(max_len), grown, tuple(runners),
             token_room(self.max_payload, runner),
         )  # fmt: skip
+        if manifest.sparse:
+            vocabulary = int(manifest.extra.get("vocabulary", 0xFFFF))
+            served.sparse_limit = sparse_limit(self.max_payload, vocabulary)
+            served.sparse_sum = manifest.extra.get("splade", {}).get("pooling") == "sum"
+        return served
 
     def _runner(
         self,

@@ -92,7 +92,7 @@ def read_input(
     return texts
 
 
-Kinds = tuple[bool, bool, bool]  # the model's embeds, embed_only, multivector
+Kinds = tuple[bool, bool, bool, bool]  # the model's embeds, embed_only, multivector, sparse
 PLAIN_OUTPUTS: dict[tuple[tuple[str, ...], bool, Kinds], tuple[tuple[str, bool], ...]] = {}
 
 
@@ -109,8 +109,8 @@ def asked_outputs(
 
 
 def kinds_of(m: Any) -> Kinds:
-    """What decides a manifest's outputs: embeds, embed_only, multivector."""
-    return m.embeds, m.embed_only, bool(m.multivector)
+    """What decides a manifest's outputs: embeds, embed_only, multivector, sparse."""
+    return m.embeds, m.embed_only, bool(m.multivector), "sparse" in m.task
 
 
 def read_outputs(
@@ -216,6 +216,8 @@ def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
                 rsp.raw_output_contents.append(b"")
         elif tensor["datatype"] == "BYTES":
             out.contents.bytes_contents.extend([s.encode() for s in tensor["data"]])
+        elif tensor["datatype"] == "INT32":  # a sparse model's term ids and counts
+            out.contents.int_contents.extend(tensor["data"])
         else:
             out.contents.fp32_contents.extend(tensor["data"])
     return rsp

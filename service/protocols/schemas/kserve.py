@@ -45,7 +45,10 @@ class OutputParameters(Placement, kw_only=True):
 
 
 class InferOutput(Struct, kw_only=True):
-    name: Literal["scores", "label", "embedding"]  # embedding: a model that embeds
+    # embedding: a model that embeds; sparse_*: a sparse model's (and only those)
+    name: Literal[
+        "scores", "label", "embedding", "sparse_indices", "sparse_values", "sparse_lengths"
+    ]
     parameters: OutputParameters | None = None
 
 
@@ -198,8 +201,10 @@ TensorData = Annotated[list[Any], Meta(extra_json_schema=ONE_KIND)]
 
 
 class OutputTensor(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
-    name: Literal["scores", "label", "embedding"]
-    datatype: Literal["FP32", "BYTES"]
+    name: Literal[
+        "scores", "label", "embedding", "sparse_indices", "sparse_values", "sparse_lengths"
+    ]
+    datatype: Literal["FP32", "BYTES", "INT32"]  # INT32: a sparse model's term ids and counts
     shape: Annotated[list[Int], Meta(min_length=1, max_length=2)]
     data: TensorData | UnsetType = UNSET  # none when binary or in shared memory
     parameters: BinarySize | UnsetType = UNSET

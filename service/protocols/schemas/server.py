@@ -15,6 +15,7 @@ from ringserve.service.protocols.schemas import (
     kserve,
     multivector,
     narrowed,
+    sparse,
     tasks,
     tei,
     texts_of,
@@ -39,6 +40,8 @@ class Bodies:
     tokenize: type[tei.Tokenize]
     decode: type[tei.Decode]
     embed_all: type[tei.EmbedAll]
+    embed_sparse: type[sparse.EmbedSparse]
+    sparse_embeddings: type[sparse.SparseEmbeddings]
     infer: type[kserve.Infer] = kserve.Infer
     repository_index: type[kserve.RepositoryIndex] = kserve.RepositoryIndex
     repository_load: type[kserve.RepositoryLoad] = kserve.RepositoryLoad
@@ -75,6 +78,8 @@ def bodies(max_texts: int, max_documents: int) -> Bodies:
         decode=tei.Decode,  # as /v1/embeddings' input: the count of a batch checked after
         embed_all=narrowed(tei.EmbedAll, inputs=Text | texts),
         multi_embeddings=narrowed(multivector.MultiEmbeddings, input=Text | texts),
+        embed_sparse=narrowed(sparse.EmbedSparse, inputs=Text | texts),
+        sparse_embeddings=narrowed(sparse.SparseEmbeddings, input=Text | texts),
     )
 
 
