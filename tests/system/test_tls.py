@@ -34,6 +34,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from ringserve.wire.client import AsyncBinaryClient, BinaryClient
+from ringserve.wire.frames import LENGTH
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
@@ -259,6 +260,37 @@ def test_a_handshake_never_finished_is_closed_after_the_read_timeout(srv: Server
         took = list(pool.map(lambda c: closed_within(*c, READ_TIMEOUT_S + 20), cases))
     assert all(READ_TIMEOUT_S - 0.1 < t < READ_TIMEOUT_S + 10 for t in took), (cases, took)
     assert srv.request("GET", "/v2/health/ready")[0] == 200
+
+
+def test_a_slow_request_over_tls_meets_the_read_timeout(srv: ServerProc, pki: Pki) -> None:
+    """After the handshake the protocol's own limits apply: a head that never ends is answered
+    408 (HTTP), a frame that never ends closes the connection (binary), after the read timeout."""
+    context = pki.client_context()
+    raw = socket.create_connection((HOST, srv.port), timeout=READ_TIMEOUT_S + 20)
+    with context.wrap_socket(raw, server_hostname="localhost") as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: localhost\r\n")
+        answer = read_to_close(sock)
+        took = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+    assert READ_TIMEOUT_S - 0.1 < took < READ_TIMEOUT_S + 10, took
+    raw = socket.create_connection((HOST, srv.binary_port), timeout=READ_TIMEOUT_S + 20)
+    with context.wrap_socket(raw, server_hostname="localhost") as sock:
+        started = time.monotonic()
+        sock.sendall(LENGTH.pack(16) + b"half")  # a 16-byte text, 4 bytes of it sent
+        assert read_to_close(sock) == b""
+        took = time.monotonic() - started
+    assert READ_TIMEOUT_S - 0.1 < took < READ_TIMEOUT_S + 10, took
+
+
+def read_to_close(sock: ssl.SSLSocket) -> bytes:
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (ConnectionResetError, ssl.SSLEOFError):
+        pass
+    return data
 
 
 def closed_at_once(port: int) -> bool:
