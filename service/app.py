@@ -26,7 +26,7 @@ from ringserve.service.ops import apidocs, metrics, tracing
 from ringserve.service.ops.stats import Stats
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.ports import Ports
-from ringserve.service.protocols import kserve, openapi
+from ringserve.service.protocols import kserve, openapi, token_classify
 from ringserve.service.protocols.auth import ApiKey, guard_http
 from ringserve.service.protocols.binary import start_binary
 from ringserve.service.protocols.cohere_api import cohere_routes
@@ -95,6 +95,7 @@ class App:
         task_routes(router)
         tei_routes(router)  # TEI's /info, /predict, /tokenize, ... and POST /
         cohere_routes(router)  # Cohere's v2
+        token_classify.register(router)  # POST /v1/token-classify
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener
             self.add_metrics(router)

@@ -87,6 +87,11 @@ RESPONSE_SIZE = RESPONSE.size  # 24
 RSP_TRUNCATED = 1
 RSP_WINDOWED = 2
 RSP_TOKENS = 4  # the payload is `windows` token vectors of n floats each (OPT_TOKENS)
+# A token classifier's answer (workers/token_entities.py pack): n = C labels, `windows` the
+# windows it was read in; the body holds each window's real tokens: their offsets, subword marks
+# and C probabilities. On a STATUS_TOO_LONG: the answer would not fit the response ring, `tokens`
+# its real tokens and `limit` the most that fit.
+RSP_TOKEN_LABELS = 128
 
 STATUS_OK = 0
 STATUS_BAD_REQUEST = 1

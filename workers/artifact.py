@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 MANIFEST_FILE = "manifest.json"
 OTHER_FILES = ("onnx_file", "int8_file", "fused_file")  # graphs beside model.pt, when present
 ACTIVATIONS = ("softmax", "sigmoid")
-TASKS = ("classify", "embed", "rerank")
+TASKS = ("classify", "embed", "rerank", "token-classify")
+LABELLED = ("classify", "token-classify")  # tasks whose answers name labels
 
 
 @contextlib.contextmanager
@@ -70,7 +71,8 @@ class Manifest:
     data_files: list[str] = field(default_factory=list)  # the graphs' weights (.data files)
     graphs: dict[str, Any] = field(default_factory=dict)  # the fused graph's ops and drift
     # What the model does: "classify" always; "embed" (the graph also gives the pooled vector
-    # of `dimension` floats, from the same forward), "rerank" (a one-output pair scorer).
+    # of `dimension` floats, from the same forward), "rerank" (a one-output pair scorer);
+    # "token-classify" alone: label logits for every token (factory/token_heads.py).
     task: list[str] = field(default_factory=lambda: ["classify"])
     dimension: int = 0
     # Whether the model's own pipeline L2-normalizes its embeddings (sentence-transformers'
@@ -80,6 +82,11 @@ class Manifest:
     @property
     def embeds(self) -> bool:
         return "embed" in self.task
+
+    @property
+    def token_classifies(self) -> bool:
+        """A token classifier: its answers are per token (workers/token_entities.py)."""
+        return "token-classify" in self.task
 
     @property
     def embed_only(self) -> bool:
@@ -195,8 +202,10 @@ def check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
     labels = raw["labels"]
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise bad("'labels' must be a list of strings")
-    if ("classify" in task) != bool(labels):  # an embed-only model has no labels
-        raise bad("'labels' must be non-empty for task classify, and empty without it")
+    if any(t in LABELLED for t in task) != bool(labels):  # an embed-only model has no labels
+        raise bad(
+            "'labels' must be non-empty for task classify or token-classify, and empty without"
+        )
     if len(set(labels)) != len(labels):
         raise bad("'labels' has duplicates")
     max_length = raw["max_length"]

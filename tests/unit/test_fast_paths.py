@@ -25,7 +25,13 @@ SST2 = ("sst2", ["negative", "positive"], ["classify"])
 def model(name: str, labels: list[str], task: list[str], index: int) -> Any:
     """What ModelSet and the KServe readers read of a model (its ModelInfo)."""
     manifest = SimpleNamespace(
-        task=task, labels=labels, embeds=False, embed_only=False, normalize=False, dimension=0
+        task=task,
+        labels=labels,
+        embeds=False,
+        embed_only=False,
+        normalize=False,
+        dimension=0,
+        token_classifies=False,
     )
     return SimpleNamespace(name=name, labels=labels, manifest=manifest, index=index, version=1)
 
@@ -96,7 +102,7 @@ from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.settings import Config
 
 manifest = SimpleNamespace(task=["classify"], labels=["negative", "positive"], embeds=False,
-                           embed_only=False, normalize=False, dimension=0)
+                           embed_only=False, normalize=False, dimension=0, token_classifies=False)
 info = SimpleNamespace(name="sst2", labels=["negative", "positive"], manifest=manifest, index=0,
                        version=1)
 host = SimpleNamespace(settings=Config(), models=ModelSet(info))

@@ -63,6 +63,11 @@ class Answers:
         served, batch, length, t0 = run.served, run.batch, run.length, run.t0
         model_us = (t1 - t0) // 1000
         aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces
+        if served.tokens is not None:  # a token classifier (workers/process/tokens.py)
+            done = served.tokens.answers(batch, probs, t0, model_us, aux)
+            self.count(run, t1, len(done))
+            self.send(done)
+            return
         scores = Scores(probs, len(batch), served.n_labels)
         out = []
         for row, it in enumerate(batch):

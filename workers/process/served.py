@@ -18,6 +18,7 @@ from ringserve.shm.control import ControlBlock
 from ringserve.workers.artifact import as_served, load_manifest, load_model, load_tokenizer
 from ringserve.workers.process.batcher import Batcher, default_grid, pad_grid
 from ringserve.workers.process.longtext import LongText
+from ringserve.workers.process.tokens import TokenHead, TokenLongText, token_softmax
 from ringserve.workers.runtimes.cpu import ACTIVATIONS, Runner, joined, ort_runner
 from ringserve.workers.runtimes.onnx_model import choose_runtime
 from ringserve.workers.spec import ModelRef, WorkerSpec, is_gpu_device
@@ -75,6 +76,8 @@ class Served:
     # The most tokens whose vectors (OPT_TOKENS) one answer may carry: what half the response
     # ring holds (room to wrap); 0 when the runner has no token states to give.
     token_limit: int = 0
+    # A token classifier's admitting and answering (workers/process/tokens.py); None otherwise.
+    tokens: TokenHead | None = None
 
     def refuses(self, embed: bool, both: bool = False, tokens: bool = False) -> bool:
         """A vector from a model without one, scores from a model without labels, or token
@@ -139,13 +142,19 @@ class Loader:
         max_len = manifest.max_length
         grid = pad_grid(spec.buckets, on_gpu, max_len, runtime)
         tokenizer = load_tokenizer(ref.model_dir, max_len)
-        longtext = LongText(
-            tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows,
-            manifest.token_types,
-        )  # fmt: skip
+        token_head = manifest.token_classifies
+        if token_head:
+            longtext: LongText = TokenLongText(
+                tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows
+            )
+        else:
+            longtext = LongText(
+                tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows,
+                manifest.token_types,
+            )  # fmt: skip
         self.ctl.beat()
         n_labels = len(manifest.labels)
-        activation = ACTIVATIONS[manifest.activation]
+        activation = token_softmax if token_head else ACTIVATIONS[manifest.activation]
         if manifest.embeds:  # one output holds both answers: logits, then the embedding
             activation = joined(activation, n_labels)
             check_answer_room(self.max_payload, manifest.dimension, n_labels)
@@ -169,10 +178,14 @@ class Loader:
         if runtime == "openvino":  # compiled from the plain graph, whatever the precision
             weights = manifest.onnx_file
         grown = max(grown, weights_bytes(ref.model_dir, weights or manifest.model_file))
+        report = grid or default_grid(max_len)
+        heads = None
+        if isinstance(longtext, TokenLongText):
+            unk = manifest.extra.get("unk_token_id")
+            heads = TokenHead(longtext, n_labels, unk, self.max_payload // 2, report)
         return Served(
             ref, longtext, runner, batcher, n_labels, manifest.dimension, manifest.activation,
-            grid or default_grid(max_len), grown, tuple(runners),
-            token_room(self.max_payload, runner),
+            report, grown, tuple(runners), token_room(self.max_payload, runner), heads,
         )  # fmt: skip
 
     def _runner(

@@ -17,7 +17,7 @@ from typing import Any
 
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.protocols import kserve
+from ringserve.service.protocols import kserve, token_classify
 from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import find_model
@@ -92,43 +92,49 @@ def read_input(
     return texts
 
 
-PLAIN_OUTPUTS: dict[tuple[tuple[str, ...], bool, bool, bool], tuple[tuple[str, bool], ...]] = {}
+Kinds = tuple[bool, bool, bool]  # a model's outputs: (embeds, embed_only, token classifier)
+PLAIN_OUTPUTS: dict[tuple[tuple[str, ...], bool, Kinds], tuple[tuple[str, bool], ...]] = {}
+
+
+def kinds_of(info: ModelInfo) -> Kinds:
+    m = info.manifest
+    return m.embeds, m.embed_only, m.token_classifies
 
 
 def asked_outputs(
-    outputs: list[dict[str, Any]], default: bool, embeds: bool, embed_only: bool
+    outputs: list[dict[str, Any]], default: bool, kinds: Kinds
 ) -> tuple[list[tuple[str, bool]], dict[str, Any]]:
     """(name, raw) for each output to answer, in the order asked for, read as HTTP's
     (kserve.read_outputs; an output without parameters as HTTP's without any), and the document
     they were read from."""
     doc = {"parameters": {"binary_data_output": default}, "outputs": outputs}
-    asked = kserve.read_outputs(doc, embeds, embed_only)
+    asked = kserve.read_outputs(doc, *kinds)
     raw_out = all(raw for _, raw in asked)  # raw is all outputs or none (KServe)
     return [(name, raw_out) for name, _ in asked], doc
 
 
 def read_outputs(
-    req: pb.ModelInferRequest, default: bool, embeds: bool, embed_only: bool
+    req: pb.ModelInferRequest, default: bool, kinds: Kinds
 ) -> tuple[list[tuple[str, bool]], dict[str, Placement]]:
     """The outputs to answer, and those written to shared memory."""
     outputs = [
         {"name": o.name, "parameters": params_dict(o.parameters) or None} for o in req.outputs
     ]
-    wanted, doc = asked_outputs(outputs, default, embeds, embed_only)
+    wanted, doc = asked_outputs(outputs, default, kinds)
     return wanted, kserve.output_places(doc)
 
 
 def plain_outputs(
-    key: tuple[tuple[str, ...], bool, bool, bool],
+    key: tuple[tuple[str, ...], bool, Kinds],
 ) -> tuple[tuple[str, bool], ...]:
     """The outputs to answer when none has parameters (the key: their names, the binary
-    default, embeds, embed_only): the same for every call that asks alike, so each such ask is
+    default, the model's kinds): the same for every call that asks alike, so each such ask is
     read once and kept (bounded; a refused one is never kept)."""
     found = PLAIN_OUTPUTS.get(key)
     if found is None:
-        names, default, embeds, embed_only = key
+        names, default, kinds = key
         plain = [{"name": name, "parameters": None} for name in names]
-        wanted, _ = asked_outputs(plain, default, embeds, embed_only)
+        wanted, _ = asked_outputs(plain, default, kinds)
         if len(PLAIN_OUTPUTS) >= 256:
             PLAIN_OUTPUTS.clear()
         found = PLAIN_OUTPUTS[key] = tuple(wanted)
@@ -157,14 +163,13 @@ def read_request(
     params = params_dict(req.parameters)
     # checked as the HTTP header's are (none given: the defaults, without converting)
     checked = convert(params, InferParameters, "parameters") if params else NO_PARAMETERS
-    m = info.manifest
     default = bool(params.get("binary_data_output", True))
     places: dict[str, Placement] = {}
     if not any(o.parameters for o in req.outputs):  # the usual call: read once, then kept
-        plain = (tuple(o.name for o in req.outputs), default, m.embeds, m.embed_only)
+        plain = (tuple(o.name for o in req.outputs), default, kinds_of(info))
         wanted = list(plain_outputs(plain))
     else:
-        wanted, places = read_outputs(req, default, m.embeds, m.embed_only)
+        wanted, places = read_outputs(req, default, kinds_of(info))
     level = checked.priority
     priority = asked_priority(int(level) if isinstance(level, float) else level, "priority")  # 0 up
     deadline = deadline_of(None if checked.timeout is None else int(checked.timeout))
@@ -183,7 +188,9 @@ def set_param(p: pb.InferParameter, value: Any) -> None:
 
 def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
     info = job.info
-    encoder = kserve.encoder_for(info.labels, info.manifest.normalize)
+    encoder: Any = kserve.encoder_for(info.labels, info.manifest.normalize)
+    if info.manifest.token_classifies:
+        encoder = token_classify.encoder(info)
     joined = kserve.one_pass(job.ask.options)
     tensors, blobs = encoder.tensors(results, job.wanted, job.places, joined)
     rsp = pb.ModelInferResponse(
@@ -206,6 +213,8 @@ def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
                 rsp.raw_output_contents.append(b"")
         elif tensor["datatype"] == "BYTES":
             out.contents.bytes_contents.extend([s.encode() for s in tensor["data"]])
+        elif tensor["datatype"] == "INT32":  # a token classifier's offsets and counts
+            out.contents.int_contents.extend(tensor["data"])
         else:
             out.contents.fp32_contents.extend(tensor["data"])
     return rsp
