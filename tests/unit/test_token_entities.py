@@ -94,7 +94,7 @@ def test_merged_tokens_take_each_token_once_with_the_most_context() -> None:
 def test_the_stride_rides_in_front_of_the_text() -> None:
     text, opts = decode(te.stride_prefix(300) + "Zürich".encode(), L.OPT_BULK)
     assert text == "Zürich" and opts >> STRIDE_SHIFT == 301 and opts & 0xFF == L.OPT_BULK
-    assert decode("plain".encode(), 0) == ("plain", 0)
+    assert decode(b"plain", 0) == ("plain", 0)
     assert decode(b"a" + L.PAIR_SEPARATOR + b"b", 0)[0] is None  # no pairs
     assert decode(b"\xfe\x01", 0)[0] is None  # a cut prefix
     assert decode(b"\xff\xfe", 0)[0] is None and decode(b"  ", 0)[0] is None
