@@ -67,14 +67,21 @@ MODEL_CODE = ("model.py", "encoder.py")
 _MIB = 1 << 20
 
 
-def _save(target: Path, model: torch.nn.Module, tokenizer: Path, manifest: dict[str, Any]) -> None:
-    """Script and save `model`, copy the tokenizer, then write the fingerprinted manifest."""
+def _save(
+    target: Path,
+    model: torch.nn.Module,
+    tokenizer: Path,
+    manifest: dict[str, Any],
+    write_onnx: Callable[[Path, Any, dict[str, Any]], None] | None = None,
+) -> None:
+    """Script and save `model`, copy the tokenizer, write the ONNX graphs (`write_onnx`: a
+    head's own, as factory/token_heads.py's) then the fingerprinted manifest."""
     import torch
 
     with quiet_torchscript():
         torch.jit.save(torch.jit.script(model), str(target / manifest["model_file"]))
     shutil.copyfile(tokenizer, target / manifest["tokenizer_file"])
-    _write_onnx(target, model, manifest)
+    (write_onnx or _write_onnx)(target, model, manifest)
     others = tuple(target / manifest[k] for k in OTHER_FILES if manifest.get(k))
     others += tuple(target / n for n in manifest.get("data_files", []))
     manifest["fingerprint"] = fingerprint_files(
@@ -336,15 +343,18 @@ def build_hf_artifact(
     pooling: str | None = None,
 ) -> Path:
     """An artifact from a HF `save_pretrained` directory of a supported sequence classifier, a
-    sentence-transformers directory, a base model with `pooling` (factory/embedder.py), or a
-    ColBERT checkpoint, PyLate's or Stanford's (factory/colbert.py)."""
-    from ringserve.factory import colbert
+    token classifier (factory/token_heads.py), a sentence-transformers directory, a base model
+    with `pooling` (factory/embedder.py), or a ColBERT checkpoint, PyLate's or Stanford's
+    (factory/colbert.py)."""
+    from ringserve.factory import colbert, token_heads
     from ringserve.factory.embedder import embed_source
     from ringserve.factory.sparse import build_sparse_artifact, sparse_source
 
     source = Path(source_dir)
     if not (source / "config.json").is_file():
         raise ArtifactError(f"{source}: no config.json (not a Hugging Face model directory)")
+    if pooling is None and token_heads.is_token_classifier(source):
+        return token_heads.build_artifact(Path(out_dir), source, name, max_length)
     with _building(source):
         is_colbert = colbert.is_colbert(source)
     if is_colbert:

@@ -27,7 +27,7 @@ from ringserve.service.ops import apidocs, metrics, tracing
 from ringserve.service.ops.stats import Stats
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.ports import Ports
-from ringserve.service.protocols import kserve, multivector, openapi
+from ringserve.service.protocols import kserve, multivector, openapi, token_classify
 from ringserve.service.protocols.auth import ApiKey, guard_http
 from ringserve.service.protocols.binary import start_binary
 from ringserve.service.protocols.cohere_api import cohere_routes
@@ -101,6 +101,7 @@ class App:
         cohere_routes(router)  # Cohere's v2
         multivector.routes(router)  # ColBERT's token vectors: /v1/embeddings/multi
         sparse_routes(router)  # a SPLADE model's /embed_sparse and /v1/embeddings/sparse
+        token_classify.register(router)  # POST /v1/token-classify
         kserve.register(router)
         if not self.settings.operator_port:  # else they live on the operator listener
             self.add_metrics(router)

@@ -100,6 +100,11 @@ RSP_SPARSE = 8
 RSP_INT8 = 16  # int8's scores: its margin was at least the threshold
 RSP_SECOND_LOOK = 32  # fp32's scores: int8's margin was under the threshold (a windowed text:
 # under it in at least one of its windows)
+# A token classifier's answer (workers/token_entities.py pack): n = C labels, `windows` the
+# windows it was read in; the body holds each window's real tokens: their offsets, subword marks
+# and C probabilities. On a STATUS_TOO_LONG: the answer would not fit the response ring, `tokens`
+# its real tokens and `limit` the most that fit.
+RSP_TOKEN_LABELS = 128
 
 STATUS_OK = 0
 STATUS_BAD_REQUEST = 1

@@ -31,8 +31,10 @@ MANIFEST_FILE = "manifest.json"
 OTHER_FILES = ("onnx_file", "int8_file", "fused_file")  # graphs beside model.pt, when present
 ACTIVATIONS = ("softmax", "sigmoid")
 # "multivector": a ColBERT model's token vectors (factory/colbert.py), with "rerank" by MaxSim;
-# "sparse": a SPLADE model's weights over the vocabulary (factory/sparse.py).
-TASKS = ("classify", "embed", "rerank", "multivector", "sparse")
+# "sparse": a SPLADE model's weights over the vocabulary (factory/sparse.py); "token-classify":
+# label logits for every token (factory/token_heads.py).
+TASKS = ("classify", "embed", "rerank", "multivector", "sparse", "token-classify")
+LABELLED = ("classify", "token-classify")  # tasks whose answers name labels
 
 
 @contextlib.contextmanager
@@ -76,7 +78,8 @@ class Manifest:
     graphs: dict[str, Any] = field(default_factory=dict)  # the fused graph's ops and drift
     # What the model does: "classify" always; "embed" (the graph also gives the pooled vector
     # of `dimension` floats, from the same forward), "rerank" (a one-output pair scorer),
-    # "sparse" alone (no labels: SPLADE's weights over the vocabulary, factory/sparse.py).
+    # "sparse" alone (no labels: SPLADE's weights over the vocabulary, factory/sparse.py);
+    # "token-classify" alone: label logits for every token (factory/token_heads.py).
     task: list[str] = field(default_factory=lambda: ["classify"])
     dimension: int = 0
     # Whether the model's own pipeline L2-normalizes its embeddings (sentence-transformers'
@@ -97,6 +100,11 @@ class Manifest:
     def sparse(self) -> bool:
         """A sparse (SPLADE) model: its answers are weights over the vocabulary."""
         return "sparse" in self.task
+
+    @property
+    def token_classifies(self) -> bool:
+        """A token classifier: its answers are per token (workers/token_entities.py)."""
+        return "token-classify" in self.task
 
     @property
     def embed_only(self) -> bool:
@@ -212,8 +220,10 @@ def check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
     labels = raw["labels"]
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise bad("'labels' must be a list of strings")
-    if ("classify" in task) != bool(labels):  # an embed-only model has no labels
-        raise bad("'labels' must be non-empty for task classify, and empty without it")
+    if any(t in LABELLED for t in task) != bool(labels):  # an embed-only model has no labels
+        raise bad(
+            "'labels' must be non-empty for task classify or token-classify, and empty without"
+        )
     if len(set(labels)) != len(labels):
         raise bad("'labels' has duplicates")
     max_length = raw["max_length"]

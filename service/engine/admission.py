@@ -52,6 +52,12 @@ def first_failure(results: list[Result]) -> Result | None:
 def too_long(failed: Result) -> tuple[str, dict[str, int]]:
     """The message and fields of a 413 for a text over the model's max_length (or, for token
     vectors, over what one answer carries)."""
+    if failed.flags & L.RSP_TOKEN_LABELS:
+        msg = (
+            f"text has {failed.tokens} tokens: the labels of at most {failed.limit} fit one "
+            "answer (half the response ring: send a shorter text, or raise --ring-slots)"
+        )
+        return msg, {"tokens": failed.tokens, "max_tokens": failed.limit}
     if failed.flags & L.RSP_TOKENS:
         msg = (
             f"text has {failed.tokens} tokens: the token vectors of at most {failed.limit} fit "

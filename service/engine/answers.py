@@ -14,6 +14,7 @@ from ringserve.service.engine.lanes import Lane
 from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.meter import Meter
 from ringserve.service.engine.requests import Group, Request, Result
+from ringserve.workers.artifact import TASKS
 
 
 def read_answers(worker: WorkerLink, read_ns: int) -> Iterator[tuple[Request, Result]]:
@@ -92,7 +93,7 @@ class Answers:
         # Once a group's reply is written, with the clock then (ops/inference_stats.py).
         self.on_group: Callable[[Group, int], None] | None = None
         # Texts answered (any status) by task; a rerank counts its documents.
-        self.by_task = dict.fromkeys(("classify", "embed", "rerank", "sparse"), 0)
+        self.by_task = dict.fromkeys(TASKS, 0)
 
     def add(self, worker: WorkerLink, loop: asyncio.AbstractEventLoop, owner: Owner) -> None:
         """Read the worker's answers whenever its answer doorbell rings."""

@@ -70,6 +70,8 @@ class Result:
     limit: int = 0  # STATUS_TOO_LONG: max_length, or --max-windows when RSP_WINDOWED
     batch: int = 0  # the batch it ran in, shm.layout.pack_batch (rows, padded length, start)
     read_ns: int = 0  # when the front-end read the answer from its worker's ring
+    # A token classifier's answer whole (RSP_TOKEN_LABELS): workers/token_entities.py unpacks it
+    body: bytes | None = None
 
     @classmethod
     def from_ring(cls, aux: int, payload: bytes, read_ns: int) -> Result:
@@ -78,6 +80,11 @@ class Result:
             L.RESPONSE.unpack_from(payload)
         )
         scores = None
+        if flags & L.RSP_TOKEN_LABELS:
+            return cls(
+                status, label, None, bucket, queued_us, model_us, flags, tokens, windows, limit,
+                aux, read_ns, payload,
+            )  # fmt: skip
         if status == L.STATUS_OK:
             count = n * windows if flags & L.RSP_TOKENS else n  # token vectors: k rows of n
             count = 2 * n if flags & L.RSP_SPARSE else count  # n ids (as u32 bits), n weights

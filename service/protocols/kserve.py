@@ -27,7 +27,14 @@ from ringserve.service.engine.requests import Ask, Options, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import READY, ModelSet
 from ringserve.service.ops.inference_stats import InferenceStats
-from ringserve.service.protocols import admit, multivector, prompts, shm_regions, sparse_terms
+from ringserve.service.protocols import (
+    admit,
+    multivector,
+    prompts,
+    shm_regions,
+    sparse_terms,
+    token_classify,
+)
 from ringserve.service.protocols.admit import asked_priority, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
@@ -191,6 +198,8 @@ def config_outputs(info: ModelInfo) -> list[dict[str, Any]]:
         *class_outputs(info, "data_type", ("TYPE_FP32", "TYPE_STRING"), "dims"),
         *embedding_output(info, "data_type", "TYPE_FP32", "dims"),
     ]
+    if info.manifest.token_classifies:  # already without the batch
+        return out
     for spec in out:
         spec["dims"] = spec["dims"][1:] or [1]
         if spec["name"] == "label":
@@ -203,7 +212,10 @@ def class_outputs(
     info: ModelInfo, kind: str, types: tuple[str, str], dims: str
 ) -> list[dict[str, Any]]:
     """`scores` and `label`, for a model that classifies (an embed-only or a sparse one gives
-    neither); a multivector model's `scores` alone, each pair's MaxSim."""
+    neither; a token classifier its per-token outputs, protocols/token_classify.py); a
+    multivector model's `scores` alone, each pair's MaxSim."""
+    if info.manifest.token_classifies:
+        return token_classify.metadata_outputs(info, kind, dims, kind == "data_type")
     if info.manifest.embed_only or "sparse" in info.manifest.task:
         return []
     if info.manifest.multivector:
@@ -465,7 +477,9 @@ def request_ask(
     for output `embedding` alone, the texts with the ask for a vector (layout OPT_EMBED); for
     both, the texts once with the ask for both (OPT_BOTH: one forward pass), or, when the
     model's prompt goes before a text to embed, the texts to classify then the prompted texts
-    with OPT_EMBED (two passes, one group)."""
+    with OPT_EMBED (two passes, one group). A token classifier's: protocols/token_classify.py."""
+    if info.manifest.token_classifies:
+        return token_classify.kserve_ask(texts, params, info, deadline, priority, protocol)
     opts = long_text_options(params, "parameters.")
     if info.manifest.multivector:  # a rerank: each pair's MaxSim
         return multivector.kserve_ask(texts, opts, info, deadline, priority, protocol)
@@ -519,20 +533,27 @@ def read_outputs(
     embed_only: bool = False,
     multi: bool = False,
     sparse: bool = False,
+    tokens: bool = False,
 ) -> list[tuple[str, bool]]:
     """(name, binary) for each output to answer, in the order asked for: any of the model's
     outputs; when none is named, all of them in metadata's order (Triton's rule): `scores`,
     `label`, then `embedding` for a model that has it; one forward pass answers them all. A
-    multivector model (`multi`) has `scores` alone."""
+    multivector model (`multi`) has `scores` alone; a sparse one its terms (`sparse`); a token
+    classifier its per-token outputs (`tokens`: protocols/token_classify.py OUTPUTS)."""
     params = as_dict(doc.get("parameters"), "parameters")
     default = params.get("binary_data_output", False)
     if not isinstance(default, bool):
         raise HttpError(400, "parameters.binary_data_output must be true or false")
     asked = doc.get("outputs")
-    known = (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
+    known: tuple[str, ...] = (
+        (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
+    )
     if multi:
         known = OUTPUTS[:1]
-    known = sparse_terms.OUTPUTS if sparse else known
+    if sparse:
+        known = sparse_terms.OUTPUTS
+    if tokens:
+        known = token_classify.OUTPUTS
     if not asked:
         return [(name, default) for name in known]
     if not isinstance(asked, list):
@@ -682,7 +703,9 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
     texts = read_texts(server, doc, blob)
     m = info.manifest
     multi = bool(m.multivector)
-    wanted = read_outputs(doc, m.embeds, m.embed_only, multi, "sparse" in m.task)
+    wanted = read_outputs(
+        doc, m.embeds, m.embed_only, multi, "sparse" in m.task, m.token_classifies
+    )
     parameters = as_dict(doc.get("parameters"), "parameters")
     deadline = request_deadline(server, ex, doc) or 0  # 0: the header's, or the default
     asked = parameters.get("priority")
@@ -690,7 +713,9 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
         asked = int(asked)
     priority = asked_priority(asked, "parameters.priority")  # never above the key's
     ask = request_ask(texts, parameters, wanted, info, deadline, priority, "kserve")
-    encoder = encoder_for(multivector.KSERVE_LABELS if multi else info.labels, m.normalize)
+    encoder: Any = encoder_for(multivector.KSERVE_LABELS if multi else info.labels, m.normalize)
+    if m.token_classifies:
+        encoder = token_classify.encoder(info)
 
     places = output_places(doc)
     joined = one_pass(ask.options)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ringserve.service.protocols import errors, schemas, sparse_terms
+from ringserve.service.protocols import errors, schemas, sparse_terms, token_classify
 from ringserve.service.protocols.auth import OPEN_PATH
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
@@ -39,6 +39,7 @@ from ringserve.service.protocols.schemas import server as server_bodies
 from ringserve.service.protocols.schemas import sparse as sparse_structs
 from ringserve.service.protocols.schemas import tasks as task_schemas
 from ringserve.service.protocols.schemas import tei as tei_structs
+from ringserve.service.protocols.schemas import tokens as token_structs
 from ringserve.service.protocols.schemas import v1 as v1_schemas
 from ringserve.service.protocols.schemas.v1 import ONE_OR_MANY
 from ringserve.service.version import version
@@ -229,6 +230,7 @@ def needs(f: Facts, task: str) -> tuple[str, ...]:
 
 
 PAIRS_RULE = r"^text_pairs must be a list as long as texts$"
+STRIDE_RULE = r"^(parameters\.)?stride must be an integer from 0 to \d+ "  # token classifiers
 PROMPT_RULE = r"^prompt_name .* is not one of this model's prompts"
 TOKEN_ID_RULES = (  # tasks.openai_inputs and vocab.text_of_ids: ids the model's tokenizer refuses
     r"^input mixes texts, token ids and lists of token ids$",
@@ -272,7 +274,11 @@ INFER_RULES = (  # what kserve.read_texts and read_outputs check across fields
     r"^input text must hold 1 to \d+ texts$",
     r"^output '\w+' asked for twice$",
     r"^input data mixes rows and texts$",
-    r"^unknown output 'embedding': the model gives",  # a model that does not embed
+    r"^unknown output '(embedding|token_\w+)': the model gives",  # a model without them
+    r"^unknown output '(scores|label|embedding)': the model gives token",  # a token model
+    r"^model .* classifies the tokens of one text: no text_pair$",
+    r"^parameters\.stride reads a long text in windows: no truncate with it$",
+    STRIDE_RULE,
     PROMPT_RULE,
 )
 
@@ -301,6 +307,7 @@ def routes(f: Facts) -> dict[tuple[str, str], Route]:
         **v1_routes(f),
         **health_routes(f),
         **task_routes(f),
+        **token_routes(f),
         **operator_routes(f),
         **kserve_routes(f),
         **sparse_routes(f),
@@ -424,6 +431,28 @@ def task_route(
         examples={"one": example},
         model_body=True,
     )
+
+
+TOKEN_RULES = (  # token_classify: what a schema-valid body can still be refused for
+    STRIDE_RULE,
+    r"^stride reads a long text in windows: it goes without truncate$",
+    r"^threshold must be a number from 0 to 1$",
+)
+
+
+def token_routes(f: Facts) -> dict[tuple[str, str], Route]:
+    """Token classification (protocols/token_classify.py)."""
+    request, response = token_structs.schemas(f.max_texts)[:2]
+    return {
+        ("POST", token_classify.PATH): task_route(
+            f,
+            "Entities in a text, or a batch, as transformers' token-classification pipeline",
+            token_classify.TASK,
+            ("one text's entities, or {results} for texts", (request, response)),
+            {"text": "Angela Merkel visited Paris", "aggregation": "simple"},
+            TOKEN_RULES,
+        )
+    }
 
 
 # -- peers' shapes: TEI's routes, Cohere's v2, and each family's error body --------------------
@@ -883,6 +912,7 @@ def answer(f: Facts, name: str) -> Schema:
 def components(f: Facts) -> Schema:
     """Every Struct's schema that the document may refer to."""
     parts = [generated(f.max_texts, f.max_documents)[1], generated_answers(f)[1]]
+    parts.append(token_structs.schemas(f.max_texts)[2])
     return merged([*parts, ERROR_COMPONENTS])
 
 

@@ -32,6 +32,7 @@ def model(name: str, labels: list[str], task: list[str], index: int) -> Any:
         normalize=False,
         dimension=0,
         multivector={},
+        token_classifies=False,
     )
     return SimpleNamespace(name=name, labels=labels, manifest=manifest, index=index, version=1)
 
@@ -102,7 +103,8 @@ from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.settings import Config
 
 manifest = SimpleNamespace(task=["classify"], labels=["negative", "positive"], embeds=False,
-                           embed_only=False, normalize=False, dimension=0, multivector={})
+                           embed_only=False, normalize=False, dimension=0, multivector={},
+                           token_classifies=False)
 info = SimpleNamespace(name="sst2", labels=["negative", "positive"], manifest=manifest, index=0,
                        version=1)
 host = SimpleNamespace(settings=Config(), models=ModelSet(info))

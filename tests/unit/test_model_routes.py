@@ -65,6 +65,7 @@ def model(name: str, labels: list[str], task: list[str], index: int) -> Any:
         labels=labels,
         embeds="embed" in task,
         embed_only=task == ["embed"],
+        token_classifies="token-classify" in task,
         normalize=True,
         dimension=384 if "embed" in task else 0,
         activation="softmax",

@@ -68,6 +68,11 @@ class Answers:
         served, batch, length, t0 = run.served, run.batch, run.length, run.t0
         model_us = (t1 - t0) // 1000
         aux = L.pack_batch(len(batch), length, t0)  # the batch, for the front-end's traces
+        if served.tokens is not None:  # a token classifier (workers/process/tokens.py)
+            done = served.tokens.answers(batch, probs, t0, model_us, aux)
+            self.count(run, t1, len(done))
+            self.send(done)
+            return
         if served.sparse_limit:  # only the nonzero terms go through the ring
             out = batch_answers(served, batch, probs, t0, model_us, aux)
             self.count(run, t1, len(out))

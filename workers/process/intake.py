@@ -16,6 +16,7 @@ from ringserve.workers.process.answers import Answer, Answers, pack
 from ringserve.workers.process.batcher import Item
 from ringserve.workers.process.longtext import Plan, Whole
 from ringserve.workers.process.served import Served
+from ringserve.workers.process.tokens import decode as decode_tokens
 from ringserve.workers.spec import WorkerSpec
 
 IDLE_WAIT_S = 0.1  # longest sleep on the doorbell: bounds heartbeat gaps and exit latency
@@ -72,7 +73,10 @@ class Intake:
                 bad.append(pack(msg_id, L.STATUS_UNKNOWN_MODEL))
                 unknown += 1
                 continue
-            text = decode_payload(payload)
+            if served.tokens is None:
+                text = decode_payload(payload)
+            else:  # a token classifier's: a request's stride may precede it (process/tokens.py)
+                text, opts = decode_tokens(payload, opts)
             asks = bool(opts & L.OPT_EMBED), bool(opts & L.OPT_BOTH), bool(opts & L.OPT_TOKENS)
             if text is None or served.refuses(*asks):
                 bad.append(pack(msg_id, L.STATUS_BAD_REQUEST))
@@ -94,6 +98,8 @@ class Intake:
 
 def admit(served: Served, keep: list[Kept], plans: list[Plan], now: int) -> list[Answer]:
     """Each plan's rows into the model's batcher; returns the refusals of texts too long."""
+    if served.tokens is not None:  # a token classifier: every text answered with its offsets
+        return served.tokens.admit(served.batcher.add, keep, plans, now)
     refused: list[Answer] = []
     add = served.batcher.add
     for (msg_id, deadline, opts), plan in zip(keep, plans, strict=True):

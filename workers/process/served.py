@@ -20,6 +20,7 @@ from ringserve.workers.process.batcher import Batcher, default_grid, pad_grid
 from ringserve.workers.process.longtext import LongText
 from ringserve.workers.process.multivector import MultiVectorText
 from ringserve.workers.process.sparse import sparse_limit
+from ringserve.workers.process.tokens import TokenHead, TokenLongText, token_softmax
 from ringserve.workers.runtimes.cpu import ACTIVATIONS, Runner, joined, ort_runner
 from ringserve.workers.runtimes.onnx_model import choose_runtime
 from ringserve.workers.spec import ModelRef, WorkerSpec, is_gpu_device
@@ -81,6 +82,8 @@ class Served:
     # sparse), and whether its windows pool by sum (else max).
     sparse_limit: int = 0
     sparse_sum: bool = False
+    # A token classifier's admitting and answering (workers/process/tokens.py); None otherwise.
+    tokens: TokenHead | None = None
 
     def refuses(self, embed: bool, both: bool = False, tokens: bool = False) -> bool:
         """A vector from a model without one, scores from a model without labels, or token
@@ -166,15 +169,21 @@ class Loader:
         max_len = manifest.max_length
         grid = pad_grid(spec.buckets, on_gpu, max_len, runtime)
         tokenizer = load_tokenizer(ref.model_dir, max_len)
-        longtext = LongText(
-            tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows,
-            manifest.token_types,
-        ) if not manifest.multivector else MultiVectorText(
-            tokenizer, max_len, manifest.multivector
-        )  # fmt: skip
+        token_head = manifest.token_classifies
+        if token_head:
+            longtext: LongText = TokenLongText(
+                tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows
+            )
+        elif manifest.multivector:
+            longtext = MultiVectorText(tokenizer, max_len, manifest.multivector)
+        else:
+            longtext = LongText(
+                tokenizer, max_len, spec.long_text, spec.window_stride, spec.max_windows,
+                manifest.token_types,
+            )  # fmt: skip
         self.ctl.beat()
         n_labels = len(manifest.labels)
-        activation = ACTIVATIONS[manifest.activation]
+        activation = token_softmax if token_head else ACTIVATIONS[manifest.activation]
         if manifest.embeds:  # one output holds both answers: logits, then the embedding
             activation = joined(activation, n_labels)
             check_answer_room(self.max_payload, manifest.dimension, n_labels)
@@ -202,10 +211,14 @@ class Loader:
         if runtime == "openvino":  # compiled from the plain graph, whatever the precision
             weights = manifest.onnx_file
         grown = max(grown, weights_bytes(ref.model_dir, weights or manifest.model_file))
+        report = grid or default_grid(max_len)
+        heads = None
+        if isinstance(longtext, TokenLongText):
+            unk = manifest.extra.get("unk_token_id")
+            heads = TokenHead(longtext, n_labels, unk, self.max_payload // 2, report)
         served = Served(
             ref, longtext, runner, batcher, n_labels, manifest.dimension, manifest.activation,
-            grid or default_grid(max_len), grown, tuple(runners),
-            token_room(self.max_payload, runner),
+            report, grown, tuple(runners), token_room(self.max_payload, runner), tokens=heads,
         )  # fmt: skip
         if manifest.sparse:
             vocabulary = int(manifest.extra.get("vocabulary", 0xFFFF))

@@ -196,7 +196,7 @@ class CudaRunner:
         dev = self.torch_device  # device buffers start as copies: warm-up rows are never empty
         self.dev_ids = [t.to(dev, copy=True) for t in self.host_ids]
         self.dev_mask = [t.to(dev, copy=True) for t in self.host_mask]
-        self.host_out: list[torch.Tensor] = []  # [rows, C] float32, made once C is known
+        self.host_out: list[torch.Tensor] = []  # [rows, C] float32 (or [rows, length, C])
         self.out: list[np.ndarray] = []
 
     def buffer_ptrs(self) -> list[int]:
@@ -273,8 +273,8 @@ class CudaRunner:
         t0 = time.perf_counter()
         for b in range(len(self.buckets)):
             logits = self._eager(b, 1)
-            self.host_out.append(
-                torch.zeros((self.limits[b], logits.shape[1]), pin_memory=self.on_cuda)
+            self.host_out.append(  # [rows, C]; a token classifier's [rows, length, C]
+                torch.zeros((self.limits[b], *logits.shape[1:]), pin_memory=self.on_cuda)
             )
             self.out.append(self.host_out[b].numpy())
         if self.use_graphs or self.inject_capture_error:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.protocols import kserve, multivector
+from ringserve.service.protocols import kserve, multivector, token_classify
 from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import find_model
@@ -92,7 +92,8 @@ def read_input(
     return texts
 
 
-Kinds = tuple[bool, bool, bool, bool]  # the model's embeds, embed_only, multivector, sparse
+# a model's outputs: (embeds, embed_only, multivector, sparse, token classifier)
+Kinds = tuple[bool, bool, bool, bool, bool]
 PLAIN_OUTPUTS: dict[tuple[tuple[str, ...], bool, Kinds], tuple[tuple[str, bool], ...]] = {}
 
 
@@ -109,8 +110,8 @@ def asked_outputs(
 
 
 def kinds_of(m: Any) -> Kinds:
-    """What decides a manifest's outputs: embeds, embed_only, multivector, sparse."""
-    return m.embeds, m.embed_only, bool(m.multivector), "sparse" in m.task
+    """What decides a manifest's outputs (Kinds)."""
+    return m.embeds, m.embed_only, bool(m.multivector), "sparse" in m.task, m.token_classifies
 
 
 def read_outputs(
@@ -163,14 +164,13 @@ def read_request(
     params = params_dict(req.parameters)
     # checked as the HTTP header's are (none given: the defaults, without converting)
     checked = convert(params, InferParameters, "parameters") if params else NO_PARAMETERS
-    m = info.manifest
     default = bool(params.get("binary_data_output", True))
     places: dict[str, Placement] = {}
     if not any(o.parameters for o in req.outputs):  # the usual call: read once, then kept
-        plain = (tuple(o.name for o in req.outputs), default, kinds_of(m))
+        plain = (tuple(o.name for o in req.outputs), default, kinds_of(info.manifest))
         wanted = list(plain_outputs(plain))
     else:
-        wanted, places = read_outputs(req, default, kinds_of(m))
+        wanted, places = read_outputs(req, default, kinds_of(info.manifest))
     level = checked.priority
     priority = asked_priority(int(level) if isinstance(level, float) else level, "priority")  # 0 up
     deadline = deadline_of(None if checked.timeout is None else int(checked.timeout))
@@ -191,7 +191,9 @@ def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
     info = job.info
     multi = bool(info.manifest.multivector)
     labels = multivector.KSERVE_LABELS if multi else info.labels
-    encoder = kserve.encoder_for(labels, info.manifest.normalize)
+    encoder: Any = kserve.encoder_for(labels, info.manifest.normalize)
+    if info.manifest.token_classifies:
+        encoder = token_classify.encoder(info)
     joined = kserve.one_pass(job.ask.options)
     if multi:  # each pair's MaxSim, as one score
         results = multivector.kserve_results(results)
@@ -216,7 +218,7 @@ def answer(job: InferJob, results: list[Result]) -> pb.ModelInferResponse:
                 rsp.raw_output_contents.append(b"")
         elif tensor["datatype"] == "BYTES":
             out.contents.bytes_contents.extend([s.encode() for s in tensor["data"]])
-        elif tensor["datatype"] == "INT32":  # a sparse model's term ids and counts
+        elif tensor["datatype"] == "INT32":  # term ids, offsets and counts
             out.contents.int_contents.extend(tensor["data"])
         else:
             out.contents.fp32_contents.extend(tensor["data"])

@@ -44,11 +44,16 @@ class OutputParameters(Placement, kw_only=True):
     classification: None = None  # Triton's classification outputs are not served
 
 
+# embedding: a model that embeds; sparse_*: a sparse model's; token_*: a token classifier's
+# (protocols/token_classify.py)
+OutputName = Literal[
+    "scores", "label", "embedding", "sparse_indices", "sparse_values", "sparse_lengths",
+    "token_labels", "token_scores", "token_offsets", "token_counts",
+]  # fmt: skip
+
+
 class InferOutput(Struct, kw_only=True):
-    # embedding: a model that embeds; sparse_*: a sparse model's (and only those)
-    name: Literal[
-        "scores", "label", "embedding", "sparse_indices", "sparse_values", "sparse_lengths"
-    ]
+    name: OutputName
     parameters: OutputParameters | None = None
 
 
@@ -61,6 +66,7 @@ class InferParameters(Truncation, kw_only=True):
     priority: Priority | None = None  # lowers the request's (never above its key's)
     timeout: Timeout | None = None
     prompt_name: str | None = None  # output embedding: one of the model's prompts
+    stride: Count | None = None  # a token classifier: windows sharing this many tokens
 
 
 class Infer(Struct, kw_only=True):
