@@ -91,6 +91,8 @@ class ModelCard(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=
     graph: dict[str, Any] | UnsetType = UNSET
     int8: dict[str, Any] | UnsetType = UNSET  # the int8 cost measured at export
     bf16: dict[str, Any] | UnsetType = UNSET  # bf16's on OpenVINO, where built on a bf16 CPU
+    # an embed model's compact vectors: recall@10 of int8 and binary, and what calibrated them
+    compact: dict[str, Any] | UnsetType = UNSET
 
 
 class NamedModelCard(ModelCard, kw_only=True):
