@@ -55,9 +55,11 @@ DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-mini
 # 5: int8's cost published from the publication split; the selection split's frontier in
 #    graphs.int8_selection (the record of the choice, never the published cost).
 # 6: bf16's cost (OpenVINO, the plain graph) published the same way, by a CPU that has bf16.
+# 7: an embed artifact's compact vectors: the int8/uint8 calibration and their recall@10
+#    (extra.compact, factory/compact.py).
 # 8: int8_checked: the second look's threshold (chosen on the selection split) and its cost
 #    (the publication split), for --precision int8-checked.
-ARTIFACT_FORMAT = 8  # 7 is embedx59's (calibration); merged, both are in 8
+ARTIFACT_FORMAT = 8
 # "plain" builds the plain ONNX graph alone: no fused graph, no int8 (served at fp32 on the plain
 # graph, as an artifact whose fused graph was not kept). For the tests' builds of artifacts read
 # on TorchScript and the plain graph only (devkit/builds.py plain_builds); unset or "all": all.
@@ -94,6 +96,7 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
     """Add the ONNX graphs (plain, fused when it matches, int8 by the recipe search) with their
     weights beside them, and what int8 costs. Without the ONNX packages, or for a model the
     exporter cannot take, the artifact stays TorchScript-only, said once."""
+    from ringserve.factory import compact
     from ringserve.factory import onnx as ox
 
     plain_only = _plain_only()  # a bad value is refused before anything is written
@@ -105,6 +108,9 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
         ox.export_onnx(model, plain, embed="embed" in task, alone="classify" not in task)
         width = ox.token_width(plain)  # TEI's /embed_all reads the token states (api.md)
         tokenizer = open_tokenizer(target / manifest["tokenizer_file"], manifest["max_length"])
+        if "embed" in task:  # int8/uint8's calibration and what compact vectors cost a search
+            embed = compact.onnx_embedder(plain, tokenizer, bool(manifest.get("normalize")))
+            manifest["extra"]["compact"] = compact.compact_facts(embed)
         files = {"onnx_file": (plain, ox.ONNX_FILE)}
         cost: dict[str, Any] = {}
         if plain_only:
@@ -396,6 +402,9 @@ def _embed_artifact(out: Path, root: Path, embed: Any, name: str, max_length: in
         "architecture": config.architecture,
         "format": embed.kind,
         "pooling": embed.pooling,
+        # Dense modules after the pooling: late chunking pools spans of token states, which a
+        # Dense never saw (service/protocols/late_chunking.py)
+        "dense": sum(1 for step in embed.steps if step is not None),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if embed.prompts:  # config_sentence_transformers.json's, for prompt_name (api.md)

@@ -521,7 +521,7 @@ def publish_checked(
     encodings, gold = publication_rows(tokenizer)
     a, fp32_speed = fp32_pass(plain, encodings)  # int8's publish read it already
     int8_s, fp32_s = ox.open_session(chosen), ox.open_session(plain)
-    batches = ox.batches_of(encodings)
+    batches = ox.length_batches(encodings)
     out: list[np.ndarray] = [np.zeros(0)] * len(encodings)
     rerun = np.zeros(len(encodings), dtype=bool)
 

@@ -152,7 +152,7 @@ def read_heldout(path: Path = HELDOUT) -> tuple[list[str], list[int]]:
     return [r[0] for r in rows], [int(r[1]) for r in rows]
 
 
-def batches_of(encodings: list[Any]) -> list[tuple[list[int], dict[str, np.ndarray]]]:
+def length_batches(encodings: list[Any]) -> list[tuple[list[int], dict[str, np.ndarray]]]:
     """The rows of each batch and its feed: similar lengths, padded to their longest."""
     order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
     batches = []
@@ -181,7 +181,7 @@ def _run(
 def session_logits(session: Any, encodings: list[Any]) -> np.ndarray:
     """Logits [N, C] in input order, from batches of similar length padded to their longest."""
     out: list[np.ndarray] = [np.zeros(0)] * len(encodings)
-    _run(session, batches_of(encodings), out)
+    _run(session, length_batches(encodings), out)
     return np.stack(out).astype(np.float32)
 
 
@@ -190,7 +190,7 @@ def logits_split(path: Path, encodings: list[Any], parts: int = 2) -> np.ndarray
     once (a thread each: ONNX Runtime releases the GIL while it runs). Each batch is the one
     logits_of runs, on a session like its own, so the logits are the same to the byte; only the
     wall time shrinks. Never for a timed pass."""
-    batches = batches_of(encodings)
+    batches = length_batches(encodings)
     out: list[np.ndarray] = [np.zeros(0)] * len(encodings)
     sessions = [open_session(path) for _ in range(parts)]
     with ThreadPoolExecutor(parts) as pool:

@@ -253,7 +253,7 @@ def token_logits(session: Any, encodings: list[Any]) -> list[np.ndarray]:
     from ringserve.factory import onnx as ox
 
     out: list[np.ndarray] = [np.zeros(0)] * len(encodings)
-    for rows, feed in ox.batches_of(encodings):
+    for rows, feed in ox.length_batches(encodings):
         logits = np.asarray(session.run(None, feed)[0], dtype=np.float32)
         for r, i in enumerate(rows):
             out[i] = logits[r, : len(encodings[i].ids)].copy()

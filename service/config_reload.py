@@ -147,4 +147,7 @@ class ModelTables:
                 return str(exc)
             repo.models.replace(info)
             repo.dispatcher.table.open(info.index, name, self.settings.max_queue, info.priority)
-            return await repo.roll()
+            try:
+                return await repo.roll()
+            finally:  # what old workers answered during the roll
+                repo.front.cache.forget(info.index)

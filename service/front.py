@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ringserve.service.engine.admission import Admission
+from ringserve.service.engine.cache import AnswerCache
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.engine.tenants import KeyRing
 from ringserve.service.logs import EventLog
@@ -65,7 +66,9 @@ class Front:
         self.settings = settings
         self.log = log
         every = (models,) if isinstance(models, ModelInfo) else tuple(models)
-        self.models = ModelSet(*every)  # every model; the lifecycle alone changes it
+        self.cache = AnswerCache(settings.cache_bytes)  # embeddings answered before
+        # every model; the lifecycle alone changes it, and a change drops its cached answers
+        self.models = ModelSet(*every, changed=self.cache.forget)
         self.repository: Repository | None = None  # load, unload, index (service/repository.py)
         self.admission = admission
         self.count = count  # every answer written: Stats.count(protocol, code, n, tenant)
@@ -132,3 +135,7 @@ class MetricsHost:
     @property
     def model(self) -> ModelInfo:
         return self.front.model
+
+    @property
+    def cache(self) -> AnswerCache:
+        return self.front.cache

@@ -4,7 +4,7 @@ the lifecycle alone adds, replaces and removes entries (load, unload, reload).""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ringserve.service.model_info import ModelInfo
@@ -36,9 +36,14 @@ class ModelSet:
     request names another. Indexes are unique while an entry lives and are never reused by a
     later model, so a late answer can never be read as another model's."""
 
-    def __init__(self, first: ModelInfo, *more: ModelInfo) -> None:
+    def __init__(
+        self, first: ModelInfo, *more: ModelInfo, changed: Callable[[int], None] | None = None
+    ) -> None:
         self.entries: dict[tuple[str, int], Entry] = {}
         self.next_index = 0
+        # told a model's wire index when its artifact is replaced (a reload) or it is removed
+        # (an unload): the answer cache drops its entries (service/engine/cache.py)
+        self.changed = changed
         for info in (first, *more):
             self.add(info, READY)
 
@@ -63,6 +68,8 @@ class ModelSet:
 
     def remove(self, info: ModelInfo) -> None:
         self.entries.pop((info.name, info.version), None)
+        if self.changed is not None:
+            self.changed(info.index)
 
     def state_of(self, name: str) -> Entry | None:
         """The entry of `name` (its highest version) in any state, or None."""
@@ -121,6 +128,8 @@ class ModelSet:
     def replace(self, info: ModelInfo) -> None:
         """A reload's new facts for a loaded (name, version); its state stays."""
         self.entries[(info.name, info.version)].info = info
+        if self.changed is not None:
+            self.changed(info.index)
 
     def listing(self) -> list[dict[str, object]]:
         """/v1/models and the repository index: one row a (name, version)."""

@@ -318,6 +318,8 @@ class Repository:
             if error is not None:
                 self.log.warning("reload_roll", by=reason, reason=error)
         finally:
+            for info in self.models.infos():  # what old workers answered during the roll
+                self.front.cache.forget(info.index)
             self.lock.release()
 
 

@@ -544,6 +544,13 @@ class Config:
         "the front-end, where deadlines, admission and every worker see it",
         int,
     )
+    cache_bytes: int = option(
+        64 << 20,
+        "bytes of embeddings kept in the front-end's answer cache, least recently used out "
+        "first; 0 = off. 64 MiB holds about 30,000 vectors of 384 floats (2.1 KB an entry), a "
+        "RAG corpus's repeated chunks and queries, at about half of one worker's memory",
+        int,
+    )
     max_body: int = option(1048576, "largest HTTP body in bytes (413 above)", int)
     max_head: int = option(8192, "largest HTTP request head in bytes (431 above)", int)
     max_texts: int = option(256, "most texts in one batch request", int)

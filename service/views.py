@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Mapping, Sequence, Sized
 from typing import Any, Protocol
 
 from ringserve.service.engine.admission import Admission
+from ringserve.service.engine.cache import AnswerCache
 from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.tenants import KeyRing, Tenant
 from ringserve.service.logs import EventLog
@@ -56,6 +57,8 @@ class FrontView(Protocol):
     def repository(self) -> Repository | None: ...
     @property
     def keys(self) -> KeyRing | None: ...
+    @property
+    def cache(self) -> AnswerCache: ...
     @property
     def draining(self) -> bool: ...
     def ready(self) -> bool: ...
@@ -163,3 +166,5 @@ class MetricsView(Protocol):
     def requests_total(self) -> Mapping[tuple[str, int, str], int]: ...
     @property
     def model(self) -> ModelInfo: ...  # the first model (FrontView.model)
+    @property
+    def cache(self) -> AnswerCache: ...  # the answer cache (--cache-bytes)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ringserve.service.engine.cache import AnswerCache
 from ringserve.service.engine.tenants import KeyRing
 from ringserve.service.ops.stats import (
     PROM_BOUNDS_S,
@@ -117,6 +118,7 @@ def exposition(r: Reading) -> bytes:
     queue(out, r)
     model_queues(out, r.server, models)
     server_facts(out, r.server)
+    cache(out, r.server.cache)
     slots(out, r.server.supervisor)
     processes(out, r.server.supervisor)
     worker_counters(out, r.totals, r.stats, models)
@@ -351,6 +353,32 @@ def server_facts(out: Exposition, server: MetricsView) -> None:
     m = server.model.manifest
     info = {"name": m.name, "fingerprint": m.fingerprint, "device": server.model.device}
     out.labelled("ringserve_model_info", "gauge", "The model being served.", [(info, 1)])
+
+
+def cache(out: Exposition, answers: AnswerCache) -> None:
+    """The answer cache (--cache-bytes; service/engine/cache.py)."""
+    c = answers.counts
+    out.single("ringserve_cache_hits_total", "counter", "Texts answered from the cache.", c.hits)
+    out.single(
+        "ringserve_cache_misses_total", "counter", "Texts looked up and not found.", c.misses
+    )
+    out.single(
+        "ringserve_cache_evictions_total",
+        "counter",
+        "Entries pushed out, least recently used first, to stay within --cache-bytes.",
+        c.evictions,
+    )
+    out.single(
+        "ringserve_cache_dropped_total",
+        "counter",
+        "Entries dropped because their model was reloaded or unloaded.",
+        c.dropped,
+    )
+    out.single("ringserve_cache_bytes", "gauge", "Bytes the cache's entries hold.", answers.bytes)
+    out.single(
+        "ringserve_cache_capacity_bytes", "gauge", "--cache-bytes (0: off).", answers.capacity
+    )
+    out.single("ringserve_cache_entries", "gauge", "Texts held.", len(answers.entries))
 
 
 def slots(out: Exposition, pool: PoolView) -> None:

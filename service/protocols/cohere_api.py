@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.protocols import tasks
+from ringserve.service.protocols import compact, tasks
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
@@ -64,6 +64,7 @@ def cohere_embed(
     keep = 0
     if body.output_dimension is not None:
         keep = tasks.within_dimension(body.output_dimension, info, "output_dimension")
+    ranges = compact.check(info, kinds, bool(keep))
     prompt = prompt_for(info, body.input_type).encode()
     options = TRUNCATE[body.truncate or "END"] | L.OPT_EMBED
     payloads = Ask([prompt + t.encode() for t in body.texts], options, "embed", info.index)
@@ -76,13 +77,16 @@ def cohere_embed(
             out.floats = np.asarray(vecs, dtype=np.float64).tolist()
         if "base64" in kinds:
             out.base64 = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vecs]
+        for kind in kinds:
+            if kind in compact.COMPACT:
+                setattr(out, kind, compact.as_lists(vecs, kind, ranges))
         tokens = sum(r.tokens for r in results)
         answer = CohereEmbeddings(
             str(uuid.uuid4()), "embeddings_by_type", out, originals, meta({"input_tokens": tokens})
         )
         return msgspec.json.encode(answer)
 
-    tasks.submit_texts(server, conn, ex, payloads, answer)
+    tasks.submit_embed(server, info, conn, ex, payloads, answer)
 
 
 def cohere_rerank_v2(

@@ -256,6 +256,10 @@ def model_card(server: FrontView, info: ModelInfo) -> ModelCard:
         body["int8_checked"] = m.int8_checked
     if precision == "bf16" and info.runtime == "openvino" and m.bf16:
         body["bf16"] = m.bf16  # the same, by a building CPU that had bf16
+    compact = m.extra.get("compact")
+    if isinstance(compact, dict):  # the ranges themselves stay in the manifest
+        calibration = {k: v for k, v in compact["calibration"].items() if k in ("texts", "source")}
+        body["compact"] = {"recall_at_10": compact["recall_at_10"], "calibration": calibration}
     return ModelCard(**body)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
-from ringserve.service.protocols import admit, multivector, prompts
+from ringserve.service.protocols import admit, compact, late_chunking, multivector, prompts
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
@@ -57,11 +57,48 @@ def submit_texts(
     answer: Callable[[list[Result]], Any],
 ) -> None:
     def done(results: list[Result]) -> None:
-        doc = answer(results)
-        body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-        conn.respond(ex, 200, body, extra=[latency_header(conn, ex)])
+        reply(conn, ex, answer(results))
 
     admit.submit(server.admission, conn, ex, ask, done)
+
+
+def reply(conn: HttpProtocol, ex: Exchange, doc: Any) -> None:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    conn.respond(ex, 200, body, extra=[latency_header(conn, ex)])
+
+
+def submit_embed(
+    server: FrontView,
+    info: ModelInfo,
+    conn: HttpProtocol,
+    ex: Exchange,
+    ask: Ask,
+    answer: Callable[[list[Result]], Any],
+) -> None:
+    """submit_texts for embeddings, through the answer cache (service/engine/cache.py): the
+    texts answered before are answered from it, one lookup each; only the rest are admitted
+    (none: the answer is written at once), and their answers are kept for next time."""
+    cache = server.cache
+    if not cache.capacity or not isinstance(ask.options, int):
+        submit_texts(server, conn, ex, ask, answer)
+        return
+    fingerprint, model = info.manifest.fingerprint, info.index
+    keys = [(fingerprint, model, ask.options, p) for p in ask.payloads]
+    found = [cache.get(k) for k in keys]
+    missing = [i for i, r in enumerate(found) if r is None]
+    if not missing:
+        reply(conn, ex, answer(found))  # type: ignore[arg-type]
+        return
+    generation = cache.generation(model)
+
+    def merged(results: list[Result]) -> Any:
+        for i, r in zip(missing, results, strict=True):
+            found[i] = r
+            cache.put(keys[i], r, generation)
+        return answer(found)  # type: ignore[arg-type]
+
+    ask.payloads = [ask.payloads[i] for i in missing]
+    submit_texts(server, conn, ex, ask, merged)
 
 
 # -- embeddings ----------------------------------------------------------------------------------
@@ -96,26 +133,48 @@ def openai_embeddings(
     body = decode(ex, bodies.of(server.settings).openai_embeddings)
     info = request_model(server, body, vendor=True)  # OpenAI's "model"
     needs_task(info, "embed")
-    texts = openai_inputs(body.input, info, server.settings.max_texts)
-    texts = prompts.with_prompt(info.manifest, body.prompt_name, texts)
+    if body.late_chunking:
+        chunks = late_chunking.chunks_of(body.input)
+        texts = openai_inputs(chunks, info, server.settings.max_texts)
+    else:
+        texts = openai_inputs(body.input, info, server.settings.max_texts)
+        texts = prompts.with_prompt(info.manifest, body.prompt_name, texts)
     fmt = body.encoding_format
     keep = 0 if body.dimensions is None else within_dimension(body.dimensions, info)
+    ranges = compact.check(info, [fmt], bool(keep))
     name = info.name
     # A cut vector is renormalized (OpenAI's `dimensions`); a whole one as the model does.
     normalize = info.manifest.normalize or bool(keep)
 
     def answer(results: list[Result]) -> bytes:
-        vecs = vectors(results, normalize, keep)
+        rows = encoded(vectors(results, normalize, keep), fmt, ranges)
         data = b",".join(
-            b'{"object":"embedding","index":%d,"embedding":%s}' % (i, _encode(v, fmt))
-            for i, v in enumerate(vecs)
+            b'{"object":"embedding","index":%d,"embedding":%s}' % (i, v) for i, v in enumerate(rows)
         )
         tokens = sum(r.tokens for r in results)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         tail = f'"model":{json.dumps(name)},"usage":{json.dumps(usage)}}}'.encode()
         return b'{"object":"list","data":[%s],%s' % (data, tail)
 
-    submit_texts(server, conn, ex, ask(body, texts, "embed", info), answer)
+    if body.late_chunking:
+        late(server, info, conn, ex, [t.decode() for t in texts], body.prompt_name, answer)
+    else:
+        submit_embed(server, info, conn, ex, ask(body, texts, "embed", info), answer)
+
+
+def late(
+    server: FrontView,
+    info: ModelInfo,
+    conn: HttpProtocol,
+    ex: Exchange,
+    chunks: list[str],
+    prompt_name: str | None,
+    answer: Callable[[list[Result]], Any],
+) -> None:
+    """Late chunking (late_chunking.py): the chunks as one document, a vector a chunk."""
+    prompt = prompts.prompt_bytes(info.manifest, prompt_name).decode()
+    plan = late_chunking.Plan(info, chunks, prompt, server.settings.max_windows)
+    submit_texts(server, conn, ex, plan.ask(info.index), late_chunking.answered(plan, answer))
 
 
 def within_dimension(keep: float, info: ModelInfo, key: str = "dimensions") -> int:
@@ -145,12 +204,14 @@ def openai_inputs(value: str | list[Any], info: ModelInfo, limit: int) -> list[b
     raise HttpError(400, "input mixes texts, token ids and lists of token ids")
 
 
-def _encode(vec: np.ndarray, fmt: str) -> bytes:
-    """One embedding as JSON: an array of floats, or OpenAI's base64 string of the
-    little-endian float32 bytes."""
+def encoded(vecs: np.ndarray, fmt: str, ranges: np.ndarray | None) -> list[bytes]:
+    """Each embedding as JSON: an array of floats, OpenAI's base64 string of the little-endian
+    float32 bytes, or a compact vector's integers (compact.py), cut in one pass."""
     if fmt == "base64":
-        return b'"' + base64.b64encode(vec.astype("<f4").tobytes()) + b'"'
-    return float_json(vec)
+        return [b'"' + base64.b64encode(v.astype("<f4").tobytes()) + b'"' for v in vecs]
+    if fmt in compact.COMPACT:
+        return [orjson.dumps(v, option=_NUMPY) for v in compact.quantize(vecs, fmt, ranges)]
+    return [float_json(v) for v in vecs]
 
 
 def tei_embed(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
@@ -158,13 +219,23 @@ def tei_embed(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[
     info = request_model(server, body)
     needs_task(info, "embed")
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    texts = prompts.with_prompt(info.manifest, body.prompt_name, [t.encode() for t in inputs])
-    normalize = body.normalize
+    if body.late_chunking:
+        texts = [t.encode() for t in inputs]
+    else:
+        texts = prompts.with_prompt(info.manifest, body.prompt_name, [t.encode() for t in inputs])
+    normalize, fmt = body.normalize, body.encoding_format
+    ranges = compact.check(info, [fmt], False, normalize)
 
     def answer(results: list[Result]) -> bytes:
-        return float_json(vectors(results, normalize))  # the [N, D] matrix in one call
+        vecs = vectors(results, normalize)
+        if fmt in compact.COMPACT:
+            return orjson.dumps(compact.quantize(vecs, fmt, ranges), option=_NUMPY)
+        return float_json(vecs)  # the [N, D] matrix in one call
 
-    submit_texts(server, conn, ex, ask(body, texts, "embed", info), answer)
+    if body.late_chunking:
+        late(server, info, conn, ex, inputs, body.prompt_name, answer)
+    else:
+        submit_embed(server, info, conn, ex, ask(body, texts, "embed", info), answer)
 
 
 # -- rerank --------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ringserve.service.engine.admission import Admission
+from ringserve.service.engine.cache import AnswerCache
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.models import UNLOADING, Entry, ModelSet
 from ringserve.service.protocols import kserve, tasks
@@ -102,6 +103,7 @@ def host() -> SimpleNamespace:
         model=models.first,
         repository=None,  # a server without one: kserve.FixedModels lists its models
         ready=lambda: True,
+        cache=AnswerCache(0),  # off: every text reaches the dispatcher
     )
 
 

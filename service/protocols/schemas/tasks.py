@@ -22,17 +22,30 @@ from ringserve.service.protocols.schemas import (
 Inputs = Annotated[list[Text | Count | TokenIds], Meta(min_length=1)]
 
 
+# A vector's encoding: float32 as JSON numbers (or OpenAI's base64 of them), or compact, as
+# JSON integers (service/protocols/compact.py): int8/uint8 one a dimension by the artifact's
+# calibration, binary/ubinary the sign bits packed eight a byte.
+Compact = Literal["int8", "uint8", "binary", "ubinary"]
+LATE_CHUNKING = (
+    "the inputs are the chunks of one document: embedded together, each chunk's tokens "
+    "pooled into its own vector (service/protocols/late_chunking.py)"
+)
+
+
 class OpenAIEmbeddings(LongText, kw_only=True):
     input: Text | Inputs
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64"] | Compact = "float"
     dimensions: Positive | None = None  # at most the model's dimension
     prompt_name: str | None = None  # one of the model's sentence-transformers prompts
+    late_chunking: Annotated[bool, Meta(description=LATE_CHUNKING)] = False
 
 
 class TeiEmbed(LongText, kw_only=True):
     inputs: Text | Texts
     normalize: bool = True
     prompt_name: str | None = None
+    encoding_format: Literal["float"] | Compact = "float"
+    late_chunking: Annotated[bool, Meta(description=LATE_CHUNKING)] = False
 
 
 class Document(Struct):
@@ -123,7 +136,8 @@ Base64 = Annotated[str, Meta(extra_json_schema={"contentEncoding": "base64"})]
 class Embedding(Struct, forbid_unknown_fields=True):
     object: Literal["embedding"]
     index: NonNegative
-    embedding: list[float] | Base64  # base64: the little-endian float32 bytes
+    # base64: the little-endian float32 bytes; compact encodings are JSON integers (numbers)
+    embedding: list[float] | Base64
 
 
 class Usage(Struct, forbid_unknown_fields=True):
@@ -147,12 +161,14 @@ def embed_answers(names: tuple[str, ...], dimension: int, max_texts: int) -> dic
     def batch(item: Any) -> Any:
         return Annotated[list[item], Meta(min_length=1, max_length=max_texts)]
 
+    # float: d numbers; compact: int8/uint8 d integers, binary/ubinary a byte each 8 dimensions
     vector = Annotated[list[float], Meta(min_length=1, max_length=d)]
     item = narrowed(Embedding, embedding=vector | Base64)
+    # a late-chunked document answers a vector a chunk, up to --max-texts chunks
     return {
         "openai_embeddings": narrowed(
             EmbeddingList, data=batch(item), model=Literal[names] if names else str
         ),
-        "tei_embed": batch(Annotated[list[float], Meta(min_length=d, max_length=d)]),
+        "tei_embed": batch(vector),
         "embed_all": list[list[list[float]]],
     }

@@ -96,6 +96,8 @@ class ModelCard(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=
     bf16: dict[str, Any] | UnsetType = UNSET  # bf16's on OpenVINO, where built on a bf16 CPU
     # int8-checked's threshold and cost (the publication split), when it serves
     int8_checked: dict[str, Any] | UnsetType = UNSET
+    # an embed model's compact vectors: recall@10 of int8 and binary, and what calibrated them
+    compact: dict[str, Any] | UnsetType = UNSET
 
 
 class NamedModelCard(ModelCard, kw_only=True):

@@ -1,0 +1,106 @@
+"""The answer cache (--cache-bytes) at a 50% repeat rate: served texts per second of one server
+with the cache and one without (--cache-bytes 0), on the same requests, in one run.
+
+  python -m benchmarks.cache [--seconds 5] [--rounds 2] [--c 32]
+
+The default model, default workers, no spare. The request stream is one text a
+`/v1/embeddings` request, alternately a text never sent before (a data/ text with its own
+number before it, so no two are alike) and one of a hot set of HOT texts sent once to each
+server before its timed draw, so half of the texts were seen before. Each request is sent at
+most once (closed loop of c clients over a stream longer than any draw). The two servers run
+one after the other, in turns (`--rounds` of each), on the same cores; the ratio is of their
+medians. Each server's memory (front-end RSS) and its cache figures from /metrics are shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from devkit.http import http_message, http_request
+from devkit.launcher import AG_NEWS, SST2, Launched, load_texts
+from devkit.load import run_load
+
+HOT = 500  # texts a repeat is drawn from
+STREAM = 100_000  # requests in the stream (each sent at most once: 32 clients x 2,025 apart)
+
+
+def body(text: str) -> bytes:
+    data = json.dumps({"input": text}).encode()
+    return http_message("POST", "/v1/embeddings", data, {"Content-Type": "application/json"})
+
+
+def stream(texts: list[str]) -> tuple[list[str], list[bytes]]:
+    """(the hot set, the stream: new and hot texts in turn)."""
+    hot = [body(t) for t in texts[:HOT]]
+    rest = texts[HOT:]
+    out = []
+    for i in range(STREAM // 2):
+        out.append(body(f"{i}: {rest[i % len(rest)]}"))  # never sent before
+        out.append(hot[(i * 7) % HOT])  # seen before
+    return texts[:HOT], out
+
+
+def send_once(port: int, texts: list[str]) -> None:
+    """Each text once, as /v1/embeddings requests of 100 (the hot set, before a draw)."""
+    for i in range(0, len(texts), 100):
+        doc = json.dumps({"input": texts[i : i + 100]})
+        status, _, data = http_request(port, "POST", "/v1/embeddings", doc, timeout=120)
+        assert status == 200, data[:200]
+
+
+def scrape(port: int) -> dict[str, float]:
+    _, _, data = http_request(port, "GET", "/metrics")
+    found = re.findall(r"^(ringserve_cache_\w+) (\S+)$", data.decode(), re.M)
+    return {k.removeprefix("ringserve_cache_"): float(v) for k, v in found}
+
+
+def draw(work: Path, cache_bytes: int, hot: list[str], reqs: list[bytes], args: Any) -> dict:
+    srv = Launched(work, ["--spares", "0", "--cache-bytes", str(cache_bytes)])
+    try:
+        srv.wait_ready(None, 300)
+        send_once(srv.port, hot)
+        r = asyncio.run(run_load(srv.port, reqs, args.c, args.seconds, warmup_s=0))
+        assert not r.failed, r.codes
+        cache = scrape(srv.port)
+        rss = psutil.Process(srv.pid).memory_info().rss
+    finally:
+        srv.terminate(60)
+    return {"cache_bytes": cache_bytes, "texts_per_s": round(r.rps, 1),
+            "p50_ms": round(r.pct(50), 1), "p99_ms": round(r.pct(99), 1),
+            "front_end_rss_mib": round(rss / 2**20, 1), "cache": cache}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--c", type=int, default=32)
+    p.add_argument("--cache-bytes", type=int, default=64 << 20)
+    args = p.parse_args(argv)
+    summary = {}
+    with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
+        for mix, path in (("long", AG_NEWS), ("short", SST2)):
+            hot, reqs = stream(load_texts(path))
+            runs: dict[str, list[float]] = {"off": [], "on": []}
+            for _ in range(args.rounds):
+                for name, size in (("off", 0), ("on", args.cache_bytes)):
+                    row = draw(Path(tmp), size, hot, reqs, args)
+                    print(json.dumps({"mix": mix, "c": args.c, **row}), flush=True)
+                    runs[name].append(row["texts_per_s"])
+            off, on = statistics.median(runs["off"]), statistics.median(runs["on"])
+            summary[mix] = {"uncached": off, "cached": on, "ratio": round(on / off, 3)}
+    print(json.dumps({"repeat_rate": 0.5, "c": args.c, "texts_per_s": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
