@@ -97,8 +97,9 @@ def options_page() -> str:
 
 
 # -- the HTTP API -------------------------------------------------------------------------------
-def default_document() -> dict[str, Any]:
-    """The OpenAPI document of a server of the default model with the default options."""
+def default_document(key: bool = False) -> dict[str, Any]:
+    """The OpenAPI document of a server of the default model with the default options (with
+    `key`: and an API key, whose routes also answer 401 and, rate-limited, 429)."""
     from ringserve.service.protocols import openapi
     from ringserve.service.protocols.kserve import VERSION, server_version
     from ringserve.service.settings import Config
@@ -114,7 +115,7 @@ def default_document() -> dict[str, Any]:
         max_body=s.max_body,
         version=VERSION,
         server_version=server_version(),
-        key=False,
+        key=key,
     )
     # /docs/openapi.json is the operator port's alone (its /docs shows the HTTP port's document)
     served = [r for r in openapi.routes(f) if r != ("GET", "/docs/openapi.json")]
@@ -209,10 +210,33 @@ def http_page() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def error_shapes() -> list[str]:
+    """Each family's error body, as service/protocols/errors.py encodes it, with its paths."""
+    import msgspec
+    from ringserve.service.protocols import errors
+
+    paths = {
+        "": "every other route",
+        "openai": ", ".join(
+            [f"`{p.decode()}`" for p in errors.OPENAI_PATHS] + ["`/v1/models/{model}`"]
+        ),
+        "tei": ", ".join(f"`{p.decode()}`" for p in sorted(errors.TEI_PATHS)),
+        "cohere": ", ".join(f"`{p.decode()}`" for p in sorted(errors.COHERE_PATHS)),
+    }
+    names = {"": "ringserve", "openai": "OpenAI", "tei": "TEI", "cohere": "Cohere"}
+    sample = {"": b"/v1/classify", "openai": b"/v1/embeddings", "tei": b"/embed"}
+    sample["cohere"] = b"/v1/rerank"
+    lines = ["| routes | shape | a 400's body |", "| --- | --- | --- |"]
+    for kind in errors.BODIES:
+        body = msgspec.json.encode(errors.error_doc(sample[kind], 400, "texts must be a list"))
+        lines.append(f"| {paths[kind]} | {names[kind]} | `{body.decode()}` |")
+    return lines
+
+
 def errors_page() -> str:
     from ringserve.wire.frames import STATUS_NAMES
 
-    doc = default_document()
+    doc = default_document(key=True)
     statuses: dict[str, dict[str, list[str]]] = {}
     for method, path, op in operations(doc):
         for status, answer in op["responses"].items():
@@ -225,8 +249,15 @@ def errors_page() -> str:
         "",
         GENERATED,
         "",
-        'Every HTTP error body is `{"error": "<message>"}`; the message says what was wrong. '
-        "Each error status below is one the OpenAPI document lists, with each meaning it has and "
+        "An HTTP error body says what was wrong in the shape its route's clients parse: the "
+        "OpenAI, TEI and Cohere routes answer every error (a parser's 400, admission's 503, "
+        "the key's 401) in their own shape, every other route in ringserve's "
+        "(`service/protocols/errors.py`):",
+        "",
+        *error_shapes(),
+        "",
+        "Each error status below is one the OpenAPI document of a server with `--api-key` lists "
+        "(401 needs a key; 429 is a key's rate, `--api-keys`), with each meaning it has and "
         "the number of routes that answer it ([HTTP API](http.md) has them route by route; the "
         "[API reference](../api.md#http) says when each happens).",
         "",
@@ -237,6 +268,10 @@ def errors_page() -> str:
         for meaning, where in sorted(statuses[status].items()):
             lines.append(f"| {status} | {meaning} | {len(where)} |")
     lines += [
+        "",
+        "Any route may also answer 500 (`internal error`): a fault of the server, never of the "
+        "request, which the document does not list; a request still owed when a second "
+        "SIGTERM or SIGINT stops a draining server is answered 500 too.",
         "",
         "## Binary protocol statuses",
         "",
