@@ -7,7 +7,11 @@
   `config_reference`, from the same settings);
 - docs/reference/http.md: every HTTP route from the OpenAPI document (service/protocols/openapi.py)
   as the default model's server answers it;
-- docs/reference/errors.md: every status any route answers, and the binary protocol's statuses.
+- docs/reference/errors.md: every status any route answers, each route family's error body, and
+  the binary protocol's statuses;
+- docs/reference/control.md: every control-socket command, its fields and its `ringserve ctl`;
+- docs/reference/metrics.md: every metric family with its type and help (devkit/drift.py reads
+  them from service/ops/prometheus.py).
 
 `python -m devkit.docgen` rewrites them; `python -m devkit.docgen --check` exits 1 naming the
 stale ones (tests/unit/test_docs.py runs the same comparison). Run it after changing a command's
@@ -290,6 +294,92 @@ def errors_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- the control socket ------------------------------------------------------------------------
+def field_type(t: Any) -> str:
+    """A msgspec type as a reader of JSON says it: `integer (1 to 256)`, `string (not empty)`."""
+    from msgspec import inspect
+
+    if isinstance(t, inspect.UnionType):
+        return " or ".join(field_type(x) for x in t.types)
+    if isinstance(t, inspect.NoneType):
+        return "null"
+    if isinstance(t, inspect.IntType):
+        low, high = t.ge, t.le
+        if low is not None and high is not None:
+            return f"integer ({low} to {high})"
+        return f"integer ({low} or more)" if low is not None else "integer"
+    if isinstance(t, inspect.StrType):
+        return "string (not empty)" if t.min_length else "string"
+    return type(t).__name__
+
+
+def control_page() -> str:
+    import re
+    import typing
+
+    from msgspec import inspect
+    from ringserve.service.protocols.control import COMMANDS
+    from ringserve.service.protocols.schemas import control
+
+    ctl = command_help(["ctl", "--help"])
+    typed = set(re.search(r"\{([a-z,]+)\}", ctl).group(1).split(","))  # type: ignore[union-attr]
+    lines = [
+        "# Control socket",
+        "",
+        GENERATED,
+        "",
+        "Every command of the control socket (`--control`, a Unix socket): one JSON object a "
+        'line, `{"cmd": NAME, ...}`, with `"key": KEY` when the server has an API key; each '
+        "answer is one line with `ok`. From `service/protocols/control.py`'s command table and "
+        "`service/protocols/schemas/control.py`'s requests; the [API reference]"
+        "(../api.md#control-socket) has what each answer holds.",
+        "",
+        "| request | fields | `ringserve ctl` | what it does |",
+        "| --- | --- | --- | --- |",
+    ]
+    for struct in typing.get_args(control.Any_):
+        info = inspect.type_info(struct)
+        fields = [f for f in info.fields if f.name != "key"]
+        said = ", ".join([f'"cmd": "{info.tag}"', *(f'"{f.name}": ...' for f in fields)])
+        kinds = "; ".join(
+            f"`{f.name}`: {field_type(f.type)}" + ("" if f.required else " (optional)")
+            for f in fields
+        )
+        handler = COMMANDS[info.tag]
+        doc = " ".join((handler.__doc__ or "").split())
+        typed_as = f"`ringserve ctl {info.tag}`" if info.tag in typed else "(none: internal)"
+        lines.append(f"| `{{{said}}}` | {kinds} | {typed_as} | {doc} |")
+    lines += [
+        "",
+        "An unknown `cmd` is answered `ok: false` with the list of `commands`; a field of the "
+        "wrong type or range is answered `ok: false` naming it.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# -- the metrics -------------------------------------------------------------------------------
+def metrics_page() -> str:
+    from devkit import drift
+
+    lines = [
+        "# Metrics",
+        "",
+        GENERATED,
+        "",
+        "Every metric family `GET /metrics` can write (Prometheus text format 0.0.4), its type and "
+        "its help line, from `service/ops/prometheus.py`. Some appear only with what they "
+        "count: the `tenant` families with `--api-keys`, the `model_` ones with several models, "
+        "the GPU ones while a worker runs on CUDA. The [API reference](../api.md#metrics) has "
+        "their labels.",
+        "",
+        "| family | type | help |",
+        "| --- | --- | --- |",
+    ]
+    for name, (kind, help_text) in drift.metric_families().items():
+        lines.append(f"| `{name}` | {kind} | {help_text} |")
+    return "\n".join(lines) + "\n"
+
+
 def config_page() -> str:
     from ringserve.service.settings import config_reference
 
@@ -302,6 +392,8 @@ PAGES: dict[str, Callable[[], str]] = {
     "config.md": config_page,
     "http.md": http_page,
     "errors.md": errors_page,
+    "control.md": control_page,
+    "metrics.md": metrics_page,
 }
 
 

@@ -286,10 +286,64 @@ def facts():  # type: ignore[no-untyped-def]
     )
 
 
+PROMETHEUS = ROOT / "service" / "ops" / "prometheus.py"
+KINDS = ("counter", "gauge", "histogram")
+
+
 def code_metrics() -> set[str]:
     """The metric families /metrics writes: service/ops/prometheus.py's `ringserve_` literals."""
-    path = ROOT / "service" / "ops" / "prometheus.py"
-    return {t for _, t in literals(path) if re.fullmatch(r"ringserve_[a-z0-9_]+", t)}
+    return {t for _, t in literals(PROMETHEUS) if re.fullmatch(r"ringserve_[a-z0-9_]+", t)}
+
+
+def metric_families() -> dict[str, tuple[str, str]]:
+    """Each family's (type, help) as service/ops/prometheus.py writes it: read from the tuple or
+    the call that names it (a family whose help is added where it is written has that part
+    left out; one named in a loop's table takes the help of the loop's call)."""
+    tree = ast.parse(PROMETHEUS.read_text(encoding="utf-8"))
+    parent: dict[int, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parent[id(child)] = node
+
+    def texts(node: ast.AST) -> list[str]:
+        items = node.elts if isinstance(node, ast.Tuple) else getattr(node, "args", [])
+        return [c.value for c in items if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+
+    def enclosing(node: ast.AST, kind: type) -> ast.AST | None:
+        while id(node) in parent:
+            node = parent[id(node)]
+            if isinstance(node, kind):
+                return node
+        return None
+
+    out: dict[str, tuple[str, str]] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and code_metric(node.value)):
+            continue
+        holder = parent[id(node)]
+        if not isinstance(holder, ast.Tuple | ast.Call):
+            continue
+        near = texts(holder)
+        kinds = [t for t in near if t in KINDS]
+        helps = [t for t in near if " " in t]
+        loop = enclosing(holder, ast.For)
+        if not helps and loop is not None and enclosing(holder, ast.For) is not None:
+            calls = [c for b in loop.body for c in ast.walk(b) if isinstance(c, ast.Call)]
+            helps = [t for c in calls for t in texts(c) if " " in t][:1]
+        if not kinds:
+            func = enclosing(holder, ast.FunctionDef)
+            used = {c.value for c in ast.walk(func) if isinstance(c, ast.Constant)} if func else {}
+            found = [k for k in KINDS if k in used]
+            kinds = found if len(found) == 1 else []
+        kind = kinds[0] if kinds else ("counter" if node.value.endswith("_total") else "gauge")
+        seen = out.get(node.value)
+        if seen is None or (helps and not seen[1]):
+            out[node.value] = (kind, helps[0] if helps else "")
+    return dict(sorted(out.items()))
+
+
+def code_metric(value: object) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"ringserve_[a-z0-9_]+", value) is not None
 
 
 def repository_files() -> set[str]:

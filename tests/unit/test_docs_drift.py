@@ -40,6 +40,20 @@ def test_names_are_read_from_the_code(names: drift.Names) -> None:
     assert "RINGSERVE_MAX_QUEUE" in names.env and "max_queue" in names.config_keys
 
 
+def test_metrics_page_has_each_family_with_its_type_and_help(names: drift.Names) -> None:
+    """docs/reference/metrics.md is generated from what service/ops/prometheus.py writes: every
+    family, each with its type and (where the code gives it whole) its help line."""
+    families = drift.metric_families()
+    assert set(families) == names.metrics
+    assert families["ringserve_requests_total"][0] == "counter"
+    assert families["ringserve_queue_depth"] == (
+        "gauge",
+        "Texts admitted and not yet answered (bounded by --max-queue).",
+    )
+    assert families["ringserve_request_latency_seconds"][0] == "histogram"
+    assert all(kind in drift.KINDS and help_text for kind, help_text in families.values())
+
+
 RENAMES = [
     ("flag", "--max-queue", "--queue-max"),
     ("route", "POST /v1/classify", "POST /v1/label"),
