@@ -8,6 +8,12 @@ check reads the messages the code prints (string literals in service/, factory/,
 OpenAPI route table, the /metrics writer, the control socket's command table, pyproject's extras,
 the file tree); `drift(names, pages)` compares, so a test can hand it a changed copy of the names.
 Each finding reads `FILE:LINE: KIND NAME: why`. `python -m devkit.drift` prints them.
+
+A finding is fixed in the page (or the message), as a rule. Where the name is right but not ours:
+another program's flag goes in FOREIGN_FLAGS (its section must name the program: TOOLS), a peer's
+route in FOREIGN_ROUTES; a line that names what no longer exists on purpose (a diary of
+measurements at an old commit) carries `<!-- drift-ok: REASON -->`. A public name with no page
+("(no page)") gets a line in docs/api.md or the guide it belongs to.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ MESSAGE_DIRS = ("service", "factory", "workers")
 # The control socket's commands that no person types: the new server asks the old for its
 # listening sockets on a --reuse-port upgrade (service/protocols/handover.py).
 INTERNAL_COMMANDS = frozenset({"listeners"})
+# What our processes call themselves in `ps` ("ringserve worker 3"), not commands.
+PROCESS_TITLES = frozenset({"worker", "zygote"})
 # Flags of other programs that the docs show beside ours (curl, pip, docker, kubectl, pytest,
 # grpcurl, the peers' servers, git, make, mkdocs, python): prose naming them is not drift.
 FOREIGN_FLAGS = frozenset(
@@ -567,13 +575,15 @@ def check_toml(names: Names, line: Line, table: str) -> list[str]:
 def check_message(names: Names, line: Line) -> list[str]:
     out: list[str] = []
     text = line.text
-    for m in re.finditer(r"`ringserve\s+([a-z][a-z-]*)([^`]*)`|\bringserve ([a-z]+) --", text):
-        command = m.group(1) or m.group(3)
+    for m in re.finditer(r"\bringserve ([a-z][a-z-]*)\b(?!:)([^`;\n]*)", text):
+        command = m.group(1)
+        if command in PROCESS_TITLES:
+            continue
         if command not in names.commands and command != "ctl":
             out.append(f"{line.where}: command ringserve {command}: no such `ringserve` command")
             continue
         own = names.commands.get(command, set()) | {"--control", "--help"}
-        for f in FLAG.findall(m.group(2) or ""):
+        for f in FLAG.findall(m.group(2)):
             if f not in own:
                 out.append(f"{line.where}: flag {f}: no such option of `ringserve {command}`")
     known = names.flags_for(text) | names.other_flags

@@ -26,9 +26,8 @@ def test_docs_and_messages_name_only_what_exists(
     names: drift.Names, lines: list[drift.Line]
 ) -> None:
     found = drift.drift(names, lines, drift.message_lines())
-    assert found == [], "docs drifted from the code (`python -m devkit.drift`):\n" + "\n".join(
-        found
-    )
+    hint = "docs drifted from the code (`python -m devkit.drift`; its docstring says how to fix):"
+    assert found == [], "\n".join([hint, *found])
 
 
 def test_names_are_read_from_the_code(names: drift.Names) -> None:
