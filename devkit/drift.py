@@ -355,15 +355,25 @@ def code_metric(value: object) -> bool:
 
 
 def repository_files() -> set[str]:
+    """The repository's files as git lists them (tracked, and new ones not ignored), and their
+    folders; outside a git checkout, the tree without its virtualenv and caches."""
     import subprocess
 
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".venv", ".git", "__pycache__", "build", ".mypy_cache", ".ruff_cache"}
+        listed = [
+            p.relative_to(ROOT).as_posix()
+            for p in ROOT.rglob("*")
+            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
+        ]
     out = set(listed)
     for name in listed:
         parts = name.split("/")
