@@ -7,7 +7,11 @@
   `config_reference`, from the same settings);
 - docs/reference/http.md: every HTTP route from the OpenAPI document (service/protocols/openapi.py)
   as the default model's server answers it;
-- docs/reference/errors.md: every status any route answers, and the binary protocol's statuses.
+- docs/reference/errors.md: every status any route answers, each route family's error body, and
+  the binary protocol's statuses;
+- docs/reference/control.md: every control-socket command, its fields and its `ringserve ctl`;
+- docs/reference/metrics.md: every metric family with its type and help (devkit/drift.py reads
+  them from service/ops/prometheus.py).
 
 `python -m devkit.docgen` rewrites them; `python -m devkit.docgen --check` exits 1 naming the
 stale ones (tests/unit/test_docs.py runs the same comparison). Run it after changing a command's
@@ -97,8 +101,9 @@ def options_page() -> str:
 
 
 # -- the HTTP API -------------------------------------------------------------------------------
-def default_document() -> dict[str, Any]:
-    """The OpenAPI document of a server of the default model with the default options."""
+def default_document(key: bool = False) -> dict[str, Any]:
+    """The OpenAPI document of a server of the default model with the default options (with
+    `key`: and an API key, whose routes also answer 401 and, rate-limited, 429)."""
     from ringserve.service.protocols import openapi
     from ringserve.service.protocols.kserve import VERSION
     from ringserve.service.settings import Config
@@ -115,7 +120,7 @@ def default_document() -> dict[str, Any]:
         max_body=s.max_body,
         version=VERSION,
         server_version=version(),
-        key=False,
+        key=key,
     )
     # /docs/openapi.json is the operator port's alone (its /docs shows the HTTP port's document)
     served = [r for r in openapi.routes(f) if r != ("GET", "/docs/openapi.json")]
@@ -210,10 +215,33 @@ def http_page() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def error_shapes() -> list[str]:
+    """Each family's error body, as service/protocols/errors.py encodes it, with its paths."""
+    import msgspec
+    from ringserve.service.protocols import errors
+
+    paths = {
+        "": "every other route",
+        "openai": ", ".join(
+            [f"`{p.decode()}`" for p in errors.OPENAI_PATHS] + ["`/v1/models/{model}`"]
+        ),
+        "tei": ", ".join(f"`{p.decode()}`" for p in sorted(errors.TEI_PATHS)),
+        "cohere": ", ".join(f"`{p.decode()}`" for p in sorted(errors.COHERE_PATHS)),
+    }
+    names = {"": "ringserve", "openai": "OpenAI", "tei": "TEI", "cohere": "Cohere"}
+    sample = {"": b"/v1/classify", "openai": b"/v1/embeddings", "tei": b"/embed"}
+    sample["cohere"] = b"/v1/rerank"
+    lines = ["| routes | shape | a 400's body |", "| --- | --- | --- |"]
+    for kind in errors.BODIES:
+        body = msgspec.json.encode(errors.error_doc(sample[kind], 400, "texts must be a list"))
+        lines.append(f"| {paths[kind]} | {names[kind]} | `{body.decode()}` |")
+    return lines
+
+
 def errors_page() -> str:
     from ringserve.wire.frames import STATUS_NAMES
 
-    doc = default_document()
+    doc = default_document(key=True)
     statuses: dict[str, dict[str, list[str]]] = {}
     for method, path, op in operations(doc):
         for status, answer in op["responses"].items():
@@ -226,8 +254,15 @@ def errors_page() -> str:
         "",
         GENERATED,
         "",
-        'Every HTTP error body is `{"error": "<message>"}`; the message says what was wrong. '
-        "Each error status below is one the OpenAPI document lists, with each meaning it has and "
+        "An HTTP error body says what was wrong in the shape its route's clients parse: the "
+        "OpenAI, TEI and Cohere routes answer every error (a parser's 400, admission's 503, "
+        "the key's 401) in their own shape, every other route in ringserve's "
+        "(`service/protocols/errors.py`):",
+        "",
+        *error_shapes(),
+        "",
+        "Each error status below is one the OpenAPI document of a server with `--api-key` lists "
+        "(401 needs a key; 429 is a key's rate, `--api-keys`), with each meaning it has and "
         "the number of routes that answer it ([HTTP API](http.md) has them route by route; the "
         "[API reference](../api.md#http) says when each happens).",
         "",
@@ -238,6 +273,10 @@ def errors_page() -> str:
         for meaning, where in sorted(statuses[status].items()):
             lines.append(f"| {status} | {meaning} | {len(where)} |")
     lines += [
+        "",
+        "Any route may also answer 500 (`internal error`): a fault of the server, never of the "
+        "request, which the document does not list; a request still owed when a second "
+        "SIGTERM or SIGINT stops a draining server is answered 500 too.",
         "",
         "## Binary protocol statuses",
         "",
@@ -256,6 +295,92 @@ def errors_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- the control socket ------------------------------------------------------------------------
+def field_type(t: Any) -> str:
+    """A msgspec type as a reader of JSON says it: `integer (1 to 256)`, `string (not empty)`."""
+    from msgspec import inspect
+
+    if isinstance(t, inspect.UnionType):
+        return " or ".join(field_type(x) for x in t.types)
+    if isinstance(t, inspect.NoneType):
+        return "null"
+    if isinstance(t, inspect.IntType):
+        low, high = t.ge, t.le
+        if low is not None and high is not None:
+            return f"integer ({low} to {high})"
+        return f"integer ({low} or more)" if low is not None else "integer"
+    if isinstance(t, inspect.StrType):
+        return "string (not empty)" if t.min_length else "string"
+    return type(t).__name__
+
+
+def control_page() -> str:
+    import re
+    import typing
+
+    from msgspec import inspect
+    from ringserve.service.protocols.control import COMMANDS
+    from ringserve.service.protocols.schemas import control
+
+    ctl = command_help(["ctl", "--help"])
+    typed = set(re.search(r"\{([a-z,]+)\}", ctl).group(1).split(","))  # type: ignore[union-attr]
+    lines = [
+        "# Control socket",
+        "",
+        GENERATED,
+        "",
+        "Every command of the control socket (`--control`, a Unix socket): one JSON object a "
+        'line, `{"cmd": NAME, ...}`, with `"key": KEY` when the server has an API key; each '
+        "answer is one line with `ok`. From `service/protocols/control.py`'s command table and "
+        "`service/protocols/schemas/control.py`'s requests; the [API reference]"
+        "(../api.md#control-socket) has what each answer holds.",
+        "",
+        "| request | fields | `ringserve ctl` | what it does |",
+        "| --- | --- | --- | --- |",
+    ]
+    for struct in typing.get_args(control.Any_):
+        info = inspect.type_info(struct)
+        fields = [f for f in info.fields if f.name != "key"]
+        said = ", ".join([f'"cmd": "{info.tag}"', *(f'"{f.name}": ...' for f in fields)])
+        kinds = "; ".join(
+            f"`{f.name}`: {field_type(f.type)}" + ("" if f.required else " (optional)")
+            for f in fields
+        )
+        handler = COMMANDS[info.tag]
+        doc = " ".join((handler.__doc__ or "").split())
+        typed_as = f"`ringserve ctl {info.tag}`" if info.tag in typed else "(none: internal)"
+        lines.append(f"| `{{{said}}}` | {kinds} | {typed_as} | {doc} |")
+    lines += [
+        "",
+        "An unknown `cmd` is answered `ok: false` with the list of `commands`; a field of the "
+        "wrong type or range is answered `ok: false` naming it.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# -- the metrics -------------------------------------------------------------------------------
+def metrics_page() -> str:
+    from devkit import drift
+
+    lines = [
+        "# Metrics",
+        "",
+        GENERATED,
+        "",
+        "Every metric family `GET /metrics` can write (Prometheus text format 0.0.4), its type and "
+        "its help line, from `service/ops/prometheus.py`. Some appear only with what they "
+        "count: the `tenant` families with `--api-keys`, the `model_` ones with several models, "
+        "the GPU ones while a worker runs on CUDA. The [API reference](../api.md#metrics) has "
+        "their labels.",
+        "",
+        "| family | type | help |",
+        "| --- | --- | --- |",
+    ]
+    for name, (kind, help_text) in drift.metric_families().items():
+        lines.append(f"| `{name}` | {kind} | {help_text} |")
+    return "\n".join(lines) + "\n"
+
+
 def config_page() -> str:
     from ringserve.service.settings import config_reference
 
@@ -268,6 +393,8 @@ PAGES: dict[str, Callable[[], str]] = {
     "config.md": config_page,
     "http.md": http_page,
     "errors.md": errors_page,
+    "control.md": control_page,
+    "metrics.md": metrics_page,
 }
 
 

@@ -438,7 +438,7 @@ class Config:
         "per --lanes cores when a worker has several lanes)",
         int,
     )
-    threads: int = option(1, "torch threads per worker (1 measured steadiest, DESIGN.md)", int)
+    threads: int = option(1, "torch threads per worker (1 measured steadiest, docs/design.md)", int)
     lanes: int | None = option(
         None,
         "batches one CPU worker runs at once, each on its own core and ONNX Runtime session, "

@@ -213,7 +213,7 @@ def refusals(out: Exposition, r: Reading) -> None:
         "ringserve_queue_wait_seconds",
         "gauge",
         "The queue's measured delay: how long the oldest text waiting in the front-end has "
-        "waited (a standing queue past --max-queue-ms for 100 ms is refused).",
+        "waited (a standing queue past --max-queue-ms for 200 ms is refused).",
         d.wait_ms() / 1000,
     )
     out.labelled(

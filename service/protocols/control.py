@@ -154,26 +154,31 @@ def answer_code(reply: dict[str, Any]) -> int:
 
 
 def cmd_status(admin: Admin, c: commands.Status) -> Reply:
+    """The server, its model and each worker process (docs/api.md, Control socket)."""
     return {"ok": True, **admin.status()}
 
 
 def cmd_restart(admin: Admin, c: commands.Restart) -> Reply:
+    """Replace the worker in slot `worker` by a new process; nothing in flight is lost."""
     error = admin.restart(c.worker)
     return {"ok": False, "error": error} if error else {"ok": True, "worker": c.worker}
 
 
 def cmd_scale(admin: Admin, c: commands.Scale) -> Reply:
+    """Grow or shrink the pool to `workers` serving workers."""
     n = c.workers
     error = admin.scale(n)
     return {"ok": False, "error": error} if error else {"ok": True, "workers": n}
 
 
 def cmd_drain(admin: Admin, c: commands.Drain) -> Reply:
+    """Drain and stop, as SIGTERM."""
     admin.stop("control")
     return {"ok": True, "draining": True}
 
 
 async def cmd_reload(admin: Admin, c: commands.Reload) -> Reply:
+    """Reload the artifact, as SIGHUP; answered once it is verified, with the new `generation`."""
     error = await admin.reload("control")
     if error:
         return {"ok": False, "error": error}
@@ -181,6 +186,7 @@ async def cmd_reload(admin: Admin, c: commands.Reload) -> Reply:
 
 
 def cmd_models(admin: Admin, c: commands.Models) -> Reply:
+    """The model repository's index, as `POST /v2/repository/index` answers it."""
     return {"ok": True, "models": admin.models()}
 
 
@@ -189,19 +195,24 @@ def refused(error: tuple[int, str]) -> Reply:
 
 
 async def cmd_load(admin: Admin, c: commands.Load) -> Reply:
+    """Load `model` (`version`, else the highest) from the repository (`--model-control explicit`);
+    answered once its workers serve."""
     name = c.model
     error = await admin.load(name, c.version)
     return refused(error) if error else {"ok": True, "model": name, "models": admin.models()}
 
 
 async def cmd_unload(admin: Admin, c: commands.Unload) -> Reply:
+    """Unload `model` (`--model-control explicit`): new requests for it get 404, what was
+    admitted is answered, then the workers roll onto the other models."""
     name = c.model
     error = await admin.unload(name)
     return refused(error) if error else {"ok": True, "model": name, "models": admin.models()}
 
 
 def cmd_listeners(admin: Admin, c: commands.Listeners) -> Reply:
-    """Hand the listening sockets to a server upgrading beside this one (service.handover)."""
+    """Hand the listening sockets to a server upgrading beside this one on a --reuse-port
+    upgrade (service/protocols/handover.py)."""
     found = admin.handover_sockets()
     if isinstance(found, str):
         return {"ok": False, "error": found}

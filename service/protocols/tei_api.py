@@ -266,7 +266,7 @@ def token_vectors_width(info: ModelInfo) -> int:
         raise HttpError(
             400,
             f"/embed_all is not served by model {info.name}: its artifact has no token vectors "
-            "(an embed model built by this version of `ringserve build` has them)",
+            "(an embed model built by this version of `ringserve export` has them)",
         )
     if info.runtime not in ("onnx", "openvino"):
         raise HttpError(
