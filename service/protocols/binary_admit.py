@@ -112,6 +112,10 @@ class FrameAdmitter:
         if info is None:
             return
         m = info.manifest
+        if "sparse" in m.task:  # a frame carries floats, not terms: status 1 (docs/api.md)
+            bad = L.STATUS_BAD_REQUEST
+            self.conn.send(b"".join([status_answer(t, bad) for t in tags]), CODES[bad], len(tags))
+            return
         embed = m.embed_only  # the contract: an embed model answers n = D floats
         task = "embed" if embed else "classify"
 
