@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--texts", type=int, default=2000)
+    p.add_argument(
+        "--texts", type=int, default=400, help="SST-2 sentences (the ceiling runs them whole)"
+    )
     args = p.parse_args(argv)
     from benchmarks.serving import ceiling
 

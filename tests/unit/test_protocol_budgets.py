@@ -130,7 +130,7 @@ class Dispatcher:
 
 def binary_conn() -> tuple[BinaryProtocol, Transport, Dispatcher]:
     dispatcher = Dispatcher()
-    manifest = SimpleNamespace(embed_only=False, normalize=False)
+    manifest = SimpleNamespace(embed_only=False, normalize=False, task=["classify"])
     model = SimpleNamespace(name="m", version=1, index=0, manifest=manifest)
     host = SimpleNamespace(
         settings=Config(),

@@ -88,3 +88,13 @@ def test_kserve_outputs_are_the_terms_one_text_after_another() -> None:
     assert kserve_tensor("sparse_indices", results, False)[1] == [1, 3, 0]
     _, raw = kserve_tensor("sparse_values", results, True)
     assert np.frombuffer(raw, "<f4").tolist() == [1.5, 2.5, 4.0]
+
+
+def test_auto_precision_reads_a_sparse_models_published_cost() -> None:
+    from ringserve.service.precision import auto_precision
+
+    cost = {"texts": 512, "rank_overlap_at_10": 0.995, "term_overlap_at_32": 0.98}
+    chosen, why = auto_precision(cost | {"speedup": 1.8}, True)
+    assert chosen == "int8" and "0.995 of fp32's top 10 documents" in why
+    chosen, why = auto_precision(cost | {"rank_overlap_at_10": 0.94}, True)
+    assert chosen == "fp32" and "below 0.99" in why
