@@ -34,6 +34,7 @@ from devkit.http import HOST, http_message
 from devkit.launcher import ROOT, SST2, Launched, free_port, inherited_env, load_texts
 from devkit.load import run_load
 
+MAX_LENGTH = 256  # the served model's and the peer's
 BASE = {
     "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
     "intermediate_size": 3072, "max_position_embeddings": 512,
@@ -48,10 +49,10 @@ def build(work: Path) -> tuple[Path, Path]:
     from devkit.sparse_models import MLMS, save_mlm
 
     MLMS["bert-base"] = ("BertConfig", "BertForMaskedLM", BASE, "wordpiece")
-    src = save_mlm("bert-base", work)
+    src = save_mlm("bert-base", work, max_length=MAX_LENGTH)
     art = work / "art"
     with plain_builds():
-        args = ["--from", str(src), "--out", str(art), "--pooling", "splade", "--max-length", "256"]
+        args = ["--from", str(src), "--out", str(art), "--pooling", "splade"]
         assert export.main(args) == 0
     return src, art
 
@@ -72,7 +73,8 @@ def baseline(src: Path, texts: list[str], c: int, seconds: float) -> Any:
     from benchmarks.serving import stop_group, wait_health
 
     port = free_port()
-    env = {**inherited_env(), "RINGSERVE_SPARSE_PEER_DIR": str(src)}
+    env = {**inherited_env(), "RINGSERVE_SPARSE_PEER_DIR": str(src),
+           "RINGSERVE_SPARSE_PEER_MAX_LENGTH": str(MAX_LENGTH)}  # fmt: skip
     cmd = [sys.executable, "-m", "uvicorn", "benchmarks.sparse_peer:app", "--host", HOST,
            "--port", str(port), "--workers", "1", "--log-level", "warning",
            "--no-access-log"]  # fmt: skip

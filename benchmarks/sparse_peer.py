@@ -21,7 +21,10 @@ from devkit.sparse_models import reference
 app = FastAPI()
 if os.environ.get("RINGSERVE_SPARSE_PEER_THREADS"):
     torch.set_num_threads(int(os.environ["RINGSERVE_SPARSE_PEER_THREADS"]))
-MODEL = reference(Path(os.environ["RINGSERVE_SPARSE_PEER_DIR"]))
+MODEL = reference(
+    Path(os.environ["RINGSERVE_SPARSE_PEER_DIR"]),
+    max_length=int(os.environ.get("RINGSERVE_SPARSE_PEER_MAX_LENGTH", "256")),
+)
 
 
 class Inputs(BaseModel):
