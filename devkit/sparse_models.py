@@ -36,9 +36,10 @@ MLMS: dict[str, tuple[str, str, dict[str, Any], str]] = {
 POSITIVE_SHARE = 0.005
 
 
-def save_mlm(name: str, root: Path, seed: int = 7) -> Path:
-    """A tiny random `*ForMaskedLM` with its tokenizer saved as `transformers` saves it (so that
-    sentence-transformers loads the directory too)."""
+def save_mlm(name: str, root: Path, seed: int = 7, max_length: int = MAX_LENGTH) -> Path:
+    """A tiny random `*ForMaskedLM` (of MLMS's shapes; its positions 40 unless they say) with its
+    tokenizer saved as `transformers` saves it (so that sentence-transformers loads the directory
+    too), `max_length` its tokenizer's model_max_length."""
     import transformers
 
     cfg_name, cls_name, fields, kind = MLMS[name]
@@ -46,10 +47,8 @@ def save_mlm(name: str, root: Path, seed: int = 7) -> Path:
     tok = Tokenizer.from_file(str(default_encoder_dir() / "tokenizer.json")) if wordpiece else (
         bpe_tokenizer()
     )  # fmt: skip
-    positions = 40 + (0 if wordpiece else 2)
-    config = getattr(transformers, cfg_name)(
-        vocab_size=tok.get_vocab_size(), max_position_embeddings=positions, **fields
-    )
+    fields = {"max_position_embeddings": 40 + (0 if wordpiece else 2)} | fields
+    config = getattr(transformers, cfg_name)(vocab_size=tok.get_vocab_size(), **fields)
     torch.manual_seed(seed)
     model = getattr(transformers, cls_name)(config).eval()
     with torch.no_grad():
@@ -68,7 +67,7 @@ def save_mlm(name: str, root: Path, seed: int = 7) -> Path:
               "cls_token": "<s>", "sep_token": "</s>", "mask_token": "<unk>"}
     )  # fmt: skip
     fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(out / "tokenizer.json"), model_max_length=MAX_LENGTH, **special
+        tokenizer_file=str(out / "tokenizer.json"), model_max_length=max_length, **special
     )
     raw = (out / "tokenizer.json").read_bytes()
     fast.save_pretrained(out)
@@ -84,7 +83,7 @@ def save_sparse_encoder(mlm: Path, root: Path, pooling: str = "max") -> Path:
     return out
 
 
-def reference(source: Path, pooling: str = "max") -> Any:
+def reference(source: Path, pooling: str = "max", max_length: int = MAX_LENGTH) -> Any:
     """sentence-transformers' SparseEncoder of a SparseEncoder directory, or of an MLM directory
     with SpladePooling (`pooling`): what the served vectors must equal."""
     from sentence_transformers import SparseEncoder
@@ -93,7 +92,7 @@ def reference(source: Path, pooling: str = "max") -> Any:
         return SparseEncoder(str(source), device="cpu")
     from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
 
-    mlm = Transformer(str(source), transformer_task="fill-mask", max_seq_length=MAX_LENGTH)
+    mlm = Transformer(str(source), transformer_task="fill-mask", max_seq_length=max_length)
     return SparseEncoder(modules=[mlm, SpladePooling(pooling)], device="cpu")
 
 

@@ -399,6 +399,11 @@ def bf16_note(precision: str, cost: dict[str, Any]) -> str:
         return " (the artifact publishes no bf16 cost: built on a CPU without bf16)"
     where = f"{cost.get('texts')} texts of the publication split"
     speed = f", {cost['speedup']}x fp32's speed where built" if "speedup" in cost else ""
+    if "rank_overlap_at_10" in cost:  # a sparse model (factory/sparse_cost.py)
+        return (
+            f": {cost['rank_overlap_at_10']} of each query's top 10 documents as fp32's on "
+            f"{where}{speed}"
+        )
     if "mean_cosine" in cost:
         return f": mean cosine to fp32 {cost['mean_cosine']} on {where}{speed}"
     return (
@@ -410,6 +415,12 @@ def bf16_note(precision: str, cost: dict[str, Any]) -> str:
 def int8_note(cost: dict[str, Any]) -> str:
     """What int8 costs, as published from the split no choice read (factory/int8.py publish)."""
     where = f"{cost.get('texts')} texts of the publication split"
+    if "rank_overlap_at_10" in cost:  # a sparse model (factory/sparse_cost.py)
+        return (
+            f"ringserve: --precision int8: {cost.get('term_overlap_at_32')} of each text's 32 "
+            f"heaviest terms kept, {cost['rank_overlap_at_10']} of each query's top 10 "
+            f"documents by dot product as fp32's, on {where}"
+        )
     if "min_cosine" in cost:  # an embed-only model: how far int8 turns its vectors
         return (
             f"ringserve: --precision int8: cosine to fp32 at least {cost['min_cosine']} "

@@ -22,13 +22,21 @@ MIN_AGREEMENT = 0.99  # a precision's decisions equal to fp32's, at least this s
 MAX_ACCURACY_COST = 0.005  # accuracy a precision may lose against fp32: half a point
 MIN_MEAN_COSINE = 0.999  # an embed-only model: its vectors this close to fp32's on average
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # what a CPU needs to run bf16 at speed
+# a sparse model (factory/sparse_cost.py): its queries' top 10 documents by dot product, this
+# share of them the same as fp32's on average
+MIN_RANK_OVERLAP = 0.99
 
 
 def judge(name: str, cost: dict[str, Any]) -> tuple[bool, str]:
     """Whether `name` (int8 or bf16) is faithful and faster by its published `cost`, and what
     says so or why not (a clause of the reason line)."""
     where = f"of {cost.get('texts')} texts"
-    if "mean_cosine" in cost:
+    if "rank_overlap_at_10" in cost:  # a sparse model: how its dot products rank documents
+        overlap = cost["rank_overlap_at_10"]
+        said = f"{name} keeps {overlap} of fp32's top 10 documents a query {where}"
+        if overlap < MIN_RANK_OVERLAP:
+            return False, f"{said}, below {MIN_RANK_OVERLAP}"
+    elif "mean_cosine" in cost:
         cosine = cost["mean_cosine"]
         if cosine < MIN_MEAN_COSINE:
             return False, f"{name}'s mean cosine to fp32 is {cosine} {where}, below 0.999"

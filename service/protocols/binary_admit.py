@@ -112,9 +112,11 @@ class FrameAdmitter:
         if info is None:
             return
         m = info.manifest
-        if m.token_classifies:  # per-token answers have no frame: status 1, as a bad text
-            answers = b"".join([status_answer(t, L.STATUS_BAD_REQUEST) for t in tags])
-            self.conn.send(answers, 400, len(tags))
+        if m.token_classifies or "sparse" in m.task:
+            # per-token answers and a sparse model's terms have no frame: status 1, as a bad
+            # text (docs/api.md)
+            bad = L.STATUS_BAD_REQUEST
+            self.conn.send(b"".join([status_answer(t, bad) for t in tags]), CODES[bad], len(tags))
             return
         embed = m.embed_only  # the contract: an embed model answers n = D floats
         task = "embed" if embed else "classify"

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from ringserve.wire.client import BinaryClient
+from ringserve.wire.frames import BAD_REQUEST
 
 from devkit.builds import plain_builds
 from devkit.hfmodels import NEWS, SST2
@@ -214,3 +216,12 @@ def test_schemathesis_on_the_sparse_routes(srv: ServerProc, tmp_path: Path) -> N
                r"^/(embed_sparse|v1/embeddings/sparse|v2/models/\{model\}/infer)$")  # fmt: skip
     assert run.returncode == 0, summary(run)
     assert srv.request("GET", "/health")[0] == 200
+
+
+def test_binary_frames_are_refused_with_status_1(srv: ServerProc) -> None:
+    """A frame's answer carries floats, not terms: a sparse model answers it status 1, and the
+    server serves on."""
+    with BinaryClient("127.0.0.1", srv.binary_port, timeout=30) as client:
+        answers = client.classify_many(["a film", "a cat"])
+    assert [a.status for a in answers] == [BAD_REQUEST, BAD_REQUEST]
+    assert post(srv, "/embed_sparse", {"inputs": "a film", "model": "mlm"})[0] == 200

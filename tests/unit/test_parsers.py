@@ -270,7 +270,9 @@ def score(text: bytes, options: int = 0) -> Result:
 
 def fake_model(name: str, index: int, embed_only: bool = False) -> Any:
     """What the binary protocol reads of a ModelInfo: its name, version, index and manifest."""
-    manifest = SimpleNamespace(embed_only=embed_only, normalize=False, token_classifies=False)
+    manifest = SimpleNamespace(
+        embed_only=embed_only, normalize=False, token_classifies=False, task=["classify"]
+    )
     return SimpleNamespace(name=name, version=1, index=index, manifest=manifest)
 
 

@@ -132,7 +132,9 @@ class Dispatcher:
 
 def binary_conn() -> tuple[BinaryProtocol, Transport, Dispatcher]:
     dispatcher = Dispatcher()
-    manifest = SimpleNamespace(embed_only=False, normalize=False, token_classifies=False)
+    manifest = SimpleNamespace(
+        embed_only=False, normalize=False, token_classifies=False, task=["classify"]
+    )
     model = SimpleNamespace(name="m", version=1, index=0, manifest=manifest)
     host = SimpleNamespace(
         settings=Config(),
