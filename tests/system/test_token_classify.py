@@ -215,6 +215,7 @@ def test_kserve_http_gives_the_tokens_to_tritonclient(
 
     client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
     meta = client.get_model_metadata(name)
+    assert [i["name"] for i in meta["inputs"]] == ["text"]  # no pair
     assert [o["name"] for o in meta["outputs"]] == [
         "token_labels", "token_scores", "token_offsets", "token_counts"
     ]  # fmt: skip
