@@ -825,6 +825,8 @@ def _answers(
 ) -> tuple[dict[str, Schema], Schema]:
     one, batch = v1_schemas.answers(labels, max_texts)
     outputs = ("scores", "label", *(("embedding",) if "embed" in tasks else ()))
+    if token_classify.TASK in tasks:  # a token classifier's per-token outputs
+        outputs = token_classify.OUTPUTS
     kserve_answers = kserve_structs.answers(names, VERSION, outputs, max_texts)
     parts = [
         {"classify": one, "classify_batch": batch},

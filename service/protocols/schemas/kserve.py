@@ -206,9 +206,9 @@ TensorData = Annotated[list[Any], Meta(extra_json_schema=ONE_KIND)]
 
 
 class OutputTensor(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
-    name: Literal["scores", "label", "embedding"]
-    datatype: Literal["FP32", "BYTES"]
-    shape: Annotated[list[Int], Meta(min_length=1, max_length=2)]
+    name: OutputName
+    datatype: Literal["FP32", "BYTES", "INT32"]  # INT32: a token classifier's offsets, counts
+    shape: Annotated[list[Int], Meta(min_length=1, max_length=3)]
     data: TensorData | UnsetType = UNSET  # none when binary or in shared memory
     parameters: BinarySize | UnsetType = UNSET
 
