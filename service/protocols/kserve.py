@@ -148,7 +148,7 @@ def metadata_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
             {"name": "text", "datatype": "BYTES", "shape": [-1, 1]},
             {"name": "text_pair", "datatype": "BYTES", "shape": [-1, 1]}
             | ({} if info.manifest.multivector else {"optional": True}),
-        ],
+        ][: 1 if info.manifest.token_classifies else 2],  # a token classifier takes no pair
         "outputs": [
             *class_outputs(info, "datatype", ("FP32", "BYTES"), "shape"),
             *embedding_output(info, "datatype", "FP32", "shape"),
@@ -181,7 +181,7 @@ def config_doc(server: FrontView, info: ModelInfo) -> dict[str, Any]:
             {"name": "text", "data_type": "TYPE_STRING", "dims": [1]},
             {"name": "text_pair", "data_type": "TYPE_STRING", "dims": [1]}
             | ({} if info.manifest.multivector else {"optional": True}),
-        ],
+        ][: 1 if info.manifest.token_classifies else 2],
         "output": config_outputs(info),
         "dynamic_batching": {},  # the workers batch what arrives together (docs/design.md)
         "parameters": {k: {"string_value": str(v)} for k, v in task_parameters(info).items()}

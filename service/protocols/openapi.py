@@ -882,6 +882,8 @@ def _answers(
         outputs = ("scores",)
         ranks |= multivector_schemas.rank_answers(max_documents)
     outputs = sparse_terms.OUTPUTS if "sparse" in tasks else outputs
+    if token_classify.TASK in tasks:  # a token classifier's per-token outputs
+        outputs = token_classify.OUTPUTS
     kserve_answers = kserve_structs.answers(names, VERSION, outputs, max_texts)
     parts = [
         {"classify": one, "classify_batch": batch},

@@ -215,6 +215,7 @@ def test_kserve_http_gives_the_tokens_to_tritonclient(
 
     client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
     meta = client.get_model_metadata(name)
+    assert [i["name"] for i in meta["inputs"]] == ["text"]  # no pair
     assert [o["name"] for o in meta["outputs"]] == [
         "token_labels", "token_scores", "token_offsets", "token_counts"
     ]  # fmt: skip
@@ -248,6 +249,29 @@ def test_kserve_grpc_gives_the_tokens_to_tritonclient(
     assert [tuple(s) for s in spans] == offsets(models[name][0], LONG)
     assert result.get_response().parameters["windows"].string_param != "1"
     client.close()
+
+
+def test_the_openapi_document_describes_the_answers(server: ServerProc) -> None:
+    """This server's /openapi.json: the route's body and answers, and KServe's per-token
+    outputs, as the answers are written (jsonschema, 2020-12)."""
+    from jsonschema import Draft202012Validator
+
+    doc = json.loads(server.request("GET", "/openapi.json")[2])
+    components = {"components": doc["components"]}
+    op = doc["paths"]["/v1/token-classify"]["post"]
+    answer = op["responses"]["200"]["content"]["application/json"]["schema"]
+    check = Draft202012Validator({**answer, **components})
+    for body in ({"text": TEXTS[2], "model": "xlmr"}, {"texts": TEXTS[:3], "model": "bert"}):
+        status, found = post(server, body)
+        assert status == 200 and check.is_valid(found), list(check.iter_errors(found))[:2]
+    request = op["requestBody"]["content"]["application/json"]["schema"]
+    assert Draft202012Validator({**request, **components}).is_valid({"text": "a", "stride": 3})
+    infer = doc["paths"]["/v2/models/{model}/infer"]["post"]["responses"]["200"]
+    schema = infer["content"]["application/json"]["schema"]
+    tensor = {"name": "text", "datatype": "BYTES", "shape": [2], "data": TEXTS[:2]}
+    status, _, data = server.request("POST", "/v2/models/bert/infer", {"inputs": [tensor]})
+    answered = json.loads(data)
+    assert status == 200 and Draft202012Validator({**schema, **components}).is_valid(answered)
 
 
 def test_long_texts_cut_refused_or_windowed(server: ServerProc) -> None:

@@ -207,11 +207,10 @@ TensorData = Annotated[list[Any], Meta(extra_json_schema=ONE_KIND)]
 
 
 class OutputTensor(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
-    name: Literal[
-        "scores", "label", "embedding", "sparse_indices", "sparse_values", "sparse_lengths"
-    ]
-    datatype: Literal["FP32", "BYTES", "INT32"]  # INT32: a sparse model's term ids and counts
-    shape: Annotated[list[Int], Meta(min_length=1, max_length=2)]
+    name: OutputName
+    # INT32: a sparse model's term ids and counts, a token classifier's offsets and counts
+    datatype: Literal["FP32", "BYTES", "INT32"]
+    shape: Annotated[list[Int], Meta(min_length=1, max_length=3)]
     data: TensorData | UnsetType = UNSET  # none when binary or in shared memory
     parameters: BinarySize | UnsetType = UNSET
 
