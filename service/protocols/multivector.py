@@ -45,16 +45,18 @@ def matrix(r: Result) -> np.ndarray:
 
 def maxsim(query: np.ndarray, docs: list[np.ndarray]) -> np.ndarray:
     """MaxSim of the query's token vectors [q, D] with each document's [k, D]: for each query
-    token its largest dot product with the document's tokens, summed (float64 throughout).
-    A document without a token scores 0."""
+    token its largest dot product with the document's tokens, summed. One float32 product over
+    all the documents' tokens, as PyLate's scores are float32 (float64 took half again as long:
+    12 against 8 ms for 100 documents of 180 tokens at D 128, one thread here); the sums in
+    float64. A document without a token scores 0."""
     out = np.zeros(len(docs), dtype=np.float64)
     some = [i for i, d in enumerate(docs) if len(d)]
     if not some:
         return out
-    stacked = np.concatenate([docs[i] for i in some]).astype(np.float64)
-    sims = query.astype(np.float64) @ stacked.T  # [q, all tokens]
+    stacked = np.concatenate([docs[i] for i in some])
+    sims = query.astype(np.float32, copy=False) @ stacked.T  # [q, all tokens]
     starts = np.cumsum([0] + [len(docs[i]) for i in some[:-1]])
-    out[some] = np.maximum.reduceat(sims, starts, axis=1).sum(axis=0)
+    out[some] = np.maximum.reduceat(sims, starts, axis=1).sum(axis=0, dtype=np.float64)
     return out
 
 
