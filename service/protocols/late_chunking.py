@@ -77,7 +77,8 @@ def owners(offsets: list[Span], bounds: list[Span]) -> list[list[int]]:
 
 def windows(word_starts: list[bool], room: int) -> list[Span]:
     """Token ranges [a, b) of at most `room` tokens, each starting on a word's first token and
-    ending before one, the next starting about half way into the last; one when all fit."""
+    ending before one, the next starting at the word start nearest half way into the last
+    (after the last's start, so they always advance); one when all fit."""
     n = len(word_starts)
     if n <= room:
         return [(0, n)]
@@ -90,10 +91,9 @@ def windows(word_starts: list[bool], room: int) -> list[Span]:
         out.append((a, b))
         if b >= n:
             return out
-        nxt = a + max(1, (b - a) // 2)
-        while nxt < b and not word_starts[nxt]:
-            nxt += 1
-        a = nxt if nxt < b else b
+        half = a + (b - a) // 2  # the next starts at the word start inside this one nearest it
+        inside = [i for i in range(a + 1, b) if word_starts[i]]
+        a = min(inside, key=lambda i: abs(i - half)) if inside else b
 
 
 def best_window(wins: list[Span], n: int) -> list[int]:
