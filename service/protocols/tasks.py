@@ -91,6 +91,7 @@ def submit_embed(
     found = [cache.get(k) for k in keys]
     missing = [i for i, r in enumerate(found) if r is None]
     if not missing:
+        ex.model = server.admission.dispatcher.names.get(model, "")  # counted under it
         if ask.deadline <= conn.clock():  # as the queue's expiry would answer it
             conn.respond_error(
                 ex, 504, STATUS_MESSAGE[L.STATUS_DEADLINE], [latency_header(conn, ex)]
