@@ -160,7 +160,7 @@ class Plan:
             for (a, b), e in zip(self.windows, again, strict=True):
                 if e.ids != enc.ids[a:b]:
                     raise HttpError(
-                        500, "this document cannot be windowed on its tokens' boundaries"
+                        400, "this document cannot be windowed on its tokens' boundaries"
                     )
         self.best = best_window(self.windows, len(self.offsets))
 
