@@ -9,7 +9,8 @@ number before it, so no two are alike) and one of a hot set of HOT texts sent on
 server before its timed draw, so half of the texts were seen before. Each request is sent at
 most once (closed loop of c clients over a stream longer than any draw). The two servers run
 one after the other, in turns (`--rounds` of each, the order swapped each round, so a drift in
-the machine's load cancels), on the same cores; the ratio is of their medians. Each server's memory (front-end RSS) and its cache figures from /metrics are shown.
+the machine's load cancels), on the same cores; the ratio is of their medians. Each server's
+memory (front-end RSS) and its cache figures from /metrics are shown.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-bytes", type=int, default=64 << 20)
     p.add_argument("--mix", choices=("long", "short", "both"), default="both")
     args = p.parse_args(argv)
-    mixes = [(m, path) for m, path in (("long", AG_NEWS), ("short", SST2)) if args.mix in (m, "both")]
+    both = (("long", AG_NEWS), ("short", SST2))
+    mixes = [(m, path) for m, path in both if args.mix in (m, "both")]
     summary = {}
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
         for mix, path in mixes:
