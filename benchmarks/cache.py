@@ -8,8 +8,9 @@ The default model, default workers, no spare. The request stream is one text a
 number before it, so no two are alike) and one of a hot set of HOT texts sent once to each
 server before its timed draw, so half of the texts were seen before. Each request is sent at
 most once (closed loop of c clients over a stream longer than any draw). The two servers run
-one after the other, in turns (`--rounds` of each), on the same cores; the ratio is of their
-medians. Each server's memory (front-end RSS) and its cache figures from /metrics are shown.
+one after the other, in turns (`--rounds` of each, the order swapped each round, so a drift in
+the machine's load cancels), on the same cores; the ratio is of their medians. Each server's
+memory (front-end RSS) and its cache figures from /metrics are shown.
 """
 
 from __future__ import annotations
@@ -85,14 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--c", type=int, default=32)
     p.add_argument("--cache-bytes", type=int, default=64 << 20)
+    p.add_argument("--mix", choices=("long", "short", "both"), default="both")
     args = p.parse_args(argv)
+    both = (("long", AG_NEWS), ("short", SST2))
+    mixes = [(m, path) for m, path in both if args.mix in (m, "both")]
     summary = {}
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
-        for mix, path in (("long", AG_NEWS), ("short", SST2)):
+        for mix, path in mixes:
             hot, reqs = stream(load_texts(path))
             runs: dict[str, list[float]] = {"off": [], "on": []}
-            for _ in range(args.rounds):
-                for name, size in (("off", 0), ("on", args.cache_bytes)):
+            for r in range(args.rounds):
+                turns = [("off", 0), ("on", args.cache_bytes)]
+                for name, size in turns if r % 2 == 0 else turns[::-1]:  # drift cancels
                     row = draw(Path(tmp), size, hot, reqs, args)
                     print(json.dumps({"mix": mix, "c": args.c, **row}), flush=True)
                     runs[name].append(row["texts_per_s"])

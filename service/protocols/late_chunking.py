@@ -77,7 +77,8 @@ def owners(offsets: list[Span], bounds: list[Span]) -> list[list[int]]:
 
 def windows(word_starts: list[bool], room: int) -> list[Span]:
     """Token ranges [a, b) of at most `room` tokens, each starting on a word's first token and
-    ending before one, the next starting about half way into the last; one when all fit."""
+    ending before one, the next starting at the word start nearest half way into the last
+    (after the last's start, so they always advance); one when all fit."""
     n = len(word_starts)
     if n <= room:
         return [(0, n)]
@@ -90,10 +91,9 @@ def windows(word_starts: list[bool], room: int) -> list[Span]:
         out.append((a, b))
         if b >= n:
             return out
-        nxt = a + max(1, (b - a) // 2)
-        while nxt < b and not word_starts[nxt]:
-            nxt += 1
-        a = nxt if nxt < b else b
+        half = a + (b - a) // 2  # the next starts at the word start inside this one nearest it
+        inside = [i for i in range(a + 1, b) if word_starts[i]]
+        a = min(inside, key=lambda i: abs(i - half)) if inside else b
 
 
 def best_window(wins: list[Span], n: int) -> list[int]:
@@ -160,15 +160,18 @@ class Plan:
             for (a, b), e in zip(self.windows, again, strict=True):
                 if e.ids != enc.ids[a:b]:
                     raise HttpError(
-                        500, "this document cannot be windowed on its tokens' boundaries"
+                        400, "this document cannot be windowed on its tokens' boundaries"
                     )
         self.best = best_window(self.windows, len(self.offsets))
 
     def window_text(self, a: int, b: int) -> bytes:
         """A window's characters: from the end of the token before it (the space that makes
-        its first token a word's start, for byte-level BPE), to its last token's end."""
-        start = self.offsets[a - 1][1] if a else self.offsets[0][0]
-        return self.text[start : self.offsets[b - 1][1]].encode()
+        its first token a word's start, for byte-level BPE), to its last token's end; the
+        first from the text's start and the last to its end, so a document of one window is
+        sent as it was tokenized here."""
+        start = self.offsets[a - 1][1] if a else 0
+        end = self.offsets[b - 1][1] if b < len(self.offsets) else len(self.text)
+        return self.text[start:end].encode()
 
     def ask(self, model: int) -> Ask:
         """The windows as one request for their token states (each fits: never cut)."""
@@ -177,15 +180,13 @@ class Plan:
     def states(self, results: list[Result]) -> np.ndarray:
         """Each document token's state [n, H], from the window that gives it the most context
         (a window's answer is its tokens framed by the special ones: its row lead + j is the
-        document's token a + j)."""
+        document's token a + j, as the Plan checked when it made the windows)."""
         best = np.asarray(self.best)
         out: np.ndarray | None = None
-        for w, ((a, b), r) in enumerate(zip(self.windows, results, strict=True)):
+        for w, ((a, _), r) in enumerate(zip(self.windows, results, strict=True)):
             rows = np.asarray(r.scores, dtype=np.float32).reshape(r.windows, -1)
             if out is None:
                 out = np.empty((len(self.offsets), rows.shape[1]), dtype=np.float64)
-            if r.windows < self.lead + b - a:
-                raise HttpError(500, "a window's token states are fewer than its tokens")
             mine = np.flatnonzero(best == w)
             out[mine] = rows[self.lead + mine - a]
         assert out is not None

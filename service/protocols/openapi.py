@@ -243,14 +243,27 @@ PREDICT_RULES = (  # tei_api.predict_inputs: a list of texts is one sequence, of
     r"^inputs(\[\d+\])? must be ",
     r"^parameters.function_to_apply may be \w+ or none for ",  # the model's own activation
 )
+COMPACT_RULES = (  # compact.check: int8/uint8 without their calibration's vectors
+    r"^u?int8 is not served by model .*: its artifact has no calibration",
+    r"^u?int8 ranges are calibrated on the model's ",
+)
+LATE_RULES = (  # late_chunking.py: a model without token states, a chunk without a token
+    r"^late_chunking takes texts, not token ids$",
+    r"^late_chunking is not served by model ",
+    r"^late_chunking cannot pool by ",
+    r"^input\[\d+\] has no tokens of its own$",
+    r"^this document cannot be windowed on its tokens' boundaries$",
+)
 EMBED_RULES = {  # what a schema-valid body to each embedding route can still be refused for
     "/v1/embeddings": (
         PROMPT_RULE,
         r"^dimensions must be an integer from 1 to the model's \d+$",
         r"^input must hold 1 to \d+ items, not \d+$",  # a batch: one list of ids is one text
         *TOKEN_ID_RULES,
+        *COMPACT_RULES,
+        *LATE_RULES,
     ),
-    "/embed": (PROMPT_RULE,),
+    "/embed": (PROMPT_RULE, *COMPACT_RULES, *LATE_RULES),
 }
 MODEL_REQUIRED = (r"^several models are loaded \(",)  # no "model" while several are loaded
 SHM_RULES = (  # shm_regions: a region not registered, or too small
@@ -583,7 +596,7 @@ def cohere_routes(f: Facts) -> dict[tuple[str, str], Route]:
         ("POST", "/v2/embed"): task_route(
             f, "Embeddings, in Cohere's v2 shape", "embed", ("by type", (embed_in, embed_out)),
             {"texts": ["a fine film"], "input_type": "search_document"},
-            (r"^output_dimension must be an integer from 1 to the model's \d+$",),
+            (r"^output_dimension must be an integer from 1 to the model's \d+$", *COMPACT_RULES),
         ),
         ("POST", "/v2/rerank"): task_route(
             f, "Rerank documents, in Cohere's v2 shape", "rerank",

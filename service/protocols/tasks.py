@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import orjson
+from ringserve.service.engine.admission import STATUS_MESSAGE
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.protocols import admit, compact, late_chunking, multivector, prompts
@@ -82,11 +83,20 @@ def submit_embed(
     if not cache.capacity or not isinstance(ask.options, int):
         submit_texts(server, conn, ex, ask, answer)
         return
+    # the headers are read (and a bad one refused) as admission reads them, hit or not
+    ask.deadline = admit.deadline_ns(ex, server.admission.timeout_s)
+    ask.priority = admit.asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
     fingerprint, model = info.manifest.fingerprint, info.index
     keys = [(fingerprint, model, ask.options, p) for p in ask.payloads]
     found = [cache.get(k) for k in keys]
     missing = [i for i, r in enumerate(found) if r is None]
     if not missing:
+        ex.model = server.admission.dispatcher.names.get(model, "")  # counted under it
+        if ask.deadline <= conn.clock():  # as the queue's expiry would answer it
+            conn.respond_error(
+                ex, 504, STATUS_MESSAGE[L.STATUS_DEADLINE], [latency_header(conn, ex)]
+            )
+            return
         reply(conn, ex, answer(found))  # type: ignore[arg-type]
         return
     generation = cache.generation(model)
