@@ -101,6 +101,8 @@ class EchoPort:
 
     limit = 1 << 20
     max_streams = 1024
+    budget = 8 << 20
+    stream_window = 1 << 22
 
     def opened(self, conn: Any) -> None: ...
     def closed(self, conn: Any) -> None: ...
