@@ -47,7 +47,7 @@ class Echo:
     limit = 1 << 16
     max_streams = 100
     budget = 1 << 20
-    stream_window = 1 << 17
+    stream_window = 65535  # as the gRPC port has it
 
     def __init__(self) -> None:
         self.kept: list[h2.Stream] = []
