@@ -101,6 +101,8 @@ class EchoPort:
 
     limit = 1 << 20
     max_streams = 1024
+    budget = 8 << 20
+    stream_window = 65535  # as the gRPC port has it
 
     def opened(self, conn: Any) -> None: ...
     def closed(self, conn: Any) -> None: ...

@@ -1,8 +1,10 @@
 """HTTP/2 attacks on the gRPC port, from raw frames over a plain socket, for
 tests/system/test_h2_attacks.py and benchmarks/h2_attacks.py: the floods of issue 46 (empty
 CONTINUATIONs after a HEADERS without END_HEADERS, frames of an unknown type, Rapid Reset of
-calls that carry their body, PING and SETTINGS whose replies are never read, empty DATA), and
-single malformed sequences that RFC 9113 answers with a connection error.
+calls that carry their body, PING and SETTINGS whose replies are never read, empty DATA),
+issue 56's attacker that holds parts of messages and floods reflection without reading
+(tests/system/test_grpc_bounds.py), and single malformed sequences that RFC 9113 answers with
+a connection error.
 
 An attacker connects, floods until the server closes the connection (or its time is up), and
 notes how many frames it sent and the GOAWAY it got; with `reconnect`, it connects again until
@@ -10,6 +12,7 @@ the time is up."""
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 import struct
 import threading
@@ -24,6 +27,7 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
 CONTINUATION = 9
 END_STREAM, END_HEADERS, PADDED = 0x1, 0x4, 0x8
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 
 
 def frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
@@ -44,12 +48,55 @@ def grpc_message(body: bytes) -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
 
+def data_frames(sid: int, payload: bytes, end: bool = False) -> bytes:
+    """`payload` as DATA frames of at most 16 KiB (END_STREAM on the last with `end`)."""
+    size = 16384
+    chunks = [payload[i : i + size] for i in range(0, len(payload), size)] or [b""]
+    last = len(chunks) - 1
+    return b"".join(
+        frame(DATA, END_STREAM if end and i == last else 0, sid, chunk)
+        for i, chunk in enumerate(chunks)
+    )
+
+
+def reflection_requests(count: int) -> bytes:
+    """`count` framed ServerReflectionRequests, each for a file's descriptor (an 8 KB answer
+    from a 37-byte request)."""
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    one = reflection_pb2.ServerReflectionRequest(
+        file_containing_symbol="inference.GRPCInferenceService"
+    ).SerializeToString()
+    return grpc_message(one) * count
+
+
+def parts_then_reflection() -> tuple[bytes, Flood, bool]:
+    """Issue 56's attacker, who reads nothing: 112 reflection streams carrying the first 60 KB
+    of a 2 MB message each (a stream's starting window is 64 KiB; 6.7 MB of a connection's
+    8 MiB window), then reflection streams each flooded with 3 frames of 440 requests for a
+    file's descriptor."""
+    reflect = call_block(REFLECTION)
+    part = struct.pack(">BI", 0, 2_000_000) + bytes(60_000)
+    opening = b"".join(
+        frame(HEADERS, END_HEADERS, s, reflect) + data_frames(s, part) for s in range(1, 225, 2)
+    )
+    requests = reflection_requests(440)  # one 16 KiB frame of them
+
+    def streams(sid: int) -> tuple[bytes, int]:
+        s = sid + 224  # above the opening's
+        return frame(HEADERS, END_HEADERS, s, reflect) + data_frames(s, requests * 3), 4
+
+    return opening, streams, False
+
+
 # -- the floods: each a function of the next stream id, giving (bytes, frames) to send ---------
 Flood = Callable[[int], tuple[bytes, int]]
 
 
 def flood_of(kind: str, body: bytes) -> tuple[bytes, Flood, bool]:
     """(what opens the attack, the flood, whether the attacker reads what the server sends)."""
+    if kind == "parts-reflection":
+        return parts_then_reflection()
     block = call_block()
     message = grpc_message(body)
     if kind == "continuation":
@@ -129,11 +176,13 @@ class Attack:
                 sid += 64
                 sock.sendall(data)
                 got.frames += n
+        except TimeoutError:
+            pass  # the server stopped reading: whether it then closes, the Reader sees
         except OSError:
             got.closed = True
         got.seconds = time.monotonic() - start
-        if reader is None:
-            Reader(sock, got).join(2.0)  # what the server said before it closed
+        if reader is None:  # what the server said before it closed (a write timeout, at most)
+            Reader(sock, got).join(2.0 if got.closed else 10.0)
         else:
             reader.join(2.0 if got.closed else 0.2)
         sock.close()
@@ -141,6 +190,13 @@ class Attack:
 
     def closed_all(self) -> bool:
         return all(c.closed for c in self.connections)
+
+    def elsewhere(self) -> Attack:
+        """run() in a process of its own: clients measured beside it in this one share no
+        interpreter lock with the attacker."""
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            done: Attack = pool.apply(Attack.run, (self,))
+        return done
 
 
 class Reader(threading.Thread):

@@ -75,7 +75,8 @@ class Ports:
                 bconn.close_now()
 
     def sweep(self, now: float, now_ns: int) -> None:
-        """Close the connections past their read or keep-alive timeouts; refresh gRPC health."""
+        """Close the connections past their read or keep-alive timeouts (gRPC's: its limits);
+        refresh gRPC health."""
         for state in self.http_states():
             for conn in list(state.connections):
                 conn.sweep(now_ns)
@@ -84,6 +85,7 @@ class Ports:
                 bconn.sweep(now)
         if self.grpc is not None:
             self.grpc.update_health()
+            self.grpc.limits.sweep(now_ns)
 
     def remove_control(self) -> None:
         with contextlib.suppress(OSError):

@@ -557,11 +557,32 @@ class Config:
     max_documents: int = option(1024, "most documents in one rerank request", int)
     max_frame: int = option(65536, "largest binary-protocol text in bytes", int)
     max_control_line: int = option(65536, "longest control-socket line in bytes", int)
-    max_connections: int = option(1024, "open client connections before new ones are refused", int)
+    max_connections: int = option(
+        1024,
+        "open client connections on each port (HTTP, binary, gRPC) before new ones are refused",
+        int,
+    )
     read_timeout_s: float = option(
-        10.0, "longest wait for the rest of a request head or body", float
+        10.0,
+        "longest wait for the rest of a request head or body (gRPC: a connection's preface, a "
+        "call's request message once begun)",
+        float,
     )
     keepalive_timeout_s: float = option(60.0, "idle keep-alive connection lifetime", float)
+    # 300 s: a gRPC channel is kept between calls by design, and grpc's clients reconnect
+    # after the GOAWAY for their next call; an idle one still frees its --max-connections slot.
+    grpc_idle_timeout_s: float = option(
+        300.0, "a gRPC connection with no call open this long gets GOAWAY and is closed", float
+    )
+    # 8 MiB: room for several largest messages at once (2 x --max-body + 1 KiB each), and a
+    # bound one connection's memory stays under whatever it sends or leaves unread.
+    grpc_buffer: int = option(
+        8 << 20,
+        "bytes one gRPC connection may hold of request messages not yet consumed (its receive "
+        "window, refilled only as they are) and, apart, of answers its client has not read; "
+        "past either the call ends RESOURCE_EXHAUSTED (at least one largest message)",
+        int,
+    )
     write_timeout_s: float = option(
         30.0,
         "longest a client may leave its answers unread (writes paused) before it is dropped",

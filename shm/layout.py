@@ -114,6 +114,7 @@ STATUS_INTERNAL = 4
 STATUS_UNKNOWN_MODEL = 5  # a model not loaded (or unloaded): HTTP 404, binary status 5
 STATUS_RATE_LIMITED = 6  # front-end only: over the key's rate (HTTP 429)
 STATUS_TOO_LONG = 7  # worker-side only: HTTP 413; the binary protocol answers it as status 1
+STATUS_CANCELLED = 8  # front-end only: its client left before a worker took it (counted 499)
 
 
 def pack_response(

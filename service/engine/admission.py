@@ -11,12 +11,13 @@ only why it refuses; it never sees the server itself, nor any protocol's types.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ringserve.service.engine.dispatcher import Dispatcher, Result, text_cost
-from ringserve.service.engine.requests import Ask
+from ringserve.service.engine.requests import Ask, Group
 from ringserve.service.engine.tenants import INTERACTIVE, KeyRing, Tenant
 from ringserve.shm import layout as L
 
@@ -33,11 +34,13 @@ STATUS_HTTP = {
     L.STATUS_INTERNAL: 500,
     L.STATUS_TOO_LONG: 413,
     L.STATUS_RATE_LIMITED: 429,
+    L.STATUS_CANCELLED: 499,  # nginx's "client closed request": nobody reads the answer
 }
 STATUS_MESSAGE = {
     L.STATUS_BAD_REQUEST: "text is empty or not valid UTF-8",
     L.STATUS_OVERLOADED: "overloaded",
     L.STATUS_DEADLINE: "request deadline passed",
+    L.STATUS_CANCELLED: "the client cancelled the request",
     L.STATUS_INTERNAL: "internal error",
 }
 
@@ -117,6 +120,9 @@ class Admission:
         self.timeout_s = timeout_s  # the deadline of a request that sets none
         self.keys = keys  # with --api-key(s): the tenants' counts
         self.tracing = tracing  # when tracing is on: each request's span starts here
+        # The group the last admitted request became: read at once (on the same loop turn) by
+        # a protocol that may cancel it (gRPC's ModelInfer, on its client's RST_STREAM).
+        self.last_group: Group | None = None
 
     def level(self, tenant: Tenant | None, asked: int | None, model: int = 0) -> int:
         """The priority texts are batched at: the lowest of the model's (a config file table's
@@ -146,9 +152,10 @@ class Admission:
         name = tenant.name if tenant is not None else ""
         texts = ask.payloads
         admitted = d.clock()  # before submit: a worker may start on the texts before it returns
-        if not d.submit(
+        group = d.submit(
             texts, ask.deadline, done, ask.protocol, ask.task, level, name, model, ask.options
-        ):
+        )
+        if group is None:
             if not d.table.is_open(model):  # closed meanwhile (never, on the one loop)
                 return self.unknown(model, trace)
             if trace is not None:
@@ -158,7 +165,25 @@ class Admission:
             self.keys.admitted(name, len(texts), level)
         if trace is not None:
             trace.admitted(admitted, len(texts), sum(len(t) for t in texts))
+        self.last_group = group
         return None
+
+    def cancel(self, group: Group) -> int:
+        """The client of an admitted group left (a gRPC call reset, its connection lost): its
+        texts no worker has taken are answered STATUS_CANCELLED now and never reach one; those
+        a worker holds run on. Returns how many were dropped."""
+        d = self.dispatcher
+        first = group.first_id
+        dropped = [
+            r
+            for r in map(d.inflight.get, range(first, first + len(group.results)))
+            if r is not None and r.group is group and r.worker is None
+        ]
+        for r in dropped:
+            with contextlib.suppress(ValueError):
+                d.waiting.remove(r)
+            d.answers.complete(r, Result(L.STATUS_CANCELLED))
+        return len(dropped)
 
     def submit_each(
         self, ask: Ask, on_admit: Callable[[int, int], Done], tenant: Tenant | None

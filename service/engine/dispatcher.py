@@ -120,20 +120,19 @@ class Dispatcher:
         tenant: str = "",
         model: int = 0,
         options: Options = 0,
-    ) -> bool:
-        """Admit a group of texts whole, or refuse it at once (False): see room(). A model
-        that is not open refuses without counting (admission answers it 404). `options`: the
-        texts' options byte (shm.layout OPT_*), one for all or one a text."""
+    ) -> Group | None:
+        """Admit a group of texts whole (its Group), or refuse it at once (None): see room().
+        A model that is not open refuses without counting (admission answers it 404).
+        `options`: the texts' options byte (shm.layout OPT_*), one for all or one a text."""
         n = len(texts)
         costs = [text_cost(t, self.max_tokens) for t in texts]
         if self.room(n, whole=True, priority=priority, model=model) < n:
             if self.table.is_open(model):
                 self.refuse(n, model)
-            return False
-        self.admit(
+            return None
+        return self.admit(
             texts, costs, deadline_ns, callback, protocol, task, priority, tenant, model, options
         )
-        return True
 
     def admit(
         self,
@@ -147,7 +146,7 @@ class Dispatcher:
         tenant: str = "",
         model: int = 0,
         options: Options = 0,
-    ) -> None:
+    ) -> Group:
         """Admit texts that room() allowed."""
         lane = self.lanes[model]
         now = self.clock()
@@ -164,6 +163,7 @@ class Dispatcher:
         if deadline_ns or by:
             self.expiry.arm(min(d for d in (deadline_ns, by) if d))
         self.place(reqs)
+        return group
 
     def room(self, n: int, whole: bool, priority: int = INTERACTIVE, model: int = 0) -> int:
         """How many of n texts, taken in order, may be admitted now (bounds.room).

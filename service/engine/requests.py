@@ -99,6 +99,7 @@ class Group:
     __slots__ = (
         "admitted_ns",
         "callback",
+        "first_id",
         "model",
         "model_name",
         "priority",
@@ -133,6 +134,7 @@ class Group:
         self.model = model  # the model's wire index (shm.layout.request_meta): its lane
         self.model_name = model_name  # what metrics label it with
         self.started = False  # a worker took one of its texts: it is never refused after that
+        self.first_id = 0  # its texts' request ids: first_id, first_id + 1, ... (`requests`)
 
     def requests(
         self,
@@ -145,6 +147,7 @@ class Group:
         """One request a text, numbered from first_id, each with its ring record's meta word
         (shm.layout.request_meta): its options, OPT_BULK for bulk (the worker batches
         interactive texts first too) and the model."""
+        self.first_id = first_id
         bulk = L.OPT_BULK if self.priority == BULK else 0
         if isinstance(options, int):
             metas = [L.request_meta(options | bulk, self.model)] * len(texts)

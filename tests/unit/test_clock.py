@@ -310,7 +310,7 @@ def test_a_burst_into_an_empty_queue_is_admitted_whole_up_to_the_ceiling() -> No
     assert d.submit([b"x" * 1000] * 256, clock.now + 30 * S, Calls())  # one large batch
     for _ in range(8):
         assert d.submit([b"y" * 1000] * 32, clock.now + 30 * S, Calls())  # 8 more, at once
-    singles = sum(d.submit([b"z"], clock.now + 30 * S, Calls()) for _ in range(600))
+    singles = sum(d.submit([b"z"], clock.now + 30 * S, Calls()) is not None for _ in range(600))
     assert singles == 1024 - 256 - 256 and d.depth == 1024  # the ceiling, by count alone
     assert d.why == "queue is full" and d.rejected == 600 - singles
 
@@ -376,7 +376,7 @@ def test_a_text_admitted_into_a_queue_that_was_not_fresh_waits_at_most_the_targe
     assert [r.status for r in late.results[0]] == [L.STATUS_OVERLOADED] * 2
     assert d.rejected == 2 and not w.ring and not burst.results  # the burst still waits
     clock.now += int(0.05 * S)
-    assert d.submit([b"c"], clock.now + 30 * S, taken) is False  # standing now: refused
+    assert d.submit([b"c"], clock.now + 30 * S, taken) is None  # standing now: refused
     w.room = 1000
     d.flush_waiting()  # a worker takes what waits: the burst runs
     clock.now += 5 * S

@@ -331,7 +331,7 @@ def test_a_standing_queue_of_one_model_refuses_only_that_models_texts() -> None:
     w = Worker(room=0, models=frozenset({A, B}))
     d, clock = models(w, names="ab")
     d.max_queue_ms = 1000
-    assert sum(d.submit([b"y"], 0, Calls(), model=A) for _ in range(20)) == 20
+    assert sum(d.submit([b"y"], 0, Calls(), model=A) is not None for _ in range(20)) == 20
     clock.now += 2 * S
     assert not d.submit([b"y"], 0, Calls(), model=A) and "standing" in d.why
     assert d.submit([b"y"], 0, Calls(), model=B)
@@ -340,12 +340,12 @@ def test_a_standing_queue_of_one_model_refuses_only_that_models_texts() -> None:
 
 def test_a_model_alone_may_fill_the_whole_total() -> None:
     d, _ = models(Worker(room=0), max_queue=12, names="a")
-    assert sum(d.submit([b"x"], 0, Calls()) for _ in range(20)) == 12
+    assert sum(d.submit([b"x"], 0, Calls()) is not None for _ in range(20)) == 12
 
 
 def test_a_batch_into_an_empty_model_fits_its_own_limit() -> None:
     d, _ = models(Worker(room=0, models=frozenset({A, B})), max_queue=100, each=20)
-    assert d.submit([b"a"] * 40, 0, Calls(), model=A) is False  # past a's own limit
+    assert d.submit([b"a"] * 40, 0, Calls(), model=A) is None  # past a's own limit
     assert d.submit([b"a"] * 20, 0, Calls(), model=A)  # an empty model takes up to its limit
     assert d.submit([b"b"] * 20, 0, Calls(), model=B)  # and so does b, beside it
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ringserve.service.engine.requests import Group
 from ringserve.service.engine.tenants import Tenant
 from ringserve.service.protocols import handover
 from ringserve.service.protocols.auth import DENIED
@@ -26,6 +27,8 @@ from ringserve.service.protocols.rpc import http2 as h2
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.rpc.health import Health, end_ok, keep_one
 from ringserve.service.protocols.rpc.http2 import Connection, Stream
+from ringserve.service.protocols.rpc.http2.grpc import STREAM_WINDOW
+from ringserve.service.protocols.rpc.limits import ConnectionLimits
 from ringserve.service.protocols.rpc.servicer import RateLimited, Servicer
 from ringserve.service.views import FrontView
 
@@ -54,13 +57,32 @@ PING_WAIT_S = 1.0  # a drain's final GOAWAY goes out by then, PING answered or n
 Handler = Callable[[Any, Stream, Any], Coroutine[Any, Any, Any]]  # (req, call, tenant)
 
 
-class Answer:
-    """A ModelInfer's answer, given on the loop by the dispatcher's callback (or its refusal)."""
+def open_paths(methods: dict[bytes, Any]) -> frozenset[bytes]:
+    """The paths open without the key, as on HTTP: the probes, health and reflection."""
+    ours = f"/{SERVICE}/".encode()
+    return frozenset(
+        p for p in methods if not p.startswith(ours) or p[len(ours) :].decode() in OPEN_METHODS
+    )
 
-    __slots__ = ("port", "stream", "tenant")
+
+class Answer:
+    """A ModelInfer's answer, given on the loop by the dispatcher's callback (or its refusal).
+    Once its texts are admitted, a call its client cancels (RST_STREAM, or the connection
+    lost) drops those no worker has taken yet (Admission.cancel)."""
+
+    __slots__ = ("group", "port", "stream", "tenant")
 
     def __init__(self, port: GrpcPort, stream: Stream, tenant: Tenant | None) -> None:
         self.port, self.stream, self.tenant = port, stream, tenant
+        self.group: Group | None = None
+
+    def admitted(self, group: Group) -> None:
+        self.group = group
+        self.stream.on_cancel = self.cancel
+
+    def cancel(self, stream: Stream) -> None:
+        if self.group is not None:
+            self.port.host.admission.cancel(self.group)
 
     def give(self, value: Any) -> None:
         self.stream.reply(value.SerializeToString())
@@ -82,12 +104,18 @@ class GrpcPort:
         # INVALID_ARGUMENT); past twice the limit the stream ends RESOURCE_EXHAUSTED.
         self.limit = 2 * s.max_body + 1024
         self.max_streams = s.max_queue
+        # What one connection may hold (--grpc-buffer): never less than one largest message
+        # beside a stream's starting window.
+        self.stream_window = STREAM_WINDOW
+        self.budget = max(s.grpc_buffer, self.limit + 5 + STREAM_WINDOW)
         self.listener: asyncio.AbstractServer | None = None
-        self.connections: set[Connection] = set()
+        self.limits = ConnectionLimits(s)  # the cap and the sweep's timeouts
+        self.connections = self.limits.connections
         self.inflight = 0  # calls not yet answered
         self.health = Health((SERVICE, HEALTH, REFLECTION))
         self.draining = False
         self.methods = self.method_table()
+        self.open_paths = open_paths(self.methods)
 
     # -- start and stop -------------------------------------------------------------------------
     async def start(self, address: str, port: int, ports: handover.Listeners | None = None) -> None:
@@ -148,7 +176,8 @@ class GrpcPort:
 
     # -- connections (h2.Port) ------------------------------------------------------------------
     def opened(self, conn: Connection) -> None:
-        self.connections.add(conn)
+        if not self.limits.admit(conn, time.monotonic_ns()):
+            return
         if self.draining:  # accepted before the listener closed
             conn.begin_drain()
 
@@ -156,14 +185,22 @@ class GrpcPort:
         self.host.log.warning("grpc_connection_failed", error=repr(exc))
 
     def closed(self, conn: Connection) -> None:
-        self.connections.discard(conn)
+        self.limits.forget(conn)
 
     def begin(self, stream: Stream) -> None:
-        """A new call, its headers in: find its method, and take its messages."""
+        """A new call, its headers in: find its method, check its key on the headers, before
+        any of its message is read, and take its messages."""
         found = self.methods.get(stream.path)
         if found is None:
             stream.finish(h2.UNIMPLEMENTED, f"unknown method {stream.path.decode('latin-1')}")
             return
+        if self.host.keys is not None and stream.path not in self.open_paths:
+            tenant = self.tenant_of(stream)
+            if tenant is False:
+                stream.finish(h2.UNAUTHENTICATED, DENIED)
+                self.host.count("grpc", 401, 1, None)
+                return
+            stream.tenant = tenant
         stream.on_message, stream.on_end = found
 
     def method_table(self) -> dict[bytes, tuple[Any, Any]]:
@@ -200,20 +237,19 @@ class GrpcPort:
 
     # -- unary calls ----------------------------------------------------------------------------
     def unary(self, name: str, fn: Any, message: Any) -> Callable[[Stream], None]:
-        """At the client's half-close, with its one message: key check, the method (ModelInfer
-        started at once and answered by the dispatcher's callback, the rest as a task), errors
-        mapped and counted, once for every method."""
-        needs_key = name not in OPEN_METHODS
+        """At the client's half-close, with its one message (its key checked at `begin`): the
+        method (ModelInfer started at once and answered by the dispatcher's callback, the rest
+        as a task), errors mapped and counted, once for every method."""
         starts = name == "ModelInfer"
         max_body = self.settings.max_body
 
         def call(stream: Stream) -> None:
-            data = stream.request
+            data, stream.request = stream.request, None
             if data is None:
                 stream.finish(h2.INVALID_ARGUMENT, "a unary call takes one request message")
                 return
             self.inflight += 1
-            tenant: Tenant | None = None
+            tenant = stream.tenant if isinstance(stream.tenant, Tenant) else None
             try:
                 if len(data) > max_body:
                     raise HttpError(413, f"request message over {max_body} bytes (--max-body)")
@@ -221,10 +257,6 @@ class GrpcPort:
                     request = message.FromString(data)
                 except Exception:  # noqa: BLE001 - protobuf's DecodeError and its kin
                     raise HttpError(400, "request is not a valid protobuf message") from None
-                found = self.tenant_of(stream) if needs_key else True
-                if found is False:
-                    raise HttpError(401, DENIED)
-                tenant = found if isinstance(found, Tenant) else None
                 if starts:
                     fn(request, stream, tenant, Answer(self, stream, tenant))
                     return

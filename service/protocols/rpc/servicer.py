@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from ringserve.service.engine.admission import failure, first_failure
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.engine.requests import Group
 from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.models import READY
 from ringserve.service.protocols import kserve
@@ -31,10 +32,12 @@ class Context(Protocol):
 
 
 class Reply(Protocol):
-    """Where ModelInfer's answer goes, once: the answer or the error."""
+    """Where ModelInfer's answer goes, once: the answer or the error; and, once its texts are
+    admitted, their group (a call its client cancels drops those still queued)."""
 
     def give(self, value: Any) -> None: ...
     def fail(self, error: BaseException) -> None: ...
+    def admitted(self, group: Group) -> None: ...
 
 
 class RateLimited(Exception):
@@ -177,11 +180,15 @@ class Servicer(TritonMethods):
                 trace.written(200, time.monotonic_ns())
             reply.give(answer)
 
-        refusal = self.host.admission.submit(job.ask, done, tenant, trace)
-        if refusal is not None and refusal.code == 429:
+        admission = self.host.admission
+        refusal = admission.submit(job.ask, done, tenant, trace)
+        if refusal is None:
+            if admission.last_group is not None:
+                reply.admitted(admission.last_group)
+            return
+        if refusal.code == 429:
             raise RateLimited(refusal.retry_after_s)
-        if refusal is not None:
-            raise HttpError(refusal.code, refusal.message)
+        raise HttpError(refusal.code, refusal.message)
 
     def refused(self, exc: RateLimited | HttpError, trace: Any, reply: Reply) -> None:
         if trace is not None:

@@ -1,7 +1,9 @@
 """gRPC's HTTP/2, server side, on the front-end's own loop (docs/design.md, "gRPC"), in rooms:
-codec.py (the wire: frames, padding, HPACK blocks), flow.py (what is sent, and the windows),
-streams.py (the calls: HEADERS, DATA, ends), grpc.py (a call's messages and answers),
-connection.py (the connection's life, control frames, the budget and how much one turn reads).
+codec.py (the wire: frames, padding, HPACK blocks), flow.py (what is sent, the send windows,
+the answers held unread), inflow.py (the receive windows, refilled as bytes are consumed, and
+what a connection holds), streams.py (the calls: HEADERS, DATA, ends), grpc.py (a call's
+messages and answers), connection.py (the connection's life, control frames, the budget and
+how much one turn reads).
 
 What a call does with its request is the port's (rpc/server.py): `Port.begin` is given each new
 stream once its headers are in, and the stream's `on_message` each request message. Any frame

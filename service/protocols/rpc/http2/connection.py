@@ -41,7 +41,8 @@ from ringserve.service.protocols.rpc.http2.codec import (
     read_preface,
 )
 from ringserve.service.protocols.rpc.http2.flow import Sender
-from ringserve.service.protocols.rpc.http2.grpc import WINDOW, Port
+from ringserve.service.protocols.rpc.http2.grpc import Port
+from ringserve.service.protocols.rpc.http2.inflow import Inflow
 from ringserve.service.protocols.rpc.http2.streams import StreamTable
 
 DRAIN_PING = b"ringdrn!"
@@ -60,7 +61,8 @@ class Connection(asyncio.Protocol):
         self.now_ns = now_ns
         self.loop = asyncio.get_event_loop()
         self.transport: Any = None
-        self.sender = Sender(self, self.loop)
+        self.sender = Sender(self, self.loop, port.budget)
+        self.inflow = Inflow(self.sender, port.budget, port.stream_window)
         self.table = StreamTable(self)
         self.decoder = HeaderDecoder()
         self.budget = Budget(WASTE_BURST, WASTE_RATE, now_ns)
@@ -78,16 +80,19 @@ class Connection(asyncio.Protocol):
     # -- asyncio ----------------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         self.transport = self.sender.transport = transport
+        window = self.inflow.stream_window
         settings = struct.pack(
-            ">HIHIHIHI", 3, self.port.max_streams, 4, WINDOW, 6, HEADER_LIST, 2, 0
+            ">HIHIHIHI", 3, self.port.max_streams, 4, window, 6, HEADER_LIST, 2, 0
         )
         self.sender.write(frame(SETTINGS, 0, 0, settings))
-        self.sender.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", WINDOW - 65535)))
+        self.sender.write(self.inflow.opening())
         self.port.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.table.cancel_all()
+        self.buf = bytearray()  # freed now: the connection's objects are a cycle for the gc
+        self.inflow.waiting.clear()
         self.port.closed(self)
 
     def data_received(self, data: bytes) -> None:
@@ -253,3 +258,8 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.lost:
             self.sender.flush()
             self.transport.close()
+
+    def drop(self) -> None:
+        """A client that leaves our writes unread too long: closed with nothing more sent."""
+        if self.transport is not None and not self.lost:
+            self.transport.abort()

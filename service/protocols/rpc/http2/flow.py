@@ -1,6 +1,8 @@
 """What a connection sends, and as fast as the client lets it: the write buffer (one write a loop
 turn, so the answers of one batch leave together), the send windows (the connection's and each
-stream's), the client's SETTINGS, and its WINDOW_UPDATEs (RFC 9113 5.2, 6.5, 6.9)."""
+stream's), the client's SETTINGS, and its WINDOW_UPDATEs (RFC 9113 5.2, 6.5, 6.9). Answers the
+client has not read, waiting for its windows or in the transport's buffer once it stops reading
+us, are held up to the port's budget; an answer past it ends its call (Stream.unread)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ class Owner(Protocol):
     @property
     def lost(self) -> bool: ...
     @property
+    def paused_writing(self) -> bool: ...
+    @property
     def table(self) -> Table: ...
     def maybe_close(self) -> None: ...
 
@@ -52,8 +56,10 @@ class Owner(Protocol):
 class Sender:
     """The connection's outgoing side."""
 
-    def __init__(self, conn: Owner, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, conn: Owner, loop: asyncio.AbstractEventLoop, budget: int) -> None:
         self.conn = conn
+        self.budget = budget  # the most bytes of answers held unread
+        self.unread = 0  # bytes of answers in the streams' `out`, not yet written
         self.loop = loop
         self.transport: Any = None
         self.wbuf: list[bytes] = []
@@ -75,6 +81,21 @@ class Sender:
         if self.transport is not None and not self.conn.lost and self.wbuf:
             self.transport.write(b"".join(self.wbuf))
         self.wbuf.clear()
+
+    def room(self, n: int) -> bool:
+        """Whether `n` more bytes of answers stay within the budget (counted if they do), with
+        the transport's buffer once the client stops reading it."""
+        held = self.unread + n
+        if self.conn.paused_writing and self.transport is not None:
+            held += self.transport.get_write_buffer_size()
+        if held > self.budget:
+            return False
+        self.unread += n
+        return True
+
+    def drop(self, stream: Stream) -> None:
+        self.unread -= len(stream.out)
+        stream.out.clear()
 
     def flush_stream(self, stream: Stream) -> None:
         """Send what the stream has, as far as both windows allow; its trailers when all is out."""
@@ -100,6 +121,7 @@ class Sender:
             out.append(frame(DATA, 0, stream.id, chunk))
             stream.send_window -= n
             self.send_window -= n
+            self.unread -= n
         if not stream.out and stream.trailers is not None:
             out.append(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, stream.trailers))
             stream.trailers = None

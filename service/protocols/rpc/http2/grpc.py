@@ -14,7 +14,7 @@ RESOURCE_EXHAUSTED, FAILED_PRECONDITION, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 
 UNAUTHENTICATED = 16
 TIMEOUT_UNITS = {b"H": 3600 * 10**9, b"M": 60 * 10**9, b"S": 10**9, b"m": 10**6, b"u": 1000,
                  b"n": 1}  # fmt: skip
-WINDOW = 1 << 22  # our receive window, per stream and for the connection (4 MiB)
+STREAM_WINDOW = 65535  # a stream's receive window to start (grpc's): more is granted (inflow.py)
 
 
 def hpack_int(value: int, prefix: int, first: int = 0) -> bytes:
@@ -76,6 +76,8 @@ class Port(Protocol):
 
     limit: int  # the largest request message taken (larger: RESOURCE_EXHAUSTED)
     max_streams: int
+    budget: int  # bytes a connection holds of requests, and apart of unread answers
+    stream_window: int  # each stream's receive window to start (more is granted)
 
     def opened(self, conn: Any) -> None: ...
     def broken(self, exc: Exception) -> None: ...  # a bug met on a connection, which is ended
@@ -89,6 +91,18 @@ class Sends(Protocol):
     @property
     def peer_window(self) -> int: ...
     def flush_stream(self, stream: Stream) -> None: ...
+    def room(self, n: int) -> bool: ...  # n more bytes of answers within the budget
+    def drop(self, stream: Stream) -> None: ...  # its answers unsent are dropped
+
+
+class Holds(Protocol):
+    """What a stream needs of the connection's receiving side (inflow.Inflow)."""
+
+    @property
+    def stream_window(self) -> int: ...
+    def consume(self, stream: Stream, n: int) -> None: ...
+    def release(self, stream: Stream) -> None: ...
+    def want(self, stream: Stream, more: int) -> None: ...
 
 
 class Owner(Protocol):
@@ -96,7 +110,10 @@ class Owner(Protocol):
 
     @property
     def sender(self) -> Sends: ...
+    @property
+    def inflow(self) -> Holds: ...
     def now_ns(self) -> int: ...
+    def waste(self, what: str, cost: float = 1.0) -> None: ...  # the connection's budget
 
 
 class Stream:
@@ -110,6 +127,8 @@ class Stream:
         "deadline_ns",
         "done",
         "headed",
+        "heads",
+        "held",
         "id",
         "metadata",
         "on_cancel",
@@ -122,7 +141,9 @@ class Stream:
         "request",
         "send_window",
         "sent_head",
+        "tenant",
         "trailers",
+        "wanted",
         "window",
     )  # fmt: skip
 
@@ -132,7 +153,11 @@ class Stream:
         self.received = conn.now_ns()
         self.request: bytes | None = None  # a unary call's one message (the port's)
         self.buf = bytearray()  # request bytes not yet a whole message
-        self.window = WINDOW  # what the client may still send on this stream
+        self.window = conn.inflow.stream_window  # what the client may still send on it
+        self.held = 0  # its request bytes the connection holds (inflow.Inflow)
+        self.wanted = 0  # more window asked for its message and not yet granted (Inflow.want)
+        self.heads = 0  # its header list's cost while it is open (inflow.Inflow.open)
+        self.tenant: Any = None  # the key's tenant, when the port checked one (rpc/server.py)
         self.send_window = conn.sender.peer_window
         self.remote_closed = False
         self.done = False  # the answer's trailers are made (sent or queued)
@@ -156,7 +181,11 @@ class Stream:
     # -- the request's messages -------------------------------------------------------------------
     def take(self, data: bytes, limit: int) -> None:
         """DATA bytes: each whole length-prefixed message to `on_message`; one too large
-        (over `limit`) or compressed ends the call at once, whole or not."""
+        (over `limit`) or compressed ends the call at once, whole or not. A message read and
+        not kept (a streaming call's) is consumed: its bytes go back to the windows."""
+        if self.done:  # answered already: the rest of its request is dropped
+            self.conn.inflow.release(self)
+            return
         if not self.buf and len(data) >= 5 and int.from_bytes(data[1:5]) == len(data) - 5:
             self.message(data, limit)  # one whole message in one frame: a unary call's way
             return
@@ -165,6 +194,9 @@ class Stream:
         while len(buf) >= 5 and not self.done:
             size = int.from_bytes(buf[1:5])
             if size <= limit and not buf[0] and len(buf) < 5 + size:
+                short = 5 + size - len(buf) - self.window  # past what it may send now
+                if short > 0:
+                    self.conn.inflow.want(self, short)
                 return  # not whole yet
             framed = bytes(buf[: 5 + size])
             del buf[: 5 + size]
@@ -181,11 +213,17 @@ class Stream:
             self.finish(UNIMPLEMENTED, "compressed messages are not supported")
         elif self.on_message is not None:
             self.on_message(self, framed[5:])
+            if self.request is None and not self.done:
+                self.conn.inflow.consume(self, len(framed))
 
     # -- answering --------------------------------------------------------------------------------
     def send(self, message: bytes) -> None:
-        """One response message."""
+        """One response message; past the connection's budget of unread answers, the call
+        ends RESOURCE_EXHAUSTED instead."""
         if self.done:
+            return
+        if not self.conn.sender.room(len(message) + 5):
+            self.unread()
             return
         self.headed = True
         self.out += struct.pack(">BI", 0, len(message))
@@ -200,6 +238,8 @@ class Stream:
         if self.done:
             return
         self.done = True
+        if self.held:  # the rest of its request is moot
+            self.conn.inflow.release(self)
         block = OK_TRAILERS if code == OK and not extra else status_block(code, message, extra)
         if not self.headed:
             block = RESPONSE_HEAD + block  # trailers-only
@@ -211,23 +251,35 @@ class Stream:
         """A unary answer: HEADERS, DATA and trailers in one write."""
         if self.done:
             return
+        if not self.conn.sender.room(len(message) + 5):
+            self.unread()
+            return
         self.done = self.headed = True
         self.out += struct.pack(">BI", 0, len(message))
         self.out += message
         self.trailers = OK_TRAILERS
         self.conn.sender.flush_stream(self)
 
+    def unread(self) -> None:
+        """Its client leaves the connection's answers unread past the budget: what it has
+        not sent is dropped, and it ends."""
+        self.conn.sender.drop(self)
+        self.finish(RESOURCE_EXHAUSTED, "over the connection's bytes of unread answers")
 
-CallHead = tuple[bytes | None, bytes | None, bytes | None, bytes | None, list[tuple[str, str]]]
+
+CallHead = tuple[bytes | None, bytes | None, bytes | None, bytes | None, list[tuple[str, str]], int]
+HEAD_FIELD_COST = 160  # a metadata field's objects (two str, a tuple, a list slot), about
 
 
 def call_headers(fields: list[tuple[bytes, bytes]]) -> CallHead:
     """A call's request headers: :method, :path, content-type, grpc-timeout, and the rest as
     metadata (str pairs, as grpcio's servicers read them; calls with the same header list share
-    it, so nothing may change it)."""
+    it, so nothing may change it); last, what the list costs to hold while the call is open."""
     method = path = content_type = timeout = None
     metadata: list[tuple[str, str]] = []
+    cost = 0
     for name, value in fields:
+        cost += len(name) + len(value) + HEAD_FIELD_COST
         if name[:1] == b":":
             if name == b":method":
                 method = value
@@ -239,7 +291,7 @@ def call_headers(fields: list[tuple[bytes, bytes]]) -> CallHead:
             timeout = value
         else:
             metadata.append((name.decode("latin-1"), value.decode("latin-1")))
-    return method, path, content_type, timeout, metadata
+    return method, path, content_type, timeout, metadata, cost
 
 
 class CallHeads:

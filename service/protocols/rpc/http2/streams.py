@@ -4,7 +4,6 @@ streams that have ended, so that a late frame is told from a protocol error."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from typing import Protocol
 
@@ -20,7 +19,6 @@ from ringserve.service.protocols.rpc.http2.codec import (
     REFUSED_STREAM,
     RST_STREAM,
     STREAM_CLOSED,
-    WINDOW_UPDATE,
     H2Error,
     HeaderDecoder,
     error_code,
@@ -30,13 +28,15 @@ from ringserve.service.protocols.rpc.http2.codec import (
 from ringserve.service.protocols.rpc.http2.flow import Sender
 from ringserve.service.protocols.rpc.http2.grpc import (
     INTERNAL,
+    RESOURCE_EXHAUSTED,
     UNKNOWN,
-    WINDOW,
+    CallHead,
     CallHeads,
     Port,
     Stream,
     parse_timeout,
 )
+from ringserve.service.protocols.rpc.http2.inflow import Inflow
 
 # How a stream ended, remembered for the REMEMBERED newest: frames that were in flight when we
 # ended it are ignored; after the client's own END_STREAM or reset they are its error.
@@ -56,6 +56,8 @@ class Owner(Protocol):
     @property
     def sender(self) -> Sender: ...
     @property
+    def inflow(self) -> Inflow: ...
+    @property
     def decoder(self) -> HeaderDecoder: ...
     def waste(self, what: str, cost: float = 1.0) -> None: ...
     def maybe_close(self) -> None: ...
@@ -72,7 +74,6 @@ class StreamTable:
         self.continuations = 0  # in the pending header block
         self.ended: dict[int, int] = {}  # stream id: OURS, PEER_END or PEER_RESET
         self.ending: dict[int, Stream] = {}  # requests ended in this read, their calls to start
-        self.window = WINDOW  # connection receive window left
         self.heads = CallHeads()  # a repeated header list's call headers, read once
 
     # -- HEADERS --------------------------------------------------------------------------------
@@ -123,16 +124,18 @@ class StreamTable:
         if conn.goaway_at is not None and sid > conn.goaway_at:
             self.remember(sid, OURS)  # after our GOAWAY: not processed, the client retries it
             return
-        if len(self.streams) >= conn.port.max_streams:
+        head = self.heads.read(fields)
+        if len(self.streams) >= conn.port.max_streams or not conn.inflow.room(head[5]):
             conn.waste("streams over the limit")
             conn.sender.write(frame(RST_STREAM, 0, sid, error_code(REFUSED_STREAM)))
             self.remember(sid, OURS)
             return
-        self.open(sid, flags, fields)
+        self.open(sid, flags, head)
 
-    def open(self, sid: int, flags: int, fields: list[tuple[bytes, bytes]]) -> None:
-        method, path, content_type, timeout, metadata = self.heads.read(fields)
+    def open(self, sid: int, flags: int, head: CallHead) -> None:
+        method, path, content_type, timeout, metadata, cost = head
         stream = Stream(self.conn, sid, path or b"", metadata)
+        self.conn.inflow.open(stream, cost)
         self.streams[sid] = stream
         if method != b"POST" or not path:
             self.reset(stream, PROTOCOL_ERROR)
@@ -159,34 +162,31 @@ class StreamTable:
             raise H2Error(PROTOCOL_ERROR, "DATA on stream 0")
         if sid > self.last_id:
             raise H2Error(PROTOCOL_ERROR, "DATA on an idle stream")
-        conn = self.conn
+        conn, inflow = self.conn, self.conn.inflow
         n = len(payload)
-        self.window -= n
-        if self.window < 0:
-            raise H2Error(FLOW_CONTROL_ERROR, "over the connection window")
-        if self.window < WINDOW // 2:
-            conn.sender.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", WINDOW - self.window)))
-            self.window = WINDOW
+        inflow.received(n)
         stream = self.streams.get(sid)
         if stream is None or stream.remote_closed:
+            inflow.give_back(n)
             self.late(sid, "DATA")
             return
         stream.window -= n
+        inflow.promised -= n
         if stream.window < 0:
+            inflow.give_back(n)
             self.reset(stream, FLOW_CONTROL_ERROR)
             return
         data = strip(flags, payload)
         if not data and not flags & END_STREAM:
             conn.waste("empty DATA frames")
+        inflow.hold(stream, n, len(data))
         stream.take(data, conn.port.limit)
         if sid not in self.streams:
             return
         if flags & END_STREAM:
             self.remote_end(stream)
-        elif stream.window < WINDOW // 2:
-            update = struct.pack(">I", WINDOW - stream.window)
-            conn.sender.write(frame(WINDOW_UPDATE, 0, sid, update))
-            stream.window = WINDOW
+        elif inflow.spent() and not stream.done:  # every byte held, none can complete
+            stream.finish(RESOURCE_EXHAUSTED, "over the connection's bytes of requests held")
 
     def late(self, sid: int, kind: str) -> None:
         """A frame for a stream that is not open. One we ended may still have frames in flight
@@ -211,6 +211,7 @@ class StreamTable:
     # -- ends -----------------------------------------------------------------------------------
     def remote_end(self, stream: Stream) -> None:
         stream.remote_closed = True
+        self.conn.inflow.ended(stream)
         if stream.done:
             if stream.trailers is None:  # all sent: the stream is over
                 self.close(stream, ours=False)
@@ -230,6 +231,7 @@ class StreamTable:
         ending, self.ending = self.ending, {}
         for sid, stream in ending.items():
             if self.streams.get(sid) is stream and not stream.done and stream.on_end is not None:
+                self.conn.inflow.release(stream)  # consumed: the call has its message
                 stream.on_end(stream)
 
     def on_reset(self, sid: int, payload: bytes) -> None:
@@ -260,6 +262,8 @@ class StreamTable:
         """The stream leaves the table (`ours`: we ended it before the client did)."""
         self.streams.pop(stream.id, None)
         self.conn.sender.blocked.pop(stream.id, None)
+        self.conn.sender.drop(stream)
+        self.conn.inflow.closed(stream)
         self.remember(stream.id, OURS if ours else how)
 
     def remember(self, sid: int, how: int) -> None:
@@ -277,3 +281,4 @@ class StreamTable:
         streams, self.streams = list(self.streams.values()), {}
         for stream in streams:
             self.cancelled(stream)
+            stream.buf, stream.out = bytearray(), bytearray()  # now, not at the next gc pass
