@@ -95,13 +95,16 @@ class Launched:
         own_group: bool = False,
         tree: Path | None = None,
         grpc: bool = False,
+        wrap: tuple[str, ...] = (),
     ) -> None:
         """`grpc`: serve the gRPC port too, on a free port (off unless asked: most servers
         here never use it, and none may take the default 8002 another test server holds).
         `beside`: share that server's ports and control path (a --reuse-port upgrade).
         `own_group`: start it in a session of its own, so a signal to its process group (as
         systemd, supervisord and `kill -TERM -PGID` send) reaches it and its children only.
-        `tree`: run the server of another checkout (a baseline commit), not this one."""
+        `tree`: run the server of another checkout (a baseline commit), not this one.
+        `wrap`: a command that execs the server's (its own pid stays the server's): `unshare`
+        and a shell that mounts a private /dev/shm first, say."""
         tmp = Path(tmp)
         self.port: int = beside.port if beside else port or free_port()
         self.binary_port: int = beside.binary_port if beside else free_port() if binary else 0
@@ -113,7 +116,7 @@ class Launched:
         taken = beside is not None and socket_is_live(self.base_control)
         self.log_path = tmp / f"server-{self.port}{f'-{time.monotonic_ns()}' if beside else ''}.log"
         self.args = [
-            sys.executable, "-m", "ringserve.service.cli", "serve",
+            *wrap, sys.executable, "-m", "ringserve.service.cli", "serve",
             "--host", HOST, "--port", str(self.port),
             "--binary-port", str(self.binary_port),
             # another checkout (`tree`, a baseline) may predate the option: there, off unless asked

@@ -145,6 +145,12 @@ class ModelTables:
                 return str(exc.code).removeprefix("ringserve: ")
             except ModelTableError as exc:
                 return str(exc)
+            before = repo.refs()
             repo.models.replace(info)
-            repo.dispatcher.table.open(info.index, name, self.settings.max_queue, info.priority)
-            return await repo.roll()
+            repo.dispatcher.table.open(
+                info.index, name, self.settings.max_queue, info.priority, info.shape
+            )
+            error = await repo.roll(before)
+            if error is not None:  # the pool rolled back: so does the set
+                repo.models.replace(old)
+            return error

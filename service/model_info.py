@@ -64,6 +64,11 @@ class ModelInfo:
         return self.manifest.labels
 
     @property
+    def shape(self) -> tuple[int, int]:
+        """(labels, dimension): what every answer of its workers holds (engine/answers.py)."""
+        return len(self.manifest.labels), self.manifest.dimension
+
+    @property
     def ref(self) -> ModelRef:
         """What a worker is told to load for this model (workers.spec)."""
         return ModelRef(self.index, self.name, self.version, self.model_dir, self.options)
