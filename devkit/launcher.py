@@ -97,6 +97,7 @@ class Launched:
         tree: Path | None = None,
         grpc: bool = False,
         tls: ssl.SSLContext | None = None,
+        wrap: tuple[str, ...] = (),
     ) -> None:
         """`grpc`: serve the gRPC port too, on a free port (off unless asked: most servers
         here never use it, and none may take the default 8002 another test server holds).
@@ -105,7 +106,9 @@ class Launched:
         systemd, supervisord and `kill -TERM -PGID` send) reaches it and its children only.
         `tree`: run the server of another checkout (a baseline commit), not this one.
         `tls`: the client context its HTTP port is probed with (a server given --tls-cert in
-        `args`)."""
+        `args`).
+        `wrap`: a command that execs the server's (its own pid stays the server's): `unshare`
+        and a shell that mounts a private /dev/shm first, say."""
         tmp = Path(tmp)
         self.tls = tls
         self.port: int = beside.port if beside else port or free_port()
@@ -118,7 +121,7 @@ class Launched:
         taken = beside is not None and socket_is_live(self.base_control)
         self.log_path = tmp / f"server-{self.port}{f'-{time.monotonic_ns()}' if beside else ''}.log"
         self.args = [
-            sys.executable, "-m", "ringserve.service.cli", "serve",
+            *wrap, sys.executable, "-m", "ringserve.service.cli", "serve",
             "--host", HOST, "--port", str(self.port),
             "--binary-port", str(self.binary_port),
             # another checkout (`tree`, a baseline) may predate the option: there, off unless asked

@@ -250,7 +250,7 @@ def engine_dispatcher(settings: Config, models: list[ModelInfo]) -> Dispatcher:
         bulk_wait_ms=s.bulk_max_wait_ms,
     )
     for m in models:
-        dispatcher.table.open(m.index, m.name, s.max_queue, m.priority)
+        dispatcher.table.open(m.index, m.name, s.max_queue, m.priority, m.shape, m.warm_options)
     return dispatcher
 
 

@@ -145,9 +145,20 @@ class ModelTables:
                 return str(exc.code).removeprefix("ringserve: ")
             except ModelTableError as exc:
                 return str(exc)
+            before = repo.refs()
             repo.models.replace(info)
-            repo.dispatcher.table.open(info.index, name, self.settings.max_queue, info.priority)
+            repo.dispatcher.table.open(
+                info.index,
+                name,
+                self.settings.max_queue,
+                info.priority,
+                info.shape,
+                info.warm_options,
+            )
             try:
-                return await repo.roll()
+                error = await repo.roll(before)
             finally:  # what old workers answered during the roll
                 repo.front.cache.forget(info.index)
+            if error is not None:  # the pool rolled back: so does the set
+                repo.models.replace(old)
+            return error

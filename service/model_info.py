@@ -18,6 +18,7 @@ from ringserve.service.engine.tenants import INTERACTIVE, PRIORITIES
 from ringserve.service.logs import EventLog
 from ringserve.service.precision import BF16_FLAGS, auto_precision, cpu_flags, cpu_refusal
 from ringserve.service.settings import PER_MODEL_MANIFEST, PER_MODEL_SERVED, Config, ModelTableError
+from ringserve.shm import layout as L
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
     ArtifactError,
@@ -62,6 +63,21 @@ class ModelInfo:
     @property
     def labels(self) -> list[str]:
         return self.manifest.labels
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(labels, dimension): what every answer of its workers holds (engine/answers.py)."""
+        return len(self.manifest.labels), self.manifest.dimension
+
+    @property
+    def warm_options(self) -> int:
+        """The options byte of a warm-up text (service/pool/warmup.py): an ask the model
+        answers, so answering it shows the model runs: a document's token vectors (a ColBERT
+        model), a vector (an embed-only model), else its own plain answer (scores, terms, or
+        per-token labels)."""
+        if self.manifest.multivector:
+            return L.OPT_TOKENS
+        return L.OPT_EMBED if self.manifest.embed_only else 0
 
     @property
     def ref(self) -> ModelRef:

@@ -8,6 +8,11 @@ nothing); then it is READY. An unload turns UNLOADING (requests for it get 404),
 was admitted for it, is removed, and the pool is rolled again, which frees its memory. One
 operation at a time (a lock), so rolls never overlap; a failed load changes nothing else and
 leaves its reason in the index.
+
+Every roll is tentative (pool/roll.py): the new list is served only once a worker has loaded
+it and answered a warm-up. One that verifies but that workers cannot load (or serve) fails the
+roll, never the server: the pool rolls back onto the workers that hold the list before it
+(Supervisor.roll_back), which served throughout, and the load, unload or reload answers why.
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ from ringserve.service.settings import Config, ModelTableError
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.workers.artifact import ArtifactError, Manifest, load_manifest, load_tokenizer
+from ringserve.workers.spec import ModelRef
 
 Error = tuple[int, str]  # (HTTP-like code, message)
 DRAINING: Error = (503, "server is draining")
+ROLLED_BACK = "reload failed, the models served before keep serving"
 
 
 def measured_rss(ctls: Iterable[ControlBlock], index: int) -> int | None:
@@ -129,7 +136,6 @@ class Repository:
         self.root = settings.model_repository
         self.problems: dict[str, str] = {}  # name -> why its last load failed
         self.lock = asyncio.Lock()  # one load, unload or reload (one roll) at a time
-        self.tasks: set[asyncio.Task[Any]] = set()
 
     def scan(self) -> dict[str, Candidate]:
         """The repository's models now (none when it is gone or unreadable: logged)."""
@@ -184,7 +190,7 @@ class Repository:
     async def load_verified(self, name: str, version: int, where: str) -> Error | None:
         entry = self.models.entries.get((name, version))
         if entry is not None and entry.state == M.READY:
-            return None  # already serving: loading it again changes nothing
+            return await self.load_again(entry.info, where)
         if len(self.models) >= L.MAX_MODELS or self.models.new_index() >= L.MAX_MODELS:
             return 409, f"no model index left ({L.MAX_MODELS} loads per server run)"
         try:
@@ -211,20 +217,46 @@ class Repository:
 
     async def admit(self, info: ModelInfo) -> Error | None:
         """Add it as LOADING, open it on the dispatcher, roll, and mark it READY."""
+        before = self.refs()
         self.models.add(info, M.LOADING)
         self.problems.pop(info.name, None)
-        self.dispatcher.table.open(info.index, info.name, self.settings.max_queue, info.priority)
-        error = await self.roll(tentative=True)
-        if error is not None:  # take it back out: nothing else changes
+        table, s = self.dispatcher.table, self.settings
+        table.open(info.index, info.name, s.max_queue, info.priority, info.shape, info.warm_options)
+        error = await self.roll(before)
+        if error is not None:  # take it back out (the pool rolled back): nothing else changes
             self.dispatcher.table.close(info.index)
             self.models.remove(info)
-            if not self.front.draining:
-                self.supervisor.set_models([m.ref for m in self.models.infos()])
             return (503, error) if error == DRAINING[1] else (500, error)
         self.models.set_state(info, M.READY)
         self.log.info("model_loaded", model=info.name, version=info.version, index=info.index,
                       fingerprint=info.manifest.fingerprint)  # fmt: skip
         return None
+
+    async def load_again(self, info: ModelInfo, where: str) -> Error | None:
+        """A load of a model it serves (as Triton's): its artifact read again, and rolled in,
+        tentatively, when it changed; when its workers cannot load or serve it, the one served
+        before keeps serving and the reason is answered."""
+        try:
+            manifest = await asyncio.to_thread(verify, where)
+        except ArtifactError as exc:
+            return 400, str(exc)
+        if manifest.fingerprint == info.manifest.fingerprint:
+            return None  # the same artifact: loading it again changes nothing
+        if shape(manifest) != shape(info.manifest):
+            return 400, "its labels, tasks or dimension differ (unload it, then load it)"
+        try:
+            fresh = info.reloaded(manifest)
+        except ModelTableError as exc:
+            return 400, str(exc)
+        error = await self.roll(self.refs())
+        if error is None:
+            self.models.replace(fresh)
+            self.log.info("model_reloaded", model=info.name, version=info.version,
+                          fingerprint=manifest.fingerprint)  # fmt: skip
+            return None
+        if error == DRAINING[1]:
+            return DRAINING
+        return 500, f"{ROLLED_BACK}: {error}"
 
     # -- unload ------------------------------------------------------------------------------------
     async def unload(
@@ -247,10 +279,11 @@ class Repository:
                 self.models.set_state(info, M.UNLOADING)
                 self.dispatcher.table.close(info.index)
             await self.answered([info.index for info in going])
+            before = self.refs()
             for info in going:
                 self.models.remove(info)
             self.log.info("model_unloaded", model=name, versions=[i.version for i in going])
-            error = await self.roll()
+            error = await self.roll(before)  # failed: the old workers, which hold it, serve on
         return None if error is None else ((503, error) if error == DRAINING[1] else (500, error))
 
     async def answered(self, indexes: list[int]) -> None:
@@ -263,64 +296,61 @@ class Repository:
                 "unload_timeout", models=indexes, waited_s=self.settings.drain_timeout_s
             )
 
-    async def roll(self, tentative: bool = False) -> str | None:
-        """The pool onto every model the set holds now; the reason when it did not finish."""
-        refs = [m.ref for m in self.models.infos()]
-        generation = self.supervisor.set_models(refs, tentative)
-        return await self.supervisor.rolls.wait(generation)
+    def refs(self) -> list[ModelRef]:
+        """What the workers are told to load for the set as it is now."""
+        return [m.ref for m in self.models.infos()]
+
+    async def roll(self, before: list[ModelRef]) -> str | None:
+        """The pool onto every model the set holds now, tentatively; the reason when it did
+        not finish, once the pool has rolled back onto `before` (the list its workers held)."""
+        generation = self.supervisor.set_models(self.refs(), tentative=True)
+        error = await self.supervisor.rolls.wait(generation)
+        if error is not None and error != DRAINING[1]:
+            self.supervisor.roll_back(before, generation)
+        return error
 
     # -- reload (SIGHUP, ctl reload) ---------------------------------------------------------------
     async def reload(self, reason: str) -> str | None:
         """Re-read and verify every model (off the loop); refused whole when one fails or
-        changes its labels, task or dimension; else one roll onto them all (the lock is held
-        until it ends, so no load or unload rolls meanwhile)."""
-        await self.lock.acquire()
-        try:
-            fresh = await self.reverified()
-        except BaseException:
-            self.lock.release()
-            raise
-        if isinstance(fresh, str):
-            self.lock.release()
-            return fresh
-        for info in fresh:
-            self.models.replace(info)
-        generation = self.supervisor.set_models([m.ref for m in self.models.infos()])
-        task = asyncio.create_task(self.hold_until_rolled(generation, reason))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return None
+        changes its labels, task or dimension; else one tentative roll onto them all, answered
+        once it ended: the new artifacts are served (and described) only once every worker
+        holds them; when a worker cannot load or serve them, the pool keeps the old ones and
+        the reason is answered."""
+        async with self.lock:
+            fresh = await reverified(self.models.infos())
+            if isinstance(fresh, str):
+                return fresh
+            if self.front.draining:  # began while the artifacts were being read
+                return DRAINING[1]
+            error = await self.roll(self.refs())  # the cache's entries go with replace
+            if error is None:
+                for info in fresh:
+                    self.models.replace(info)
+                return None
+        if error == DRAINING[1]:
+            return error
+        self.log.warning("reload_rolled_back", by=reason, reason=error)
+        return f"{ROLLED_BACK}: {error}"
 
-    async def reverified(self) -> list[ModelInfo] | str:
-        """Every model re-read from its directory, or why the reload is refused."""
-        fresh: list[ModelInfo] = []
-        for info in self.models.infos():
-            try:
-                manifest = await asyncio.to_thread(load_manifest, info.model_dir)
-            except ArtifactError as exc:
-                return str(exc)
-            if shape(manifest) != shape(info.manifest):
-                return (
-                    f"reload refused: {info.name}: the new artifact's labels, tasks or "
-                    "dimension differ (restart the server, or unload and load it)"
-                )
-            try:
-                fresh.append(info.reloaded(manifest))
-            except ModelTableError as exc:
-                return f"reload refused: {exc}"
-        if self.front.draining:  # began while the artifacts were being read
-            return DRAINING[1]
-        return fresh
 
-    async def hold_until_rolled(self, generation: int, reason: str) -> None:
+async def reverified(infos: Iterable[ModelInfo]) -> list[ModelInfo] | str:
+    """Every model re-read from its directory (off the loop), or why the reload is refused."""
+    fresh: list[ModelInfo] = []
+    for info in infos:
         try:
-            error = await self.supervisor.rolls.wait(generation)
-            if error is not None:
-                self.log.warning("reload_roll", by=reason, reason=error)
-        finally:
-            for info in self.models.infos():  # what old workers answered during the roll
-                self.front.cache.forget(info.index)
-            self.lock.release()
+            manifest = await asyncio.to_thread(load_manifest, info.model_dir)
+        except ArtifactError as exc:
+            return str(exc)
+        if shape(manifest) != shape(info.manifest):
+            return (
+                f"reload refused: {info.name}: the new artifact's labels, tasks or "
+                "dimension differ (restart the server, or unload and load it)"
+            )
+        try:
+            fresh.append(info.reloaded(manifest))
+        except ModelTableError as exc:
+            return f"reload refused: {exc}"
+    return fresh
 
 
 def repository_index(

@@ -1,7 +1,8 @@
 """One worker's channel: its request and response rings, control block and two doorbells.
 
-The front-end creates a channel (segments named `rs_<pid>_<serial>_<kind>`, eventfds) and
-unlinks it after the worker has exited; the worker attaches to the same names and only closes.
+The front-end creates a channel (segments named `rs_<pid>_<serial>_<random>_<kind>`, reserved
+before use: shm/segment.py; eventfds) and unlinks it after the worker has exited; the worker
+attaches to the same names and only closes.
 Both sides go through this module, so the segment kinds and ring geometry are written once.
 """
 
@@ -13,7 +14,7 @@ from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.shm.doorbell import EventFd, Semaphore
 from ringserve.shm.ring import Ring
-from ringserve.shm.segment import Segment, segment_name
+from ringserve.shm.segment import Segment
 
 
 def request_ring_slots(max_body: int, max_frame: int, ring_slots: int) -> int:
@@ -50,14 +51,31 @@ class Channel:
         self.ctl = ControlBlock(ctl, create=req.owner)
 
     @classmethod
-    def create(cls, server_pid: int, serial: int, req_slots: int, rsp_slots: int) -> Channel:
-        req = Segment.create(
-            segment_name(server_pid, serial, "req"), L.ring_bytes(L.REQUEST_SLOT_SIZE, req_slots)
-        )
-        rsp = Segment.create(
-            segment_name(server_pid, serial, "rsp"), L.ring_bytes(L.RESPONSE_SLOT_SIZE, rsp_slots)
-        )
-        ctl = Segment.create(segment_name(server_pid, serial, "ctl"), L.CONTROL_BYTES)
+    def create(
+        cls,
+        server_pid: int,
+        serial: int,
+        req_slots: int,
+        rsp_slots: int,
+        predictable: bool = False,
+    ) -> Channel:
+        """The three segments, or none: a SegmentError (no room in /dev/shm) leaves nothing.
+        `predictable`: test-only (segment.unique_names)."""
+        sizes = {
+            "req": L.ring_bytes(L.REQUEST_SLOT_SIZE, req_slots),
+            "rsp": L.ring_bytes(L.RESPONSE_SLOT_SIZE, rsp_slots),
+            "ctl": L.CONTROL_BYTES,
+        }
+        made: list[Segment] = []
+        try:
+            for kind, size in sizes.items():
+                made.append(Segment.create_unique(server_pid, serial, kind, size, predictable))
+        except BaseException:
+            for seg in made:
+                seg.close()
+                seg.unlink()
+            raise
+        req, rsp, ctl = made
         return cls(
             req,
             rsp,

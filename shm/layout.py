@@ -145,6 +145,56 @@ def pack_response(
     )
 
 
+# What a worker may answer (STATUS_RATE_LIMITED is the front-end's alone).
+WORKER_STATUSES = frozenset(
+    (
+        STATUS_OK,
+        STATUS_BAD_REQUEST,
+        STATUS_OVERLOADED,
+        STATUS_DEADLINE,
+        STATUS_INTERNAL,
+        STATUS_UNKNOWN_MODEL,
+        STATUS_TOO_LONG,
+    )
+)
+RSP_KNOWN_FLAGS = (
+    RSP_TRUNCATED
+    | RSP_WINDOWED
+    | RSP_TOKENS
+    | RSP_SPARSE
+    | RSP_INT8
+    | RSP_SECOND_LOOK
+    | RSP_TOKEN_LABELS
+)
+
+
+def response_problem(payload: bytes | memoryview) -> str | None:
+    """What is wrong with a response payload as a worker wrote it (None: it is well formed):
+    its header whole, a status a worker may give, known flags, and exactly the floats its
+    header counts (n, or n x windows token vectors), with label_id one of them. The front-end
+    reads nothing of an answer before this says yes (a worker that lies is replaced)."""
+    if len(payload) < RESPONSE_SIZE:
+        return f"a response of {len(payload)} bytes, under its {RESPONSE_SIZE}-byte header"
+    status, _bucket, label, n, flags, _r, windows, _limit, _tokens, _q, _m = RESPONSE.unpack_from(
+        payload
+    )
+    if status not in WORKER_STATUSES:
+        return f"unknown status {status}"
+    if flags & ~RSP_KNOWN_FLAGS:  # a new kind of answer is added to RSP_KNOWN_FLAGS first
+        return f"unknown flags {flags:#x} (RSP_KNOWN_FLAGS lists {RSP_KNOWN_FLAGS:#x})"
+    if status != STATUS_OK:
+        return None
+    if flags & RSP_TOKEN_LABELS:  # its own body, read whole by workers/token_entities.py
+        return None
+    floats = n * windows if flags & RSP_TOKENS else n
+    floats = 2 * n if flags & RSP_SPARSE else floats  # n term ids (u32), then n weights
+    if len(payload) != RESPONSE_SIZE + 4 * floats:
+        return f"{len(payload)} bytes for a header and {floats} floats"
+    if label and label >= n and not flags & RSP_SPARSE:
+        return f"label_id {label} of {n} scores"
+    return None
+
+
 MAX_MODELS = 64  # model indexes 0..MAX_MODELS-1 (a worker's control block has a word for each)
 META_MODEL_SHIFT = 16  # meta: the options byte in bits 0-7, the model index in bits 16-31
 

@@ -128,9 +128,15 @@ class Ring:
 
     def read(self, limit: int = 1 << 30) -> list[Record]:
         """Copy out up to `limit` published messages as (msg_id, aux, meta, payload); release
-        them."""
+        them. Everything the producer wrote is checked before it is used (its tail, each
+        record's slot count and length): a RingError releases nothing, and says the producer
+        is broken or lying (the front-end then replaces that worker)."""
         head = self._words[self._head_i]
         tail = self._words[self._tail_i]
+        if not 0 <= tail - head <= self.slot_count:  # the producer's word: trust nothing of it
+            raise RingError(
+                f"{self.segment.name}: tail {tail} is not within one ring of head {head}"
+            )
         out: list[Record] = []
         data = self._data
         size = self.slot_size

@@ -29,6 +29,13 @@ class Hooks:
     # RINGSERVE_TEST_BATCH_DELAY_MS=N: a worker sleeps N ms before each batch, so a test can hold
     # it between two batches of one windowed text (a kill then lands with some windows done).
     batch_delay_ms: int = 0
+    # RINGSERVE_TEST_PREDICTABLE_SEGMENTS=1: the first name tried for each segment is the
+    # predictable rs_<pid>_<serial>_<kind> (shm/segment.py), so a test can take it first.
+    predictable_segments: bool = False
+    # RINGSERVE_TEST_LYING_WORKER=KIND[:N]: worker serial 1 writes one malformed answer (KIND:
+    # workers/process/lies.py) in place of its (N+1)th answer (N: 0), as a compromised or
+    # broken worker could; nothing outside a worker can make one.
+    lying_worker: str = ""
 
 
 def read(env: Mapping[str, str]) -> Hooks:
@@ -39,6 +46,8 @@ def read(env: Mapping[str, str]) -> Hooks:
         device_boot_errors=int(env.get("RINGSERVE_TEST_DEVICE_BOOT_ERRORS") or 0),
         capture_error=env.get("RINGSERVE_TEST_CAPTURE_ERROR") == "1",
         batch_delay_ms=int(env.get("RINGSERVE_TEST_BATCH_DELAY_MS") or 0),
+        predictable_segments=env.get("RINGSERVE_TEST_PREDICTABLE_SEGMENTS") == "1",
+        lying_worker=env.get("RINGSERVE_TEST_LYING_WORKER") or "",
     )
 
 

@@ -46,7 +46,9 @@ class Lane:
         "open",
         "priority",
         "rejected",
+        "shape",
         "waiters",
+        "warm",
     )
 
     def __init__(self, index: int, name: str, max_queue: int) -> None:
@@ -63,6 +65,12 @@ class Lane:
         self.bulk_texts = 0
         self.drain = Drain()  # how fast its answered cost comes back (bounds.Drain)
         self.waiters: list[asyncio.Future[None]] = []  # when_empty
+        # (labels, dimension) of the model: what its workers' answers must hold (answers.py
+        # checks each one against it); None: not said, only an answer's own form is checked.
+        self.shape: tuple[int, int] | None = None
+        # The options byte of the text a new worker answers before it serves this model
+        # (service/pool/warmup.py): the kind of answer the model gives (ModelInfo.warm_options).
+        self.warm = 0
 
     def admitted(self, n: int, cost: int) -> None:
         self.depth += n
@@ -99,10 +107,18 @@ class Lanes:
         self.lanes: dict[int, Lane] = {0: Lane(0, "", 0)}  # one a model, open or not
         self.names: dict[int, str] = {0: ""}  # every model ever opened
 
-    def open(self, index: int, name: str, max_queue: int, priority: int = INTERACTIVE) -> None:
+    def open(
+        self,
+        index: int,
+        name: str,
+        max_queue: int,
+        priority: int = INTERACTIVE,
+        shape: tuple[int, int] | None = None,
+        warm: int = 0,
+    ) -> None:
         """Admit texts for the model from now on, up to `max_queue` of them at once (within
         the total; 0: the total alone), at `priority` at most; open again, it keeps what it
-        had admitted."""
+        had admitted. `shape`: its (labels, dimension), which its answers must have."""
         if not 0 <= index < L.MAX_MODELS:
             raise ValueError(f"model index {index} is outside 0..{L.MAX_MODELS - 1}")
         lane = self.lanes.get(index)
@@ -110,6 +126,9 @@ class Lanes:
             lane = self.lanes[index] = Lane(index, name, max_queue)
         lane.name, lane.max_queue, lane.open = name, max_queue, True
         lane.priority = priority
+        if shape is not None:
+            lane.shape = shape
+        lane.warm = warm
         self.names[index] = name
 
     def close(self, index: int) -> None:

@@ -33,12 +33,25 @@ class WorkerLink:
 
     @classmethod
     def open(
-        cls, server_pid: int, serial: int, req_slots: int, rsp_slots: int, models: frozenset[int]
+        cls,
+        server_pid: int,
+        serial: int,
+        req_slots: int,
+        rsp_slots: int,
+        models: frozenset[int],
+        predictable: bool = False,
     ) -> WorkerLink:
-        """Create the worker's segments and doorbells (it attaches to them at start)."""
-        return cls(
-            serial, Channel.create(server_pid, serial, req_slots, rsp_slots), Doorbells(), models
-        )
+        """Create the worker's segments and doorbells (it attaches to them at start); raises
+        shm.segment.SegmentError, leaving nothing, when /dev/shm has no room for them.
+        `predictable`: test-only (shm.segment.unique_names)."""
+        channel = Channel.create(server_pid, serial, req_slots, rsp_slots, predictable)
+        try:
+            bells = Doorbells()
+        except BaseException:
+            channel.close()
+            channel.unlink()
+            raise
+        return cls(serial, channel, bells, models)
 
     def submit(self, messages: list[Message]) -> int:
         """Write requests into the ring and post the doorbell once per request written (one

@@ -17,6 +17,7 @@ from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells, request_ring_slots, response_ring_slots
 from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.spec import STOP_SIGNAL, ModelRef, WorkerSpec
+from ringserve.workers.testhooks import HOOKS
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -141,6 +142,7 @@ class WorkerHandle:
             request_ring_slots(settings.max_body, settings.max_frame, settings.ring_slots),
             response_ring_slots(settings.ring_slots, settings.max_queue),
             frozenset(m.index for m in models) or frozenset({0}),
+            HOOKS.predictable_segments,
         )
         self.ctl = self.link.ctl
         self.spec = worker_spec(

@@ -16,6 +16,8 @@ CRASH_LIMIT = 5  # crashes of one slot within the window before restarts back of
 STABLE_S = 2.0  # a worker ready this long that dies is not crash-looping (no backoff)
 SPARE_KEY = -1  # crash history and backoff of the spares, beside the slots' own
 DEVICE_RETRIES = 3  # boots of a slot that fail on its GPU before the slot serves from the CPU
+SPAWN_RETRY_S = 0.5  # a spawn refused for want of shared memory is tried again after this ...
+SPAWN_RETRY_MAX_S = 10.0  # ... doubling for each refusal in a row, up to this
 
 
 class RestartPolicy:
@@ -25,6 +27,7 @@ class RestartPolicy:
         self.crashes: dict[int, list[float]] = {}  # slot (SPARE_KEY: spares) -> recent deaths
         self.backoff_until: dict[int, float] = {}
         self.device_errors: dict[int | None, int] = {}  # slot (None: spares) -> boots failed
+        self.refusals: dict[int, int] = {}  # slot (SPARE_KEY) -> spawns refused in a row
 
     def held(self, key: int) -> bool:
         """Whether the slot (or SPARE_KEY) is backing off now."""
@@ -71,6 +74,21 @@ class RestartPolicy:
         self.emit(
             "worker_device_error", level=logging.WARNING, worker=slot, device=device, **fields
         )
+
+    def refused(self, key: int, reason: str, serving: int) -> None:
+        """A spawn for `key` could not be made (no room for its segments): say why, and hold
+        the key back for a growing delay, so the supervisor neither spins nor gives up (the
+        pool serves on with its `serving` workers)."""
+        n = self.refusals.get(key, 0) + 1
+        self.refusals[key] = n
+        delay = min(SPAWN_RETRY_MAX_S, SPAWN_RETRY_S * 2 ** (n - 1))
+        self.backoff_until[key] = max(self.backoff_until.get(key, 0.0), self.clock() + delay)
+        worker = None if key == SPARE_KEY else key
+        self.emit("worker_spawn_refused", level=logging.ERROR, worker=worker, reason=reason,
+                  retry_in_s=delay, serving=serving)  # fmt: skip
+
+    def spawned(self, key: int) -> None:
+        self.refusals.pop(key, None)
 
     def reload(self) -> None:
         self.device_errors.clear()  # a reload tries every slot's GPU again

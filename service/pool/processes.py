@@ -1,8 +1,8 @@
 """The worker processes themselves: each started (forked from the zygote, else spawned) with
 its exit sentinel on the loop and its link (answer doorbell) with the dispatcher, and released
 once it is gone; at the end, all stopped together. The dispatcher tells this room, its links'
-owner, when a worker's first answer doorbell rings (ready) and when a draining one holds
-nothing any more (drained)."""
+owner, when a worker's first answer doorbell rings (ready), when a draining one holds nothing
+any more (drained), and when one wrote a malformed answer (faulty: it is replaced)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class Processes:
         on_exit: Callable[[WorkerHandle], None],
         clock: Callable[[], float],
         on_ready: Callable[[WorkerHandle], None] = lambda handle: None,
+        on_faulty: Callable[[WorkerHandle, str], None] = lambda handle, reason: None,
     ) -> None:
         self.settings = settings
         self.models = models  # what a worker started now serves (Supervisor.set_models)
@@ -38,6 +39,7 @@ class Processes:
         self.make_handle = make_handle  # WorkerHandle; tests give a fake
         self.on_exit = on_exit  # the sentinel fired (Supervisor.on_exit)
         self.on_ready = on_ready  # a worker's first answer doorbell after it loaded
+        self.on_faulty = on_faulty  # a worker is gone, here as lying (Supervisor._failed)
         self.clock = clock
         self.all: dict[int, WorkerHandle] = {}  # serial -> handle, every live process
         self.serial = 0
@@ -80,6 +82,14 @@ class Processes:
         handle = self.all.get(link.serial)
         if handle is not None:
             handle.terminate(self.clock())
+
+    def worker_faulty(self, link: WorkerLink, reason: str) -> None:
+        """The dispatcher found a malformed record, length or index in the worker's response
+        ring: that worker is dead (killed by finish(), replaced, what it held rerouted, as for
+        any death; none of its answers of that read was taken)."""
+        handle = self.all.get(link.serial)
+        if handle is not None:
+            self.on_faulty(handle, f"malformed answer: {reason}")
 
     def finish(self, handle: WorkerHandle) -> None:
         """A worker declared dead: release it, or KILL it first when it still runs (hung)."""

@@ -4,7 +4,7 @@ toward its desired set (service.pool.supervisor); the control status and metrics
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ringserve.service.engine.dispatcher import Dispatcher
@@ -14,11 +14,17 @@ from ringserve.service.pool.policy import SPARE_KEY
 
 class Roster:
     def __init__(
-        self, dispatcher: Dispatcher, clock: Callable[[], float], emit: Callable[..., None]
+        self,
+        dispatcher: Dispatcher,
+        clock: Callable[[], float],
+        emit: Callable[..., None],
+        admits: Callable[[WorkerHandle], bool] = lambda handle: True,
     ) -> None:
         self.dispatcher = dispatcher
         self.clock = clock
         self.emit = emit  # Supervisor._event
+        # Whether a loaded worker may serve yet (Rolls.admits: a tentative roll's, once warm).
+        self.admits = admits
         self.slots: dict[int, WorkerHandle | None] = {}  # slot -> its serving worker
         self.spares: list[WorkerHandle] = []  # starting or loaded, not serving
         self.retiring: list[WorkerHandle] = []  # draining or stopping
@@ -64,7 +70,7 @@ class Roster:
 
     def update_serving(self) -> None:
         """Tell the dispatcher which workers take new requests."""
-        serving = [h.link for h in self.slots.values() if h is not None and h.serving()]
+        serving = [h.link for h in self.slots.values() if h is not None and self.serves(h)]
         self.dispatcher.set_serving(serving, whole=len(serving) == len(self.slots))
 
     def spares_wanted(self, want: int, generation: int, zygote_booting: Callable[[], bool]) -> int:
@@ -80,10 +86,25 @@ class Roster:
             want = min(want, len(self.spares))
         return want
 
+    def keep(self, handles: Iterable[WorkerHandle], old: int, new: int) -> frozenset[int]:
+        """A roll back: the live workers of generation `old` are taken as `new` (they hold the
+        list it serves again), and every other spare and serving worker retires. Answers the
+        serials kept."""
+        kept = [h for h in handles if h.generation == old and not h.dead]
+        for h in kept:
+            h.generation = new
+        for h in [h for h in self.spares if h.generation != new]:
+            self.spares.remove(h)
+            self.retire(h)
+        for slot, held in list(self.slots.items()):
+            if held is not None and held.generation != new:
+                self.vacate(slot, "roll back")
+        return frozenset(h.serial for h in kept)
+
     def ready_spare(self, generation: int, device: str | None = None) -> WorkerHandle | None:
         """A loaded spare of this generation (on `device` when given: spares are per GPU)."""
         for h in self.spares:
-            fresh = h.loaded() and h.generation == generation and not h.dead
+            fresh = h.loaded() and h.generation == generation and not h.dead and self.admits(h)
             if fresh and (device is None or h.device == device):
                 return h
         return None
@@ -104,8 +125,11 @@ class Roster:
         out += [(h.slot, h) for h in self.retiring if not h.dead]
         return out
 
+    def serves(self, h: WorkerHandle) -> bool:
+        return h.serving() and self.admits(h)
+
     def ready_count(self) -> int:
-        return sum(1 for h in self.slots.values() if h is not None and h.serving())
+        return sum(1 for h in self.slots.values() if h is not None and self.serves(h))
 
     def status_rows(self) -> list[dict[str, Any]]:
         return [status_row(s, h, self.restarts.get(s, 0) if s is not None else 0)

@@ -3,9 +3,12 @@
 Scale, restart, reload, crash and hang recovery all work the same way: change the desired set
 (slot count, a slot emptied, the model generation), then reconcile() toward it. Signal handlers
 and control commands only record what they want; the loop does the work. Beside it: where a
-worker runs (placement), when a slot may be filled again (policy), the zygote (forker), and
-the checks on every worker (watch). Answers never pass here: the dispatcher reads them, and
-tells the supervisor only that a worker is ready, or drained.
+worker runs (placement), when a slot may be filled again (policy), the zygote (forker), the
+checks on every worker (watch), the model list and its generations (generations), a roll's
+warm-ups (warmup). Answers never pass here: the dispatcher reads them, and tells the
+supervisor only that a worker is ready, drained, or faulty (it wrote a malformed answer: it is
+declared dead like any other). A spawn that /dev/shm has no room for is refused, said, and
+tried again later (policy.refused); the pool serves on with the workers it has.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from typing import Any
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
 from ringserve.service.pool.forker import Forker
+from ringserve.service.pool.generations import Generations
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.pool.placement import Placement
 from ringserve.service.pool.policy import SPARE_KEY, RestartPolicy
 from ringserve.service.pool.processes import Processes
 from ringserve.service.pool.roll import Rolls
 from ringserve.service.pool.roster import Roster
+from ringserve.service.pool.warmup import Warmups
 from ringserve.service.pool.watch import Watch
 from ringserve.service.settings import Config
+from ringserve.shm.segment import SegmentError
 from ringserve.workers.spec import ModelRef
 
 log = logging.getLogger("ringserve.supervisor")
@@ -49,26 +55,24 @@ class Supervisor:
         self.clock = clock  # time is a parameter (STYLE.md 19): tests drive it by hand
         self.dispatcher = dispatcher
         # Every model a worker serves (a bare directory: the one model there, as before).
-        self.models: tuple[ModelRef, ...] = () if isinstance(models, str) else tuple(models)
-        model_dir = models if isinstance(models, str) else self.models[0].model_dir
-        self.model_dir = model_dir
+        refs: tuple[ModelRef, ...] = () if isinstance(models, str) else tuple(models)
+        model_dir = models if isinstance(models, str) else refs[0].model_dir
         self.events = events  # structured event log (service.logs), optional
         # A worker's share of cores: its threads for each of its lanes (settings.resolve_lanes).
         self.placement = Placement(device, settings.threads * settings.lane_count())
         self.policy = RestartPolicy(clock, self._event)
-        self.forker = Forker(
-            settings, self.models, model_dir, self.placement.on_gpu(), clock, self._event
-        )
+        self.forker = Forker(settings, refs, model_dir, self.placement.on_gpu(), clock, self._event)
         self.watch = Watch(settings, self._failed, self.restart, self._event)
         self.target = settings.serving_workers()
         if self.placement.gpus and settings.workers is None:  # on CUDA: sized by the GPUs
             self.target = len(self.placement.gpus) * max(1, settings.workers_per_gpu)
         self.target_spares = settings.spares
-        self.generation = 0
         self.rolls = Rolls(self, clock)  # the rolls onto a new model list (set_models)
-        self.roster = Roster(dispatcher, clock, self._event)  # who holds which place now
-        self.procs = Processes(settings, self.models, model_dir, dispatcher, make_handle,
-                               self.on_exit, clock, self.worker_ready)  # fmt: skip
+        self.roster = Roster(dispatcher, clock, self._event, self.rolls.admits)  # who is where
+        # A tentative roll's new workers answer a warm-up before they serve (warmup.py).
+        self.warmups = Warmups(dispatcher, clock, self.rolls, self.roster, self._failed)
+        self.procs = Processes(settings, refs, model_dir, dispatcher, make_handle,
+                               self.on_exit, clock, self.worker_ready, self._failed)  # fmt: skip
         # The same containers, under the names the control status and metrics read.
         self.slots, self.spares = self.roster.slots, self.roster.spares
         self.retiring, self.restarts = self.roster.retiring, self.roster.restarts
@@ -77,6 +81,8 @@ class Supervisor:
         self.draining = False  # the server drains: replace no worker, start no zygote
         self.fatal: str | None = None
         self.wake = asyncio.Event()
+        self.lists = Generations(refs, model_dir, self.forker, self.procs, self.roster,
+                                 self.policy, self.rolls, self._event, self.wake)  # fmt: skip
 
     # -- the desired set ------------------------------------------------------------------------
     def scale(self, n: int) -> None:
@@ -93,53 +99,51 @@ class Supervisor:
         return True
 
     def reload(self) -> None:
-        """Bump the generation: reconcile then replaces every worker, one at a time."""
-        self.generation += 1
-        self.forker.reload(self.generation)
-        self.policy.reload()
-        for h in list(self.spares):  # spares carry the old model: replace them at once
-            self.spares.remove(h)
-            self.roster.retire(h)
-        self._event("reload", generation=self.generation)
-        self.wake.set()
+        self.lists.reload()
 
     def set_models(self, models: Sequence[ModelRef], tentative: bool = False) -> int:
-        """Serve `models` from now on: a new zygote preloads them and every worker is replaced
-        by one that holds them, one at a time, dropping nothing (reload). Answers the roll's
-        generation, for rolls.wait(). `tentative` (a load): a worker that cannot load the new list
-        fails the roll (rolls.wait() says why; the caller rolls back) instead of stopping the
-        server, while the previous list's workers still serve."""
-        refs = tuple(models)
-        if not refs:
-            raise ValueError("a pool serves at least one model")
-        self.models = self.forker.models = self.procs.models = refs
-        self.model_dir = self.forker.model_dir = self.procs.model_dir = refs[0].model_dir
-        self.reload()
-        self.rolls.started(self.generation, tentative)
-        return self.generation
+        return self.lists.set_models(models, tentative)  # generations.py
+
+    def roll_back(self, models: Sequence[ModelRef], failed: int) -> int:
+        return self.lists.roll_back(models, failed)
+
+    @property
+    def generation(self) -> int:
+        return self.lists.generation
 
     # -- processes ------------------------------------------------------------------------------
     def device_for(self, slot: int | None) -> str:
         """The slot's GPU (placement), or the CPU once its GPU failed (policy)."""
-        if self.policy.on_cpu(slot):
-            return "cpu"
-        return self.placement.device_for(slot, [h.device for h in self.roster.spares])
+        spares = [h.device for h in self.roster.spares]
+        return "cpu" if self.policy.on_cpu(slot) else self.placement.device_for(slot, spares)
 
     def cpus_for(self, slot: int | None) -> list[int]:
         return self.placement.cpus_for(slot, self.device_for(slot) == "cpu")
 
-    def spawn(self, slot: int | None) -> WorkerHandle:
+    def spawn(self, slot: int | None) -> WorkerHandle | None:
+        """A new worker for `slot` (None: a spare); None when /dev/shm has no room for its
+        segments (policy.refused says so, and holds the slot back; the others serve on)."""
+        if self.generation in self.rolls.failed:  # its caller rolls back: start none of it
+            return None
         cpus, device = self.cpus_for(slot), self.device_for(slot)
         zygote = self.forker.ready(self.generation)
-        handle = self.procs.start(slot, cpus, device, self.generation, zygote)
+        key = SPARE_KEY if slot is None else slot
+        try:
+            handle = self.procs.start(slot, cpus, device, self.generation, zygote)
+        except SegmentError as exc:
+            self.policy.refused(key, str(exc), self.roster.ready_count())
+            return None
+        self.policy.spawned(key)
         how = "fork" if handle.forked else "spawn"
         self._event("worker_started", worker=slot, serial=handle.serial, pid=handle.pid, how=how)
         return handle
 
     def worker_ready(self, handle: WorkerHandle) -> None:
-        """A worker said it is ready (Processes heard its first answer doorbell)."""
+        """Its first answer doorbell; a tentative roll's is sent its warm-up (warmup.py)."""
         boot_ms = handle.ctl.get("boot_ms")
         self._event("worker_ready", worker=handle.slot, pid=handle.pid, boot_ms=boot_ms)
+        if not self.rolls.admits(handle):
+            self.warmups.send(handle)
         self.wake.set()
 
     def on_exit(self, handle: WorkerHandle) -> None:
@@ -158,11 +162,14 @@ class Supervisor:
             return
         loaded = handle.ready_at is not None or handle.loaded()
         handle.mark_dead()
+        self.warmups.forget(handle)
         key = self.roster.take_out(handle, self.stopping)
         boot_error = self.policy.died(handle, key, code, loaded) and not self.stopping
-        # A load's new list that cannot load fails that load (Rolls), not the server.
-        if boot_error and not self.rolls.boot_failed(handle.generation, code):
-            self.fatal = f"a worker could not load the model from {self.model_dir}; see its error"
+        # A model that cannot load stops the server outside a tentative roll only (roll.py).
+        if boot_error and self.rolls.stops_server(handle.generation, self.generation, code):
+            self.fatal = f"a worker could not load the model from {self.lists.model_dir}"
+        elif not self.stopping and not self.rolls.admits(handle):  # gone before it served
+            self.rolls.fail(handle.generation, f"a worker of the new models {reason}")
         self.roster.update_serving()  # before rerouting, so nothing goes back to the dead worker
         if not self.fatal:
             self.reconcile()  # a warm spare takes the slot now, not at the next tick
@@ -198,14 +205,17 @@ class Supervisor:
         if spare is not None:
             self.roster.promote(spare, slot, self.cpus_for(slot))
         elif not self.draining:
-            self.slots[slot] = self.spawn(slot)
+            self.slots[slot] = self.spawn(slot)  # None when refused: filled again later
 
     def _keep_spares(self) -> None:
         want = self.roster.spares_wanted(self.target_spares, self.generation, self.forker.booting)
         if self.draining:
             want = 0
         while len(self.spares) < want and not self.policy.held(SPARE_KEY):
-            self.spares.append(self.spawn(None))
+            spare = self.spawn(None)
+            if spare is None:
+                break
+            self.spares.append(spare)
 
     def _ready_spare(self, device: str | None = None) -> WorkerHandle | None:
         return self.roster.ready_spare(self.generation, device)
@@ -216,6 +226,7 @@ class Supervisor:
         if not self.stopping and not self.draining:
             self.forker.tend(self.generation)
         self.watch.check(self.all.values(), self.clock())
+        self.warmups.check(self.clock())
 
     async def run(self) -> None:
         self.procs.loop = asyncio.get_running_loop()
@@ -238,7 +249,6 @@ class Supervisor:
         self.forker.close()
         await self.procs.stop(timeout)
 
-    # -- views ----------------------------------------------------------------------------------
     @property
     def restarts_total(self) -> int:
         return self.roster.restarts_total
@@ -250,7 +260,12 @@ class Supervisor:
         return self.roster.status_rows()
 
     def _event(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
-        if self.events is not None:
-            self.events.emit(event, level=level, **fields)
-        else:
-            log.log(level, "%s %s", event, fields)
+        emit(self.events, event, level, fields)
+
+
+def emit(events: EventLog | None, event: str, level: int, fields: dict[str, Any]) -> None:
+    """A pool event: to the structured event log (service.logs), else to this module's logger."""
+    if events is not None:
+        events.emit(event, level=level, **fields)
+    else:
+        log.log(level, "%s %s", event, fields)

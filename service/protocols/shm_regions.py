@@ -1,9 +1,16 @@
 """Triton's system shared-memory extension: regions a co-located client created (POSIX shared
-memory, `shm_open` keys) and registered by name, mapped here read/write so that a KServe
-request's inputs are read from, and its outputs written to, the client's memory instead of the
-socket. The client owns each region: the server maps it on register and unmaps it on
-unregister, at exit, or never unlinks it. Every offset and size is checked against the
-registered range before any byte is touched; a bad one is a 400 (gRPC INVALID_ARGUMENT).
+memory, `shm_open` keys) and registered by name, so that a KServe request's inputs are read
+from, and its outputs written to, the client's memory instead of the socket. The client owns
+each region: the server opens it on register and closes it on unregister or at exit, and never
+unlinks it. Every offset and size is checked against the registered range before any byte is
+touched; a bad one is a 400 (gRPC INVALID_ARGUMENT), for that request alone.
+
+A region is the client's and may change under us: it is never mapped. A mapping of a file the
+client then truncates turns the next access into SIGBUS, which kills the front-end and every
+client with it. Its bytes move by os.pread / os.pwrite on the descriptor kept from register,
+after a look at the file's size now; a read that comes back short (truncated meanwhile) is a
+400 as well, and a write racing a truncation only grows the client's file again. The key is
+opened without following a link, and must be a regular file.
 
 HTTP: `POST /v2/systemsharedmemory/region/{name}/register` (`{"key", "offset", "byte_size"}`),
 `POST /v2/systemsharedmemory[/region/{name}]/unregister`, `GET /v2/systemsharedmemory[/region/
@@ -14,8 +21,8 @@ from __future__ import annotations
 
 import atexit
 import json
-import mmap
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +34,7 @@ from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas.kserve import RegisterRegion
 from ringserve.shm import segment
 
-MAX_REGIONS = 256  # regions at once: each holds a mapping and a file descriptor's worth
+MAX_REGIONS = 256  # regions at once: each holds a file descriptor
 SHM_DIR = "/dev/shm"  # where Linux keeps shm_open's objects
 NO_CUDA = "CUDA shared memory is not served: ringserve's tensors live in host memory"
 PARAM_REGION = "shared_memory_region"
@@ -37,14 +44,14 @@ PARAM_SIZE = "shared_memory_byte_size"
 
 @dataclass(slots=True)
 class Region:
-    """One registered region: `byte_size` bytes from `offset` of the object named `key`."""
+    """One registered region: `byte_size` bytes from `offset` of the object named `key`,
+    read and written through `fd` (opened at register, closed at unregister)."""
 
     name: str
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
-    skip: int  # bytes of the mapping before `offset` (mmap maps from a page boundary)
+    fd: int
 
     def status(self) -> dict[str, Any]:
         return {
@@ -101,21 +108,23 @@ class SystemRegions:
         if byte_size == 0:
             raise HttpError(400, "byte_size must be positive")
         path = key_path(key)
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, flags)
         except OSError as exc:
             raise HttpError(400, f"cannot open shared memory {key!r}: {exc.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
-            if offset + byte_size > size:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise HttpError(400, f"shared memory {key!r} is not a regular file")
+            if offset + byte_size > st.st_size:
                 raise HttpError(
-                    400, f"region {offset}+{byte_size} runs past the {size} bytes of {key!r}"
+                    400, f"region {offset}+{byte_size} runs past the {st.st_size} bytes of {key!r}"
                 )
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            mapping = mmap.mmap(fd, offset + byte_size - start, offset=start)
-        finally:
-            os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
-        self.regions[name] = Region(name, key, offset, byte_size, mapping, offset - start)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.regions[name] = Region(name, key, offset, byte_size, fd)
 
     def unregister(self, name: str | None = None) -> None:
         """Unmap one region (an unknown name is no error, as Triton has it), or all of them."""
@@ -123,7 +132,7 @@ class SystemRegions:
         for n in names:
             region = self.regions.pop(n, None)
             if region is not None:
-                region.mapping.close()
+                os.close(region.fd)
 
     def status(self, name: str | None = None) -> list[dict[str, Any]]:
         if name is None:
@@ -134,8 +143,9 @@ class SystemRegions:
         return [region.status()]
 
     def span(self, where: Placement, size: int | None = None) -> tuple[Region, int, int]:
-        """(region, start in its mapping, length) for a placement, checked; `size` is what is
-        read or written when it is known (an output's bytes: at most the placement's)."""
+        """(region, position in its file, length) for a placement, checked against the range
+        registered and against the file as it is now; `size` is what is read or written when
+        it is known (an output's bytes: at most the placement's)."""
         region = self.regions.get(where.region)
         if region is None:
             raise HttpError(400, f"no shared-memory region {where.region!r} is registered")
@@ -151,16 +161,33 @@ class SystemRegions:
                 f"offset {where.offset} + byte size {where.byte_size} runs past region "
                 f"{region.name!r} ({region.byte_size} bytes)",
             )
-        return region, region.skip + where.offset, length
+        position = region.offset + where.offset
+        now = os.fstat(region.fd).st_size  # the client may have cut its file since register
+        if position + length > now:
+            raise truncated(region, now)
+        return region, position, length
 
     def read(self, where: Placement) -> bytes:
         """A copy of the placement's bytes (the client may change its memory after)."""
-        region, start, length = self.span(where)
-        return region.mapping[start : start + length]
+        region, position, length = self.span(where)
+        data = os.pread(region.fd, length, position)
+        if len(data) != length:  # cut between the size's look and the read
+            raise truncated(region, os.fstat(region.fd).st_size)
+        return data
 
     def write(self, where: Placement, data: bytes) -> None:
-        region, start, length = self.span(where, len(data))
-        region.mapping[start : start + length] = data
+        region, position, length = self.span(where, len(data))
+        view = memoryview(data)
+        while view:  # a file on tmpfs takes it whole; a short write is retried, not lost
+            view = view[os.pwrite(region.fd, view, position + length - len(view)) :]
+
+
+def truncated(region: Region, size: int) -> HttpError:
+    return HttpError(
+        400,
+        f"shared-memory region {region.name!r} is no longer whole: {region.key!r} holds "
+        f"{size} bytes, the region was registered at {region.offset}+{region.byte_size}",
+    )
 
 
 def placement(params: dict[str, Any], where: str) -> Placement | None:

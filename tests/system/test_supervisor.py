@@ -314,7 +314,7 @@ def test_reload_and_scale_under_load_lose_nothing(start_server, sst2_texts) -> N
         load.wait_ok(20)
         before = set(serving(srv).values())
         with socket.socket(socket.AF_UNIX) as ctl:  # answered in order, the reload's first
-            ctl.settimeout(60)
+            ctl.settimeout(180)  # once its roll has ended
             ctl.connect(srv.control)
             ctl.sendall(b'{"cmd": "reload"}\n{"cmd": "status"}\n')
             lines = b""

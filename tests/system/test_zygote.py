@@ -110,7 +110,7 @@ def test_dead_zygote_is_replaced_and_forked_equals_spawned(start_server, sst2_te
 
     # A reload builds a new zygote for the artifact, and the reloaded workers fork from it.
     before = set(serving(srv).values())
-    assert srv.ctl({"cmd": "reload"})["ok"]
+    assert srv.ctl({"cmd": "reload"}, timeout=180)["ok"]  # answered once the roll ended
     wait_for(lambda: whole_again(srv, 1, before), 120, "worker reloaded")
     assert [e["reason"] for e in events(srv, "zygote_replaced")] == ["died", "reload"]
     wait_for(lambda: len(events(srv, "zygote_ready")) == 3, 30, "the reload's zygote ready")

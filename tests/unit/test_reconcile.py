@@ -14,13 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from ringserve.service.engine.dispatcher import Dispatcher
+from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.pool.policy import CRASH_LIMIT, STABLE_S
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.pool.watch import BOOT_TIMEOUT_S, KILL_AFTER_S
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.doorbell import EventFd
+from ringserve.shm.segment import SegmentError
 from ringserve.workers.spec import EXIT_BOOT_ERROR, EXIT_DEVICE_ERROR, ModelRef
 
 
@@ -75,6 +76,10 @@ class FakeLink:
     def loaded(self) -> bool:
         return self.ctl.state in (L.W_READY, L.W_DEGRADED)
 
+    def submit(self, messages: list[Any]) -> int:
+        """Its request ring (a warm-up's texts): taken whole, never answered by itself."""
+        return len(messages)
+
     def drain(self) -> None:
         self.draining = True
 
@@ -99,6 +104,7 @@ class FakeHandle:
         self.exitcode: int | None = None
         self.ctl = FakeCtl()
         self.link = FakeLink(serial, self.ctl)
+        self.link.models = frozenset(r.index for r in self.refs) or frozenset({0})
         self.process = FakeProcess()
         self.sentinel_fd = EventFd()
         self.signals: list[int] = []
@@ -376,3 +382,116 @@ def test_a_load_whose_workers_cannot_boot_fails_the_load_not_the_server(pool) ->
     assert why is not None and "could not load" in why
     back = sup.set_models((ModelRef(0, "a", 1, "/a"),))  # the caller rolls back
     assert sup.rolls.tentative is None and back > generation
+
+
+# -- issue 56: a full /dev/shm, a roll's warm-up and its roll back ---------------------------------
+def test_a_spawn_with_no_room_for_its_segments_is_refused_said_and_tried_again(pool) -> None:
+    sup, clock = pool
+    events = Events()
+    sup.events = events
+    made = sup.procs.make_handle
+
+    def no_room(*args: Any) -> FakeHandle:
+        raise SegmentError("no room in /dev/shm for a 2.0 MiB segment (0.1 MiB free)")
+
+    sup.procs.make_handle = no_room
+    sup.reconcile()
+    assert sup.slots[0] is None and sup.fatal is None
+    refused = [f for e, f in events.seen if e == "worker_spawn_refused"]
+    assert refused == [{"worker": 0, "reason": "no room in /dev/shm for a 2.0 MiB segment "
+                        "(0.1 MiB free)", "retry_in_s": 0.5, "serving": 0}]  # fmt: skip
+    sup.reconcile()  # held back: no second try at once
+    assert len([e for e, _ in events.seen if e == "worker_spawn_refused"]) == 1
+    clock.now += 0.6
+    sup.reconcile()  # tried again, refused again: the wait doubles
+    assert [f["retry_in_s"] for e, f in events.seen if e == "worker_spawn_refused"] == [0.5, 1.0]
+    sup.procs.make_handle = made
+    clock.now += 1.1
+    sup.reconcile()
+    assert isinstance(sup.slots[0], FakeHandle)
+
+
+def roll_onto_two_models(sup: Supervisor) -> tuple[FakeHandle, FakeHandle, int]:
+    """Slot 0's worker serves; a tentative roll onto two models starts, its spare loads."""
+    sup.reconcile()
+    old = serving_handle(sup)
+    old.boot()
+    sup.check()
+    refs = (ModelRef(0, "a", 1, "/a"), ModelRef(1, "b", 1, "/b"))
+    generation = sup.set_models(refs, tentative=True)
+    sup.reconcile()
+    spare = sup.spares[0]
+    spare.boot()
+    sup.worker_ready(spare)  # its first doorbell: the warm-up goes into its ring
+    sup.reconcile()
+    return old, spare, generation
+
+
+def warm_up_answer(handle: FakeHandle, status: int) -> None:
+    """The worker answers its warm-up texts (what Answers.read does with its ring's records)."""
+    reqs = list(handle.link.assigned.values())
+    assert reqs and all(r.group.protocol == "warm-up" for r in reqs)
+    handle.link.assigned.clear()
+    reqs[0].group.callback([Result(status) for _ in reqs])
+
+
+def test_a_roll_serves_its_new_workers_only_once_they_answered_a_warm_up(pool) -> None:
+    sup, _clock = pool
+    old, spare, generation = roll_onto_two_models(sup)
+    assert len(spare.link.assigned) == 2  # one text for each model it holds
+    assert sup.slots[0] is old and not old.draining, "served before its warm-up"
+    assert sup.ready_count() == 1 and not sup.rolls.done(generation)
+    warm_up_answer(spare, L.STATUS_OK)
+    sup.reconcile()
+    assert sup.slots[0] is spare and old.draining and sup.rolls.done(generation)
+    assert asyncio.run(sup.rolls.wait(generation)) is None
+
+
+def test_a_failed_warm_up_fails_the_roll_and_the_roll_back_keeps_the_old_workers(pool) -> None:
+    sup, _clock = pool
+    old, spare, generation = roll_onto_two_models(sup)
+    warm_up_answer(spare, L.STATUS_INTERNAL)
+    assert spare.dead and signal.SIGKILL in spare.signals and sup.fatal is None
+    why = asyncio.run(sup.rolls.wait(generation))
+    assert why is not None and "warm-up was answered internal error" in why
+    kept = sup.roll_back((ModelRef(0, "a", 1, "/a"),), generation)
+    sup.reconcile()
+    assert sup.slots[0] is old and old.generation == kept and not old.draining
+    assert old.link in sup.dispatcher.serving and sup.ready_count() == 1
+    assert all(h.generation == kept for h in sup.spares)  # the failed roll's are gone
+
+
+def test_after_a_roll_back_a_replacement_that_cannot_load_does_not_stop_the_server(
+    pool,
+) -> None:
+    """The directory still holds what failed: a worker started later for the kept generation
+    loads it and fails; the server keeps serving (and backs that slot off), never exits."""
+    sup, clock = pool
+    sup.reconcile()
+    old = serving_handle(sup)
+    old.boot()
+    sup.check()
+    generation = sup.set_models((ModelRef(0, "a", 1, "/a"), ModelRef(1, "b", 1, "/b")), True)
+    sup.reconcile()
+    spare = sup.spares[0]
+    spare.exit(EXIT_BOOT_ERROR)  # it cannot load the new list
+    sup.on_exit(spare)
+    assert sup.fatal is None
+    assert "could not load" in (asyncio.run(sup.rolls.wait(generation)) or "")
+    sup.roll_back((ModelRef(0, "a", 1, "/a"),), generation)
+    clock.now += 10.0
+    old.exit(-signal.SIGKILL)  # the kept worker dies; its replacement cannot load
+    sup.on_exit(old)
+    fresh = serving_handle(sup)
+    fresh.exit(EXIT_BOOT_ERROR)
+    sup.on_exit(fresh)
+    assert sup.fatal is None
+    clock.now += 1.0
+    sup.reconcile()  # tried again (once the artifact is put right, it loads)
+    again = serving_handle(sup)
+    assert again is not fresh and not again.dead
+    again.boot()
+    sup.worker_ready(again)  # a worker of the kept generation serves once warm
+    assert sup.ready_count() == 0
+    warm_up_answer(again, L.STATUS_OK)
+    assert sup.ready_count() == 1 and again.link in sup.dispatcher.serving

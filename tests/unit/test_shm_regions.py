@@ -1,5 +1,7 @@
 """The system shared-memory registry in process, over a real POSIX shared-memory object: every
-placement is checked against the registered range before a byte moves, and unregister unmaps."""
+placement is checked against the registered range, and against the file as it is now, before a
+byte moves; a region is never mapped (a truncated one would be SIGBUS), and unregister closes
+it."""
 
 from __future__ import annotations
 
@@ -39,9 +41,11 @@ def test_read_and_write_within_the_registered_range(segment: shared_memory.Share
     with pytest.raises(HttpError, match="needs 8 bytes"):
         regions.write(Placement("r", 0, 4), b"12345678")
     assert bytes(segment.buf[5000:5004]) == b"\0\0\0\0"  # the refused write touched nothing
-    mapping = regions.regions["r"].mapping
+    fd = regions.regions["r"].fd
     regions.unregister("r")
-    assert mapping.closed and regions.status() == []
+    assert regions.status() == []
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
     regions.unregister("r")  # an unknown name is no error
 
 
@@ -79,3 +83,49 @@ def test_placement_parameters() -> None:
     ):
         with pytest.raises(HttpError):
             placement(bad, "x")
+
+
+def test_a_region_truncated_after_register_is_a_400_never_a_crash(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    """The attack of issue 56: register, then cut the file. A mapping would SIGBUS here."""
+    regions = SystemRegions()
+    regions.register("r", "/" + segment.name, 4096, 4096)
+    path = f"/dev/shm/{segment.name}"
+    os.truncate(path, 5000)  # the region's first 904 bytes are still there
+    assert regions.read(Placement("r", 0, 904)) == bytes(904)
+    for where in (Placement("r", 0, 905), Placement("r", 1000, 8)):
+        with pytest.raises(HttpError, match="no longer whole") as info:
+            regions.read(where)
+        assert info.value.status == 400
+        with pytest.raises(HttpError, match="no longer whole"):
+            regions.write(where, b"x" * where.byte_size)
+    assert os.stat(path).st_size == 5000  # the refused write did not grow it
+    os.truncate(path, 0)
+    with pytest.raises(HttpError, match="holds 0 bytes"):
+        regions.read(Placement("r", 0, 1))
+    os.truncate(path, 8192)  # whole again: served again
+    regions.write(Placement("r", 8, 4), b"back")
+    assert regions.read(Placement("r", 8, 4)) == b"back"
+    regions.unregister()
+
+
+def test_register_refuses_links_and_what_is_not_a_regular_file(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    """A local user's link in /dev/shm to a file of ours, or a FIFO (which would block an
+    open), is refused at register."""
+    link = f"/dev/shm/rs-unit-link-{os.getpid()}"
+    fifo = f"/dev/shm/rs-unit-fifo-{os.getpid()}"
+    os.symlink(f"/dev/shm/{segment.name}", link)
+    os.mkfifo(fifo)
+    regions = SystemRegions()
+    try:
+        with pytest.raises(HttpError, match="cannot open shared memory"):
+            regions.register("l", "/" + os.path.basename(link), 0, 8)
+        with pytest.raises(HttpError, match="not a regular file"):
+            regions.register("f", "/" + os.path.basename(fifo), 0, 8)
+    finally:
+        os.unlink(link)
+        os.unlink(fifo)
+    assert not regions.regions
