@@ -770,6 +770,7 @@ REPOSITORY_ERRORS = {
     404: error("no such model in the repository"),
     405: error("--model-control none: the server's models are fixed"),
     409: error("the load would exceed --memory-budget (the reason)"),
+    500: error("its workers could not load or serve the new set: rolled back (the reason)"),
     503: error("the server is draining", "retry-after?"),
 }
 
