@@ -225,7 +225,7 @@ BAD = [
     ("/v1/embeddings", {"input": ["x"] * 257}, "input must hold 1 to 256 items, not 257"),
     ("/v1/embeddings", {"input": "x", "dimensions": 385}, "dimensions"),
     ("/v1/embeddings", {"input": "x", "dimensions": 0}, "dimensions"),
-    ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ("/v1/embeddings", {"input": "x", "encoding_format": "int4"}, "encoding_format"),
     ("/v1/embeddings", {"input": ["fine", "  "]}, "input[1] is empty"),
     ("/v1/embeddings", {"input": [1, 2, 3]}, "token ids must start with [101]"),
     ("/v1/embeddings", {"input": [True]}, "got `bool` - at `$.input[0]`"),
