@@ -132,3 +132,7 @@ class MetricsHost:
     @property
     def model(self) -> ModelInfo:
         return self.front.model
+
+    @property
+    def dropped(self) -> int:
+        return self.front.admission.dropped

@@ -163,3 +163,5 @@ class MetricsView(Protocol):
     def requests_total(self) -> Mapping[tuple[str, int, str], int]: ...
     @property
     def model(self) -> ModelInfo: ...  # the first model (FrontView.model)
+    @property
+    def dropped(self) -> int: ...  # texts dropped, never run: their client had gone

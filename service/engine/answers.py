@@ -128,6 +128,8 @@ class Answers:
             self.on_result(group, result, self.clock() - group.admitted_ns)
         if group.remaining == 0:
             self.by_task[group.task] += len(group.results)
+            if group.client is not None:
+                group.client.answered(len(group.results))
             group.callback(group.results)  # type: ignore[arg-type]
             if self.on_group is not None:
                 self.on_group(group, self.clock())

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -91,6 +91,7 @@ class Group:
     __slots__ = (
         "admitted_ns",
         "callback",
+        "client",
         "model",
         "model_name",
         "priority",
@@ -125,6 +126,7 @@ class Group:
         self.model = model  # the model's wire index (shm.layout.request_meta): its lane
         self.model_name = model_name  # what metrics label it with
         self.started = False  # a worker took one of its texts: it is never refused after that
+        self.client: Any = None  # the engine.clients.Client that sent it (None: none counted)
 
     def requests(
         self,
