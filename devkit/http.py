@@ -99,7 +99,7 @@ class HttpConn:
 def http_message(
     method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
 ) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: bench", f"Content-Length: {len(body)}"]
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import uvloop
 from ringserve.service.engine.admission import Admission
+from ringserve.service.engine.clients import share_of
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.engine.tenants import KeyFileError, KeyRing
 from ringserve.service.front import Front, MetricsHost, RunState
@@ -33,7 +34,9 @@ from ringserve.service.protocols.binary import start_binary
 from ringserve.service.protocols.cohere_api import cohere_routes
 from ringserve.service.protocols.control import ControlProtocol, choose_control_path, start_control
 from ringserve.service.protocols.handover import fetch_listeners, listen, live_peer
+from ringserve.service.protocols.hosts import HostCheck
 from ringserve.service.protocols.http import HttpProtocol, HttpServerState
+from ringserve.service.protocols.peers import KeyFailures
 from ringserve.service.protocols.routes import Router, v1_routes
 from ringserve.service.protocols.sparse_api import sparse_routes
 from ringserve.service.protocols.tasks import task_routes
@@ -55,6 +58,8 @@ class App:
         self.tls = tls_or_exit(settings)  # as does a certificate that cannot serve
         self.api_key = ApiKey(settings.api_key) if settings.api_key is not None else None
         self.api_router: Router | None = None  # the HTTP port's routes (/docs on the operator's)
+        # Failed keys by client address, HTTP and binary together (--auth-failures).
+        self.failures = KeyFailures(settings.auth_failures, settings.auth_window_s)
 
     def prepare(self) -> None:
         """Every part, built and wired here: nobody rewires another object as it is built."""
@@ -80,7 +85,10 @@ class App:
             dispatcher.answers.on_result = self.stats.observe
         state = RunState(dispatcher, self.supervisor, self.started)
         spans = start_tracing(s, model.runtime)
-        admission = Admission(dispatcher, state.refusal, s.request_timeout_s, self.keys, spans)
+        share = share_of(s.max_queue, s.client_queue_share)  # one client's, while others wait
+        admission = Admission(
+            dispatcher, state.refusal, s.request_timeout_s, self.keys, spans, share
+        )
         self.front = Front(s, log, models, admission, self.stats.count, state)
         if s.metrics:
             dispatcher.answers.on_group = self.front.inference_stats.record
@@ -120,9 +128,11 @@ class App:
     async def start_listeners(self) -> None:
         s, ports = self.settings, self.ports
         router = self.inference_router()
-        route = router if self.keys is None else guard_http(self.keys, router)
+        route = router if self.keys is None else guard_http(self.keys, router, self.failures)
         clock = self.dispatcher.clock  # timeouts and X-Latency-Ms on the dispatcher's clock
         state = ports.http_state = HttpServerState(s, route, self.stats.count, clock)
+        state.hosts = HostCheck.for_listener(s.allowed_hosts, s.host)
+        state.clients = self.front.admission  # a lost connection's waiting texts dropped
         if s.access_log:
             state.access_log = metrics.access_logger(self.metrics_view)
         peer = live_peer(s.control, ports.control_path) if s.reuse_port else None
@@ -133,7 +143,8 @@ class App:
         if s.operator_port:
             ports.listeners.append(await self.start_operator())
         if s.binary_port:
-            ports.listeners.append(await start_binary(ports, self.front, s.host, s.binary_port))
+            binary = await start_binary(ports, self.front, s.host, s.binary_port, self.failures)
+            ports.listeners.append(binary)
         if s.grpc_port:  # grpcio is imported only when the port is on
             from ringserve.service.protocols.rpc.server import GrpcPort
 
@@ -159,6 +170,7 @@ class App:
         )
         state.access_log = ports.http_state.access_log if ports.http_state else None
         host = s.operator_host or s.host
+        state.hosts = HostCheck.for_listener(s.allowed_hosts, host)
         make = lambda: HttpProtocol(state)  # noqa: E731 - one line, named for the call below
         return await listen(ports, "operator", make, host, s.operator_port, 128)
 

@@ -139,3 +139,7 @@ class MetricsHost:
     @property
     def cache(self) -> AnswerCache:
         return self.front.cache
+
+    @property
+    def dropped(self) -> int:
+        return self.front.admission.dropped

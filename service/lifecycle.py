@@ -93,6 +93,10 @@ class Lifecycle:
             return
         self.state.stopping = True
         self.stop_reason = reason
+        # What was read before the signal is answered: framed and admitted now if it waited
+        # for a turn, and never refused for the queue's delay from here (docs/api.md, Signals).
+        self.ports.stopping()
+        self.front.admission.keep_admitted()
         sd_notify("STOPPING=1")
         delay = self.settings.shutdown_delay_s
         self.log.info("stopping", reason=reason, shutdown_delay_s=delay)

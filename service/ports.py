@@ -43,6 +43,16 @@ class Ports:
     def handover_sockets(self) -> tuple[list[str], list[int]]:
         return listening_fds(self)
 
+    def stopping(self) -> None:
+        """The stop began (a signal, or `drain`): every request already read is framed and
+        admitted now, so that it counts as read before it; from here a 503 closes its HTTP
+        connection."""
+        for state in self.http_states():
+            state.stopping = True
+            state.frame_read()
+        if self.binary_state is not None:
+            self.binary_state.frame_read()
+
     def begin_drain(self, timeout_s: float) -> None:
         """Close the listeners and every idle connection; the rest close after their last
         answer (gRPC: GOAWAY, the calls in flight finish)."""
@@ -52,7 +62,7 @@ class Ports:
             state.begin_drain()
         if self.binary_state is not None:
             for bconn in list(self.binary_state.connections):
-                bconn.begin_drain()
+                bconn.end.drain()
         if self.grpc is not None:
             self.grpc.begin_drain(timeout_s)
 
@@ -82,7 +92,7 @@ class Ports:
                 conn.sweep(now_ns)
         if self.binary_state is not None:
             for bconn in list(self.binary_state.connections):
-                bconn.sweep(now)
+                bconn.end.sweep(now)
         if self.grpc is not None:
             self.grpc.update_health()
             self.grpc.limits.sweep(now_ns)

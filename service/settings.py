@@ -559,8 +559,36 @@ class Config:
     max_control_line: int = option(65536, "longest control-socket line in bytes", int)
     max_connections: int = option(
         1024,
-        "open client connections on each port (HTTP, binary, gRPC) before new ones are refused",
+        "open client connections a port holds (HTTP, operator, binary, gRPC); at the cap, on "
+        "HTTP and binary a client address holding fewer than the busiest gets in by closing "
+        "that one's longest-idle connection, else (and on gRPC) the new connection is refused",
         int,
+    )
+    # A quarter: four clients fill the queue between them; the ceiling (--max-queue) and the
+    # standing test still bound the whole, and a client alone may fill it all.
+    client_queue_share: float = option(
+        0.25,
+        "share of --max-queue one connection's texts may hold while other clients' texts are "
+        "in flight (past it: HTTP 503, binary status 2); alone it may fill the queue (0 = off)",
+        float,
+    )
+    allowed_hosts: str | None = option(
+        None,
+        "comma-separated host names (or IP addresses) a request's Host header may name, `*` for "
+        "any; a request naming another is answered 400, and one with an Origin of another site "
+        "and no key 403 (default: localhost, *.localhost and loopback addresses when the "
+        "port is bound to loopback, else any)",
+    )
+    # 20 in a minute: a person mistyping a key never meets it; a guesser gets 1 try in 3 s.
+    auth_failures: int = option(
+        20,
+        "failed API key attempts one client address may make within --auth-window-s; "
+        "past them its requests are answered 429 (binary: closed) without a key check, with "
+        "Retry-After, as the window refills (0 = off)",
+        int,
+    )
+    auth_window_s: float = option(
+        60.0, "the window --auth-failures counts in (refilled evenly across it)", float
     )
     read_timeout_s: float = option(
         10.0,

@@ -168,3 +168,5 @@ class MetricsView(Protocol):
     def model(self) -> ModelInfo: ...  # the first model (FrontView.model)
     @property
     def cache(self) -> AnswerCache: ...  # the answer cache (--cache-bytes)
+    @property
+    def dropped(self) -> int: ...  # texts dropped, never run: their client had gone

@@ -1,5 +1,7 @@
-"""Admission for every protocol: a key's rate, the request's deadline against the queue's
-measured delay, then the dispatcher's queue bound (service.engine.bounds). It says
+"""Admission for every protocol: a client's share of the queue (service.engine.clients), a
+key's rate, the request's deadline against the queue's measured delay, then the dispatcher's
+queue bound (service.engine.bounds); and what a client's end and the server's stop change of
+what was admitted (`leave`, `behind`, `keep_admitted`). It says
 whether texts were admitted, or why not (a `Refusal`); each protocol writes its own answer
 (HTTP and KServe: protocols/admit.py; binary frames: protocols/binary.py). Also the map of a
 failed text's status to the HTTP code every protocol answers or counts it under.
@@ -16,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ringserve.service.engine.bounds import FULL
+from ringserve.service.engine.clients import Client, behind, drop, make_room
 from ringserve.service.engine.dispatcher import Dispatcher, Result, text_cost
 from ringserve.service.engine.requests import Ask, Group
 from ringserve.service.engine.tenants import INTERACTIVE, KeyRing, Tenant
@@ -114,6 +118,7 @@ class Admission:
         timeout_s: float,
         keys: KeyRing | None = None,
         tracing: Tracing | None = None,
+        share: int = 0,
     ) -> None:
         self.dispatcher = dispatcher
         self.refusal = refusal  # why the dispatcher refuses now: draining, full, no worker
@@ -123,6 +128,10 @@ class Admission:
         # The group the last admitted request became: read at once (on the same loop turn) by
         # a protocol that may cancel it (gRPC's ModelInfer, on its client's RST_STREAM).
         self.last_group: Group | None = None
+        # The texts one client may hold while others' are in flight (clients.share_of; 0: no
+        # share, only the queue's bounds), and the texts dropped because their client had gone.
+        self.share = share
+        self.dropped = 0
 
     def level(self, tenant: Tenant | None, asked: int | None, model: int = 0) -> int:
         """The priority texts are batched at: the lowest of the model's (a config file table's
@@ -131,15 +140,28 @@ class Admission:
         return max(level, self.dispatcher.table.priority(model))
 
     def submit(
-        self, ask: Ask, done: Done, tenant: Tenant | None, trace: RequestTrace | None = None
+        self,
+        ask: Ask,
+        done: Done,
+        tenant: Tenant | None,
+        trace: RequestTrace | None = None,
+        client: Client | None = None,
     ) -> Refusal | None:
         """Admit a request's texts whole, or refuse them at once (the Refusal). `done` gets
         the results, whatever their status, once every text is answered. The texts are batched
-        at the key's priority, or the lower one the request asked for."""
+        at the key's priority, or the lower one the request asked for. `client`: the
+        connection it came on, held to its share of the queue while others' texts are in
+        flight, and whose waiting texts `leave` drops."""
         d = self.dispatcher
         model = ask.model
         if not d.table.is_open(model):
             return self.unknown(model, trace)
+        if client is not None and self.over_share(client, len(ask.payloads)):
+            if trace is not None:
+                trace.refused(d.clock(), "overloaded")
+            d.refuse(len(ask.payloads), model)
+            message = f"over this connection's share of the queue ({self.share} texts while "
+            return Refusal(503, message + "other clients' texts are in flight)", 1)
         now = d.clock()
         if tenant is not None and not tenant.take(now):
             return self.over_rate(tenant, 1, now, trace)
@@ -151,16 +173,22 @@ class Admission:
             done = traced(done, trace, d.clock)
         name = tenant.name if tenant is not None else ""
         texts = ask.payloads
+        full = self.share and d.depth + len(texts) > d.max_queue  # (cheap: then room() says)
+        if full and d.room(len(texts), True, level, model) < len(texts) and d.why == FULL:
+            make_room(d, client, len(texts), self.share)  # a client past its share gives way
         admitted = d.clock()  # before submit: a worker may start on the texts before it returns
         group = d.submit(
-            texts, ask.deadline, done, ask.protocol, ask.task, level, name, model, ask.options
-        )
+            texts, ask.deadline, done, ask.protocol, ask.task, level, name, model, ask.options,
+            client,
+        )  # fmt: skip
         if group is None:
             if not d.table.is_open(model):  # closed meanwhile (never, on the one loop)
                 return self.unknown(model, trace)
             if trace is not None:
                 trace.refused(d.clock(), "overloaded")
             return Refusal(503, self.refusal(), 1)
+        if client is not None:
+            client.texts += len(texts)
         if self.keys is not None and tenant is not None:
             self.keys.admitted(name, len(texts), level)
         if trace is not None:
@@ -186,7 +214,11 @@ class Admission:
         return len(dropped)
 
     def submit_each(
-        self, ask: Ask, on_admit: Callable[[int, int], Done], tenant: Tenant | None
+        self,
+        ask: Ask,
+        on_admit: Callable[[int, int], Done],
+        tenant: Tenant | None,
+        client: Client | None = None,
     ) -> tuple[int, int] | Refusal:
         """Independent texts (binary frames), in order: those within the key's rate and the
         queue's room are admitted as one group, at the key's priority, with the ask's one
@@ -211,12 +243,19 @@ class Admission:
             return late
         costs = [text_cost(t, d.max_tokens) for t in texts[:within]]
         k = d.room(within, whole=False, priority=level, model=model)
+        full = k < within and self.share and d.why == FULL
+        if full and make_room(d, client, within - k, self.share):  # one past its share gives way
+            k = d.room(within, whole=False, priority=level, model=model)
+        if client is not None and k and self.over_share(client, k):
+            k = max(0, min(k, self.share - client.texts))
         if k:
             name = tenant.name if tenant is not None else ""
             done = on_admit(k, level)
             sent = texts[:k] if k < len(texts) else texts
             d.admit(sent, costs[:k], ask.deadline, done, ask.protocol, ask.task, level, name,
-                    model, ask.options)  # fmt: skip
+                    model, ask.options, client)  # fmt: skip
+            if client is not None:
+                client.texts += k
             if tenant is not None and self.keys is not None:
                 self.keys.admitted(tenant.name, k, level)
         if k < within:
@@ -240,6 +279,30 @@ class Admission:
             f"deadline ({max(0, deadline - now) / 1e6:.0f} ms left)"
         )
         return Refusal(504, message, 0)
+
+    def over_share(self, client: Client, n: int) -> bool:
+        """`n` more texts take the client past its share of the queue while other clients'
+        texts are in flight (alone, it may fill the queue: a burst on an idle server)."""
+        over = self.share and client.texts + n > self.share
+        return bool(over) and self.dispatcher.depth > client.texts
+
+    def leave(self, client: Client) -> int:
+        """The client's connection was lost: its texts still waiting for a worker are dropped
+        (clients.drop), never run; what a worker holds is run and its answer discarded."""
+        n = drop(self.dispatcher, client)
+        self.dropped += n
+        return n
+
+    def behind(self, client: Client) -> int:
+        """The client shut its sending side: its waiting texts go behind every other client's
+        until its protocol knows whether it reads on (clients.behind)."""
+        return behind(self.dispatcher, client)
+
+    def keep_admitted(self) -> None:
+        """The server stops: every text admitted so far is answered, never refused for the
+        queue's delay (bounds.queue_by) while the drain runs; a deadline still holds."""
+        for r in self.dispatcher.inflight.values():
+            r.queue_by_ns = 0
 
     def refuse(self, n: int) -> None:
         """Count texts a protocol refused itself (binary frames past a connection's bound of

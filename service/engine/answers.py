@@ -230,6 +230,8 @@ class Answers:
             self.on_result(group, result, self.clock() - group.admitted_ns)
         if self.settle(group, req.index, result):
             self.by_task[group.task] += len(group.results)
+            if group.client is not None:  # called back already (settle): its texts are done
+                group.client.answered(len(group.results))
             if self.on_group is not None:
                 self.on_group(group, self.clock())
 

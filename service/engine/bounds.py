@@ -76,6 +76,9 @@ class Free:
         return self.ahead_ms is not None and self.ahead_ms > bound_ms(self.target_ms)
 
 
+FULL = "queue is full"  # the refusal by count (--max-queue), which a client's share may undo
+
+
 def room(n: int, whole: bool, free: Free) -> tuple[int, str | None]:
     """How many of n texts, taken in order, may be admitted, and why not all (or None).
 
@@ -97,9 +100,9 @@ def room(n: int, whole: bool, free: Free) -> tuple[int, str | None]:
         )
     if whole and n > 1:
         limit = free.fits if free.empty else free.slots
-        return (n, None) if n <= limit else (0, "queue is full")
+        return (n, None) if n <= limit else (0, FULL)
     k = min(n, max(0, free.slots))
-    return k, ("queue is full" if k < n else None)
+    return k, (FULL if k < n else None)
 
 
 def queue_by(admitted_ns: int, delay_ms: float, target_ms: float) -> int:

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ringserve.service.engine.answers import Answers
-from ringserve.service.engine.bounds import INTERVAL_MS, Free, queue_by, room
+from ringserve.service.engine.bounds import FULL, INTERVAL_MS, Free, queue_by, room
+from ringserve.service.engine.clients import Client
 from ringserve.service.engine.expiry import Expiry
 from ringserve.service.engine.lanes import Lane, Lanes, Lines
 from ringserve.service.engine.link import WorkerLink
@@ -106,7 +107,7 @@ class Dispatcher:
         self.accepting = True  # stop_accepting(): the server drains
         self.expiry = Expiry(self)  # deadlines: the one place the front-end enforces them
         self.rejected = 0
-        self.why = "queue is full"  # the reason of the last refusal
+        self.why = FULL  # the reason of the last refusal
 
     # -- admission ----------------------------------------------------------------------------
     def submit(
@@ -120,19 +121,19 @@ class Dispatcher:
         tenant: str = "",
         model: int = 0,
         options: Options = 0,
+        client: Client | None = None,
     ) -> Group | None:
-        """Admit a group of texts whole (its Group), or refuse it at once (None): see room().
-        A model that is not open refuses without counting (admission answers it 404).
-        `options`: the texts' options byte (shm.layout OPT_*), one for all or one a text."""
+        """Admit a group of texts whole (its Group), or refuse it at once (None): see room();
+        a model not open refuses uncounted (a 404). `options`: shm.layout OPT_*, one for all or
+        one a text; `client`: the connection they came on (engine.clients)."""
         n = len(texts)
         costs = [text_cost(t, self.max_tokens) for t in texts]
         if self.room(n, whole=True, priority=priority, model=model) < n:
             if self.table.is_open(model):
                 self.refuse(n, model)
             return None
-        return self.admit(
-            texts, costs, deadline_ns, callback, protocol, task, priority, tenant, model, options
-        )
+        return self.admit(texts, costs, deadline_ns, callback, protocol, task, priority, tenant,
+                          model, options, client)  # fmt: skip
 
     def admit(
         self,
@@ -146,11 +147,13 @@ class Dispatcher:
         tenant: str = "",
         model: int = 0,
         options: Options = 0,
+        client: Client | None = None,
     ) -> Group:
         """Admit texts that room() allowed."""
         lane = self.lanes[model]
         now = self.clock()
         group = Group(len(texts), callback, protocol, now, task, priority, tenant, model, lane.name)
+        group.client = client  # counts its texts (Admission) until answered or dropped
         by = queue_by(now, self.delay_ns(model, priority, now) / 1e6, self.max_queue_ms)
         reqs = group.requests(self.next_id, texts, costs, deadline_ns, options)
         self.next_id += len(reqs)
@@ -226,8 +229,7 @@ class Dispatcher:
         return self.meter.rate(self.serving)
 
     def wait_ms(self) -> float:
-        """The measured delay of the queue, any model or priority: how long its oldest waiting
-        text has waited (0 when none waits)."""
+        """The queue's measured delay, any model or priority (how long its oldest text waits)."""
         oldest = self.waiting.oldest_of_all()
         return 0.0 if oldest is None else round((self.clock() - oldest) / 1e6, 1)
 
@@ -237,9 +239,8 @@ class Dispatcher:
         self.accepting = False
 
     def set_serving(self, workers: list[WorkerLink], whole: bool) -> None:
-        """The workers that take new requests now (the pool calls this whenever its set
-        changes), and whether every slot has one: the queue's delay counts only while it
-        does (delay_ns)."""
+        """The workers that take new requests now (the pool calls this whenever its set changes),
+        and whether every slot has one: the queue's delay counts only while it does."""
         self.serving = workers
         if whole and not self.whole:
             self.whole_since_ns = self.clock()

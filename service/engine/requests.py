@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -99,6 +99,7 @@ class Group:
     __slots__ = (
         "admitted_ns",
         "callback",
+        "client",
         "first_id",
         "model",
         "model_name",
@@ -135,6 +136,7 @@ class Group:
         self.model_name = model_name  # what metrics label it with
         self.started = False  # a worker took one of its texts: it is never refused after that
         self.first_id = 0  # its texts' request ids: first_id, first_id + 1, ... (`requests`)
+        self.client: Any = None  # the engine.clients.Client that sent it (None: none counted)
 
     def requests(
         self,

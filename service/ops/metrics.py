@@ -132,6 +132,7 @@ class Metrics:
                 "requests": sum(server.requests_total.values()),
                 "rejected": server.dispatcher.rejected,
                 "timed_out": server.dispatcher.expired,
+                "dropped": server.dropped,  # their client had gone: never run
                 "answered": named["requests"],
                 "batches": named["batches"],
                 "tokens": named["tokens"],

@@ -229,6 +229,12 @@ def refusals(out: Exposition, r: Reading) -> None:
         d.expired,
     )
     out.single(
+        "ringserve_dropped_texts_total",
+        "counter",
+        "Texts dropped before any worker ran them: their client's connection was lost.",
+        r.server.dropped,
+    )
+    out.single(
         "ringserve_failed_requests_total",
         "counter",
         "Texts answered with an error status (timeout, bad input, internal).",

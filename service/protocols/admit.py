@@ -117,7 +117,7 @@ def submit(
             respond_failure(conn, ex, failed)
 
     ex.model = admission.dispatcher.names.get(ask.model, "")  # the answer is counted under it
-    refusal = admission.submit(ask, done, tenant, trace)
+    refusal = admission.submit(ask, done, tenant, trace, conn.client)
     if refusal is not None:
         respond_refusal(conn, ex, refusal)
 

@@ -22,10 +22,12 @@ from pathlib import Path
 from ringserve.service.engine.tenants import KeyRing, Tenant
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpProtocol, protocol_of
+from ringserve.service.protocols.peers import KeyFailures
 from ringserve.wire.frames import AUTH_PREFIX, LENGTH, OK, TAG, status_answer
 
 ENV = "RINGSERVE_API_KEY"
 DENIED = "missing or invalid API key"
+THROTTLED = "too many failed API key attempts from this address: retry after the wait"
 CHALLENGE = (b"www-authenticate", b'Bearer realm="ringserve"')
 # Probes stay open: a kubelet or load balancer must see health without holding the key.
 OPEN_PATH = re.compile(
@@ -81,19 +83,33 @@ class ApiKey:
 Route = Callable[["HttpProtocol", "Exchange"], None]
 
 
-def guard_http(keys: KeyRing, route: Route) -> Route:
+def guard_http(keys: KeyRing, route: Route, failures: KeyFailures | None = None) -> Route:
     """Every path but the probes needs a key; without one, 401 before any routing (so an
     unknown caller learns nothing, not even which paths exist). The key's tenant goes with the
-    exchange, for its rate, its priority and its counts."""
+    exchange, for its rate, its priority and its counts. A client address past its failed
+    attempts (`failures`, --auth-failures) gets 429 with Retry-After, its key not checked, until
+    its allowance refills: guessing goes no faster than that, however fast it sends."""
 
     def guarded(conn: HttpProtocol, ex: Exchange) -> None:
         path = ex.url.split(b"?", 1)[0]
+        if OPEN_PATH.match(path):
+            ex.tenant = keys.bearer(ex.headers.get(b"authorization"))
+            route(conn, ex)
+            return
+        wait = failures.wait_s(conn.peer) if failures is not None else 0
+        if wait:
+            keys.refused(protocol_of(path))
+            extra = [(b"retry-after", str(wait).encode()), latency_header(conn, ex)]
+            conn.respond_error(ex, 429, THROTTLED, extra)
+            return
         tenant = keys.bearer(ex.headers.get(b"authorization"))
-        if tenant is not None or OPEN_PATH.match(path):
+        if tenant is not None:
             ex.tenant = tenant
             route(conn, ex)
             return
         keys.refused(protocol_of(path))
+        if failures is not None:
+            failures.failed(conn.peer)
         conn.respond_error(ex, 401, DENIED, [CHALLENGE, latency_header(conn, ex)])
 
     return guarded

@@ -12,6 +12,15 @@ transport's write buffer is full: a client that does not read its answers. A len
 connection once the answers already owed have been written. What the frames become (model,
 admission, answers, traces) is binary_admit.py's.
 
+A connection is a client (engine.clients): while other clients' texts are in flight its texts
+hold at most their share of the queue (--client-queue-share), and when it is lost, those still
+waiting for a worker are dropped. An EOF with answers owed is a half-close: the answers still go
+out (its waiting texts meanwhile behind other clients'), unless the socket is found reset (the
+client closed it: `peers.peer_gone`, asked after each answer written past the EOF and at each
+sweep).
+At the connection cap a client address gets its share (`peers.Seats`); an address past its
+failed AUTH frames (--auth-failures) is closed without its key being checked.
+
 A frame with tag 0 and the text `MODEL name[:version]` selects the connection's model for the
 frames after it (status 0, or 5 for a model the server does not hold); without one, the only
 loaded model serves. Each group of frames resolves its model when it is admitted, so frames for
@@ -24,10 +33,12 @@ import asyncio
 import time
 from typing import Protocol
 
+from ringserve.service.engine.clients import Client
 from ringserve.service.engine.tenants import Tenant
 from ringserve.service.protocols.binary_admit import FrameAdmitter
 from ringserve.service.protocols.budget import Budget
 from ringserve.service.protocols.handover import Listeners, listen
+from ringserve.service.protocols.peers import KeyFailures, Seats, check_soon, peer_gone, peer_of
 from ringserve.service.protocols.texts import checked
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
@@ -50,17 +61,30 @@ GARBAGE_BURST, GARBAGE_RATE = 1000, 100  # bad frames a connection may send (doc
 class BinaryServerState:
     """What every binary connection of one server shares."""
 
-    def __init__(self, server: FrontView) -> None:
+    def __init__(self, server: FrontView, failures: KeyFailures | None = None) -> None:
         self.server = server
         self.settings = server.settings
         self.connections: set[BinaryProtocol] = set()
+        self.seats = Seats(server.settings.max_connections)  # the cap, by client address
+        self.failures = failures  # failed AUTH frames by address (--auth-failures)
         self.refused = 0
+
+    def frame_read(self) -> None:
+        """Admit every whole frame already read but waiting for the loop's next turn, now
+        (the stop: frames read before the signal are admitted before it counts)."""
+        for conn in list(self.connections):
+            if conn.backlog:
+                conn.parse_backlog()
 
 
 async def start_binary(
-    ports: BinaryPorts, server: FrontView, host: str, port: int
+    ports: BinaryPorts,
+    server: FrontView,
+    host: str,
+    port: int,
+    failures: KeyFailures | None = None,
 ) -> asyncio.AbstractServer:
-    state = BinaryServerState(server)
+    state = BinaryServerState(server, failures)
     ports.binary_state = state  # the drain closes these connections once answers are out
     return await listen(ports, "binary", lambda: BinaryProtocol(state), host, port, 2048)
 
@@ -88,15 +112,19 @@ class BinaryProtocol(asyncio.Protocol):
         self.last_active = time.monotonic()
         self.partial_since = 0.0  # when an incomplete frame began waiting for its rest
         self.tenant: Tenant | None = None  # the key of the AUTH frame, for rate and priority
-        self.admitter = FrameAdmitter(self, state.server, s.request_timeout_s)
+        self.admitter = FrameAdmitter(self, state.server, s.request_timeout_s, state.failures)
         self.garbage = Budget(GARBAGE_BURST, GARBAGE_RATE, time.monotonic_ns)
         self.backlog = False  # whole frames wait for the loop's next turn
+        self.peer = ""  # the client's address (peers.peer_of)
+        self.client = Client()  # its texts in the queue: its share, dropped when it goes
+        self.end = Closing(self)
 
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
         state = self.state
-        if len(state.connections) >= state.settings.max_connections:
+        self.peer = peer_of(transport)
+        if not state.seats.take(self):
             state.refused += 1
             self.closed = True
             transport.close()
@@ -106,13 +134,23 @@ class BinaryProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state.connections.discard(self)
+        self.state.seats.leave(self)
         self.closed = True
         self.buffer.clear()
+        if self.client.texts:  # nobody reads these answers: what still waits is dropped
+            self.server.admission.leave(self.client)
         if self.linger_timer is not None:
             self.linger_timer.cancel()
 
+    def idle_since(self) -> float | None:
+        """When it last did anything, if it owes nothing now (peers.Seats)."""
+        busy = self.owed or self.buffer or self.closed or self.backlog
+        return None if busy else self.last_active
+
     def eof_received(self) -> bool:
         self.eof = True  # a partial frame left at EOF is never answered
+        if self.client.texts:  # gone, or reading on: its waiting texts go behind the others'
+            self.server.admission.behind(self.client)
         if self.lingering:
             return False  # the client has our answers and is done too: close
         return self.owed > 0 or self.backlog  # keep the write side open for answers owed
@@ -158,19 +196,6 @@ class BinaryProtocol(asyncio.Protocol):
         elif not self.partial_since:
             self.partial_since = now
         self.update_reading()
-
-    def sweep(self, now: float) -> None:
-        """Close on a frame that arrives slower than the read timeout, or a long idle."""
-        if self.closed:
-            return
-        s = self.state.settings
-        if self.paused_reading or self.owed or self.eof:  # the wait is ours: restart its clock
-            self.partial_since = now if self.buffer else 0.0
-            return
-        slow = bool(self.partial_since) and now - self.partial_since > s.read_timeout_s
-        idle = not self.owed and not self.buffer and now - self.last_active > s.keepalive_timeout_s
-        if slow or idle:
-            self.close_now()
 
     def parse_backlog(self) -> None:
         self.backlog = False
@@ -245,35 +270,12 @@ class BinaryProtocol(asyncio.Protocol):
         self.transport.write(answers)
         if n:
             self.server.count("binary", code, n, self.tenant)
+        if self.eof:  # a closed socket answers this with a reset: ask soon after
+            check_soon(self.end.check_peer)
         return True
 
     def close_when_done(self) -> None:
-        """After an oversize length, EOF or the drain: close once every owed answer is written."""
-        transport = self.transport
-        if not (self.stopped or self.eof or self.draining) or self.owed or self.closed:
-            return
-        if self.lingering or transport is None:
-            return
-        if self.eof or not transport.can_write_eof():
-            self.closed = True
-            transport.close()  # close() still sends what the write buffer holds
-            return
-        # A lingering close: a RST (closing with the client's bytes unread) could erase answers
-        # the client has not read yet, so send FIN after them and drop input until its EOF.
-        self.lingering = True
-        transport.write_eof()
-        self.update_reading()
-        loop = asyncio.get_running_loop()
-        self.linger_timer = loop.call_later(self.linger_s, self.close_now)
-
-    def begin_drain(self) -> None:
-        """The server drains: an idle connection closes at once (as uvicorn and Go's Shutdown
-        close theirs); one with answers owed closes after the last of them."""
-        self.draining = True
-        if not self.owed:
-            self.close_now()
-        else:
-            self.close_when_done()
+        self.end.when_done()
 
     def owes(self) -> bool:
         """Answers are still to be written on it (a lingering close owes nothing)."""
@@ -283,3 +285,72 @@ class BinaryProtocol(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.close()
+
+    evict = close_now  # idle, to seat another client (peers.Seats)
+
+
+class Closing:
+    """How one binary connection ends: a frame slower than the read timeout, a long idle, a
+    half-closed client found gone, an oversize length, EOF or the drain (closed once every
+    owed answer is written)."""
+
+    def __init__(self, conn: BinaryProtocol) -> None:
+        self.conn = conn
+
+    def sweep(self, now: float) -> None:
+        """Close on a frame that arrives slower than the read timeout, or a long idle; drop a
+        half-closed connection whose client is found gone."""
+        conn = self.conn
+        if conn.closed or self.check_peer():
+            return
+        s = conn.state.settings
+        if conn.paused_reading or conn.owed or conn.eof:  # the wait is ours: restart its clock
+            conn.partial_since = now if conn.buffer else 0.0
+            return
+        slow = bool(conn.partial_since) and now - conn.partial_since > s.read_timeout_s
+        idle = not conn.owed and not conn.buffer and now - conn.last_active > s.keepalive_timeout_s
+        if slow or idle:
+            conn.close_now()
+
+    def check_peer(self) -> bool:
+        """A half-closed connection whose client is found gone (its socket answered our last
+        write with a reset) is dropped: connection_lost drops its texts still waiting."""
+        conn = self.conn
+        if conn.closed or not (conn.eof and conn.owed) or not peer_gone(conn.transport):
+            return False
+        conn.closed = True
+        conn.transport.abort()  # type: ignore[union-attr]
+        return True
+
+    def when_done(self) -> None:
+        """After an oversize length, EOF or the drain: close once every owed answer is written."""
+        conn = self.conn
+        transport = conn.transport
+        if not (conn.stopped or conn.eof or conn.draining) or conn.owed or conn.closed:
+            return
+        if conn.lingering or transport is None:
+            return
+        if conn.eof or not transport.can_write_eof():
+            conn.closed = True
+            transport.close()  # close() still sends what the write buffer holds
+            return
+        # A lingering close: a RST (closing with the client's bytes unread) could erase answers
+        # the client has not read yet, so send FIN after them and drop input until its EOF.
+        conn.lingering = True
+        transport.write_eof()
+        conn.update_reading()
+        loop = asyncio.get_running_loop()
+        conn.linger_timer = loop.call_later(conn.linger_s, conn.close_now)
+
+    def drain(self) -> None:
+        """The server drains: an idle connection closes at once (as uvicorn and Go's Shutdown
+        close theirs); one with answers owed closes after the last of them, frames read and
+        waiting for a turn admitted and answered first."""
+        conn = self.conn
+        conn.draining = True
+        if conn.backlog:
+            conn.parse_backlog()
+        if not conn.owed:
+            conn.close_now()
+        else:
+            self.when_done()

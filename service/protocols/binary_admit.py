@@ -12,12 +12,14 @@ from typing import Any, Protocol
 
 import numpy as np
 from ringserve.service.engine.admission import STATUS_HTTP, Refusal
+from ringserve.service.engine.clients import Client
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.model_info import ModelInfo
 from ringserve.service.models import ModelRequired, UnknownModel
 from ringserve.service.protocols import prompts
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
+from ringserve.service.protocols.peers import KeyFailures
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.wire.frames import encode_answer, status_answer
@@ -37,6 +39,8 @@ class Answers(Protocol):
 
     owed: int  # frames admitted whose answer is not written yet
     tenant: Tenant | None
+    peer: str  # the client's address (peers.peer_of)
+    client: Client  # its texts in the queue (engine.clients)
 
     def send(self, answers: bytes, code: int, n: int = 1) -> bool: ...
     def close_when_done(self) -> None: ...
@@ -47,22 +51,38 @@ class Answers(Protocol):
 class FrameAdmitter:
     """One connection's frames, admitted and answered."""
 
-    def __init__(self, conn: Answers, server: FrontView, timeout_s: float) -> None:
+    def __init__(
+        self,
+        conn: Answers,
+        server: FrontView,
+        timeout_s: float,
+        failures: KeyFailures | None = None,
+    ) -> None:
         self.conn = conn
         self.server = server
+        self.failures = failures  # failed AUTH frames by client address (--auth-failures)
         self.timeout_ns = int(timeout_s * 1e9)
         self.selected: tuple[str, str | None] | None = None  # the MODEL frame's (name, version)
         self.keys = server.keys  # None once the AUTH frame passed (or no key set)
 
     def authenticate(self, buffer: bytearray) -> bool:
         """The first frame must be `AUTH KEY` (service.auth); anything else closes the
-        connection with nothing after it read. False while the connection may not go on."""
+        connection with nothing after it read. False while the connection may not go on. An
+        address past its failed attempts (--auth-failures) is closed unchecked."""
         assert self.keys is not None
+        failures, peer = self.failures, self.conn.peer
+        if failures is not None and failures.wait_s(peer):
+            self.server.count("binary", 429)  # answered by closing the connection
+            buffer.clear()
+            self.conn.close_now()
+            return False
         ok = read_auth_frame(buffer, self.keys)
         if ok is None:
             return False
         if not isinstance(ok, Tenant):
             self.keys.refused("binary")
+            if failures is not None:
+                failures.failed(peer)
             self.server.count("binary", 401)  # answered by closing the connection
             buffer.clear()
             self.conn.close_now()
@@ -130,7 +150,8 @@ class FrameAdmitter:
         payloads = [prefix + t for t in texts] if prefix else texts
         options = L.OPT_EMBED if embed else 0  # ask the worker for the text's vector
         ask = Ask(payloads, options, task, info.index, deadline, None, "binary")
-        admitted = self.server.admission.submit_each(ask, on_admit, self.conn.tenant)
+        admission = self.server.admission
+        admitted = admission.submit_each(ask, on_admit, self.conn.tenant, self.conn.client)
         if isinstance(admitted, Refusal):  # the model is not open (5), or the deadline (3)
             status = L.STATUS_DEADLINE if admitted.code == 504 else L.STATUS_UNKNOWN_MODEL
             answers = b"".join([status_answer(t, status) for t in tags])

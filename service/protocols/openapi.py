@@ -147,8 +147,13 @@ MODEL_404 = error('unknown model or version ("model", "version")', *LATENCY)
 
 
 # Answers any route can give: the connection's limits, before routing.
+THROTTLED = "too many failed keys from this client address (--auth-failures)"
 EVERY_ROUTE: dict[int, Answer] = {
-    400: error("malformed HTTP request, or a body or header the route refuses"),
+    400: error(
+        "malformed HTTP request, a Host not in --allowed-hosts, or a body or header the route "
+        "refuses"
+    ),
+    403: error("a request from a page on another site (Origin) without a key (--allowed-hosts)"),
     408: error("the request head or body came slower than --read-timeout-s"),
     413: error("body over --max-body bytes"),
     431: error("request head over --max-head bytes"),
@@ -966,10 +971,12 @@ def answers_of(route: Route, path: str, f: Facts) -> dict[int, Answer]:
     out = dict(EVERY_ROUTE)
     if f.key and not OPEN_PATH.match(example_path(path, f)):
         out[401] = error("missing or invalid API key", "www-authenticate")
+        out[429] = error(THROTTLED, "retry-after", "x-latency-ms")
     if route.inference:
         out.update(ADMITTED)
         if f.key:  # --api-keys: a key over its rate
-            out[429] = error("over the key's rate (--api-keys)", "retry-after", "x-latency-ms?")
+            out[429] = error(f"over the key's rate (--api-keys), or {THROTTLED}", "retry-after",
+                             "x-latency-ms?")  # fmt: skip
     if route.model_path:
         out[404] = error("unknown model or version", *(LATENCY if route.inference else ()))
     if route.model_body:

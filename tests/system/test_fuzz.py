@@ -93,7 +93,7 @@ def exchange(port: int, data: bytes, timeout: float = 15.0) -> tuple[bytes, bool
 
 # -- HTTP -----------------------------------------------------------------------------------------
 def req(method: str, path: str, headers: list[str], body: bytes = b"") -> bytes:
-    head = [f"{method} {path} HTTP/1.1", "Host: fuzz", *headers]
+    head = [f"{method} {path} HTTP/1.1", "Host: localhost", *headers]
     if body or method == "POST":
         head.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body

@@ -15,12 +15,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 
+from devkit.raw import Raw, Resp
 from devkit.server import ServerProc, serving, wait_for
 
 MAX_BODY = 65536
@@ -42,80 +42,13 @@ SWEEP_SLACK_S = 1.5  # the server checks timeouts every 0.25 s; a busy shared ma
 GENERATED_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]+$")
 
 
-# -- a raw HTTP/1.1 client that sends exactly the bytes it is given -------------------------------
-@dataclass
-class Resp:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> object:
-        return json.loads(self.body)
-
-
-class Raw:
-    def __init__(self, port: int, timeout: float = 20.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.buf = b""
-
-    def __enter__(self) -> Raw:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def send(self, data: bytes) -> bool:
-        """Send all of data; False when the server already closed (its answer may be waiting)."""
-        try:
-            self.sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            return False
-        return True
-
-    def _fill(self) -> bool:
-        try:
-            chunk = self.sock.recv(65536)
-        except ConnectionResetError:
-            chunk = b""
-        self.buf += chunk
-        return bool(chunk)
-
-    def response(self, head_only: bool = False) -> Resp:
-        while b"\r\n\r\n" not in self.buf:
-            assert self._fill(), f"connection closed before an answer; got {self.buf[:200]!r}"
-        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
-        status_line, *lines = head.decode("latin-1").split("\r\n")
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            assert name.lower() not in headers, f"duplicate header {name}"
-            headers[name.lower()] = value.strip()
-        length = 0 if head_only else int(headers.get("content-length", "0"))
-        while len(self.buf) < length:
-            assert self._fill(), "connection closed in the middle of an answer body"
-        body, self.buf = self.buf[:length], self.buf[length:]
-        return Resp(int(status_line.split(" ", 2)[1]), headers, body)
-
-    def closed_by_server(self) -> bool:
-        """True once the server closed the connection (EOF or reset) with nothing more sent."""
-        try:
-            while self._fill():
-                pass
-        except TimeoutError:
-            return False
-        return True
-
-
 def post(body: bytes, path: str = "/v1/classify", extra: str = "") -> bytes:
-    head = f"POST {path} HTTP/1.1\r\nHost: t\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: localhost\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
     return head.encode() + body
 
 
 def get(path: str, extra: str = "", method: str = "GET") -> bytes:
-    return f"{method} {path} HTTP/1.1\r\nHost: t\r\n{extra}\r\n".encode()
+    return f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n{extra}\r\n".encode()
 
 
 def assert_error(resp: Resp, status: int) -> str:
@@ -486,7 +419,7 @@ def test_upgrade_and_connect_get_one_answer_then_close(
     with Raw(srv.port) as c:
         c.send(request_bytes)
         resp = c.response()
-        assert resp.status in (200, 404), resp
+        assert resp.status in (200, 400, 404), resp  # CONNECT's Host (example.com): 400 here
         assert c.closed_by_server() and c.buf == b"", c.buf[:200]
     assert_serves(srv)
 

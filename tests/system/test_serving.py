@@ -111,10 +111,10 @@ def test_keep_alive_and_pipelining(shared_server: ServerProc) -> None:
 
     body = b'{"text": "a gripping, beautiful film"}'
     req = (
-        b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+        b"POST /v1/classify HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n" % len(body)
     ) + body
     with socket.create_connection(("127.0.0.1", shared_server.port), timeout=30) as s:
-        s.sendall(req * 5 + b"GET /v1/model HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(req * 5 + b"GET /v1/model HTTP/1.1\r\nHost: localhost\r\n\r\n")
         data = b""
         while data.count(b"HTTP/1.1 200") < 6 or not data.rstrip().endswith(b"}"):
             chunk = s.recv(65536)

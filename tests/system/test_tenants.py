@@ -198,7 +198,7 @@ async def offer(port: int, key: str, n: int, interval_s: float) -> list[tuple[in
         reader, writer = await asyncio.open_connection(HOST, port)
         body = b'{"text": "an open loop"}'
         writer.write(
-            b"POST /v1/classify HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\n"
+            b"POST /v1/classify HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer %s\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (key.encode(), len(body), body)
         )
         raw = await reader.read()

@@ -8,7 +8,6 @@ what they are asked to do; everything under test is the production code.
 
 from __future__ import annotations
 
-import numpy as np
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
 from ringserve.service.engine.requests import Ask
@@ -18,7 +17,8 @@ from ringserve.service.protocols.http import MAX_PIPELINE, Exchange, HttpProtoco
 from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 
-from devkit.fakes import Clock, S, Transport
+from devkit.fakes import Calls, Clock, S, Transport
+from devkit.fakes import RingWorker as Worker
 
 # -- HTTP timeouts --------------------------------------------------------------------------------
 SETTINGS = Config(read_timeout_s=10.0, keepalive_timeout_s=100.0, write_timeout_s=30.0)
@@ -106,52 +106,11 @@ def test_client_that_never_reads_is_aborted_after_the_write_timeout() -> None:
 
 
 # -- the dispatcher -------------------------------------------------------------------------------
-class Worker:
-    """Stands in for a WorkerHandle: a request ring of `room` slots and its answers."""
-
-    def __init__(self, room: int = 1000, models: frozenset[int] = frozenset({0})) -> None:
-        self.room = room
-        self.models = models  # the model indexes it serves (WorkerHandle.models)
-        self.assigned: dict[int, object] = {}
-        self.ring: list[tuple[int, bytes, int, int]] = []  # msg id, text, deadline, meta
-        self.answers: list[tuple[int, int, int, bytes]] = []
-        self.eventfd = self
-        self.responses = self
-
-    def submit(self, messages: list[tuple[int, bytes, int, int]]) -> int:
-        n = min(len(messages), self.room - len(self.ring))
-        self.ring += messages[:n]
-        return n
-
-    def answer(self, label: int = 1) -> None:
-        """Answer everything in the ring (as the worker process would, through its ring)."""
-        for msg_id, *_ in self.ring:
-            scores = np.array([0.25, 0.75], dtype="<f4").tobytes()
-            head = L.pack_response(L.STATUS_OK, 0, label, 2, queued_us=5, model_us=7)
-            self.answers.append((msg_id, 0, 0, head + scores))
-        self.ring.clear()
-
-    def drain(self) -> None:  # the eventfd
-        pass
-
-    def read(self) -> list[tuple[int, int, int, bytes]]:  # the response ring
-        out, self.answers = self.answers, []
-        return out
-
-
 def dispatcher(*workers: Worker, max_queue: int = 8) -> tuple[Dispatcher, Clock]:
     clock = Clock()
     d = Dispatcher(max_queue, clock)
     d.serving = list(workers)
     return d, clock
-
-
-class Calls:
-    def __init__(self) -> None:
-        self.results: list[list[Result]] = []
-
-    def __call__(self, results: list[Result]) -> None:
-        self.results.append(results)
 
 
 def test_admission_refuses_a_group_past_the_queue_bound_whole() -> None:
