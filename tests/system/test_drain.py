@@ -19,6 +19,7 @@ import psutil
 import pytest
 from ringserve.wire.frames import encode_frame, parse_answers
 
+from devkit.http import get_json
 from devkit.load import Load
 from devkit.server import refused, wait_for
 
@@ -331,7 +332,7 @@ def test_sigterm_under_closed_loop_load_answers_every_request_it_read(
     """Issue 56: 8 closed-loop clients of 16 texts (an eighth long), SIGTERM; every request
     sent before the signal (20 ms before, so that it was read) and not answered before it is
     answered 200, with `connection: close`. Each round makes the case that used to fail: the
-    worker held 0.35 s so the queue stands an interval, and the requests admitted next get a
+    worker held until the queue has stood an interval (250 ms), and the requests admitted next get a
     queue bound (admission refuses a text still waiting past it, 0.9 s, to keep the queue's
     delay down); then the worker held again across the signal for 1.3 s. A request in flight at
     the signal is answered whatever it waits: only a request read after it may be refused.
@@ -345,13 +346,14 @@ def test_sigterm_under_closed_loop_load_answers_every_request_it_read(
         (pid,) = set(srv.worker_pids().values())
         os.kill(pid, signal.SIGSTOP)
         try:
-            time.sleep(0.35)  # the queue stands: what is admitted next gets a queue bound
+            stood = lambda port=srv.port: get_json(port, "/v1/stats")["queue_wait_ms"] > 250  # noqa: E731
+            wait_for(stood, 30, "a standing queue")  # what is admitted next gets a queue bound
             os.kill(pid, signal.SIGCONT)
             load.wait_answered(4)  # 4 more answered, so 4 more admitted into that queue
             os.kill(pid, signal.SIGSTOP)  # what is in flight waits past its bound
             signalled = time.monotonic()
             srv.proc.send_signal(signal.SIGTERM)
-            time.sleep(1.3)
+            time.sleep(1.3)  # a duration, not a wait: past the queue bound (0.9 s) of each
         finally:
             os.kill(pid, signal.SIGCONT)
         code = srv.proc.wait(60)
