@@ -10,7 +10,6 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 from ringserve.service.engine.admission import Admission, Refusal
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
 from ringserve.service.engine.requests import Ask
@@ -19,54 +18,12 @@ from ringserve.service.ops.prometheus import request_rows
 from ringserve.service.ops.stats import Stats
 from ringserve.shm import layout as L
 
-from devkit.fakes import Clock, S
+from devkit.fakes import Calls, Clock, S
+from devkit.fakes import RingWorker as Worker
 
 MS = 1_000_000
 
 A, B, C = 0, 1, 2  # model indexes
-
-
-class Worker:
-    """Stands in for a WorkerHandle: the models it holds, a request ring of `room` slots, and
-    its answers (as test_clock's, with models)."""
-
-    def __init__(self, room: int = 1000, models: frozenset[int] = frozenset({A})) -> None:
-        self.room = room
-        self.models = models
-        self.assigned: dict[int, object] = {}
-        self.ring: list[tuple[int, bytes, int, int]] = []  # msg id, text, deadline, meta
-        self.answers: list[tuple[int, int, int, bytes]] = []
-        self.eventfd = self
-        self.responses = self
-
-    def submit(self, messages: list[tuple[int, bytes, int, int]]) -> int:
-        n = min(len(messages), self.room - len(self.ring))
-        self.ring += messages[:n]
-        return n
-
-    def answer(self) -> None:
-        """Answer everything in the ring, as one batch."""
-        batch = L.pack_batch(len(self.ring), 16, 1)
-        for msg_id, *_ in self.ring:
-            head = L.pack_response(L.STATUS_OK, 0, 1, 2, queued_us=5, model_us=7)
-            scores = np.array([0.25, 0.75], dtype="<f4").tobytes()
-            self.answers.append((msg_id, batch, 0, head + scores))
-        self.ring.clear()
-
-    def drain(self) -> None:  # the eventfd
-        pass
-
-    def read(self) -> list[tuple[int, int, int, bytes]]:  # the response ring
-        out, self.answers = self.answers, []
-        return out
-
-
-class Calls:
-    def __init__(self) -> None:
-        self.results: list[list[Result]] = []
-
-    def __call__(self, results: list[Result]) -> None:
-        self.results.append(results)
 
 
 def models(
