@@ -127,18 +127,9 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
                 manifest["bf16"] = bf16
         if fused is not None:
             files["fused_file"] = (fused, ox.FUSED_FILE)
-        data: list[str] = []
-        for key, (src, name) in files.items():
-            data += ox.store(src, target / name)[1:]
-            manifest[key] = name
+        data = store_graphs(target, files, manifest)
     except Exception as exc:  # noqa: BLE001 - any exporter failure leaves a TorchScript artifact
-        print(f"ringserve: no ONNX files in this artifact ({exc})", file=sys.stderr)
-        for name in os.listdir(target):
-            if name.endswith((".onnx", ox.DATA_SUFFIX)):
-                (target / name).unlink()
-        for key in OTHER_FILES:
-            manifest.pop(key, None)
-        manifest.pop("int8_checked", None)  # it runs the int8 graph
+        drop_graphs(target, manifest, exc)
         return
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -152,6 +143,33 @@ def _plain_only() -> bool:
     if mode not in ("all", "plain"):
         raise ValueError(f"{GRAPHS_ENV} must be all or plain, got {mode!r}")
     return mode == "plain"
+
+
+def store_graphs(
+    target: Path, files: dict[str, tuple[Path, str]], manifest: dict[str, Any]
+) -> list[str]:
+    """Each graph of `files` (manifest key -> (built file, its name in the artifact)) stored in
+    the artifact with its weights and named in the manifest; returns the weights' files."""
+    from ringserve.factory import onnx as ox
+
+    data: list[str] = []
+    for key, (src, name) in files.items():
+        data += ox.store(src, target / name)[1:]
+        manifest[key] = name
+    return data
+
+
+def drop_graphs(target: Path, manifest: dict[str, Any], exc: Exception) -> None:
+    """An exporter failed: say why and leave a TorchScript artifact, with no ONNX file and no
+    manifest field that names one (or int8-checked's cost, which runs the int8 graph)."""
+    from ringserve.factory import onnx as ox
+
+    print(f"ringserve: no ONNX files in this artifact ({exc})", file=sys.stderr)
+    for name in os.listdir(target):
+        if name.endswith((".onnx", ox.DATA_SUFFIX)):
+            (target / name).unlink()
+    for key in (*OTHER_FILES, "int8_checked"):
+        manifest.pop(key, None)
 
 
 def _int8(

@@ -15,7 +15,6 @@ from the publication split as the entity-level F1 against fp32's own entities.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -29,7 +28,7 @@ from ringserve.factory import encoder as enc
 from ringserve.factory import families
 from ringserve.factory.encoder import Encoder, HfConfig, activate
 from ringserve.workers import token_entities as te
-from ringserve.workers.artifact import OTHER_FILES, ArtifactError, Manifest, check_fields
+from ringserve.workers.artifact import ArtifactError, Manifest, check_fields
 from ringserve.workers.artifact import open_tokenizer as _open_tokenizer
 from torch import Tensor, nn
 
@@ -230,17 +229,9 @@ def token_graphs(target: Path, model: Any, manifest: dict[str, Any]) -> None:
             bf16 = bf16_cost(plain, tokenizer, manifest)
             if bf16:
                 manifest["bf16"] = bf16
-        data: list[str] = []
-        for key, (src, name) in files.items():
-            data += ox.store(src, target / name)[1:]
-            manifest[key] = name
+        data = build.store_graphs(target, files, manifest)
     except Exception as exc:  # noqa: BLE001 - any exporter failure leaves a TorchScript artifact
-        print(f"ringserve: no ONNX files in this artifact ({exc})", file=sys.stderr)
-        for name in os.listdir(target):
-            if name.endswith((".onnx", ox.DATA_SUFFIX)):
-                (target / name).unlink()
-        for key in OTHER_FILES:
-            manifest.pop(key, None)
+        build.drop_graphs(target, manifest, exc)
         return
     finally:
         shutil.rmtree(work, ignore_errors=True)
