@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import numpy as np
-from ringserve.service.settings import CPU_MAX_BATCH_TOKENS
+from ringserve.service.config.settings import CPU_MAX_BATCH_TOKENS
 
 from devkit.models import raw_runner
 

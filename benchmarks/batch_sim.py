@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringserve.service.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
+from ringserve.service.config.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
 from ringserve.workers.process.batcher import BATCH_OVERHEAD, Batcher, Item
 
 from benchmarks.serving import LIMITS, MIXES, plan

@@ -20,17 +20,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.requests import Result
 from ringserve.service.protocols import admit, kserve, routes
 from ringserve.service.protocols.http import Exchange
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 
 TEXT = "an honest, moving and beautifully acted film that stays with you"
 
 
 class Models:
-    """The one model a request names (service/models.py's ModelSet, as far as routes read it)."""
+    """The one model a request names (models/modelset.py's ModelSet, as routes read it)."""
 
     def __init__(self, info: Any) -> None:
         self.info = info

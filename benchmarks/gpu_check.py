@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from ringserve.service.settings import GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS  # noqa: E402
+from ringserve.service.config.settings import GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS  # noqa: E402
 from ringserve.workers.process.batcher import CUDA_BUCKETS as GRID  # noqa: E402 - the CUDA default grid
 
 from devkit.http import classify_request, get_json, http_request  # noqa: E402 - after the path set-up above

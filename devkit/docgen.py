@@ -2,8 +2,8 @@
 
 - docs/reference/cli.md: every `ringserve` command's `--help`, as its argparse parser prints it;
 - docs/reference/options.md: the server's options with their environment names and defaults
-  (service/settings.py's `markdown_table`);
-- docs/reference/config.md: the config file's keys and model tables (service/settings.py's
+  (service/config/settings.py's `markdown_table`);
+- docs/reference/config.md: the config file's keys and model tables (service/config/settings.py's
   `config_reference`, from the same settings);
 - docs/reference/http.md: every HTTP route from the OpenAPI document (service/protocols/openapi.py)
   as the default model's server answers it;
@@ -78,7 +78,7 @@ def cli_page() -> str:
 
 
 def options_page() -> str:
-    from ringserve.service.settings import markdown_table
+    from ringserve.service.config.settings import markdown_table
 
     return "\n".join(
         [
@@ -87,7 +87,8 @@ def options_page() -> str:
             GENERATED,
             "",
             "Every option of `ringserve serve`, its environment variable and its default, from "
-            "`service/settings.py` (`python -m ringserve.service.settings` prints the table). "
+            "`service/config/settings.py` (`python -m ringserve.service.config.settings` prints "
+            "the table). "
             "A flag given on the command line wins over the variable, which wins over the "
             "config file ([Config file](config.md)).",
             "",
@@ -104,9 +105,9 @@ def options_page() -> str:
 def default_document(key: bool = False) -> dict[str, Any]:
     """The OpenAPI document of a server of the default model with the default options (with
     `key`: and an API key, whose routes also answer 401 and, rate-limited, 429)."""
+    from ringserve.service.config.settings import Config
     from ringserve.service.protocols import openapi
     from ringserve.service.protocols.kserve import VERSION
-    from ringserve.service.settings import Config
     from ringserve.service.version import version
 
     s = Config()
@@ -382,7 +383,7 @@ def metrics_page() -> str:
 
 
 def config_page() -> str:
-    from ringserve.service.settings import config_reference
+    from ringserve.service.config.settings import config_reference
 
     return config_reference()
 

@@ -130,8 +130,8 @@ class Names:
 
     @classmethod
     def from_code(cls) -> Names:
+        from ringserve.service.config.settings import MODEL_SETTINGS, SETTINGS
         from ringserve.service.protocols.control import COMMANDS as CONTROL
-        from ringserve.service.settings import MODEL_SETTINGS, SETTINGS
 
         from devkit import docgen
 

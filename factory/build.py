@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from ringserve.service.precision import BF16_FLAGS, cpu_flags
+from ringserve.service.models.precision import BF16_FLAGS, cpu_flags
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
     OTHER_FILES,

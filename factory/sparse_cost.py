@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from ringserve.factory import int8
 from ringserve.factory import onnx as ox
-from ringserve.service.precision import BF16_FLAGS, cpu_flags
+from ringserve.service.models.precision import BF16_FLAGS, cpu_flags
 from ringserve.workers.artifact import open_tokenizer
 
 QUERIES = 64  # the publication split's first rows are the queries ...

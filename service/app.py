@@ -3,7 +3,7 @@ place (`App.prepare`), and starts them (`App.run`). The lifecycle that follows (
 stop, reload, sweep) is service/lifecycle.py's.
 
 Start: remove segments of dead servers, resolve every model and the device
-(service/model_info.py), start the control socket, the supervisor and the listeners.
+(service/models/info.py), start the control socket, the supervisor and the listeners.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import uvloop
+from ringserve.service.config.settings import Config, default_memory_budget
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.clients import share_of
 from ringserve.service.engine.dispatcher import Dispatcher
@@ -22,7 +23,8 @@ from ringserve.service.engine.tenants import KeyFileError, KeyRing
 from ringserve.service.front import Front, MetricsHost, RunState
 from ringserve.service.lifecycle import Admin, Lifecycle
 from ringserve.service.logs import EventLog
-from ringserve.service.model_info import ModelInfo, resolve_models
+from ringserve.service.models.info import ModelInfo, resolve_models
+from ringserve.service.models.repository import Repository
 from ringserve.service.notify import sd_notify
 from ringserve.service.ops import apidocs, metrics, tracing
 from ringserve.service.ops.stats import Stats
@@ -42,8 +44,6 @@ from ringserve.service.protocols.sparse_api import sparse_routes
 from ringserve.service.protocols.tasks import task_routes
 from ringserve.service.protocols.tei_api import tei_routes
 from ringserve.service.protocols.tls import Tls, TlsError, load_tls
-from ringserve.service.repository import Repository
-from ringserve.service.settings import Config, default_memory_budget
 from ringserve.shm import segment
 
 

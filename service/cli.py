@@ -9,7 +9,7 @@ import socket
 import sys
 from typing import Any
 
-from ringserve.service import settings as S
+from ringserve.service.config import settings as S
 from ringserve.service.protocols import auth
 
 USAGE = """ringserve <command> [options]   (ringserve --version: the version)
@@ -29,7 +29,7 @@ commands:
 
 
 def serve_main(argv: list[str]) -> int:
-    from ringserve.service import config_file
+    from ringserve.service.config import file as config_file
 
     try:
         resolved = config_file.resolve(argv)
@@ -54,7 +54,7 @@ CONFIG_HELP = """the TOML file of `ringserve serve --config FILE` (docs/api.md, 
 
 def config_main(argv: list[str]) -> int:
     """`ringserve config show|check|schema`: nothing starts."""
-    from ringserve.service import config_file
+    from ringserve.service.config import file as config_file
 
     usage = "ringserve config show [--config FILE] [serve flags] | check FILE | schema"
     if argv and argv[0] in ("-h", "--help"):
@@ -81,8 +81,8 @@ def config_main(argv: list[str]) -> int:
         return 0
     file = resolved.file
     assert file is not None
-    from ringserve.service.model_info import check_tables
-    from ringserve.service.settings import ModelTableError
+    from ringserve.service.config.settings import ModelTableError
+    from ringserve.service.models.info import check_tables
 
     try:  # the tables' settings against their artifacts, as the start checks them
         check_tables(resolved.config)

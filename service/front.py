@@ -8,23 +8,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.cache import AnswerCache
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.engine.tenants import KeyRing
 from ringserve.service.logs import EventLog
-from ringserve.service.model_info import ModelInfo
-from ringserve.service.models import ModelSet
+from ringserve.service.models.info import ModelInfo
+from ringserve.service.models.modelset import ModelSet
 from ringserve.service.ops.inference_stats import InferenceStats
 from ringserve.service.ops.stats import Stats
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.ports import Ports
 from ringserve.service.protocols.auth import ApiKey
 from ringserve.service.protocols.http import HttpServerState
-from ringserve.service.settings import Config
 
 if TYPE_CHECKING:
-    from ringserve.service.repository import Repository
+    from ringserve.service.models.repository import Repository
 
 
 class RunState:
@@ -50,9 +50,9 @@ class RunState:
 
 class Front:
     """The one object the protocols are handed, read through service/views.py's FrontView.
-    `models` holds every model (service/models.py); `model` is the first, swapped whole by a
-    reload; `repository` is set by app.py right after (it needs this Front); the rest never
-    changes."""
+    `models` holds every model (service/models/modelset.py); `model` is the first, swapped
+    whole by a reload; `repository` is set by app.py right after (it needs this Front); the
+    rest never changes."""
 
     def __init__(
         self,
@@ -69,7 +69,7 @@ class Front:
         self.cache = AnswerCache(settings.cache_bytes)  # embeddings answered before
         # every model; the lifecycle alone changes it, and a change drops its cached answers
         self.models = ModelSet(*every, changed=self.cache.forget)
-        self.repository: Repository | None = None  # load, unload, index (service/repository.py)
+        self.repository: Repository | None = None  # load, unload, index (models/repository.py)
         self.admission = admission
         self.count = count  # every answer written: Stats.count(protocol, code, n, tenant)
         self.inference_stats = InferenceStats()  # Triton's per-model statistics (KServe)

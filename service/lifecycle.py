@@ -19,15 +19,15 @@ import traceback
 from multiprocessing import resource_tracker
 from typing import Any
 
-from ringserve.service.config_reload import ModelTables
+from ringserve.service.config.reload import ModelTables
+from ringserve.service.config.settings import Config, ModelTableError
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.front import Front, RunState
 from ringserve.service.logs import EventLog
+from ringserve.service.models.repository import Repository
 from ringserve.service.notify import sd_notify
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.ports import Ports
-from ringserve.service.repository import Repository
-from ringserve.service.settings import Config, ModelTableError
 from ringserve.shm import segment
 from ringserve.workers.artifact import ArtifactError, load_manifest
 
@@ -223,7 +223,7 @@ class Reloader:
             if error is not None:
                 self.log.error("reload_refused", reason=error, by=reason)
                 return error
-        if repository is not None:  # every model re-verified, one roll (service/repository.py)
+        if repository is not None:  # every model re-verified, one roll (models/repository.py)
             error = await repository.reload(reason)
             if error is not None:
                 self.log.error("reload_refused", reason=error, by=reason)

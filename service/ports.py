@@ -10,12 +10,12 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
+from ringserve.service.config.settings import Config
 from ringserve.service.logs import EventLog
 from ringserve.service.protocols.binary import BinaryServerState
 from ringserve.service.protocols.handover import listening_fds
 from ringserve.service.protocols.http import HttpServerState
 from ringserve.service.protocols.tls import Tls
-from ringserve.service.settings import Config
 
 if TYPE_CHECKING:
     from ringserve.service.protocols.rpc.server import GrpcPort

@@ -13,24 +13,24 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping, Sequence, Sized
 from typing import Any, Protocol
 
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.cache import AnswerCache
 from ringserve.service.engine.link import WorkerLink
 from ringserve.service.engine.tenants import KeyRing, Tenant
 from ringserve.service.logs import EventLog
-from ringserve.service.model_info import ModelInfo
-from ringserve.service.models import ModelSet
+from ringserve.service.models.info import ModelInfo
+from ringserve.service.models.modelset import ModelSet
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.protocols.auth import ApiKey
 from ringserve.service.protocols.http import HttpServerState
-from ringserve.service.settings import Config
 
 # -- what the protocols read ----------------------------------------------------------------------
 Failure = tuple[int, str] | None  # a repository call's error: the HTTP code and its message
 
 
 class Repository(Protocol):
-    """What the repository extension calls (service/repository.py's Repository)."""
+    """What the repository extension calls (service/models/repository.py's Repository)."""
 
     def index(self) -> list[dict[str, Any]]: ...
     def load(self, name: str, version: str | None = None) -> Awaitable[Failure]: ...

@@ -26,17 +26,17 @@ from typing import Any, TextIO
 
 import numpy as np
 from ringserve.factory.build import default_in_child
-from ringserve.service.device import resolve_device
+from ringserve.service.config.settings import BY_NAME, Config
 from ringserve.service.engine.admission import too_long
 from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.logs import EventLog
-from ringserve.service.model_info import pick_precision, scan_repository
+from ringserve.service.models.device import resolve_device
+from ringserve.service.models.info import pick_precision, scan_repository
 from ringserve.service.offline import corpus as C
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.protocols import prompts
 from ringserve.service.protocols.routes import long_text_fields
 from ringserve.service.protocols.tasks import float_json
-from ringserve.service.settings import BY_NAME, Config
 from ringserve.shm import layout as L
 from ringserve.shm import segment
 from ringserve.workers.artifact import ArtifactError, load_manifest

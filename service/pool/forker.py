@@ -9,7 +9,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
-from ringserve.service.settings import PER_MODEL_SERVED, Config
+from ringserve.service.config.settings import PER_MODEL_SERVED, Config
 from ringserve.workers.artifact import ArtifactError, load_manifest
 from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.runtimes.onnx_model import choose_runtime

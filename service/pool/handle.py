@@ -11,8 +11,8 @@ import select
 import time
 from typing import Any
 
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.link import WorkerLink
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.channel import Channel, Doorbells, request_ring_slots, response_ring_slots
 from ringserve.workers.process.zygote import Zygote

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ringserve.service.device import gpu_indices
+from ringserve.service.models.device import gpu_indices
 from ringserve.workers.runtimes import nvml
 from ringserve.workers.spec import FAKE_GPU
 

@@ -10,11 +10,11 @@ import asyncio
 import signal
 from collections.abc import Callable
 
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.engine.link import WorkerLink
 from ringserve.service.pool.handle import WorkerHandle
 from ringserve.service.pool.watch import stop_all
-from ringserve.service.settings import Config
 from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.spec import ModelRef
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
 from ringserve.service.pool.forker import Forker
@@ -32,7 +33,6 @@ from ringserve.service.pool.roll import Rolls
 from ringserve.service.pool.roster import Roster
 from ringserve.service.pool.warmup import Warmups
 from ringserve.service.pool.watch import Watch
-from ringserve.service.settings import Config
 from ringserve.shm.segment import SegmentError
 from ringserve.workers.spec import ModelRef
 

@@ -11,8 +11,8 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 
+from ringserve.service.config.settings import Config
 from ringserve.service.pool.handle import WorkerHandle
-from ringserve.service.settings import Config
 
 RSS_EVERY_S = 0.5  # /proc reads for the RSS limit: a leak is slow, the heartbeat tick is not
 KILL_AFTER_S = 3.0  # TERM, then KILL when a stopping worker has not left by then

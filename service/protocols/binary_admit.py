@@ -15,8 +15,8 @@ from ringserve.service.engine.admission import STATUS_HTTP, Refusal
 from ringserve.service.engine.clients import Client
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
-from ringserve.service.model_info import ModelInfo
-from ringserve.service.models import ModelRequired, UnknownModel
+from ringserve.service.models.info import ModelInfo
+from ringserve.service.models.modelset import ModelRequired, UnknownModel
 from ringserve.service.protocols import prompts
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
 from ringserve.service.protocols.peers import KeyFailures

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import numpy as np
 from ringserve.service.engine.requests import Ask, Result
-from ringserve.service.model_info import ModelInfo
+from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import compact, tasks
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import (

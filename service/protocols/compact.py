@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from ringserve.service.model_info import ModelInfo
+from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols.http import HttpError
 
 CALIBRATED = ("int8", "uint8")  # need the artifact's calibration

@@ -21,9 +21,9 @@ import socket
 from collections.abc import Callable
 from typing import Protocol
 
+from ringserve.service.config.settings import Config
 from ringserve.service.logs import EventLog
 from ringserve.service.protocols.tls import Tls, TlsListener
-from ringserve.service.settings import Config
 
 
 class Listeners(Protocol):

@@ -28,11 +28,11 @@ from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 import httptools
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.clients import Client
 from ringserve.service.protocols.errors import error_body as shaped_error
 from ringserve.service.protocols.hosts import HostCheck
 from ringserve.service.protocols.peers import Seats, check_soon, peer_gone, peer_of
-from ringserve.service.settings import Config
 
 REASONS = {
     100: "Continue",

@@ -1,6 +1,6 @@
 """KServe v2 / Open Inference Protocol over HTTP, as Triton serves it, so tritonclient just works.
 
-Every loaded model by name, and by version under `/versions/{v}` (service/models.py finds it;
+Every loaded model by name, and by version under `/versions/{v}` (models/modelset.py finds it;
 the repository extension lists, loads and unloads them through `front.repository`). Each takes
 input `text` (BYTES, shape [N] or [N, 1]) and the
 optional `text_pair` (as many texts, for models that classify a pair), outputs
@@ -24,8 +24,8 @@ from urllib.parse import unquote
 import msgspec
 import numpy as np
 from ringserve.service.engine.requests import Ask, Options, Result
-from ringserve.service.model_info import ModelInfo
-from ringserve.service.models import READY, ModelSet
+from ringserve.service.models.info import ModelInfo
+from ringserve.service.models.modelset import READY, ModelSet
 from ringserve.service.ops.inference_stats import InferenceStats
 from ringserve.service.protocols import (
     admit,

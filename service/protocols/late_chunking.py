@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 from ringserve.service.engine.requests import Ask, Result
-from ringserve.service.model_info import ModelInfo
+from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.vocab import framing, tokenizer_for
 from ringserve.shm import layout as L

@@ -18,7 +18,7 @@ import json
 import numpy as np
 import orjson
 from ringserve.service.engine.requests import Ask, Result
-from ringserve.service.model_info import ModelInfo
+from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol

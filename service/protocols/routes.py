@@ -9,8 +9,8 @@ from urllib.parse import unquote
 
 import msgspec
 from ringserve.service.engine.requests import Ask, Result
-from ringserve.service.model_info import ModelInfo
-from ringserve.service.models import ModelRequired, UnknownModel
+from ringserve.service.models.info import ModelInfo
+from ringserve.service.models.modelset import ModelRequired, UnknownModel
 from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
@@ -89,7 +89,7 @@ def classify_result(labels: list[str], r: Result) -> ClassifyResult:
 
 
 def find_model(server: FrontView, name: str | None, version: int | str | None = None) -> ModelInfo:
-    """The loaded model a request names (service/models.py): 404 unknown, 400 when it names
+    """The loaded model a request names (service/models/modelset.py): 404 unknown, 400 when it names
     none while several are loaded."""
     try:
         return server.models.find(name, canonical(version))

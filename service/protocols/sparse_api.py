@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 from ringserve.service.engine.requests import Ask, Result
-from ringserve.service.model_info import ModelInfo
+from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import prompts
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import Router, inference, request_model

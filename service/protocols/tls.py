@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ringserve.service.config.settings import Config
 from ringserve.service.logs import EventLog
-from ringserve.service.settings import Config
 
 # What each listener offers in ALPN: HTTP/1.1 on the HTTP and operator ports (a client that
 # offers h2 too, as curl does, is answered http/1.1), h2 alone on the gRPC port (grpc clients

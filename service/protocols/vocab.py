@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from ringserve.service.model_info import ModelInfo
+from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.texts import require
 from ringserve.workers.artifact import ArtifactError, load_tokenizer

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from ringserve.service.device import gpu_indices, resolve_device
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
+from ringserve.service.models.device import gpu_indices, resolve_device
 from ringserve.service.pool.policy import DEVICE_RETRIES
 from ringserve.service.pool.supervisor import Supervisor
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.shm.segment import Segment, segment_name

@@ -32,11 +32,12 @@ def test_reload_hashes_the_artifact_off_the_loop_once_for_concurrent_asks(
     import asyncio
     import threading
 
-    from ringserve.service import lifecycle, repository
+    from ringserve.service import lifecycle
+    from ringserve.service.config.settings import Config
     from ringserve.service.logs import EventLog
-    from ringserve.service.model_info import ModelInfo
-    from ringserve.service.models import ModelSet
-    from ringserve.service.settings import Config
+    from ringserve.service.models import repository
+    from ringserve.service.models.info import ModelInfo
+    from ringserve.service.models.modelset import ModelSet
     from ringserve.workers.artifact import load_manifest
 
     threads: list[threading.Thread] = []

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ringserve.service.config.settings import Config
 from ringserve.service.pool.forker import Forker
-from ringserve.service.settings import Config
 from ringserve.workers.process.zygote import Zygote
 from ringserve.workers.spec import ModelRef
 

@@ -259,7 +259,7 @@ def test_default_workers_follow_a_real_cgroup_limit() -> None:
         (group / "cpu.cfs_quota_us").write_text("100000")
         code = (
             "import os, sys; open(sys.argv[1], 'w').write(str(os.getpid()));"
-            "from ringserve.service.settings import default_workers, _cpu_count;"
+            "from ringserve.service.config.settings import default_workers, _cpu_count;"
             "print(default_workers(), _cpu_count())"
         )
         out = subprocess.run(

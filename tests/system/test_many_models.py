@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from ringserve.service.settings import Config
+from ringserve.service.config.settings import Config
 from ringserve.wire.client import BinaryClient
 from ringserve.wire.frames import AnswerParser, encode_frame
 from ringserve.workers.artifact import load_manifest

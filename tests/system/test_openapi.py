@@ -23,8 +23,8 @@ import pytest
 import requests
 import schemathesis
 from openapi_spec_validator import validate
+from ringserve.service.config.settings import Config
 from ringserve.service.protocols import openapi, schemas
-from ringserve.service.settings import Config
 
 from devkit.openapi_checks import fuzz, summary
 from devkit.server import ServerProc, serving, wait_for

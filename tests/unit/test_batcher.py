@@ -67,7 +67,7 @@ def test_a_long_models_default_grid_goes_on_past_256() -> None:
     assert default_grid(8192) == grid and default_grid(512)[-3:] == (256, 384, 512)
     assert default_grid(514)[-2:] == (512, 514)  # the model's max length always ends it
     assert pad_grid((), False, 8192) == ()  # the CPU still pads a batch to its own longest
-    from ringserve.service.settings import GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS
+    from ringserve.service.config.settings import GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS
     from ringserve.workers.runtimes.cuda import MAX_GRAPHS, gpu_batch_limits, shape_sizes
 
     limits = gpu_batch_limits(grid, GPU_MAX_BATCH, GPU_MAX_BATCH_TOKENS)

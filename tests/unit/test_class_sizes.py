@@ -1,6 +1,6 @@
 """Issue 47's rule for the production code: no class over 220 lines in service/, workers/,
 shm/, wire/ and factory/. Generated protobuf modules (*_pb2.py) are not read. `Config`
-(service/settings.py) is a declarative field list, each setting declared once with its help
+(service/config/settings.py) is a declarative field list, each setting declared once with its help
 (the one description that makes the flags, the environment names, the config file's schema
 and the reference page): its fields are not counted, its methods are."""
 
@@ -12,7 +12,7 @@ from devkit.launcher import ROOT
 
 LIMIT = 220
 FOLDERS = ("service", "workers", "shm", "wire", "factory")
-FIELD_LISTS = {("service/settings.py", "Config")}  # declarative: only the methods count
+FIELD_LISTS = {("service/config/settings.py", "Config")}  # declarative: only the methods count
 
 
 def class_lines(path: str, node: ast.ClassDef) -> int:
@@ -49,4 +49,4 @@ def test_no_class_is_over_220_lines() -> None:
 def test_the_field_list_exception_counts_methods() -> None:
     """Config's methods are counted: the exception covers its fields only."""
     found = sizes()
-    assert 0 < found["service/settings.py:Config"] < LIMIT
+    assert 0 < found["service/config/settings.py:Config"] < LIMIT

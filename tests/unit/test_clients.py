@@ -17,17 +17,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.admission import Admission, Refusal
 from ringserve.service.engine.clients import Client, share_of
 from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.engine.requests import Ask
 from ringserve.service.logs import EventLog
-from ringserve.service.models import ModelSet
+from ringserve.service.models.modelset import ModelSet
 from ringserve.service.ports import Ports
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.binary import BinaryProtocol, BinaryServerState
 from ringserve.service.protocols.http import Exchange, HttpProtocol, HttpServerState
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.wire.frames import encode_frame
 

@@ -8,13 +8,13 @@ what they are asked to do; everything under test is the production code.
 
 from __future__ import annotations
 
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import BULK, Dispatcher, Result
 from ringserve.service.engine.requests import Ask
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import MAX_PIPELINE, Exchange, HttpProtocol, HttpServerState
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 
 from devkit.fakes import Calls, Clock, S, Transport

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import yaml
-from ringserve.service.settings import SETTINGS, markdown_table
+from ringserve.service.config.settings import SETTINGS, markdown_table
 
 from benchmarks import chart
 from devkit import docgen

@@ -107,7 +107,12 @@ def at(text: str, code: str = "") -> list[drift.Line]:
         ("see `rpc/h2.py`", "", "file", "rpc/h2.py"),
         ("`DESIGN.md` says", "", "file", "DESIGN.md"),
         ("`service.corpus.Corpus`", "", "module path", "service.corpus.Corpus"),
-        ("`ringserve.service.settings.NOPE`", "", "module path", "ringserve.service.settings"),
+        (
+            "`ringserve.service.config.settings.NOPE`",
+            "",
+            "module path",
+            "ringserve.service.config.settings",
+        ),
         ("max_queue_size = 3", "toml", "config key", "max_queue_size"),
     ],
 )

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ringserve.service.engine.requests import Group, Result
-from ringserve.service.models import READY, UNLOADING, Entry, ModelSet, UnknownModel
+from ringserve.service.models.modelset import READY, UNLOADING, Entry, ModelSet, UnknownModel
 from ringserve.service.ops.inference_stats import InferenceStats
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.http import HttpError
@@ -96,11 +96,11 @@ def test_one_texts_scores_are_the_stacked_row(joined: bool) -> None:
 GRPC_CHECK = """
 from types import SimpleNamespace
 
-from ringserve.service.models import ModelSet
+from ringserve.service.models.modelset import ModelSet
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
-from ringserve.service.settings import Config
+from ringserve.service.config.settings import Config
 
 manifest = SimpleNamespace(task=["classify"], labels=["negative", "positive"], embeds=False,
                            embed_only=False, normalize=False, dimension=0, multivector={},

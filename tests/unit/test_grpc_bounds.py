@@ -13,13 +13,13 @@ import struct
 from collections.abc import Iterator
 
 import pytest
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.engine.requests import Ask, Group
 from ringserve.service.protocols.rpc import http2 as h2
 from ringserve.service.protocols.rpc.http2.codec import KEPT_BYTES, HeaderDecoder, kept_cost
 from ringserve.service.protocols.rpc.limits import ConnectionLimits
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 
 from devkit.h2wire import Client, Echo, Wire

@@ -13,12 +13,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.tenants import KeyRing
 from ringserve.service.protocols.auth import guard_http
 from ringserve.service.protocols.hosts import HostCheck, split_authority
 from ringserve.service.protocols.http import CONTINUE, Exchange, HttpProtocol, HttpServerState
 from ringserve.service.protocols.peers import TCP_CLOSE, KeyFailures, Seats, peer_of
-from ringserve.service.settings import Config
 
 from devkit.fakes import Clock, S, Transport
 

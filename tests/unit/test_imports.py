@@ -248,7 +248,7 @@ PLANTED_OK: Graph = {
 PLANTED: dict[str, tuple[str, tuple[str, bool]]] = {
     "app": ("ringserve.service.protocols.routes", (APP, False)),
     "lower": ("ringserve.workers.process.worker", ("ringserve.service.logs", False)),
-    "wire": ("ringserve.wire.client", ("ringserve.service.settings", True)),
+    "wire": ("ringserve.wire.client", ("ringserve.service.config.settings", True)),
     "factory": ("ringserve.workers.process.worker", ("ringserve.factory.model", True)),
     "engine": ("ringserve.service.engine.routing", ("ringserve.service.pool.handle", False)),
     "scaffolding": ("ringserve.service.offline.batch", ("devkit.launch", False)),

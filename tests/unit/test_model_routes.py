@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.cache import AnswerCache
 from ringserve.service.engine.dispatcher import Result
-from ringserve.service.models import UNLOADING, Entry, ModelSet
+from ringserve.service.models.modelset import UNLOADING, Entry, ModelSet
 from ringserve.service.protocols import kserve, tasks
 from ringserve.service.protocols.http import HttpProtocol, HttpServerState
 from ringserve.service.protocols.routes import Router, v1_routes
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 
 from devkit.fakes import Transport

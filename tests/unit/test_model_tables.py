@@ -1,5 +1,5 @@
 """A config file's [models.NAME] settings that change how a model serves its artifact
-(service/model_info.py table_manifest, workers/artifact.py as_served): read from the file, then
+(service/models/info.py table_manifest, workers/artifact.py as_served): read from the file, then
 checked against the artifact's manifest, a refusal naming the table, the key and its line."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
-from ringserve.service.config_file import ConfigError, resolve, show
+from ringserve.service.config.file import ConfigError, resolve, show
+from ringserve.service.config.settings import Config, ModelTableError
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.engine.tenants import BULK, INTERACTIVE, Tenant
-from ringserve.service.model_info import table_manifest
+from ringserve.service.models.info import table_manifest
 from ringserve.service.protocols.prompts import default_prompt_name
-from ringserve.service.settings import Config, ModelTableError
 from ringserve.workers.artifact import Manifest
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}

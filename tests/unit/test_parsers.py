@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
-from ringserve.service.models import UNLOADING, Entry, ModelSet
+from ringserve.service.models.modelset import UNLOADING, Entry, ModelSet
 from ringserve.service.protocols.binary import BinaryProtocol, BinaryServerState
 from ringserve.service.protocols.http import Exchange, HttpProtocol, HttpServerState
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.wire.frames import LENGTH, AnswerParser, encode_frame, model_frame
 
@@ -398,7 +398,7 @@ def test_model_frames_random_chunks(model_reference: Any, data: Any) -> None:
 
 
 def test_a_model_unloaded_since_its_selection_answers_5() -> None:
-    """Selected, then unloading (service/models.py: find() stops returning it): the frames
+    """Selected, then unloading (service/models/modelset.py: find() stops returning it): the frames
     after answer status 5 at once; with one model no selection is needed."""
     dispatcher = Dispatcher()
     host = binary_host(dispatcher, EMBED)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ringserve.service.precision import CPUINFO_ENV, auto_precision, cpu_flags, cpu_refusal
-from ringserve.service.settings import parse_precision
+from ringserve.service.config.settings import parse_precision
+from ringserve.service.models.precision import CPUINFO_ENV, auto_precision, cpu_flags, cpu_refusal
 from ringserve.workers.runtimes.checked import margins
 
 # the default model's published cost on the day the rule was written (manifest.int8)
@@ -106,7 +106,7 @@ def test_each_bound_alone_refuses_bf16() -> None:
 
 
 def test_the_start_line_says_bf16s_published_cost() -> None:
-    from ringserve.service.model_info import bf16_note
+    from ringserve.service.models.info import bf16_note
 
     assert bf16_note("fp32", BF16) == ""  # --runtime openvino at fp32: no cost to state
     assert bf16_note("bf16", BF16) == (

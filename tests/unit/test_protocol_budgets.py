@@ -12,9 +12,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Result
-from ringserve.service.models import ModelSet
+from ringserve.service.models.modelset import ModelSet
 from ringserve.service.protocols import http as http_module
 from ringserve.service.protocols.binary import (
     FRAMES_PER_TURN,
@@ -24,7 +25,6 @@ from ringserve.service.protocols.binary import (
     BinaryServerState,
 )
 from ringserve.service.protocols.http import Exchange, HttpProtocol, HttpServerState
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.wire.frames import AnswerParser, encode_frame
 

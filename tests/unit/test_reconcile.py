@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from ringserve.service.config.settings import Config
 from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.pool.policy import CRASH_LIMIT, STABLE_S
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.service.pool.watch import BOOT_TIMEOUT_S, KILL_AFTER_S
-from ringserve.service.settings import Config
 from ringserve.shm import layout as L
 from ringserve.shm.doorbell import EventFd
 from ringserve.shm.segment import SegmentError

@@ -9,11 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from ringserve.service.model_info import ModelInfo, artifact_versions, scan_repository
-from ringserve.service.models import LOADING, READY, UNLOADING, ModelSet, UnknownModel
-from ringserve.service.offline.batch import batch_model_dir
-from ringserve.service.repository import memory_refusal, per_worker_estimate, weights_bytes
-from ringserve.service.settings import (
+from ringserve.service.config.settings import (
     Config,
     add_arguments,
     cgroup_memory_limit,
@@ -22,6 +18,10 @@ from ringserve.service.settings import (
     parse_bytes,
     split_models,
 )
+from ringserve.service.models.info import ModelInfo, artifact_versions, scan_repository
+from ringserve.service.models.modelset import LOADING, READY, UNLOADING, ModelSet, UnknownModel
+from ringserve.service.models.repository import memory_refusal, per_worker_estimate, weights_bytes
+from ringserve.service.offline.batch import batch_model_dir
 from ringserve.workers.artifact import ArtifactError, Manifest
 
 

@@ -1,4 +1,4 @@
-"""service/settings.py: every option declared once, read from the command line, the
+"""service/config/settings.py: every option declared once, read from the command line, the
 environment (RINGSERVE_<NAME>) or its default, and the machine facts the defaults follow."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from ringserve.service.config_file import ConfigError, resolve, show
-from ringserve.service.settings import (
+from ringserve.service.config.file import ConfigError, resolve, show
+from ringserve.service.config.settings import (
     MODEL_SETTINGS,
     SETTINGS,
     Config,
@@ -134,7 +134,7 @@ def test_lanes_asked_for_are_kept_or_refused_with_the_reason() -> None:
     assert Config(lanes=1, threads=4).resolve_lanes("cpu", ["onnx"], cores=2) == "as --lanes asks"
 
 
-# -- the config file (service/config_file.py) ------------------------------------------------------
+# -- the config file (service/config/file.py) ------------------------------------------------------
 FILE = """# a server of two models
 port = 9000
 max_batch = 8

@@ -91,7 +91,7 @@ def test_kserve_outputs_are_the_terms_one_text_after_another() -> None:
 
 
 def test_auto_precision_reads_a_sparse_models_published_cost() -> None:
-    from ringserve.service.precision import auto_precision
+    from ringserve.service.models.precision import auto_precision
 
     cost = {"texts": 512, "rank_overlap_at_10": 0.995, "term_overlap_at_32": 0.98}
     chosen, why = auto_precision(cost | {"speedup": 1.8}, True)

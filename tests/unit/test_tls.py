@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ringserve.service.config.settings import Config
 from ringserve.service.protocols.tls import ALPN, TlsError, load_tls
-from ringserve.service.settings import Config
 
 from devkit.tls import Pki, make_pki
 

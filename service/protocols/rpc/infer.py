@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringserve.service.engine.requests import Ask, Result
-from ringserve.service.model_info import ModelInfo
+from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import kserve, multivector, token_classify
 from ringserve.service.protocols.admit import asked_priority
 from ringserve.service.protocols.http import HttpError

@@ -9,9 +9,9 @@ back (docs/design.md, "gRPC", "Bounds")."""
 
 from __future__ import annotations
 
+from ringserve.service.config.settings import Config
 from ringserve.service.protocols.rpc import http2 as h2
 from ringserve.service.protocols.rpc.http2 import Connection
-from ringserve.service.settings import Config
 
 
 class Seen:

@@ -14,7 +14,7 @@ from ringserve.service.engine.admission import failure, first_failure
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.requests import Group
 from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
-from ringserve.service.models import READY
+from ringserve.service.models.modelset import READY
 from ringserve.service.protocols import kserve
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.rpc import infer

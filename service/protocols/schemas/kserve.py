@@ -270,7 +270,7 @@ class RepositoryRow(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fie
     """A (name, version) of the repository, loaded or not (POST /v2/repository/index)."""
 
     name: str
-    state: Literal["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]  # service/models.py
+    state: Literal["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]  # service/models/modelset.py
     version: str | UnsetType = UNSET
     reason: str | UnsetType = UNSET
 

@@ -110,7 +110,7 @@ class NamedModelCard(ModelCard, kw_only=True):
 
 
 class ModelRow(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
-    """One model the server holds, in any state (service/models.py)."""
+    """One model the server holds, in any state (service/models/modelset.py)."""
 
     name: str
     version: str

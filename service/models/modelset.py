@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ringserve.service.model_info import ModelInfo
+from ringserve.service.models.info import ModelInfo
 
 # A model's states, as the KServe repository index and `ctl models` name them.
 LOADING = "LOADING"  # verified, its workers are being rolled onto it: not routable yet

@@ -1,6 +1,6 @@
 """SIGHUP (and `ctl reload`) with --config: the file's [models.NAME] tables read again and the
 models they name brought into line, through the repository's own load and unload (each a
-rolling restart of the pool that drops nothing, service/repository.py).
+rolling restart of the pool that drops nothing, service/models/repository.py).
 
 A table added is loaded; a table removed is unloaded (what was admitted for it is answered
 first); a table changed (its path, version or per-model settings) is swapped in place when its
@@ -15,11 +15,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringserve.service import config_file
+from ringserve.service.config import file as config_file
+from ringserve.service.config.settings import ModelTableError
 from ringserve.service.logs import EventLog
-from ringserve.service.model_info import Wanted, artifact_versions, describe
-from ringserve.service.repository import Repository, shape, verify
-from ringserve.service.settings import ModelTableError
+from ringserve.service.models.info import Wanted, artifact_versions, describe
+from ringserve.service.models.repository import Repository, shape, verify
 from ringserve.workers.artifact import ArtifactError
 
 Table = tuple[str, dict[str, Any]]  # (path, per-model settings)

@@ -24,10 +24,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ringserve.service import models as M
+from ringserve.service.config.settings import Config, ModelTableError
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
-from ringserve.service.model_info import (
+from ringserve.service.models import modelset as M
+from ringserve.service.models.info import (
     Candidate,
     ModelInfo,
     Wanted,
@@ -36,7 +37,6 @@ from ringserve.service.model_info import (
 )
 from ringserve.service.pool.handle import pid_rss
 from ringserve.service.pool.supervisor import Supervisor
-from ringserve.service.settings import Config, ModelTableError
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.workers.artifact import ArtifactError, Manifest, load_manifest, load_tokenizer
@@ -264,7 +264,7 @@ class Repository:
     ) -> Error | None:
         """Stop serving `name` (every version, but `keep`): new requests for it get 404 at
         once, what was admitted is answered, then the pool rolls onto the others (its memory is
-        freed). `by_file`: a config file's table went (service/config_reload.py)."""
+        freed). `by_file`: a config file's table went (service/config/reload.py)."""
         if self.settings.model_control != "explicit" and not by_file:
             return 400, "models load and unload on request only with --model-control explicit"
         if self.front.draining:

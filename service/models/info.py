@@ -1,7 +1,7 @@
 """The model facts every protocol reads, as one frozen value: the artifact's manifest and where
 it lies, the device, runtime and fp32 graph it serves on, and the length grids. Resolved once
 at start (`resolve_models`: every model --model and --model-repository name) or by a load
-(service/repository.py); a reload swaps in a new value, never edits this one. Here too: what a
+(models/repository.py); a reload swaps in a new value, never edits this one. Here too: what a
 model directory holds (an artifact, or numbered versions) and a repository's scan."""
 
 from __future__ import annotations
@@ -13,11 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from ringserve.factory.build import default_in_child
-from ringserve.service.device import resolve_device
+from ringserve.service.config.settings import (
+    PER_MODEL_MANIFEST,
+    PER_MODEL_SERVED,
+    Config,
+    ModelTableError,
+)
 from ringserve.service.engine.tenants import INTERACTIVE, PRIORITIES
 from ringserve.service.logs import EventLog
-from ringserve.service.precision import BF16_FLAGS, auto_precision, cpu_flags, cpu_refusal
-from ringserve.service.settings import PER_MODEL_MANIFEST, PER_MODEL_SERVED, Config, ModelTableError
+from ringserve.service.models.device import resolve_device
+from ringserve.service.models.precision import BF16_FLAGS, auto_precision, cpu_flags, cpu_refusal
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
@@ -361,7 +366,7 @@ def pick_precision(
 ) -> str:
     """Resolve --precision auto once, on the first model (one setting serves them all, as
     --graph auto: the others say "as for" it), from int8's and bf16's published costs
-    (service/precision.py); refuse a precision this CPU cannot run. Returns why auto chose what
+    (models/precision.py); refuse a precision this CPU cannot run. Returns why auto chose what
     it did ("" without auto)."""
     s = settings
     if s.precision == "auto":

@@ -1,5 +1,5 @@
 """`ringserve serve --config FILE`: a TOML file of settings (read with tomllib), checked whole
-against service/settings.py's SETTINGS and MODEL_SETTINGS before anything starts, and layered
+against service/config/settings.py's SETTINGS and MODEL_SETTINGS before anything starts, and layered
 under the environment and the command line (`resolve`).
 
 Precedence, highest first: a flag on the command line, its RINGSERVE_* variable, the file, the
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ringserve.service import settings as S
+from ringserve.service.config import settings as S
 
 _KEY_LINE = re.compile(r"\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_.-]+)\s*=")
 _TABLE_LINE = re.compile(r"\s*\[\s*([^\]]+?)\s*\]")
