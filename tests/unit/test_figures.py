@@ -1,10 +1,13 @@
 """Figures come from results files: the pictures and the machines page are what
-benchmarks/pictures.py writes from them now, and every results file has its machine (or says it
-has none)."""
+benchmarks/pictures.py writes from them now, every results file has its machine (or says it has
+none), and every table of figures in README.md and docs/ names an existing results file."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from benchmarks import machines, pictures
+from devkit import figures
 
 
 def test_pictures_and_machines_page_are_current() -> None:
@@ -24,3 +27,20 @@ def test_machines_are_read_from_each_way_a_file_records_one() -> None:
     assert machines.label(results / "shedding-20261205T2005Z.txt") == "AMD EPYC (AVX2)"
     assert machines.label(results / "chaos-20261205T1309Z.txt") == machines.NOT_RECORDED
     assert machines.date_of(results / "runtimes-2026-12-05T1343.txt") == "2026-12-05"
+
+
+def test_every_table_of_figures_names_its_results_file() -> None:
+    found = figures.findings()
+    assert found == [], "\n".join(["name the results file beside each table:", *found])
+
+
+def test_a_table_without_its_results_file_is_found(tmp_path: Path) -> None:
+    cited, uncited = "serving-20261204T1950Z.txt", "serving-20991231T0000Z.txt"
+    table = "| c | texts/s |\n| --- | --- |\n| 32 | 550.0 |\n"
+    page = tmp_path / "page.md"
+    page.write_text(f"# A\n\nFrom `benchmarks/results/{cited}`:\n\n{table}", encoding="utf-8")
+    assert figures.uncited(page, tmp_path) == []
+    page.write_text(f"# A\n\nFrom `benchmarks/results/{uncited}`:\n\n{table}", encoding="utf-8")
+    assert len(figures.uncited(page, tmp_path)) == 1
+    page.write_text(f"# A\n\n<!-- not-measured: a table of limits -->\n{table}", encoding="utf-8")
+    assert figures.uncited(page, tmp_path) == []
