@@ -4,9 +4,11 @@ A table of figures is a markdown table whose header names a measure (texts/s, re
 ms, goodput, agreement, MiB, ...) or whose cells hold a fraction with its unit (12.3 ms, 1.5x).
 Its citation is a results file's name (`benchmarks/results/NAME`, or NAME alone) in the lines
 just before it (back to its heading or the table before it) or in the few lines after it, and
-the file must exist. The date and the machine are read from the file (benchmarks/machines.py)
-and are on the machines page; a table that is not a measurement (a table of defaults, of
-limits) carries `<!-- not-measured: REASON -->` on one of the two lines above it.
+the file must exist; the table's section names that file's date and machine as
+benchmarks/machines.py reads them from the file (`2026-12-05`, `AMD EPYC (AVX2)`, or `machine
+not recorded in the file`), as the machines page lists them. A table that is not a measurement
+(a table of defaults, of limits) carries `<!-- not-measured: REASON -->` on one of the two lines
+above it.
 
     python -m devkit.figures     # each table without a citation, as FILE:LINE
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+
+from benchmarks import machines
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -54,6 +58,13 @@ def tables(lines: list[str]) -> list[tuple[int, int]]:
     return out
 
 
+def named_whole(name: str, text: str) -> bool:
+    """Whether `text` names the results file's date and its machine (as the machines page does)."""
+    flat = " ".join(text.split())
+    path = RESULTS / name
+    return machines.date_of(path) in flat and machines.label(path) in flat
+
+
 def cited(text: str) -> list[str]:
     """The results files `text` names that exist."""
     return [name for name in CITE.findall(text) if (RESULTS / name).is_file()]
@@ -75,8 +86,18 @@ def uncited(path: Path, root: Path = ROOT) -> list[str]:
         context = lines[before + 1 : first] + lines[last + 1 : last + 1 + AFTER]
         if any(NOT_MEASURED in line for line in lines[max(first - 2, 0) : first]):
             continue
-        if not cited("\n".join(context)):
+        files = cited("\n".join(context))
+        if not files:
             out.append(f"{where}:{first + 1}: a table of figures names no results file")
+            continue
+        heading = first - 1
+        while heading >= 0 and not lines[heading].startswith("#"):
+            heading -= 1
+        section = "\n".join(lines[heading + 1 : first] + lines[last + 1 : last + 1 + AFTER])
+        if not any(named_whole(name, section) for name in files):
+            name = files[0]
+            said = f"{machines.date_of(RESULTS / name)}, {machines.label(RESULTS / name)}"
+            out.append(f"{where}:{first + 1}: name the date and machine of {name} ({said})")
     return out
 
 

@@ -34,13 +34,17 @@ def test_every_table_of_figures_names_its_results_file() -> None:
     assert found == [], "\n".join(["name the results file beside each table:", *found])
 
 
-def test_a_table_without_its_results_file_is_found(tmp_path: Path) -> None:
-    cited, uncited = "serving-20261204T1950Z.txt", "serving-20991231T0000Z.txt"
+def test_a_table_without_its_results_file_date_or_machine_is_found(tmp_path: Path) -> None:
+    cited, absent = "serving-20261204T1950Z.txt", "serving-20991231T0000Z.txt"
+    whole = "(2026-12-04, AMD EPYC (AVX-512))"
     table = "| c | texts/s |\n| --- | --- |\n| 32 | 550.0 |\n"
     page = tmp_path / "page.md"
-    page.write_text(f"# A\n\nFrom `benchmarks/results/{cited}`:\n\n{table}", encoding="utf-8")
-    assert figures.uncited(page, tmp_path) == []
-    page.write_text(f"# A\n\nFrom `benchmarks/results/{uncited}`:\n\n{table}", encoding="utf-8")
-    assert len(figures.uncited(page, tmp_path)) == 1
-    page.write_text(f"# A\n\n<!-- not-measured: a table of limits -->\n{table}", encoding="utf-8")
-    assert figures.uncited(page, tmp_path) == []
+
+    def found(intro: str) -> list[str]:
+        page.write_text(f"# A\n\n{intro}\n\n{table}", encoding="utf-8")
+        return figures.uncited(page, tmp_path)
+
+    assert found(f"From `benchmarks/results/{cited}` {whole}:") == []
+    assert "names no results file" in found(f"From `benchmarks/results/{absent}` {whole}:")[0]
+    assert "date and machine" in found(f"From `benchmarks/results/{cited}` (2026-12-04):")[0]
+    assert found("<!-- not-measured: a table of limits -->") == []
