@@ -187,14 +187,14 @@ def chaos_svg(path: Path = CHAOS) -> str:
         svg.text(x + w / 2, p.y(p99) - 4, f"P99 {p99:g}", "middle", font_size="10")
         svg.text(x + w / 2, p.y0 + p.h + 30, f"{n} requests", "middle", font_size="10")
         svg.text(x + w / 2, p.y0 + p.h + 42, f"{bad} failed", "middle", font_size="10")
-    for t in range(0, int(span) + 1, 10):
-        svg.text(p.x(t), p.y0 + p.h + 16, f"{t} s", "middle")
-    for i, (t, what) in enumerate(events):
+    for second in range(0, int(span) + 1, 10):
+        svg.text(p.x(second), p.y0 + p.h + 16, f"{second} s", "middle")
+    for i, (at, what) in enumerate(events):
         color = RED if "SIGKILL" in what else ORANGE if "SIG" in what else GREY
         y = 62 + (i % 4) * 18
-        svg.line(p.x(t), y + 4, p.x(t), p.y0 + p.h, color, stroke_dasharray="2 2")
+        svg.line(p.x(at), y + 4, p.x(at), p.y0 + p.h, color, stroke_dasharray="2 2")
         short = re.sub(r" \d+(?=:|$)| \d+ ", " ", what).split(":")[0].strip()
-        svg.text(p.x(t) + 3, y, short, font_size="10", fill=color)
+        svg.text(p.x(at) + 3, y, short, font_size="10", fill=color)
     legend = [("#1d3f73", "P50"), (BLUE, "P99"), ("#d9e3f2", "slowest answer")]
     for j, (color, name) in enumerate(legend):
         svg.rect(70 + j * 130, 396, 12, 12, color)
