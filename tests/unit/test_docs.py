@@ -51,7 +51,7 @@ def test_readme_commands_exist() -> None:
 
 def test_readme_is_short() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= 300, len(lines)
+    assert len(lines) <= 250, len(lines)
 
 
 def test_readme_headline_table_and_chart_come_from_the_results_file() -> None:
