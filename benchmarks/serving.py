@@ -58,7 +58,7 @@ from typing import Any
 
 import psutil
 from ringserve.service.config.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
-from ringserve.service.models.precision import BF16_FLAGS, cpu_flags
+from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
 from ringserve.workers.process.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
 
 from benchmarks.int8_frontier import table
@@ -79,7 +79,7 @@ RUNTIMES = [
     ("openvino", "bf16", ""),
 ]
 CONFIG_NAMES = ("default", "other", "torch", "int8", "bf16")  # --configs, in RUNTIMES' order
-# bf16 is served on a CPU with one of these (service/models/precision.py BF16_FLAGS), else refused
+# bf16 is served on a CPU with one of these (workers/cpu.py BF16_FLAGS), else refused
 CPU_BF16 = bool(cpu_flags() & set(BF16_FLAGS))
 LEVELS = [1, 32, 64]
 # Batch limits the ceiling tries: (rows, padded tokens).

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ringserve.service.config.settings import parse_precision
-from ringserve.service.models.precision import CPUINFO_ENV, auto_precision, cpu_flags, cpu_refusal
+from ringserve.service.models.precision import auto_precision, cpu_refusal
+from ringserve.workers.cpu import CPUINFO_ENV, cpu_flags
 from ringserve.workers.runtimes.checked import margins
 
 # the default model's published cost on the day the rule was written (manifest.int8)
