@@ -28,7 +28,8 @@ import torch
 from ringserve.service.config.settings import Config
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
-from ringserve.service.models.device import gpu_indices, resolve_device
+from ringserve.service.models.device import resolve_device
+from ringserve.service.pool.placement import gpu_indices
 from ringserve.service.pool.policy import DEVICE_RETRIES
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.shm import layout as L
