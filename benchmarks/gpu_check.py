@@ -282,14 +282,14 @@ def check_env(table: Table, device: str) -> bool:
 # -- in-process runner checks ----------------------------------------------------------------------
 def tokenize(model_dir: str, texts: list[str]) -> list[Any]:
     from ringserve.workers.artifact import load_tokenizer
-    from ringserve.workers.process.batcher import Item
+    from ringserve.workers.batches import Item
 
     tok = load_tokenizer(model_dir, max(GRID))
     return [Item(i, 0, 0, e.ids) for i, e in enumerate(tok.encode_batch(texts))]
 
 
 def synthetic(length: int, n: int) -> list[Any]:
-    from ringserve.workers.process.batcher import Item
+    from ringserve.workers.batches import Item
 
     body = [[2000 + (i * 31 + k * 7) % 20000 for k in range(length - 2)] for i in range(n)]
     return [Item(i, 0, 0, [101, *ids, 102]) for i, ids in enumerate(body)]

@@ -36,7 +36,8 @@ from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.shm.segment import Segment, segment_name
 from ringserve.workers.artifact import load_model, load_tokenizer
-from ringserve.workers.process.batcher import Item, batch_limits, bucket_index
+from ringserve.workers.batches import Item
+from ringserve.workers.process.batcher import batch_limits, bucket_index
 from ringserve.workers.runtimes import nvml
 from ringserve.workers.runtimes.cpu import CpuRunner
 from ringserve.workers.runtimes.cuda import (

@@ -23,7 +23,7 @@ from ringserve.workers.artifact import (
     load_tokenizer,
     reference_logits,
 )
-from ringserve.workers.process.batcher import Item
+from ringserve.workers.batches import Item
 from ringserve.workers.runtimes import graphpick
 from ringserve.workers.runtimes.cpu import CpuRunner, OrtRunner, softmax
 from ringserve.workers.runtimes.onnx_model import choose_runtime, open_session

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from ringserve.shm import layout as L
+from ringserve.workers.batches import BATCH_OVERHEAD_TOKENS, Item, row_limit
 from ringserve.workers.events import EventLog
-from ringserve.workers.process.batcher import BATCH_OVERHEAD_TOKENS, Item, row_limit
 from ringserve.workers.runtimes.cpu import CpuRunner, Runner, fill_rows, softmax
 from ringserve.workers.spec import FAKE_GPU, is_gpu_device
 from ringserve.workers.testhooks import HOOKS
