@@ -251,7 +251,8 @@ def folders_of(g: Graph) -> set[str]:
 def sibling_ties(g: Graph) -> set[tuple[str, str]]:
     """Two sibling folders under the rooms that import each other, every import counted (a
     module beside a folder counts with it: service/views.py beside service/protocols/); each
-    pair in name order. Two modules of one folder are the cycle test's, not this rule's."""
+    pair in name order. Two modules of one folder are not this rule's (service/'s are the cycle
+    test's)."""
     folders = folders_of(g)
     crossed = {
         pair
