@@ -3,8 +3,7 @@
 A batch of n texts padded to L tokens takes about a + b * n * L seconds on one pinned thread:
 `a` is the per-call cost (the runtime's set-up, the classifier, Python), `b` the cost of one
 token. The batcher weighs padding against that fixed cost, so it needs a / b, in tokens: the
-figures in workers/process/batcher.py (BATCH_OVERHEAD) come from this
-script. It times every shape of a
+figures in workers/batches.py (BATCH_OVERHEAD) come from this script. It times every shape of a
 grid inside the range batches are formed in (n * L up to the default token budget), fits a and b
 by least squares, and prints them with the worst relative error of the fit.
 
@@ -31,7 +30,7 @@ ROWS = (1, 2, 4, 8, 16, 32)
 
 def time_shape(runner: Any, rows: int, length: int, seconds: float) -> float:
     """Median seconds of one forward pass over `rows` texts of `length` tokens."""
-    from ringserve.workers.process.batcher import Item
+    from ringserve.workers.batches import Item
 
     ids = [101, *(2000 + k % 50 for k in range(length - 2)), 102]
     runner.fill(length, [Item(0, 0, 0, ids) for _ in range(rows)])

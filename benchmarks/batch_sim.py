@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringserve.service.config.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
-from ringserve.workers.process.batcher import BATCH_OVERHEAD, Batcher, Item
+from ringserve.workers.batches import BATCH_OVERHEAD, Item
+from ringserve.workers.process.batcher import Batcher
 
 from benchmarks.serving import LIMITS, MIXES, plan
 from devkit.launcher import load_texts

@@ -282,14 +282,14 @@ def check_env(table: Table, device: str) -> bool:
 # -- in-process runner checks ----------------------------------------------------------------------
 def tokenize(model_dir: str, texts: list[str]) -> list[Any]:
     from ringserve.workers.artifact import load_tokenizer
-    from ringserve.workers.process.batcher import Item
+    from ringserve.workers.batches import Item
 
     tok = load_tokenizer(model_dir, max(GRID))
     return [Item(i, 0, 0, e.ids) for i, e in enumerate(tok.encode_batch(texts))]
 
 
 def synthetic(length: int, n: int) -> list[Any]:
-    from ringserve.workers.process.batcher import Item
+    from ringserve.workers.batches import Item
 
     body = [[2000 + (i * 31 + k * 7) % 20000 for k in range(length - 2)] for i in range(n)]
     return [Item(i, 0, 0, [101, *ids, 102]) for i, ids in enumerate(body)]
@@ -336,16 +336,17 @@ def check_graphs(args: argparse.Namespace, table: Table, model: Any, items: list
 
     runner = new_runner(args, model, GRID, "fp32")
     runner.warm()
-    n, want = len(runner.graphs), runner.expected_graphs
+    graphs = runner.graphs
+    n, want = len(graphs), graphs.expected
     fake = not runner.on_cuda
-    ok = None if fake else (n == want > 0 and not runner.capture_error)
-    note = runner.capture_error or f"{want} expected" + (" (fake GPU: none)" if fake else "")
+    ok = None if fake else (n == want > 0 and not graphs.error)
+    note = graphs.error or f"{want} expected" + (" (fake GPU: none)" if fake else "")
     table.set("graphs", "captured as expected", n, note, ok=ok)
-    mib = runner.graph_bytes() / 2**20
+    mib = graphs.held_bytes() / 2**20
     table.set("graphs", "graph memory (shared pool)", f"{mib:.1f} MiB", "measured after capture",
-              ok=None if fake else runner.graph_bytes() > 0)  # fmt: skip
-    table.set("graphs", "capture time", f"{runner.capture_s:.2f}s", f"{n} graphs")
-    table.data["graph_stats"] = runner.graph_stats
+              ok=None if fake else graphs.held_bytes() > 0)  # fmt: skip
+    table.set("graphs", "capture time", f"{graphs.seconds:.2f}s", f"{n} graphs")
+    table.data["graph_stats"] = graphs.stats
     for length, check in ((16, "16 tokens x 1"), (64, "64 tokens x all rows"),
                           (256, "256 tokens x all rows")):  # fmt: skip
         rows = 1 if length == 16 else runner.limits[GRID.index(length)]

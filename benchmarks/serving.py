@@ -58,8 +58,9 @@ from typing import Any
 
 import psutil
 from ringserve.service.config.settings import CPU_MAX_BATCH, CPU_MAX_BATCH_TOKENS
-from ringserve.service.models.precision import BF16_FLAGS, cpu_flags
-from ringserve.workers.process.batcher import BATCH_OVERHEAD, cheapest_split, row_limit, runs
+from ringserve.workers.batches import BATCH_OVERHEAD, row_limit
+from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
+from ringserve.workers.process.batcher import cheapest_split, runs
 
 from benchmarks.int8_frontier import table
 from benchmarks.memory import tree_pss
@@ -79,7 +80,7 @@ RUNTIMES = [
     ("openvino", "bf16", ""),
 ]
 CONFIG_NAMES = ("default", "other", "torch", "int8", "bf16")  # --configs, in RUNTIMES' order
-# bf16 is served on a CPU with one of these (service/models/precision.py BF16_FLAGS), else refused
+# bf16 is served on a CPU with one of these (workers/cpu.py BF16_FLAGS), else refused
 CPU_BF16 = bool(cpu_flags() & set(BF16_FLAGS))
 LEVELS = [1, 32, 64]
 # Batch limits the ceiling tries: (rows, padded tokens).
@@ -90,7 +91,7 @@ Batch = list[list[int]]  # token ids of each text
 # -- the ceiling: pinned processes running planned batches -----------------------------------------
 def _ceiling_loop(conn: Any, cpu: int) -> None:
     os.sched_setaffinity(0, [cpu])
-    from ringserve.workers.process.batcher import Item
+    from ringserve.workers.batches import Item
 
     runner: Any = None
     while True:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from ringserve.workers.process.batcher import BATCH_OVERHEAD
+from ringserve.workers.batches import BATCH_OVERHEAD
 
 from benchmarks.serving import CeilingPool, best_plan, stop_group, tree_cpu_s, wait_health
 from devkit.http import http_message, http_request

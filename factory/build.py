@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from ringserve.service.models.precision import BF16_FLAGS, cpu_flags
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
     OTHER_FILES,
@@ -38,6 +37,7 @@ from ringserve.workers.artifact import (
     open_tokenizer,
     quiet_torchscript,
 )
+from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
 
 if TYPE_CHECKING:
     import torch

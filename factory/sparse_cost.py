@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from ringserve.factory import int8
 from ringserve.factory import onnx as ox
-from ringserve.service.models.precision import BF16_FLAGS, cpu_flags
 from ringserve.workers.artifact import open_tokenizer
+from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
 
 QUERIES = 64  # the publication split's first rows are the queries ...
 DOCUMENTS = 448  # ... the rows after them the documents every query ranks

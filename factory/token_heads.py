@@ -296,7 +296,7 @@ def bf16_cost(plain: Path, tokenizer: Any, manifest: dict[str, Any]) -> dict[str
     where this CPU has bf16; {} otherwise or when OpenVINO cannot compile the graph."""
     from ringserve.factory import int8
     from ringserve.factory import onnx as ox
-    from ringserve.service.models.precision import BF16_FLAGS, cpu_flags
+    from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
 
     if not cpu_flags() & set(BF16_FLAGS):
         return {}

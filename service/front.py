@@ -97,7 +97,7 @@ class Front:
 
 
 class MetricsHost:
-    """What ops/metrics.py reads (service/views.py's MetricsView), from the parts that hold it."""
+    """What ops/metrics.py reads (ops/views.py's MetricsView), from the parts that hold it."""
 
     def __init__(
         self,

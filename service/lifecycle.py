@@ -19,11 +19,11 @@ import traceback
 from multiprocessing import resource_tracker
 from typing import Any
 
-from ringserve.service.config.reload import ModelTables
 from ringserve.service.config.settings import Config, ModelTableError
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.front import Front, RunState
 from ringserve.service.logs import EventLog
+from ringserve.service.models.reload import ModelTables
 from ringserve.service.models.repository import Repository
 from ringserve.service.notify import sd_notify
 from ringserve.service.pool.supervisor import Supervisor

@@ -7,8 +7,9 @@ whether texts were admitted, or why not (a `Refusal`); each protocol writes its 
 failed text's status to the HTTP code every protocol answers or counts it under.
 
 It takes one type from every protocol, the `Ask` (service/engine/requests.py) each builds
-where its decoding ends. It knows the dispatcher, the keys and the tracing, and asks the server
-only why it refuses; it never sees the server itself, nor any protocol's types.
+where its decoding ends. It knows the dispatcher, the keys and the tracing (through `Tracer` and
+`Trace`: service/ops/ sits above the engine and reads it), and asks the server only why it
+refuses; it never sees the server itself, nor any protocol's types.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ringserve.service.engine.bounds import FULL
 from ringserve.service.engine.clients import Client, behind, drop, make_room
@@ -25,10 +26,34 @@ from ringserve.service.engine.requests import Ask, Group
 from ringserve.service.engine.tenants import INTERACTIVE, KeyRing, Tenant
 from ringserve.shm import layout as L
 
-if TYPE_CHECKING:
-    from ringserve.service.ops.tracing import RequestTrace, Tracing
-
 Done = Callable[[list[Result]], None]
+
+
+class Trace(Protocol):
+    """One sampled request's span, as admission and the protocols mark it; times are monotonic
+    ns (service/ops/tracing.py's RequestTrace)."""
+
+    def admitted(self, now_ns: int, texts: int, text_bytes: int) -> None: ...
+    def refused(self, now_ns: int, why: str) -> None: ...
+    def answered(self, results: list[Result], now_ns: int) -> None: ...
+    def written(self, status: int, now_ns: int) -> None: ...
+
+
+class Tracer(Protocol):
+    """What starts a request's span when tracing is on, and sends the last ones at the stop
+    (service/ops/tracing.py's Tracing)."""
+
+    def start(
+        self,
+        name: str,
+        protocol: str,
+        received_ns: int,
+        traceparent: bytes | None = None,
+        tracestate: bytes | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> Trace | None: ...
+    def shutdown(self) -> None: ...
+
 
 STATUS_HTTP = {
     L.STATUS_OK: 200,
@@ -117,7 +142,7 @@ class Admission:
         refusal: Callable[[], str],
         timeout_s: float,
         keys: KeyRing | None = None,
-        tracing: Tracing | None = None,
+        tracing: Tracer | None = None,
         share: int = 0,
     ) -> None:
         self.dispatcher = dispatcher
@@ -144,7 +169,7 @@ class Admission:
         ask: Ask,
         done: Done,
         tenant: Tenant | None,
-        trace: RequestTrace | None = None,
+        trace: Trace | None = None,
         client: Client | None = None,
     ) -> Refusal | None:
         """Admit a request's texts whole, or refuse them at once (the Refusal). `done` gets
@@ -263,7 +288,7 @@ class Admission:
         return k, within
 
     def late(
-        self, deadline: int, model: int, level: int, now: int, trace: RequestTrace | None = None
+        self, deadline: int, model: int, level: int, now: int, trace: Trace | None = None
     ) -> Refusal | None:
         """504 at once for a request whose deadline the queue's measured delay already passes:
         it would only wait to expire."""
@@ -309,15 +334,13 @@ class Admission:
         answers owed) with the queue's refusals."""
         self.dispatcher.refuse(n)
 
-    def unknown(self, model: int, trace: RequestTrace | None = None) -> Refusal:
+    def unknown(self, model: int, trace: Trace | None = None) -> Refusal:
         """A model that is not open (never loaded, or unloaded): 404, as for a name not known."""
         if trace is not None:
             trace.refused(self.dispatcher.clock(), "unknown_model")
         return Refusal(404, f"unknown model: {self.dispatcher.table.name(model)}", 0)
 
-    def over_rate(
-        self, tenant: Tenant, n: int, now: int, trace: RequestTrace | None = None
-    ) -> Refusal:
+    def over_rate(self, tenant: Tenant, n: int, now: int, trace: Trace | None = None) -> Refusal:
         if self.keys is not None:
             self.keys.counts(tenant.name).limited += n
         if trace is not None:
@@ -326,7 +349,7 @@ class Admission:
         return Refusal(429, message, tenant.retry_after_s())
 
 
-def traced(done: Done, trace: RequestTrace, clock: Callable[[], int]) -> Done:
+def traced(done: Done, trace: Trace, clock: Callable[[], int]) -> Done:
     """`done`, after the trace has seen the answers."""
 
     def answered(results: list[Result]) -> None:

@@ -1,7 +1,7 @@
-"""Every --device string is read here: `resolve_device` turns what was asked for into what
-serves (once, at start), `gpu_indices` says which CUDA devices a resolved one spreads over.
-The worker-side facts (FAKE_GPU, is_gpu_device) live in workers/spec.py, below the service,
-and are re-exported here."""
+"""Every --device string asked for is read here: `resolve_device` turns it into what serves
+(once, at start); which CUDA devices a resolved one spreads over is the pool's
+(service/pool/placement.py `gpu_indices`). The worker-side facts (FAKE_GPU, is_gpu_device)
+live in workers/spec.py, below the service, and are re-exported here."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ringserve.workers.runtimes import nvml
 from ringserve.workers.spec import FAKE_GPU, is_gpu_device
 from ringserve.workers.testhooks import HOOKS
 
-__all__ = ["FAKE_GPU", "gpu_indices", "is_gpu_device", "resolve_device"]
+__all__ = ["FAKE_GPU", "is_gpu_device", "resolve_device"]
 
 
 def resolve_device(wanted: str, log: EventLog) -> str:
@@ -41,14 +41,3 @@ def resolve_device(wanted: str, log: EventLog) -> str:
     if ":" in wanted and int(wanted.split(":")[1]) >= count:
         raise SystemExit(f"ringserve: --device {wanted}: only {count} CUDA device(s) here")
     return wanted
-
-
-def gpu_indices(device: str) -> list[int]:
-    """The CUDA device indices a resolved --device names ([0] for the test-only fake GPU)."""
-    if device == FAKE_GPU:
-        return [0]
-    if device == "cuda":
-        return list(range(nvml.cuda_device_count()))
-    if device.startswith("cuda:"):
-        return [int(device.split(":", 1)[1])]
-    return []

@@ -22,7 +22,7 @@ from ringserve.service.config.settings import (
 from ringserve.service.engine.tenants import INTERACTIVE, PRIORITIES
 from ringserve.service.logs import EventLog
 from ringserve.service.models.device import resolve_device
-from ringserve.service.models.precision import BF16_FLAGS, auto_precision, cpu_flags, cpu_refusal
+from ringserve.service.models.precision import auto_precision, cpu_refusal
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import (
     MANIFEST_FILE,
@@ -33,6 +33,7 @@ from ringserve.workers.artifact import (
     load_manifest,
     load_tokenizer,
 )
+from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
 from ringserve.workers.process.batcher import default_grid, pad_grid
 from ringserve.workers.runtimes.graphpick import choose
 from ringserve.workers.runtimes.onnx_model import choose_runtime

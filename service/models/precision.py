@@ -14,14 +14,13 @@ serves, fp32 when none is.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
+
+from ringserve.workers.cpu import BF16_FLAGS
 
 MIN_AGREEMENT = 0.99  # a precision's decisions equal to fp32's, at least this share of the split
 MAX_ACCURACY_COST = 0.005  # accuracy a precision may lose against fp32: half a point
 MIN_MEAN_COSINE = 0.999  # an embed-only model: its vectors this close to fp32's on average
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # what a CPU needs to run bf16 at speed
 # a sparse model (factory/sparse_cost.py): its queries' top 10 documents by dot product, this
 # share of them the same as fp32's on average
 MIN_RANK_OVERLAP = 0.99
@@ -85,26 +84,6 @@ def auto_precision(
     best = max(faithful, key=lambda j: j[3])  # max keeps the first of equals: int8
     others = [j[2] for j in judged if j is not best]
     return best[0], "auto: " + "; ".join([best[2], *others])
-
-
-# A recorded /proc/cpuinfo read in place of this machine's: what `auto` and the bf16 refusal
-# would decide on that CPU (tests record an AVX2-only EPYC's; an operator can ask the same).
-CPUINFO_ENV = "RINGSERVE_CPUINFO"
-
-
-def cpu_flags(cpuinfo: Path | None = None) -> set[str]:
-    """The CPU's flags: /proc/cpuinfo's first `flags` line, or RINGSERVE_CPUINFO's file's."""
-    if cpuinfo is None:
-        cpuinfo = Path(os.environ.get(CPUINFO_ENV) or "/proc/cpuinfo")
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return set(value.split())
-    return set()
 
 
 def cpu_refusal(precision: str, flags: set[str]) -> str:

@@ -264,7 +264,7 @@ class Repository:
     ) -> Error | None:
         """Stop serving `name` (every version, but `keep`): new requests for it get 404 at
         once, what was admitted is answered, then the pool rolls onto the others (its memory is
-        freed). `by_file`: a config file's table went (service/config/reload.py)."""
+        freed). `by_file`: a config file's table went (service/models/reload.py)."""
         if self.settings.model_control != "explicit" and not by_file:
             return 400, "models load and unload on request only with --model-control explicit"
         if self.front.draining:

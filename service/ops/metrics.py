@@ -25,9 +25,9 @@ from ringserve.service.ops.stats import (
     gpu_readings,
     graph_report,
 )
+from ringserve.service.ops.views import MetricsView
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Router
-from ringserve.service.views import MetricsView
 from ringserve.workers.spec import is_gpu_device
 
 TICK_S = 0.25  # window rotation, worker counter sampling and overload detection

@@ -19,8 +19,8 @@ from ringserve.service.ops.stats import (
     gpu_readings,
     prom_buckets,
 )
+from ringserve.service.ops.views import MetricsView, PoolView
 from ringserve.service.pool.handle import DEAD, DEGRADED, DRAINING, READY, SPARE, STARTING
-from ringserve.service.views import MetricsView, PoolView
 from ringserve.shm import layout as L
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"

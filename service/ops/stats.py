@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from ringserve.service.engine.dispatcher import Group, Result
     from ringserve.service.engine.tenants import KeyRing, Tenant
     from ringserve.service.logs import EventLog
+    from ringserve.service.ops.views import PoolView, QueueView
     from ringserve.service.pool.handle import WorkerHandle
-    from ringserve.service.views import PoolView, QueueView
 
 
 def _fine_edges_us() -> tuple[int, ...]:

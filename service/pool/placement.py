@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import os
 
-from ringserve.service.models.device import gpu_indices
 from ringserve.workers.runtimes import nvml
 from ringserve.workers.spec import FAKE_GPU
+
+
+def gpu_indices(device: str) -> list[int]:
+    """The CUDA device indices a resolved --device names ([0] for the test-only fake GPU)."""
+    if device == FAKE_GPU:
+        return [0]
+    if device == "cuda":
+        return list(range(nvml.cuda_device_count()))
+    if device.startswith("cuda:"):
+        return [int(device.split(":", 1)[1])]
+    return []
 
 
 class Placement:

@@ -5,13 +5,14 @@ or to a failed text (413, 500, 503, 504)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ringserve.service.engine.admission import (
     STATUS_HTTP,
     STATUS_MESSAGE,
     Admission,
     Refusal,
+    Trace,
+    Tracer,
     first_failure,
     too_long,
 )
@@ -20,9 +21,6 @@ from ringserve.service.engine.tenants import PRIORITIES, PRIORITY_NAMES, Tenant
 from ringserve.service.protocols.errors import error_body
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.shm import layout as L
-
-if TYPE_CHECKING:
-    from ringserve.service.ops.tracing import RequestTrace, Tracing
 
 RETRY_AFTER = [(b"retry-after", b"1")]
 
@@ -123,8 +121,8 @@ def submit(
 
 
 def start_trace(
-    tracing: Tracing, ex: Exchange, ask: Ask, tenant: Tenant | None, level: int
-) -> RequestTrace | None:
+    tracing: Tracer, ex: Exchange, ask: Ask, tenant: Tenant | None, level: int
+) -> Trace | None:
     path = ex.url.split(b"?", 1)[0].decode("utf-8", "replace")
     method = ex.method.decode("latin-1")
     attrs = {

@@ -26,7 +26,6 @@ import numpy as np
 from ringserve.service.engine.requests import Ask, Options, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.models.modelset import READY, ModelSet
-from ringserve.service.ops.inference_stats import InferenceStats
 from ringserve.service.protocols import (
     admit,
     multivector,
@@ -261,7 +260,7 @@ def stats_doc(server: FrontView, name: str | None, version: str | None) -> dict[
     """Triton's `{"model_stats": [...]}`: every ready model, a name's versions, or one."""
     if name is not None:
         find_model(server, name, version)  # 404 for a model or version that does not serve
-    stats: InferenceStats = getattr(server, "inference_stats", None) or InferenceStats()
+    stats = server.inference_stats
     rows = [
         stats.doc(e.info.name, str(e.info.version), e.info.index)
         for e in server.models

@@ -28,14 +28,16 @@ import torch
 from ringserve.service.config.settings import Config
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.logs import EventLog
-from ringserve.service.models.device import gpu_indices, resolve_device
+from ringserve.service.models.device import resolve_device
+from ringserve.service.pool.placement import gpu_indices
 from ringserve.service.pool.policy import DEVICE_RETRIES
 from ringserve.service.pool.supervisor import Supervisor
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.shm.segment import Segment, segment_name
 from ringserve.workers.artifact import load_model, load_tokenizer
-from ringserve.workers.process.batcher import Item, batch_limits, bucket_index
+from ringserve.workers.batches import Item
+from ringserve.workers.process.batcher import batch_limits, bucket_index
 from ringserve.workers.runtimes import nvml
 from ringserve.workers.runtimes.cpu import CpuRunner
 from ringserve.workers.runtimes.cuda import (
@@ -98,7 +100,7 @@ def test_runner_shapes_follow_the_batch_limits(model: Any) -> None:
     assert [runner.rows_for(2, n) for n in (1, 3, 7, 8)] == [1, 4, 8, 8]
     assert [t.shape[1] for t in runner.dev_ids] == [64, 128, 256]
     assert not runner.use_graphs and not runner.on_cuda  # the fake GPU captures nothing
-    assert runner.expected_graphs == 0
+    assert runner.graphs.expected == 0
 
 
 GRID = (16, 32, 48, 64, 96, 128, 192, 256)  # the CUDA default grid (issue 10)
@@ -321,10 +323,10 @@ def test_a_failed_capture_is_recorded_and_the_runner_still_serves(
 ) -> None:
     # SIMULATED: the fake GPU captures nothing, so the hook raises where torch.cuda.graph would.
     gpu = CudaRunner(model, BUCKETS, 8, FAKE_GPU)
-    gpu.inject_capture_error = True
+    gpu.graphs.inject_error = True
     gpu.warm()
-    assert gpu.capture_code == CAPTURE_FAILED and "stream is capturing" in gpu.capture_error
-    assert gpu.graphs == {} and gpu.graph_bytes() == 0
+    assert gpu.graphs.code == CAPTURE_FAILED and "stream is capturing" in gpu.graphs.error
+    assert len(gpu.graphs) == 0 and gpu.graphs.held_bytes() == 0
     batch = by_bucket(items)[0][:3]
     gpu.fill(BUCKETS[0], batch)
     cpu = CpuRunner(model, max(BUCKETS), 8)

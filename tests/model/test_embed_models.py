@@ -29,7 +29,7 @@ from ringserve.workers.artifact import (
     load_model,
     load_tokenizer,
 )
-from ringserve.workers.process.batcher import Item
+from ringserve.workers.batches import Item
 from ringserve.workers.runtimes.cpu import CpuRunner, joined, ort_runner, softmax
 from ringserve.workers.runtimes.joined import Joined
 from tokenizers import Tokenizer

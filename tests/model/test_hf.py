@@ -346,7 +346,7 @@ def test_torchscript_and_cuda_runners_match(served: dict[str, Served], name: str
     """The artifact's TorchScript model through the CPU runner and the CUDA runner's static-shape
     path (on the test-only fake GPU: there is no GPU here), singles and pairs in one batch."""
     from ringserve.workers.artifact import load_model, load_tokenizer
-    from ringserve.workers.process.batcher import Item
+    from ringserve.workers.batches import Item
     from ringserve.workers.runtimes.cpu import ACTIVATIONS, CpuRunner
     from ringserve.workers.runtimes.cuda import CudaRunner
     from ringserve.workers.spec import FAKE_GPU

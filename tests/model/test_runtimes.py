@@ -23,7 +23,7 @@ from ringserve.workers.artifact import (
     load_tokenizer,
     reference_logits,
 )
-from ringserve.workers.process.batcher import Item
+from ringserve.workers.batches import Item
 from ringserve.workers.runtimes import graphpick
 from ringserve.workers.runtimes.cpu import CpuRunner, OrtRunner, softmax
 from ringserve.workers.runtimes.onnx_model import choose_runtime, open_session
@@ -149,7 +149,7 @@ def test_openvino_scores_as_fp32_and_bf16_within_its_drift(
     """OpenVINO's runner on the plain graph: at f32 the same scores as TorchScript (1e-4: its
     kernels sum in another order), alone and in a mixed batch; at bf16, on a CPU that has it,
     the same decisions within bf16's drift; its token states are those of the same pass."""
-    from ringserve.service.models.precision import BF16_FLAGS, cpu_flags
+    from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
     from ringserve.workers.runtimes.openvino import OvRunner, compile_model
 
     texts = texts_of_every_length(sst2_texts, agnews_texts)

@@ -191,8 +191,9 @@ def test_batch_precision_auto_scores_with_the_chosen_precision_and_says_which(
     """`--precision auto` resolves as serve does (the artifact's published costs, this CPU's
     flags), says the choice on stderr and in the summary, and the lines are that precision's:
     not fp32's scores unless fp32 was chosen, with the same decisions on nearly every text."""
-    from ringserve.service.models.precision import BF16_FLAGS, auto_precision, cpu_flags
+    from ringserve.service.models.precision import auto_precision
     from ringserve.workers.artifact import load_manifest
+    from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
 
     texts = column(DATA / "sst2" / "sample.tsv", 120, skip=1500)
     src = tmp_path / "in.txt"
@@ -220,7 +221,7 @@ def test_batch_precision_auto_scores_with_the_chosen_precision_and_says_which(
 
 
 def test_batch_refuses_a_precision_this_cpu_cannot_run(tmp_path: Path) -> None:
-    from ringserve.service.models.precision import BF16_FLAGS, cpu_flags
+    from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
 
     src = tmp_path / "in.txt"
     src.write_text("a gripping film\n")

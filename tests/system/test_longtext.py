@@ -23,7 +23,7 @@ from ringserve.shm import layout as L
 from ringserve.wire.client import BinaryClient
 from ringserve.wire.frames import TRUNCATED, WINDOWED
 from ringserve.workers.artifact import load_manifest, load_tokenizer
-from ringserve.workers.process.batcher import Item
+from ringserve.workers.batches import Item
 from ringserve.workers.process.longtext import LongText, combine
 from tokenizers import Tokenizer
 

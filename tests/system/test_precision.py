@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ringserve.service.models.precision import BF16_FLAGS, MIN_AGREEMENT, MIN_MEAN_COSINE, cpu_flags
+from ringserve.service.models.precision import MIN_AGREEMENT, MIN_MEAN_COSINE
 from ringserve.workers.artifact import load_manifest
+from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
 
 from devkit.server import ServerProc, serving
 
@@ -243,7 +244,8 @@ def test_auto_on_a_recorded_avx2_cpu_weighs_int8_checked(
     """On a CPU without bf16 (a recorded AVX2-only EPYC), auto chooses among fp32, int8 and
     int8-checked by their published costs: int8-checked where it is faithful and faster, as it
     is for the default model when its build measured it faster than fp32."""
-    from ringserve.service.models.precision import CPUINFO_ENV, auto_precision
+    from ringserve.service.models.precision import auto_precision
+    from ringserve.workers.cpu import CPUINFO_ENV
 
     info = tmp_path / "cpuinfo"
     info.write_text(AVX2_EPYC)

@@ -8,17 +8,16 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ringserve.workers.batches import Item, row_limit
 from ringserve.workers.process.batcher import (
     CUDA_BUCKETS,
     Batcher,
-    Item,
     batch_limits,
     bucket_index,
     cheapest_split,
     default_grid,
     length_grid,
     pad_grid,
-    row_limit,
     runs,
 )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ringserve.workers.process.batcher import row_limit
+from ringserve.workers.batches import row_limit
 
 from benchmarks.serving import RUNTIMES, cpu_jiffies, options, plan, steal_pct
 

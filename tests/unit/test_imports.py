@@ -4,7 +4,13 @@ reader has to follow; a rule about the worker's start-up counts only module-leve
 
 service/app.py wires the others, so it may import them; none imports it back: each module
 that needs something of the server states it as a small Protocol (control's Admin, handover's
-Listeners; service/views.py's FrontView, what every protocol reads of Front, and MetricsView).
+Listeners; service/views.py's FrontView, what every protocol reads of Front, and
+service/ops/views.py's MetricsView).
+
+No two sibling folders import each other: at any depth under the rooms, an import runs one way
+between the folders of one package (service/ops/ reads service/protocols/, never the reverse),
+so that either can be read without the other's inside. What both need sits lower, or is a
+Protocol on the side that reads.
 
 The rules are pure functions over a graph, so each is tested on a planted violation as well as
 on the real tree.
@@ -222,6 +228,42 @@ def imports_between_tests(g: Graph) -> set[tuple[str, str]]:
     }
 
 
+def siblings(importer: str, imported: str) -> tuple[str, str] | None:
+    """The two entries of one package an import crosses: the children of the deepest package
+    both names sit in (None when one name holds the other)."""
+    a, b = importer.split("."), imported.split(".")
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    if n in (len(a), len(b)):
+        return None
+    return ".".join(a[: n + 1]), ".".join(b[: n + 1])
+
+
+def folders_of(g: Graph) -> set[str]:
+    """Every package a name of the graph sits in."""
+    names = set(g) | {d for ds in g.values() for d, _ in ds}
+    return {
+        ".".join(parts[:i]) for m in names for parts in [m.split(".")] for i in range(1, len(parts))
+    }
+
+
+def sibling_ties(g: Graph) -> set[tuple[str, str]]:
+    """Two sibling folders under the rooms that import each other, every import counted (a
+    module beside a folder counts with it: service/views.py beside service/protocols/); each
+    pair in name order. Two modules of one folder are not this rule's (service/'s are the cycle
+    test's)."""
+    folders = folders_of(g)
+    crossed = {
+        pair
+        for m, ds in g.items()
+        if within(m, "ringserve")
+        for d, _ in ds
+        if within(d, "ringserve") and (pair := siblings(m, d)) and set(pair) & folders
+    }
+    return {(a, b) for a, b in crossed if a < b and (b, a) in crossed}
+
+
 RULES: dict[str, Callable[[Graph], set[tuple[str, str]]]] = {
     "app": app_importers,
     "lower": lower_imports_service,
@@ -254,6 +296,38 @@ PLANTED: dict[str, tuple[str, tuple[str, bool]]] = {
     "scaffolding": ("ringserve.service.offline.batch", ("devkit.launch", False)),
     "bare": ("tests.unit.test_x", ("service.app", True)),
     "tests": ("tests.system.test_y", ("tests.unit.test_x", True)),
+}
+
+
+# The four ties issue 57 cut, each kept one way (SIBLINGS_OK) and planted back the other way:
+# the import that made the pair two-way, whether at module level, under TYPE_CHECKING (which
+# the graph counts as module level) or in a function.
+SIBLINGS_OK: Graph = {
+    "ringserve.service.models.info": {("ringserve.factory.build", True)},
+    "ringserve.service.ops.metrics": {("ringserve.service.protocols.routes", True)},
+    "ringserve.service.protocols.routes": {("ringserve.service.views", True)},
+    "ringserve.workers.process.served": {("ringserve.workers.runtimes.cpu", True)},
+    # two modules of one folder: a cycle, not a tie of siblings
+    "ringserve.factory.build": {("ringserve.factory.sparse", False)},
+    "ringserve.factory.sparse": {("ringserve.factory.build", False)},
+}
+SIBLINGS_PLANTED: dict[tuple[str, str], tuple[str, tuple[str, bool]]] = {
+    ("ringserve.factory", "ringserve.service"): (
+        "ringserve.factory.build",
+        ("ringserve.service.models.precision", True),
+    ),
+    ("ringserve.service.ops", "ringserve.service.protocols"): (
+        "ringserve.service.protocols.admit",
+        ("ringserve.service.ops.tracing", True),
+    ),
+    ("ringserve.service.protocols", "ringserve.service.views"): (
+        "ringserve.service.views",
+        ("ringserve.service.protocols.http", True),
+    ),
+    ("ringserve.workers.process", "ringserve.workers.runtimes"): (
+        "ringserve.workers.runtimes.cuda",
+        ("ringserve.workers.process.batcher", False),
+    ),
 }
 
 
@@ -305,6 +379,22 @@ def test_each_rule_fails_on_a_planted_violation() -> None:
         broken = {other: rule(planted) for other, rule in RULES.items()}
         assert broken[name] == {(importer, edge[0])}, (name, broken)
         assert all(not v for other, v in broken.items() if other != name), (name, broken)
+
+
+def test_no_two_sibling_folders_import_each_other() -> None:
+    g = full_graph()
+    infer, views = "ringserve.service.protocols.rpc.infer", "ringserve.service.views"
+    assert siblings(infer, views) == ("ringserve.service.protocols", views)
+    assert siblings("ringserve.service.ops", "ringserve.service.ops.stats") is None
+    assert sibling_ties(g) == set()
+
+
+def test_each_sibling_tie_fails_on_a_planted_violation() -> None:
+    assert sibling_ties(SIBLINGS_OK) == set()
+    for pair, (importer, edge) in SIBLINGS_PLANTED.items():
+        planted = {m: set(ds) for m, ds in SIBLINGS_OK.items()}
+        planted.setdefault(importer, set()).add(edge)
+        assert sibling_ties(planted) == {pair}, (pair, sibling_ties(planted))
 
 
 def test_a_function_level_import_is_told_from_a_module_level_one(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock, model_rss
 from ringserve.shm.segment import Segment, segment_name
-from ringserve.workers.process.batcher import Batcher, Item
+from ringserve.workers.batches import Item
+from ringserve.workers.process.batcher import Batcher
 from ringserve.workers.process.served import (
     LIGHT_FIRST_RUNS,
     LIGHT_KEEP_RATIO,

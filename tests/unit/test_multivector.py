@@ -11,7 +11,7 @@ from ringserve.service.engine.requests import Result
 from ringserve.service.protocols import multivector as mv
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import open_tokenizer
-from ringserve.workers.process.batcher import Item
+from ringserve.workers.batches import Item
 from ringserve.workers.process.multivector import MultiVectorText
 from ringserve.workers.runtimes.cpu import fill_rows
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ringserve.service.config.settings import parse_precision
-from ringserve.service.models.precision import CPUINFO_ENV, auto_precision, cpu_flags, cpu_refusal
+from ringserve.service.models.precision import auto_precision, cpu_refusal
+from ringserve.workers.cpu import CPUINFO_ENV, cpu_flags, speed_key
 from ringserve.workers.runtimes.checked import margins
 
 # the default model's published cost on the day the rule was written (manifest.int8)
@@ -146,11 +147,15 @@ def test_int8_checked_is_chosen_where_int8_is_not_faithful_and_bf16_is_absent() 
 def test_a_recorded_cpuinfo_stands_in_for_this_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    here = speed_key()
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
     monkeypatch.setenv(CPUINFO_ENV, str(info))
     assert cpu_flags() == {"fpu", "sse2", "avx2", "fma"}
     assert "neither" in cpu_refusal("bf16", cpu_flags())
+    # what was timed was timed on this machine: its key does not follow the recorded file
+    assert speed_key() == here and len(here) == 12
+    assert cpu_flags(tmp_path / "gone") == set()  # an unreadable file reads as no flags
 
 
 def test_margins_are_a_decisions_distance_from_changing() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ringserve.service.engine.requests import Result
 from ringserve.service.protocols.sparse_terms import kserve_tensor, pruned, terms
 from ringserve.shm import layout as L
-from ringserve.workers.process.batcher import Item
+from ringserve.workers.batches import Item
 from ringserve.workers.process.longtext import Whole
 from ringserve.workers.process.sparse import batch_answers, sparse_limit
 

@@ -66,8 +66,8 @@ def test_token_vectors_read_back_as_k_rows() -> None:
     from ringserve.service.engine.requests import Result
     from ringserve.service.protocols.tei_api import token_matrix
     from ringserve.shm import layout as L
+    from ringserve.workers.batches import Item
     from ringserve.workers.process.answers import token_answer
-    from ringserve.workers.process.batcher import Item
 
     states = np.random.default_rng(3).random((6, 4), dtype=np.float32)  # length 6, H = 4
     item = Item(7, 0, 0, [101, 5, 6, 102], tokens=4, token_vectors=True)

@@ -15,7 +15,8 @@ import numpy as np
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.shm.ring import Ring
-from ringserve.workers.process.batcher import Item, bucket_index
+from ringserve.workers.batches import Item
+from ringserve.workers.process.batcher import bucket_index
 from ringserve.workers.process.lies import Lie
 from ringserve.workers.process.longtext import Whole, combine
 from ringserve.workers.process.served import Served

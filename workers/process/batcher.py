@@ -7,8 +7,8 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+
+from ringserve.workers.batches import BATCH_OVERHEAD_TOKENS, Item, row_limit
 
 # The sequence lengths a CUDA graph is captured for when --buckets is not given (CONTRACT.md).
 CUDA_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
@@ -16,23 +16,6 @@ CUDA_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
 # grid goes on in the same steps, x1.5 then x4/3, so a long text is padded by under half its
 # length and a 300-token text is never padded to a model's whole 8,192.
 LONG_STEPS = tuple(n for p in (256, 512, 1024, 2048, 4096) for n in (p * 3 // 2, p * 2))
-# A batch's fixed cost in tokens of work, per CPU runtime and precision. A batch of n texts
-# padded to L tokens takes about a + b * n * L on one thread (per-call set-up, the classifier,
-# Python, then each token); the batcher splits what waits at the least total cost in tokens, so
-# it needs a / b. `python -m benchmarks.batch_cost` on MiniLM, one pinned thread, 2-vCPU EPYC,
-# 2026-11-30 (fit within 3-6% over batches up to 512 tokens): TorchScript a 2.65 ms, b 207 us,
-# 12.8 tokens; ONNX Runtime fp32 1.11 ms, 99 us, 11.2; ONNX Runtime int8 0.17 ms, 48 us, 3.6.
-# OpenVINO bf16 (2026-12-06, the Xeon with AMX, `--runtimes onnx:fp32,openvino:bf16`, load
-# average 2.7 from other agents, so worst fit errors 34-64%): 1.17 ms, 45.3 us, 25.8 tokens
-# (ONNX Runtime fp32 in the same run: 2.45 ms, 147 us, 16.7).
-BATCH_OVERHEAD = {
-    ("torch", "fp32"): 13,
-    ("onnx", "fp32"): 11,
-    ("onnx", "int8"): 4,
-    ("onnx", "int8-checked"): 4,  # int8's; a close call's fp32 pass is the rows it re-runs
-    ("openvino", "bf16"): 26,
-}
-BATCH_OVERHEAD_TOKENS = 32  # for a runner that has not measured its own (CUDA)
 # Priority: while an interactive text arrived in the last second, a batch of bulk texts takes a
 # sixteenth of the token budget (32 of 512 tokens: one or two short texts), so an interactive
 # text that comes while bulk work runs waits behind about one text's forward pass; and a batch
@@ -45,28 +28,6 @@ BULK_SHARE_WHILE_INTERACTIVE = 16
 INTERACTIVE_RECENT_NS = 1_000_000_000
 # Recent work (Batcher.work): texts arrived, each counted down by half every this long.
 WORK_HALF_LIFE_NS = 1_000_000_000
-
-
-@dataclass(slots=True)
-class Item:
-    msg_id: int
-    deadline_ns: int  # CLOCK_MONOTONIC; 0 = none
-    arrived_ns: int
-    ids: list[int]
-    seq: int = 0  # arrival order, set by Batcher.add: items read in one pass share arrived_ns
-    taken: bool = False  # left the batcher (run or expired); the arrival queue drops it lazily
-    types: list[int] | None = None  # token types of a pair, on models that take them
-    tokens: int = 0  # the text's own token count, before any cut (workers/process/longtext.py)
-    flags: int = 0  # shm.layout.RSP_TRUNCATED when the text was cut
-    whole: Any = (
-        None  # a window's workers.process.longtext.Whole; None for a text scored as one row
-    )
-    window: int = 0  # a window's index among its text's windows
-    embed: bool = False  # answer the embedding (shm.layout.OPT_EMBED), not the scores
-    both: bool = False  # answer the scores, then the embedding (shm.layout.OPT_BOTH)
-    token_vectors: bool = False  # answer the token states (shm.layout.OPT_TOKENS)
-    bulk: bool = False  # a bulk text (shm.layout.OPT_BULK): interactive texts go first
-    rows: list[int] | None = None  # token rows its token vectors keep (None: all its tokens)
 
 
 def bucket_index(buckets: tuple[int, ...], length: int) -> int:
@@ -106,12 +67,6 @@ def pad_grid(
     if runtime == "openvino" and not on_gpu:
         return length_grid(OPENVINO_BUCKETS + LONG_STEPS, max_len)
     return default_grid(max_len) if on_gpu else ()
-
-
-def row_limit(length: int, max_batch: int, max_tokens: int) -> int:
-    """Rows a batch padded to `length` may hold: at most `max_batch`, at most `max_tokens`
-    padded tokens, never below one (a text longer than the budget still runs, alone)."""
-    return max(1, min(max_batch, max_tokens // max(1, length)))
 
 
 def batch_limits(buckets: tuple[int, ...], max_batch: int) -> list[int]:

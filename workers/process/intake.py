@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
 from ringserve.shm.ring import Ring
+from ringserve.workers.batches import Item
 from ringserve.workers.process.answers import Answer, Answers, pack
-from ringserve.workers.process.batcher import Item
 from ringserve.workers.process.longtext import Plan, Whole
 from ringserve.workers.process.served import Served
 from ringserve.workers.process.tokens import decode as decode_tokens

@@ -9,7 +9,7 @@ from typing import Any
 
 from ringserve.shm import layout as L
 from ringserve.shm.control import ControlBlock
-from ringserve.workers.process.batcher import Item
+from ringserve.workers.batches import Item
 from ringserve.workers.process.served import Loader, Preloaded, Served, Turns
 from ringserve.workers.spec import WorkerSpec, is_gpu_device
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 from ringserve.shm import layout as L
-from ringserve.workers.process.batcher import Item, bucket_index
+from ringserve.workers.batches import Item
+from ringserve.workers.process.batcher import bucket_index
 
 Answer = tuple[int, bytes, int, int]  # workers/process/answers.py's ring message
 

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 from ringserve.shm import layout as L
 from ringserve.workers import token_entities as te
-from ringserve.workers.process.batcher import Item, bucket_index
+from ringserve.workers.batches import Item
+from ringserve.workers.process.batcher import bucket_index
 from ringserve.workers.process.longtext import LongText, Plan, Text, Whole, _copy, _encode
 from tokenizers import Encoding, Tokenizer
 

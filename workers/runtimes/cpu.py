@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from ringserve.workers.process.batcher import BATCH_OVERHEAD, Item
+from ringserve.workers.batches import BATCH_OVERHEAD, Item
 from ringserve.workers.runtimes.onnx_model import TOKENS_OUTPUT, fetched_outputs, token_width
 
 

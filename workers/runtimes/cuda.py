@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from ringserve.shm import layout as L
+from ringserve.workers.batches import BATCH_OVERHEAD_TOKENS, Item, row_limit
 from ringserve.workers.events import EventLog
-from ringserve.workers.process.batcher import BATCH_OVERHEAD_TOKENS, Item, row_limit
 from ringserve.workers.runtimes.cpu import CpuRunner, Runner, fill_rows, softmax
 from ringserve.workers.spec import FAKE_GPU, is_gpu_device
 from ringserve.workers.testhooks import HOOKS
@@ -134,13 +134,123 @@ def device_model(model: Any, device: torch.device, dtype: torch.dtype | None) ->
     return moved
 
 
+class Forward(Protocol):
+    """What a capture runs of its runner: the model on a shape's device buffers, and the mode
+    (inference, the plain interpreter, autocast) every run of it is made in."""
+
+    def mode(self) -> contextlib.AbstractContextManager[None]: ...
+    def call(self, bucket: int, rows: int) -> torch.Tensor: ...
+
+
+class Graphs:
+    """One runner's CUDA graphs, made once at start-up: every (bucket, rows) shape captured
+    after warm-up runs on a side stream, largest first and all in one memory pool; then what
+    the capture cost (time and memory per graph), or why it failed, for the start-up report
+    and /v1/stats. A failed capture drops every graph: the runner serves eagerly."""
+
+    def __init__(self, device: torch.device, expected: int) -> None:
+        self.device = device
+        self.on_cuda = device.type == "cuda"
+        self.expected = expected  # shapes to capture (0: no graphs, as on the fake GPU)
+        self.by_shape: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # -> (graph, out)
+        self.stats: list[dict[str, Any]] = []  # per graph: its shape, capture time, pool growth
+        self.pool_bytes = 0  # the graphs' shared pool, measured after every capture
+        self.seconds = 0.0
+        self.error = ""
+        self.code = CAPTURE_OK
+        self.inject_error = False  # test-only hook: the capture raises, as a real one can
+        self.side: Any = side_stream(device) if self.on_cuda else None
+
+    def __len__(self) -> int:
+        return len(self.by_shape)
+
+    def get(self, bucket: int, rows: int) -> tuple[Any, torch.Tensor] | None:
+        return self.by_shape.get((bucket, rows))
+
+    def outputs(self) -> list[torch.Tensor]:
+        """Each graph's output tensor (static: the runner's buffers include them)."""
+        return [out for _, out in self.by_shape.values()]
+
+    def capture(self, run: Forward, sizes: list[list[int]], buckets: tuple[int, ...]) -> None:
+        """Capture every shape (`sizes[b]`: the row counts of bucket b); on a RuntimeError
+        keep none, and the reason."""
+        t0 = time.perf_counter()
+        try:
+            if self.inject_error:
+                raise RuntimeError(INJECTED_CAPTURE_ERROR)
+            self._capture_all(run, sizes, buckets)
+        except RuntimeError as exc:
+            self._failed(exc)
+        self.seconds = time.perf_counter() - t0
+
+    def _failed(self, exc: BaseException) -> None:
+        """Drop every graph, give their pool back, and keep the reason for /v1/stats."""
+        if self.on_cuda:
+            with contextlib.suppress(RuntimeError):
+                torch.cuda.synchronize(self.device)
+        self.by_shape.clear()
+        self.pool_bytes = 0
+        if self.on_cuda:
+            torch.cuda.empty_cache()  # the dropped graphs' pool is free once they are gone
+        self.code = CAPTURE_OOM if is_out_of_memory(exc) else CAPTURE_FAILED
+        self.error = first_line(exc)
+
+    def _capture_all(self, run: Forward, sizes: list[list[int]], buckets: tuple[int, ...]) -> None:
+        """Largest shapes first, all in one memory pool: a smaller graph's intermediates reuse
+        the larger one's blocks (replays never overlap: one stream, one batch at a time)."""
+        pool = torch.cuda.graph_pool_handle()
+        for b in range(len(buckets)):
+            for rows in reversed(sizes[b]):
+                self._capture(run, b, buckets[b], rows, pool)
+        for graph, _ in self.by_shape.values():  # the first launch uploads the graph: not on
+            graph.replay()  # a live request, and not with the GPU full
+        torch.cuda.synchronize(self.device)
+        # The pool's own segments; should the snapshot not name them (an API change), the sum of
+        # each capture's pool growth, which the empty_cache() before each one keeps honest.
+        growth = sum(max(0, int(st["bytes"])) for st in self.stats)
+        self.pool_bytes = pool_bytes(self.device, pool) or growth
+
+    def _capture(self, run: Forward, b: int, bucket: int, rows: int, pool: Any) -> None:
+        dev = self.device
+        self._warmup(run, b, rows)
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()  # as torch.cuda.graph does on entry: measure after it
+        reserved0 = torch.cuda.memory_reserved(dev)
+        t0 = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        with run.mode(), torch.cuda.graph(graph, pool=pool, stream=self.side):
+            out = run.call(b, rows)
+        torch.cuda.synchronize(dev)
+        self.by_shape[(b, rows)] = (graph, out)
+        capture_ms = round((time.perf_counter() - t0) * 1000, 2)
+        grown = int(torch.cuda.memory_reserved(dev) - reserved0)  # the pool's growth
+        self.stats.append(
+            {"bucket": bucket, "rows": rows, "capture_ms": capture_ms, "bytes": grown}
+        )
+
+    def _warmup(self, run: Forward, bucket: int, rows: int) -> None:
+        # torch requires warm-up runs on a side stream before capture (lazy init, workspaces);
+        # the same stream then captures, so its cuBLAS state exists before the capture begins.
+        current = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(current)
+        with torch.cuda.stream(self.side):
+            for _ in range(WARMUP_RUNS):
+                with run.mode():
+                    run.call(bucket, rows)
+        current.wait_stream(self.side)
+
+    def held_bytes(self) -> int:
+        """Device memory held by the graphs' shared pool (0 without graphs)."""
+        return self.pool_bytes if self.by_shape else 0
+
+
 class CudaRunner:
     """Static-shape model runner for one CUDA device (or the CPU, as a stand-in in tests).
 
     Same interface as CpuRunner: fill(length, items) -> tokens, forward(length, n) -> float32
     probabilities [n, C], warm() -> seconds, where `length` is one of the grid's lengths. Every
     buffer is made at start-up; the tests check with torch's profiler that serving a batch
-    allocates no tensor."""
+    allocates no tensor. Its CUDA graphs are `graphs` (Graphs), captured by warm()."""
 
     # A graph replay's fixed cost in tokens of work: not measured (no GPU has run this yet);
     # a batch's rows are bounded by the graph shapes captured anyway.
@@ -172,15 +282,8 @@ class CudaRunner:
         self.max_tokens = max_tokens
         self.limits = gpu_batch_limits(buckets, max_batch, max_tokens)
         self.sizes = shape_sizes(self.limits, buckets, max_batch)
-        self.expected_graphs = sum(len(s) for s in self.sizes) if self.use_graphs else 0
-        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # -> (graph, out)
-        self.graph_stats: list[dict[str, Any]] = []
-        self.pool_bytes = 0  # the graphs' shared pool, measured after every capture
-        self.capture_s = 0.0
-        self.capture_error = ""
-        self.capture_code = CAPTURE_OK
-        self.inject_capture_error = False  # test-only hook: the capture raises, as a real one can
-        self.side: Any = side_stream(self.torch_device) if self.on_cuda else None
+        expected = sum(len(s) for s in self.sizes) if self.use_graphs else 0
+        self.graphs = Graphs(self.torch_device, expected)
         self.model = device_model(model, self.torch_device, PRECISIONS[precision])
         self._alloc_buffers()
 
@@ -202,7 +305,7 @@ class CudaRunner:
     def buffer_ptrs(self) -> list[int]:
         """Addresses of every static buffer (tests check they never change)."""
         tensors = [*self.host_ids, *self.host_mask, *self.dev_ids, *self.dev_mask, *self.host_out]
-        tensors += [out for _, out in self.graphs.values()]
+        tensors += self.graphs.outputs()
         return [t.data_ptr() for t in tensors]
 
     # -- serving --------------------------------------------------------------------------------
@@ -228,7 +331,7 @@ class CudaRunner:
         try:
             self.dev_ids[bucket][:rows].copy_(self.host_ids[bucket][:rows], non_blocking=True)
             self.dev_mask[bucket][:rows].copy_(self.host_mask[bucket][:rows], non_blocking=True)
-            captured = self.graphs.get((bucket, rows)) if graph else None
+            captured = self.graphs.get(bucket, rows) if graph else None
             if captured is not None:
                 captured[0].replay()
                 logits = captured[1]
@@ -241,7 +344,7 @@ class CudaRunner:
         return self.activation(self.out[bucket][:n])
 
     @contextlib.contextmanager
-    def _mode(self) -> Iterator[None]:
+    def mode(self) -> Iterator[None]:
         # TorchScript's optimising executor would profile, fuse and re-specialise per shape,
         # compiling kernels at unpredictable times (fatal inside a capture); the plain
         # interpreter dispatches each op, which autocast needs too. Graphs remove the launch
@@ -253,12 +356,14 @@ class CudaRunner:
         with torch.inference_mode(), torch.jit.optimized_execution(False), cast:
             yield
 
+    def call(self, bucket: int, rows: int) -> torch.Tensor:
+        """The model on the first `rows` rows of a bucket's device buffers (in mode())."""
+        out: torch.Tensor = self.model(self.dev_ids[bucket][:rows], self.dev_mask[bucket][:rows])
+        return out.float()
+
     def _eager(self, bucket: int, rows: int) -> torch.Tensor:
-        with self._mode():
-            out: torch.Tensor = self.model(
-                self.dev_ids[bucket][:rows], self.dev_mask[bucket][:rows]
-            ).float()
-        return out
+        with self.mode():
+            return self.call(bucket, rows)
 
     def release(self) -> None:
         """After an out-of-memory error: hand back cached blocks outside the graph pool (the
@@ -269,7 +374,7 @@ class CudaRunner:
     # -- start-up -------------------------------------------------------------------------------
     def warm(self) -> float:
         """Run every shape eagerly, then capture each as a CUDA graph and replay it once (CUDA
-        only). A failed capture leaves an eager runner, said in `capture_error`."""
+        only). A failed capture leaves an eager runner, said in `graphs.error`."""
         t0 = time.perf_counter()
         for b in range(len(self.buckets)):
             logits = self._eager(b, 1)
@@ -277,79 +382,13 @@ class CudaRunner:
                 torch.zeros((self.limits[b], *logits.shape[1:]), pin_memory=self.on_cuda)
             )
             self.out.append(self.host_out[b].numpy())
-        if self.use_graphs or self.inject_capture_error:
-            t1 = time.perf_counter()
-            try:
-                if self.inject_capture_error:
-                    raise RuntimeError(INJECTED_CAPTURE_ERROR)
-                self._capture_all()
-            except RuntimeError as exc:
-                self._capture_failed(exc)
-            self.capture_s = time.perf_counter() - t1
+        if self.use_graphs or self.graphs.inject_error:
+            self.graphs.capture(self, self.sizes, self.buckets)
         else:  # the CPU stand-in: run the shapes a fresh TorchScript model is slow on first
             for b in range(len(self.buckets)):
                 for rows in sorted({1, self.sizes[b][min(1, len(self.sizes[b]) - 1)]}):
                     self._eager(b, rows)
         return time.perf_counter() - t0
-
-    def _capture_failed(self, exc: BaseException) -> None:
-        """Drop every graph, give their pool back, and keep the reason for /v1/stats."""
-        if self.on_cuda:
-            with contextlib.suppress(RuntimeError):
-                torch.cuda.synchronize(self.torch_device)
-        self.graphs.clear()
-        self.pool_bytes = 0
-        if self.on_cuda:
-            torch.cuda.empty_cache()  # the dropped graphs' pool is free once they are gone
-        self.capture_code = CAPTURE_OOM if is_out_of_memory(exc) else CAPTURE_FAILED
-        self.capture_error = first_line(exc)
-
-    def _capture_all(self) -> None:
-        """Largest shapes first, all in one memory pool: a smaller graph's intermediates reuse
-        the larger one's blocks (replays never overlap: one stream, one batch at a time)."""
-        pool = torch.cuda.graph_pool_handle()
-        for b in range(len(self.buckets)):
-            for rows in reversed(self.sizes[b]):
-                self._capture(b, rows, pool)
-        for graph, _ in self.graphs.values():  # the first launch uploads the graph: not on a
-            graph.replay()  # live request, and not with the GPU full
-        torch.cuda.synchronize(self.torch_device)
-        # The pool's own segments; should the snapshot not name them (an API change), the sum of
-        # each capture's pool growth, which the empty_cache() before each one keeps honest.
-        growth = sum(max(0, int(st["bytes"])) for st in self.graph_stats)
-        self.pool_bytes = pool_bytes(self.torch_device, pool) or growth
-
-    def _capture(self, b: int, rows: int, pool: Any) -> None:
-        dev = self.torch_device
-        self._warmup(b, rows)
-        torch.cuda.synchronize(dev)
-        torch.cuda.empty_cache()  # as torch.cuda.graph does on entry: measure after it
-        reserved0 = torch.cuda.memory_reserved(dev)
-        t0 = time.perf_counter()
-        graph = torch.cuda.CUDAGraph()
-        with self._mode(), torch.cuda.graph(graph, pool=pool, stream=self.side):
-            out = self.model(self.dev_ids[b][:rows], self.dev_mask[b][:rows]).float()
-        torch.cuda.synchronize(dev)
-        self.graphs[(b, rows)] = (graph, out)
-        capture_ms = round((time.perf_counter() - t0) * 1000, 2)
-        grown = int(torch.cuda.memory_reserved(dev) - reserved0)  # the pool's growth
-        self.graph_stats.append(
-            {"bucket": self.buckets[b], "rows": rows, "capture_ms": capture_ms, "bytes": grown}
-        )
-
-    def _warmup(self, bucket: int, rows: int) -> None:
-        # torch requires warm-up runs on a side stream before capture (lazy init, workspaces);
-        # the same stream then captures, so its cuBLAS state exists before the capture begins.
-        current = torch.cuda.current_stream(self.torch_device)
-        self.side.wait_stream(current)
-        with torch.cuda.stream(self.side):
-            for _ in range(WARMUP_RUNS):
-                self._eager(bucket, rows)
-        current.wait_stream(self.side)
-
-    def graph_bytes(self) -> int:
-        """Device memory held by the graphs' shared pool (0 without graphs)."""
-        return self.pool_bytes if self.graphs else 0
 
 
 def pool_bytes(device: torch.device, pool: Any) -> int:
@@ -536,23 +575,24 @@ class WorkerSink:
     def report(self, runner: CudaRunner, warm_s: float) -> None:
         """Once per model's runner: a worker with many models counts all their graphs."""
         self.ctl.set("device_kind", 1 if runner.on_cuda else 0)
-        self.ctl.add("graphs", len(runner.graphs))
-        self.ctl.add("graphs_expected", runner.expected_graphs)
-        self.ctl.add("graph_bytes", runner.graph_bytes())
-        self.ctl.set("capture_error", max(self.ctl.get("capture_error"), runner.capture_code))
+        graphs = runner.graphs
+        self.ctl.add("graphs", len(graphs))
+        self.ctl.add("graphs_expected", graphs.expected)
+        self.ctl.add("graph_bytes", graphs.held_bytes())
+        self.ctl.set("capture_error", max(self.ctl.get("capture_error"), graphs.code))
         fields: dict[str, Any] = {
             "serial": self.serial,
             "device": self.device,
             "precision": runner.precision,
-            "graphs": len(runner.graphs),
-            "graphs_expected": runner.expected_graphs,
-            "graph_bytes": runner.graph_bytes(),
-            "capture_s": round(runner.capture_s, 3),
+            "graphs": len(graphs),
+            "graphs_expected": graphs.expected,
+            "graph_bytes": graphs.held_bytes(),
+            "capture_s": round(graphs.seconds, 3),
             "warm_s": round(warm_s, 3),
-            "per_graph": runner.graph_stats,
+            "per_graph": graphs.stats,
         }
-        if runner.capture_error:
-            fields["capture_error"] = runner.capture_error
+        if graphs.error:
+            fields["capture_error"] = graphs.error
             self.log.error("cuda_graphs_failed", serving="eager, for the life of this worker",
                            **fields)  # fmt: skip
         else:
@@ -587,7 +627,7 @@ def make_runner(
         )  # fmt: skip
     except RuntimeError as exc:  # CUDA init, the weights' copy, a buffer: all the device's
         raise DeviceError(first_line(exc)) from exc
-    gpu.inject_capture_error = HOOKS.capture_error
+    gpu.graphs.inject_error = HOOKS.capture_error
     sink = WorkerSink(ctl, spec.serial, device)
     fallback = FallbackRunner(gpu, cpu, sink, HOOKS.inject_oom_batches)
     return fallback, partial(sink.started, fallback)

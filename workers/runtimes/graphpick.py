@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 from ringserve.workers.artifact import load_manifest, load_tokenizer
+from ringserve.workers.cpu import speed_key
 from ringserve.workers.runtimes.onnx_model import fetched_outputs, open_session
 
 GRAPHS = ("plain", "fused")
@@ -32,16 +33,6 @@ SHAPES = ((1, 16), (8, 32), (2, 128))
 BUDGET_S = 1.0  # timing rounds stop after this long (at least MIN_ROUNDS of them)
 MIN_ROUNDS = 3
 TIMEOUT_S = 60.0  # the child: loading two 90 MB graphs and the timing itself take seconds
-
-
-def _cpu_key() -> str:
-    """The CPU as far as speed goes: its model name and instruction-set flags."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    lines = [x for x in info.splitlines() if x.startswith(("model name", "flags"))]
-    return hashlib.sha256("\n".join(sorted(set(lines))).encode()).hexdigest()[:12]
 
 
 def time_graphs(model_dir: str, files: dict[str, str], vocab: int) -> dict[str, Any]:
@@ -90,7 +81,7 @@ def _cache_file(cache_dir: Path | None, fingerprint: str) -> Path | None:
     if cache_dir is None:
         return None
     name = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
-    return cache_dir / "graphs" / f"{name}-{_cpu_key()}.json"
+    return cache_dir / "graphs" / f"{name}-{speed_key()}.json"
 
 
 def _run_child(model_dir: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ringserve.workers.process.batcher import BATCH_OVERHEAD
+from ringserve.workers.batches import BATCH_OVERHEAD
 from ringserve.workers.runtimes.cpu import CpuRunner, softmax
 from ringserve.workers.runtimes.onnx_model import TOKENS_OUTPUT
 
