@@ -110,11 +110,12 @@ def default_document(key: bool = False) -> dict[str, Any]:
     `key`: and an API key, whose routes also answer 401 and, rate-limited, 429)."""
     from ringserve.service.config.settings import Config
     from ringserve.service.protocols import openapi
+    from ringserve.service.protocols.endpoint import Facts
     from ringserve.service.protocols.kserve import VERSION
     from ringserve.service.version import version
 
     s = Config()
-    f = openapi.Facts(
+    f = Facts(
         model="sst2-minilm",
         labels=["negative", "positive"],
         tasks=["classify", "embed"],

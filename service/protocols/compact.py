@@ -59,7 +59,7 @@ def check(info: ModelInfo, kinds: list[str], cut: bool, normalize: bool | None =
         raise HttpError(400, WHOLE_VECTORS.say(kind=asked[0]))
     own = info.manifest.normalize
     if normalize is not None and normalize != own:
-        raise HttpError(400, OWN_VECTORS.say(kind=asked[0], normalize=str(own).lower()))
+        raise HttpError(400, OWN_VECTORS.say(kind=asked[0], normalize="true" if own else "false"))
     return ranges
 
 

@@ -39,7 +39,6 @@ from ringserve.service.protocols.routes import MODEL_REQUIRED, NEEDS_TASK, Route
 from ringserve.service.version import version
 from ringserve.service.views import FrontView
 
-__all__ = ["Facts", "document", "register", "render"]
 OPENAPI = "3.1.0"
 STRING: Schema = {"type": "string"}  # a header's or a path parameter's value
 HEADERS: dict[str, Schema] = {

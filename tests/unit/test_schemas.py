@@ -11,6 +11,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from ringserve.service.protocols import errors, openapi_schemas
+from ringserve.service.protocols.endpoint import Facts
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.schemas import (
     NOT_BLANK,
@@ -196,7 +197,7 @@ def test_each_error_body_is_its_structs(path: bytes, status: int, fields: dict[s
 def test_two_structs_of_one_name_fail_the_document() -> None:
     """Components of one name from two Structs would overwrite each other silently: the
     document refuses them (a rerank `Document` beside the OpenAPI document's Struct did)."""
-    f = openapi_schemas.Facts(
+    f = Facts(
         model="m", labels=["a", "b"], tasks=["classify", "embed"], dimension=8, max_texts=4,
         max_documents=3, max_body=1000, version="1", server_version="0", key=False,
     )  # fmt: skip
