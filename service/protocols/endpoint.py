@@ -129,7 +129,7 @@ class Endpoint:
     body: SchemaOf = None  # the JSON request body; None: no body is read
     inference: bool = False  # admitted for a worker: deadlines, 503 and 504, x-latency-ms
     model_path: bool = False  # has {model} (and maybe {version}): 404 for another
-    model_body: bool = False  # takes "model" and "version" in its body: 404 for another
+    model_body: bool = False  # "model" and "version" in its body: 404 another, 400 none of many
     repository_path: bool = False  # {model} is any name: the repository's, loaded or not
     body_optional: bool = False  # an empty body is taken as {} (tritonclient sends none)
     needs: tuple[str, ...] = ()  # the model tasks it serves: a 400 for a model with none
@@ -144,6 +144,8 @@ class Endpoint:
 
 
 LATENCY = ("x-latency-ms",)
+ERROR_BODY = "error"  # an error answer's schema: the document writes the family's shape
+TOO_LONG_BODY = "error_too_long"  # the same, with a too-long text's counts
 
 
 def ok(
@@ -159,7 +161,3 @@ def ok(
 def error(description: str, *headers: str) -> Answer:
     """An error answer: the route family's error body (openapi.py writes each family's)."""
     return Answer(description, ERROR_BODY, headers=headers)
-
-
-ERROR_BODY = "error"  # an error answer's schema: the document writes the family's shape
-TOO_LONG_BODY = "error_too_long"  # the same, with a too-long text's counts

@@ -47,6 +47,7 @@ FULL = Rule("{n} shared-memory regions are registered already")
 UNOPENED = Rule("cannot open shared memory {key}: {why}")
 PAST_END = Rule("region {at} runs past the {n} bytes of {key}")
 NO_CUDA = "CUDA shared memory is not served: ringserve's tensors live in host memory"
+CUDA_REFUSED = Rule(NO_CUDA)  # HTTP's register (gRPC's answers NO_CUDA too: rpc/triton.py)
 PARAM_REGION = "shared_memory_region"
 PARAM_OFFSET = "shared_memory_offset"
 PARAM_SIZE = "shared_memory_byte_size"
@@ -257,7 +258,7 @@ def http_unregister(ex: Exchange, region: str | None) -> dict[str, Any]:
 
 
 def cuda_register(ex: Exchange, region: str | None) -> dict[str, Any]:
-    raise HttpError(400, NO_CUDA)
+    raise HttpError(400, CUDA_REFUSED.say())
 
 
 REGISTER_RULES: Rules = (UNOPENED, BAD_KEY, OWN_SEGMENT, TAKEN, PAST_END, FULL)
@@ -292,5 +293,5 @@ ROUTES = [
     Endpoint("POST", CUDA + "/region/{region}/register", serve(cuda_register),
              "CUDA shared memory is not served: always 400", "kserve",
              {400: error("CUDA shared memory is not served")}, "anything",
-             rules=(Rule(regex=r"^CUDA shared memory is not served"),)),
+             rules=(CUDA_REFUSED,)),
 ]  # fmt: skip
