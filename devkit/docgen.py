@@ -27,7 +27,10 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ringserve.service.protocols.endpoint import Endpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference"
@@ -107,11 +110,12 @@ def default_document(key: bool = False) -> dict[str, Any]:
     `key`: and an API key, whose routes also answer 401 and, rate-limited, 429)."""
     from ringserve.service.config.settings import Config
     from ringserve.service.protocols import openapi
+    from ringserve.service.protocols.endpoint import Facts
     from ringserve.service.protocols.kserve import VERSION
     from ringserve.service.version import version
 
     s = Config()
-    f = openapi.Facts(
+    f = Facts(
         model="sst2-minilm",
         labels=["negative", "positive"],
         tasks=["classify", "embed"],
@@ -124,8 +128,30 @@ def default_document(key: bool = False) -> dict[str, Any]:
         key=key,
     )
     # /docs/openapi.json is the operator port's alone (its /docs shows the HTTP port's document)
-    served = [r for r in openapi.routes(f) if r != ("GET", "/docs/openapi.json")]
+    served = [e for e in every_route() if e.key != ("GET", "/docs/openapi.json")]
     return openapi.document(served, f)
+
+
+def every_route() -> list[Endpoint]:
+    """Every route the HTTP and operator ports can serve: each module's declarations (the
+    lists the router mounts; tests/unit/test_routes_declared.py checks none is left out)."""
+    from ringserve.service.ops import apidocs, metrics
+    from ringserve.service.protocols import (
+        cohere_api,
+        kserve,
+        multivector,
+        openapi,
+        routes,
+        shm_regions,
+        sparse_api,
+        tasks,
+        tei_api,
+        token_classify,
+    )
+
+    modules = [routes, tasks, tei_api, cohere_api, multivector, sparse_api, token_classify]
+    modules += [kserve, shm_regions, metrics, apidocs, openapi]
+    return [e for m in modules for e in m.ROUTES]
 
 
 def operations(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

@@ -261,39 +261,12 @@ def code_env() -> set[str]:
 
 
 def code_routes() -> set[tuple[str, str]]:
-    """Every route the HTTP and operator ports can register: the OpenAPI route table (which
-    tests/system/test_openapi.py holds equal to the router's)."""
-    from ringserve.service.protocols import openapi
-
+    """Every route the HTTP and operator ports can register: the declarations the router
+    mounts and the document is written from (protocols/endpoint.py)."""
     from devkit import docgen
 
     doc = docgen.default_document()
-    return (
-        {(m, p) for m, p, _ in docgen.operations(doc)}
-        | {("GET", "/docs/openapi.json")}
-        | {(m, p) for m, p in openapi.routes(facts())}
-    )
-
-
-def facts():  # type: ignore[no-untyped-def]
-    from ringserve.service.protocols import openapi
-    from ringserve.service.protocols.kserve import VERSION
-    from ringserve.service.version import version
-    from ringserve.workers.artifact import TASKS
-
-    return openapi.Facts(
-        model="m",
-        labels=["a", "b"],
-        tasks=list(TASKS),  # every task's routes: the union a server of each could serve
-        dimension=4,
-        max_texts=1,
-        max_documents=1,
-        max_body=1,
-        version=VERSION,
-        server_version=version(),
-        key=True,
-        models=("m", "n"),
-    )
+    return {(m, p) for m, p, _ in docgen.operations(doc)} | {e.key for e in docgen.every_route()}
 
 
 PROMETHEUS = ROOT / "service" / "ops" / "prometheus.py"

@@ -11,6 +11,7 @@ import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
+from ringserve.service.protocols.endpoint import Endpoint, Handler, ok
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Router
 
@@ -54,6 +55,64 @@ def static_dir() -> Path | None:
     return folder if all((folder / name).is_file() for name in ASSETS) else None
 
 
+class Page:
+    """What /docs serves: the page, the document it shows, and its assets (read at start)."""
+
+    def __init__(self, folder: Path, api: Callable[[], bytes] | None) -> None:
+        self.html = (PAGE % ("openapi.json" if api is None else "docs/openapi.json")).encode()
+        self.api = api
+        self.assets = {name: (folder / name).read_bytes() for name in ASSETS}
+
+
+def page(docs: Page) -> Handler:
+    def serve(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        conn.respond(ex, 200, docs.html, b"text/html; charset=utf-8", NO_STORE)
+
+    return serve
+
+
+def api_document(docs: Page) -> Handler:
+    document = docs.api
+    assert document is not None  # mounted only with a document to show
+
+    def serve(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        conn.respond(ex, 200, document(), extra=NO_STORE)
+
+    return serve
+
+
+def asset(name: str) -> Callable[[Page], Handler]:
+    kind = ASSETS[name]
+
+    def make(docs: Page) -> Handler:
+        body = docs.assets[name]
+
+        def serve(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+            conn.respond(ex, 200, body, kind, CACHE)
+
+        return serve
+
+    return make
+
+
+NO_STORE = [(b"cache-control", b"no-store")]
+CACHE = [(b"cache-control", b"max-age=3600")]
+DOCUMENT = Endpoint(
+    "GET", "/docs/openapi.json", api_document,
+    "On the operator port: the HTTP port's document, which /docs there shows", "meta",
+    ok("OpenAPI 3.1", "document"),
+)  # fmt: skip
+ROUTES = [
+    Endpoint("GET", "/docs", page, "Swagger UI for this document (off: --no-docs-page)", "meta",
+             ok("an HTML page", None, "text/html")),
+    DOCUMENT,
+    Endpoint("GET", "/docs/swagger-ui.css", asset("swagger-ui.css"), "Swagger UI's style sheet",
+             "meta", ok("CSS", None, "text/css")),
+    Endpoint("GET", "/docs/swagger-ui-bundle.js", asset("swagger-ui-bundle.js"),
+             "Swagger UI's script", "meta", ok("JavaScript", None, "text/javascript")),
+]  # fmt: skip
+
+
 def register(router: Router, api: Callable[[], bytes] | None = None) -> None:
     """Add GET /docs and its assets (read now, into memory: about 1.6 MB). The page shows this
     listener's /openapi.json; on the operator listener, `api` gives the HTTP port's document,
@@ -66,31 +125,4 @@ def register(router: Router, api: Callable[[], bytes] | None = None) -> None:
             "ringserve: /docs needs the swagger-ui-py package (pip install swagger-ui-py), "
             "or turn the page off with --no-docs-page"
         )
-    cache = [(b"cache-control", b"max-age=3600")]
-
-    html = (PAGE % ("openapi.json" if api is None else "docs/openapi.json")).encode()
-
-    def page(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-        conn.respond(ex, 200, html, b"text/html; charset=utf-8", [(b"cache-control", b"no-store")])
-
-    router.add("GET", "/docs", page)
-    if api is not None:
-        document = api
-
-        def api_document(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-            conn.respond(ex, 200, document(), extra=[(b"cache-control", b"no-store")])
-
-        router.add("GET", "/docs/openapi.json", api_document)
-    for name, kind in ASSETS.items():
-        body = (folder / name).read_bytes()
-
-        def asset(
-            conn: HttpProtocol,
-            ex: Exchange,
-            params: dict[str, str],
-            body: bytes = body,
-            kind: bytes = kind,
-        ) -> None:
-            conn.respond(ex, 200, body, kind, cache)
-
-        router.add("GET", f"/docs/{name}", asset)
+    router.mount([r for r in ROUTES if api is not None or r is not DOCUMENT], Page(folder, api))

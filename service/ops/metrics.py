@@ -26,6 +26,7 @@ from ringserve.service.ops.stats import (
     graph_report,
 )
 from ringserve.service.ops.views import MetricsView
+from ringserve.service.protocols.endpoint import Endpoint, Handler, ok
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Router
 from ringserve.workers.spec import is_gpu_device
@@ -188,25 +189,47 @@ class Metrics:
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
+NO_STORE = [(b"cache-control", b"no-store")]
+
+
+def text(metrics: Metrics) -> Handler:
+    def serve(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        conn.respond(ex, 200, metrics.render(), prometheus.CONTENT_TYPE, NO_STORE)
+
+    return serve
+
+
+def stats(metrics: Metrics) -> Handler:
+    def serve(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        conn.respond(ex, 200, json.dumps(metrics.snapshot()).encode(), extra=NO_STORE)
+
+    return serve
+
+
+def dashboard(metrics: Metrics) -> Handler:
+    page = DASHBOARD.read_bytes()
+
+    def serve(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
+        conn.respond(ex, 200, page, b"text/html; charset=utf-8", NO_STORE)
+
+    return serve
+
+
+ROUTES = [
+    Endpoint("GET", "/metrics", text, "Prometheus metrics", "operator",
+             ok("text exposition format 0.0.4", None, "text/plain")),
+    Endpoint("GET", "/v1/stats", stats, "JSON for dashboards", "operator",
+             ok("the server's figures", "stats")),
+    Endpoint("GET", "/dashboard", dashboard, "The operator page", "operator",
+             ok("an HTML page", None, "text/html")),
+]  # fmt: skip
+
+
 def register(router: Router, server: MetricsSource) -> Metrics:
     """Add /metrics, /v1/stats and /dashboard, and start the metrics tick. The caller wires the
     returned collectors into the server and the pool."""
     metrics = Metrics(server)
-    page = DASHBOARD.read_bytes()
-    no_store = [(b"cache-control", b"no-store")]
-
-    def text(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-        conn.respond(ex, 200, metrics.render(), prometheus.CONTENT_TYPE, no_store)
-
-    def stats(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-        conn.respond(ex, 200, json.dumps(metrics.snapshot()).encode(), extra=no_store)
-
-    def dashboard(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
-        conn.respond(ex, 200, page, b"text/html; charset=utf-8", no_store)
-
-    router.add("GET", "/metrics", text)
-    router.add("GET", "/v1/stats", stats)
-    router.add("GET", "/dashboard", dashboard)
+    router.mount(ROUTES, metrics)
     metrics.start()
     return metrics
 

@@ -16,9 +16,9 @@ from ringserve.service.protocols import compact, tasks
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
-    inference,
     needs_task,
     request_model,
+    task_route,
 )
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas import server as bodies
@@ -107,7 +107,20 @@ def cohere_rerank_v2(
     tasks.submit_texts(server, conn, ex, payloads, answer)
 
 
+ROUTES = [
+    task_route(
+        "/v2/embed", cohere_embed, "Embeddings, in Cohere's v2 shape", "embed",
+        ("by type", "cohere_embed", "cohere_embed"),
+        {"texts": ["a fine film"], "input_type": "search_document"},
+        (tasks.DIMENSIONS.only(key="output_dimension"), *tasks.COMPACT_RULES),
+    ),
+    task_route(
+        "/v2/rerank", cohere_rerank_v2, "Rerank documents, in Cohere's v2 shape", "rerank",
+        ("highest score first", "cohere_rerank_v2", "cohere_rerank_v2"),
+        {"query": "films", "documents": ["a film", "a cat"]},
+    ),
+]  # fmt: skip
+
+
 def cohere_routes(router: Router) -> None:
-    s = router.server
-    router.add("POST", "/v2/embed", inference(s, cohere_embed))
-    router.add("POST", "/v2/rerank", inference(s, cohere_rerank_v2))
+    router.mount(ROUTES)

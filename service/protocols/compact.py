@@ -12,10 +12,22 @@ from typing import Any
 
 import numpy as np
 from ringserve.service.models.info import ModelInfo
+from ringserve.service.protocols.endpoint import Rule
 from ringserve.service.protocols.http import HttpError
 
 CALIBRATED = ("int8", "uint8")  # need the artifact's calibration
 COMPACT = (*CALIBRATED, "binary", "ubinary")
+# What `check` refuses int8 and uint8 for: an artifact without their calibration, or vectors
+# other than those calibrated (tasks.COMPACT_RULES lists them for the document)
+NO_CALIBRATION = Rule(
+    "{kind} is not served by model {model}: its artifact has no calibration (build it again "
+    "with this version's `ringserve export`); binary and ubinary need none"
+)
+WHOLE_VECTORS = Rule(
+    "{kind} ranges are calibrated on the model's whole vectors: ask without dimensions "
+    "(output_dimension), or for binary or ubinary"
+)
+OWN_VECTORS = Rule("{kind} ranges are calibrated on the model's own vectors: normalize {normalize}")
 _RANGES: dict[str, np.ndarray] = {}  # fingerprint -> [2, D] float32, read once a manifest
 
 
@@ -42,24 +54,12 @@ def check(info: ModelInfo, kinds: list[str], cut: bool, normalize: bool | None =
         return None
     ranges = calibration(info)
     if ranges is None:
-        raise HttpError(
-            400,
-            f"{asked[0]} is not served by model {info.name}: its artifact has no calibration "
-            "(build it again with this version's `ringserve export`); binary and ubinary need none",
-        )
+        raise HttpError(400, NO_CALIBRATION.say(kind=asked[0], model=info.name))
     if cut:
-        raise HttpError(
-            400,
-            f"{asked[0]} ranges are calibrated on the model's whole vectors: ask without "
-            "dimensions (output_dimension), or for binary or ubinary",
-        )
+        raise HttpError(400, WHOLE_VECTORS.say(kind=asked[0]))
     own = info.manifest.normalize
     if normalize is not None and normalize != own:
-        raise HttpError(
-            400,
-            f"{asked[0]} ranges are calibrated on the model's own vectors: normalize "
-            f"{'true' if own else 'false'}",
-        )
+        raise HttpError(400, OWN_VECTORS.say(kind=asked[0], normalize="true" if own else "false"))
     return ranges
 
 

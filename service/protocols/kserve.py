@@ -35,6 +35,17 @@ from ringserve.service.protocols import (
     token_classify,
 )
 from ringserve.service.protocols.admit import asked_priority, latency_header
+from ringserve.service.protocols.endpoint import (
+    LATENCY,
+    Answer,
+    Endpoint,
+    Facts,
+    Handler,
+    Rule,
+    Rules,
+    error,
+    ok,
+)
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
@@ -77,19 +88,10 @@ KHandler = Callable[[FrontView, HttpProtocol, Exchange, dict[str, str]], None]
 
 
 def register(router: Router) -> None:
-    server = router.server
-    router.add("GET", "/v2", guard(server, server_metadata))
-    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        router.add("GET", base, guard(server, model_metadata))
-        router.add("GET", base + "/ready", guard(server, model_ready))
-        router.add("GET", base + "/config", guard(server, model_config))
-        router.add("POST", base + "/infer", guard(server, infer, inference=True))
-        router.add("GET", base + "/stats", guard(server, model_stats))
-    router.add("GET", "/v2/models/stats", guard(server, model_stats))
+    """KServe's routes (ROUTES, at the end), with the shared-memory extension's."""
+    router.mount(ROUTES[:-3])
     shm_regions.register_routes(router)
-    router.add("POST", "/v2/repository/index", guard(server, repository_index))
-    router.add("POST", "/v2/repository/models/{model}/load", guard(server, repository_load))
-    router.add("POST", "/v2/repository/models/{model}/unload", guard(server, repository_unload))
+    router.mount(ROUTES[-3:])  # the repository extension
 
 
 def guard(
@@ -827,3 +829,127 @@ def run_repository(conn: HttpProtocol, ex: Exchange, call: Awaitable[Failure]) -
     task = asyncio.get_running_loop().create_task(run())
     _pending.add(task)
     task.add_done_callback(_pending.discard)
+
+
+# -- the routes -----------------------------------------------------------------------------------
+def guarded(handler: KHandler, inference: bool = False) -> Callable[[FrontView], Handler]:
+    return lambda server: guard(server, handler, inference)
+
+
+SHM_RULES: Rules = (  # shm_regions: a region not registered, or too small
+    Rule(regex=r"shared memory and (data|contents) both$"),
+    Rule(regex=r"shared-memory offset or size without a region$"),
+    Rule(regex=r"needs shared_memory_byte_size$"),
+    shm_regions.UNKNOWN_REGION,
+    Rule(regex=r"runs past region"),
+    Rule(regex=r"^output needs \d+ bytes, shared_memory_byte_size is \d+$"),
+    Rule(regex=r"^BYTES tensor (data ends|element runs)"),
+    Rule(regex=r"^input \w+ has shape .* but \d+ texts$"),
+)
+INFER_RULES: Rules = (  # what read_texts and read_outputs check across fields
+    *SHM_RULES,
+    Rule(regex=r"^inputs must be a list of one input"),  # "text" present, each name once
+    Rule(regex=r"^input \w+ has shape .* but \d+ elements$"),
+    Rule(regex=r"^input text_pair has \d+ texts, text has \d+$"),
+    Rule(regex=r"^input \w+ has neither data nor binary_data_size$"),
+    Rule(regex=r"^binary_data_size \d+ but \d+ bytes left$"),
+    Rule(regex=r"^binary data given, but no input names it"),
+    Rule(regex=r"^input text must hold 1 to \d+ texts$"),
+    Rule(regex=r"^output '\w+' asked for twice$"),
+    Rule(regex=r"^input data mixes rows and texts$"),
+    Rule(regex=r"^unknown output '(embedding|token_\w+)': the model gives"),  # a model without
+    Rule(regex=r"^unknown output '(scores|label|embedding)': the model gives token"),  # tokens'
+    token_classify.ONE_TEXT,
+    token_classify.KSERVE_STRIDE_TRUNCATE,
+    token_classify.STRIDE,
+    prompts.UNKNOWN,
+)
+# A multivector model's infer scores pairs (multivector.kserve_ask): a text without its pair.
+MULTIVECTOR_INFER: Rules = (
+    Rule(regex=r"scores a query \(text\) against a document \(text_pair\) by MaxSim"),
+    Rule(regex=r"^unknown output 'label': the model gives scores$"),
+)
+
+
+def model_rules(f: Facts) -> Rules:
+    """What an infer call can be refused for by this model: a multivector model's pairs, and
+    the outputs of another kind of model (sparse_terms.OUTPUTS are a sparse model's only)."""
+    multi = MULTIVECTOR_INFER if "multivector" in f.tasks else ()
+    if "sparse" in f.tasks:
+        return (*multi, Rule(regex=r"^unknown output '\w+': the model gives sparse_indices"))
+    return (*multi, Rule(regex=r"^unknown output 'sparse_\w+': the model gives"))
+
+
+INFER_DESCRIPTION = (
+    "The binary tensor data extension works both ways: a body may be the JSON header followed "
+    "by tensor data, its length in Inference-Header-Content-Length (and gzip or deflate "
+    "Content-Encoding); with binary outputs the answer is application/octet-stream, the "
+    "header's length in Inference-Header-Content-Length."
+)
+INFER_EXAMPLE = {
+    "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a fine film"]}]
+}
+
+
+def model_routes(base: str) -> list[Endpoint]:
+    """A model's routes under `base`: by name, or by name and version."""
+    stats = "Triton's statistics of a model (all its versions) or of one version"
+    not_ready = Answer("not ready", "kserve_ready", headers=("retry-after",))
+    return [
+        Endpoint("GET", base, guarded(model_metadata), "KServe v2 model metadata", "kserve",
+                 ok("model metadata", "kserve_model"), model_path=True),
+        Endpoint("GET", base + "/ready", guarded(model_ready), "KServe v2 model readiness",
+                 "kserve", {**ok("ready", "kserve_ready"), 503: not_ready}, model_path=True),
+        Endpoint("GET", base + "/config", guarded(model_config), "Triton's model configuration",
+                 "kserve", ok("model configuration", "kserve_config"), model_path=True),
+        Endpoint(
+            "POST", base + "/infer", guarded(infer, inference=True), "KServe v2 inference",
+            "kserve",
+            ok("the outputs asked for (all of them when none is named)", "kserve_infer",
+               "application/json", *LATENCY, binary=True),
+            "infer", inference=True, model_path=True, needs=("classify",), rules=INFER_RULES,
+            more_rules=model_rules, description=INFER_DESCRIPTION,
+            examples={"one": INFER_EXAMPLE},
+        ),
+        Endpoint("GET", base + "/stats", guarded(model_stats), stats, "kserve",
+                 ok("statistics", "kserve_stats"), model_path=True),
+    ]  # fmt: skip
+
+
+# What a well-formed load or unload can still be refused with (400): the server's model control,
+# or an artifact that fails its checks.
+REPOSITORY_RULES = (Rule(regex=r"--model-control"), Rule(regex=r"^bad artifact"),
+                    Rule(regex=r"fingerprint"))  # fmt: skip
+REPOSITORY_ERRORS = {
+    400: error("a bad body, a bad artifact (the reason), or --model-control none refuses"),
+    404: error("no such model in the repository"),
+    405: error("--model-control none: the server's models are fixed"),
+    409: error("the load would exceed --memory-budget (the reason)"),
+    500: error("its workers could not load or serve the new set: rolled back (the reason)"),
+    503: error("the server is draining", "retry-after?"),
+}
+DONE = {
+    **REPOSITORY_ERRORS,
+    **ok("done: the model serves (load) or is gone (unload)", "kserve_done"),
+}
+ROUTES = [
+    Endpoint("GET", "/v2", guarded(server_metadata), "KServe v2 server metadata", "kserve",
+             ok("server metadata", "kserve_server")),
+    *model_routes("/v2/models/{model}"),
+    *model_routes("/v2/models/{model}/versions/{version}"),
+    Endpoint("GET", "/v2/models/stats", guarded(model_stats),
+             "Triton's statistics of every model", "kserve", ok("statistics", "kserve_stats")),
+    # The repository extension, as tritonclient's get_model_repository_index, load_model and
+    # unload_model call it
+    Endpoint("POST", "/v2/repository/index", guarded(repository_index),
+             "Every model of the repository, loaded or not (an empty body is taken)", "kserve",
+             ok("one row a (name, version)", "kserve_rows"), "repository_index",
+             body_optional=True),
+    Endpoint("POST", "/v2/repository/models/{model}/load", guarded(repository_load),
+             "Load a model (answered once it serves)", "kserve", DONE, "repository_load",
+             repository_path=True, rules=REPOSITORY_RULES, body_optional=True),
+    Endpoint("POST", "/v2/repository/models/{model}/unload", guarded(repository_unload),
+             "Unload a model (answered once what was admitted for it is answered)", "kserve",
+             DONE, "repository_unload", repository_path=True, rules=REPOSITORY_RULES,
+             body_optional=True),
+]  # fmt: skip

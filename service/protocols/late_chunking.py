@@ -20,10 +20,21 @@ from typing import Any
 import numpy as np
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
+from ringserve.service.protocols.endpoint import Rule
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.vocab import framing, tokenizer_for
 from ringserve.shm import layout as L
 
+# What a late-chunked body the schema allows can still be refused for (tasks.LATE_RULES)
+TEXTS_ONLY = Rule("late_chunking takes texts, not token ids")
+POOLING = Rule("late_chunking cannot pool by {pooling} (model {model})")
+NO_TOKENS = Rule("input[{i}] has no tokens of its own")
+NO_STATES = Rule(
+    "late_chunking is not served by model {model}: it needs the token states, which an artifact "
+    "built by this version's `ringserve export` gives on ONNX Runtime or OpenVINO"
+)
+DENSE = Rule("late_chunking is not served by model {model}: a Dense module follows its pooling")
+UNWINDOWED = Rule("this document cannot be windowed on its tokens' boundaries")
 POOLINGS = ("mean", "max", "cls", "last", "mean_sqrt_len", "weightedmean")
 Span = tuple[int, int]  # a token's characters in the joined text: [start, end)
 
@@ -35,20 +46,12 @@ def check_model(info: ModelInfo) -> str:
     extra = info.manifest.extra
     width = extra.get("token_vectors", 0)
     if not isinstance(width, int) or width <= 0 or info.runtime not in ("onnx", "openvino"):
-        raise HttpError(
-            400,
-            f"late_chunking is not served by model {info.name}: it needs the token states, "
-            "which an artifact built by this version's `ringserve export` gives on ONNX Runtime "
-            "or OpenVINO",
-        )
+        raise HttpError(400, NO_STATES.say(model=info.name))
     if extra.get("dense") or width != info.manifest.dimension:
-        raise HttpError(
-            400, f"late_chunking is not served by model {info.name}: a Dense module follows "
-            "its pooling",
-        )  # fmt: skip
+        raise HttpError(400, DENSE.say(model=info.name))
     pooling = str(extra.get("pooling", "mean"))
     if pooling not in POOLINGS:
-        raise HttpError(400, f"late_chunking cannot pool by {pooling} (model {info.name})")
+        raise HttpError(400, POOLING.say(pooling=pooling, model=info.name))
     return pooling
 
 
@@ -138,7 +141,7 @@ class Plan:
         self.spans = owners(self.offsets, chunk_bounds(chunks, len(prompt)))
         empty = next((c for c, s in enumerate(self.spans) if not s), None)
         if empty is not None:
-            raise HttpError(400, f"input[{empty}] has no tokens of its own")
+            raise HttpError(400, NO_TOKENS.say(i=empty))
         before, after = framing(tokenizer)
         self.lead = len(before)
         self.tokens = len(self.offsets) + len(before) + len(after)
@@ -159,9 +162,7 @@ class Plan:
             )
             for (a, b), e in zip(self.windows, again, strict=True):
                 if e.ids != enc.ids[a:b]:
-                    raise HttpError(
-                        400, "this document cannot be windowed on its tokens' boundaries"
-                    )
+                    raise HttpError(400, UNWINDOWED.say())
         self.best = best_window(self.windows, len(self.offsets))
 
     def window_text(self, a: int, b: int) -> bytes:
@@ -207,7 +208,7 @@ def chunks_of(value: str | list[Any]) -> list[str]:
     if isinstance(value, str):
         return [value]
     if not all(isinstance(v, str) for v in value):
-        raise HttpError(400, "late_chunking takes texts, not token ids")
+        raise HttpError(400, TEXTS_ONLY.say())
     return list(value)
 
 

@@ -22,7 +22,7 @@ from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.routes import Router, inference, needs_task, request_model
+from ringserve.service.protocols.routes import Router, needs_task, request_model, task_route
 from ringserve.service.protocols.schemas import Truncation, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.views import FrontView
@@ -136,5 +136,15 @@ def multi_embeddings(
     admit.submit(server.admission, conn, ex, ask, done)
 
 
+ROUTES = [
+    task_route(
+        "/v1/embeddings/multi", multi_embeddings,
+        "Token vectors of a multivector (ColBERT) model, one matrix a text", "multivector",
+        ("one matrix a text", "multi_embeddings", "multi_embeddings"),
+        {"input": ["a fine film"], "input_type": "document"},
+    ),
+]  # fmt: skip
+
+
 def routes(router: Router) -> None:
-    router.add("POST", "/v1/embeddings/multi", inference(router.server, multi_embeddings))
+    router.mount(ROUTES)

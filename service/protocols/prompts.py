@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ringserve.service.protocols.endpoint import Rule
 from ringserve.service.protocols.http import HttpError
 from ringserve.workers.artifact import Manifest
+
+UNKNOWN = Rule("prompt_name {name} is not one of this model's prompts: {known}")
 
 
 def prompts_of(manifest: Manifest) -> dict[str, str]:
@@ -35,7 +38,7 @@ def prompt_bytes(manifest: Manifest, name: Any = None) -> bytes:
             return b""
     if not isinstance(name, str) or name not in prompts:
         known = ", ".join(sorted(prompts)) or "none"
-        raise HttpError(400, f"prompt_name {name!r} is not one of this model's prompts: {known}")
+        raise HttpError(400, UNKNOWN.say(name=repr(name), known=known))
     return prompts[name].encode("utf-8")
 
 

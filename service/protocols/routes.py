@@ -1,9 +1,10 @@
-"""HTTP routes: our JSON API (/v1), health, and the hooks for KServe v2, metrics and dashboard."""
+"""HTTP routes: our JSON API (/v1) and health, declared in `ROUTES`; the router that mounts every
+module's declarations (protocols/endpoint.py), and the checks the other routes share."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote
 
@@ -13,11 +14,23 @@ from ringserve.service.models.info import ModelInfo
 from ringserve.service.models.modelset import ModelRequired, UnknownModel
 from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
+from ringserve.service.protocols.endpoint import (
+    LATENCY,
+    Answer,
+    Endpoint,
+    Handler,
+    Rule,
+    Rules,
+    Schema,
+    SchemaOf,
+    ok,
+)
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.schemas import UNSET, LongText, Named, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas.operator import Live, Ready
 from ringserve.service.protocols.schemas.v1 import (
+    ONE_OR_MANY,
     Classify,
     ClassifyBatch,
     ClassifyResult,
@@ -31,7 +44,11 @@ from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import MANIFEST_FILE
 
-Handler = Callable[[HttpProtocol, Exchange, dict[str, str]], None]
+# The 400s beyond a body's schema that every route naming a model can give (the document lists
+# them: protocols/openapi.py): a model without the route's task, no "model" among several.
+NEEDS_TASK = Rule("model {model} does not {task}; its tasks: {tasks}")
+MODEL_REQUIRED = Rule(regex=r"^several models are loaded \(")  # ModelRequired's (modelset.py)
+PAIRS_UNEVEN = Rule("text_pairs must be a list as long as texts")
 
 
 def as_integer(value: Any) -> int | None:
@@ -142,7 +159,7 @@ def needs_task(info: ModelInfo, task: str) -> None:
     """400 naming the model's tasks when it does not do `task`."""
     tasks = info.manifest.task
     if task not in tasks:
-        raise HttpError(400, f"model {info.name} does not {task}; its tasks: {', '.join(tasks)}")
+        raise HttpError(400, NEEDS_TASK.say(model=info.name, task=task, tasks=", ".join(tasks)))
 
 
 def classify(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
@@ -176,7 +193,7 @@ def classify_texts(body: Classify) -> tuple[list[bytes], bool]:
         texts = [t.encode() for t in body.texts]
         if isinstance(body.text_pairs, list):
             if len(body.text_pairs) != len(texts):
-                raise HttpError(400, "text_pairs must be a list as long as texts")
+                raise HttpError(400, PAIRS_UNEVEN.say())
             texts = [
                 t + L.PAIR_SEPARATOR + p.encode()
                 for t, p in zip(texts, body.text_pairs, strict=True)
@@ -293,12 +310,21 @@ class Router:
         self.server = server
         self.exact: dict[bytes, dict[bytes, Handler]] = {}
         self.patterns: list[tuple[list[str], dict[bytes, Handler]]] = []
-        self.routes: list[tuple[str, str]] = []  # (method, path) as added: what openapi documents
+        self.routes: list[tuple[str, str]] = []  # (method, path) as added
+        self.declared: list[Endpoint] = []  # the declarations mounted: what openapi documents
         # Paths matched lately (a pattern's: the same few model paths, request after request),
         # so a request skips the scan of every pattern; bounded, and emptied by add().
         self.seen: dict[bytes, tuple[dict[bytes, Handler], dict[str, str]] | None] = {}
 
+    def mount(self, endpoints: Iterable[Endpoint], context: Any = None) -> None:
+        """Serve each declared route with the handler its declaration makes from `context` (the
+        router's server unless given)."""
+        for e in endpoints:
+            self.add(e.method, e.path, e.handler(self.server if context is None else context))
+            self.declared.append(e)
+
     def add(self, method: str, path: str, handler: Handler) -> None:
+        """Serve one route (undeclared: openapi.register refuses to start with one)."""
         self.seen.clear()
         if (method, path) not in self.routes:
             self.routes.append((method, path))
@@ -380,11 +406,68 @@ def inference(server: FrontView, handler: ViewHandler) -> Handler:
     return run
 
 
+def viewed(handler: ViewHandler) -> Callable[[FrontView], Handler]:
+    """A declaration's handler that reads the server (the mount's context)."""
+    return lambda server: lambda c, e, p: handler(server, c, e, p)
+
+
+def inferred(handler: ViewHandler) -> Callable[[FrontView], Handler]:
+    """A declaration's inference handler: its refusals carry x-latency-ms (`inference`)."""
+    return lambda server: inference(server, handler)
+
+
+def task_route(
+    path: str,
+    handler: ViewHandler,
+    summary: str,
+    task: str,
+    answer: tuple[str, SchemaOf, SchemaOf],
+    example: Schema,
+    rules: Rules = (),
+) -> Endpoint:
+    """An inference route of one task (its tag): JSON in, JSON out, a "model" in the body, and
+    400 for a model without the task. `answer`: (description, request body, answer)."""
+    description, request, response = answer
+    return Endpoint(
+        "POST", path, inferred(handler), summary, task,
+        ok(description, response, "application/json", *LATENCY), request,
+        inference=True, model_body=True, needs=(task,), rules=rules, examples={"one": example},
+    )  # fmt: skip
+
+
+def being(schema: Schema, field: str, value: Any) -> Schema:
+    """`schema` with one field's value fixed (a probe's `ready` true with 200, false with 503)."""
+    return {"allOf": [schema, {"properties": {field: {"const": value}}}]}
+
+
+ROUTES = [
+    Endpoint(
+        "POST", "/v1/classify", inferred(classify), "Classify a text, a pair, or a batch", "v1",
+        ok("scores in label order",
+           lambda d: {"oneOf": [d.answer("classify"), d.answer("classify_batch")]},
+           "application/json", *LATENCY),
+        lambda d: {"allOf": [d.body("classify"), ONE_OR_MANY]},
+        inference=True, model_body=True, needs=("classify",), rules=(PAIRS_UNEVEN,),
+        examples={"one": {"text": "a fine film"}, "batch": {"texts": ["good", "bad"]}},
+    ),
+    Endpoint("GET", "/v1/model", viewed(model_info), "The served model (the first, with many)",
+             "v1", ok("the model", "model")),
+    Endpoint("GET", "/v1/models", viewed(list_models),
+             "Every model the server holds, with its state", "v1", ok("the models", "models")),
+    Endpoint("GET", "/v1/models/{model}", viewed(named_model),
+             "One loaded model, as /v1/model gives it, with OpenAI's fields", "v1",
+             ok("the model", "named_model"), model_path=True),
+    Endpoint("GET", "/v2/health/live", viewed(health_live), "Liveness", "health",
+             ok("live", "live")),
+    Endpoint(
+        "GET", "/v2/health/ready", viewed(health_ready),
+        "Readiness: a worker is ready and the server is not stopping", "health",
+        {**ok("ready", lambda d: being(d.answer("ready"), "ready", True)),
+         503: Answer("not ready", lambda d: being(d.answer("ready"), "ready", False),
+                     headers=("retry-after",))},
+    ),
+]  # fmt: skip
+
+
 def v1_routes(router: Router) -> None:
-    s = router.server
-    router.add("POST", "/v1/classify", inference(s, classify))
-    router.add("GET", "/v1/model", lambda c, e, p: model_info(s, c, e, p))
-    router.add("GET", "/v1/models", lambda c, e, p: list_models(s, c, e, p))
-    router.add("GET", "/v1/models/{model}", lambda c, e, p: named_model(s, c, e, p))
-    router.add("GET", "/v2/health/live", lambda c, e, p: health_live(s, c, e, p))
-    router.add("GET", "/v2/health/ready", lambda c, e, p: health_ready(s, c, e, p))
+    router.mount(ROUTES)

@@ -28,15 +28,26 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from ringserve.service.protocols.endpoint import Endpoint, Handler, Rule, Rules, error, ok
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.routes import Handler, Router, as_integer
+from ringserve.service.protocols.routes import Router, as_integer
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas.kserve import RegisterRegion
 from ringserve.shm import segment
 
 MAX_REGIONS = 256  # regions at once: each holds a file descriptor
 SHM_DIR = "/dev/shm"  # where Linux keeps shm_open's objects
+UNKNOWN_REGION = Rule("no shared-memory region {name} is registered")
+# What a well-formed register can still be refused for (SystemRegions.register): the key and
+# the range it names
+BAD_KEY = Rule("shared-memory key {key} is not a POSIX shared-memory name")
+OWN_SEGMENT = Rule("shared-memory key {key} names one of the server's own segments")
+TAKEN = Rule("shared-memory region {name} is already registered")
+FULL = Rule("{n} shared-memory regions are registered already")
+UNOPENED = Rule("cannot open shared memory {key}: {why}")
+PAST_END = Rule("region {at} runs past the {n} bytes of {key}")
 NO_CUDA = "CUDA shared memory is not served: ringserve's tensors live in host memory"
+CUDA_REFUSED = Rule(NO_CUDA)  # HTTP's register (gRPC's answers NO_CUDA too: rpc/triton.py)
 PARAM_REGION = "shared_memory_region"
 PARAM_OFFSET = "shared_memory_offset"
 PARAM_SIZE = "shared_memory_byte_size"
@@ -75,9 +86,9 @@ def key_path(key: str) -> str:
     """The file of a shm_open key ("/name" or "name"); nothing outside /dev/shm."""
     name = key[1:] if key.startswith("/") else key
     if not name or "/" in name or "\0" in name or name in (".", ".."):
-        raise HttpError(400, f"shared-memory key {key!r} is not a POSIX shared-memory name")
+        raise HttpError(400, BAD_KEY.say(key=repr(key)))
     if name.startswith(segment.PREFIX):  # the server's own rings: never a client's to map
-        raise HttpError(400, f"shared-memory key {key!r} names one of the server's own segments")
+        raise HttpError(400, OWN_SEGMENT.say(key=repr(key)))
     return os.path.join(SHM_DIR, name)
 
 
@@ -101,9 +112,9 @@ class SystemRegions:
         if not name:
             raise HttpError(400, "a shared-memory region needs a name")
         if name in self.regions:
-            raise HttpError(400, f"shared-memory region {name!r} is already registered")
+            raise HttpError(400, TAKEN.say(name=repr(name)))
         if len(self.regions) >= MAX_REGIONS:
-            raise HttpError(400, f"{MAX_REGIONS} shared-memory regions are registered already")
+            raise HttpError(400, FULL.say(n=MAX_REGIONS))
         offset, byte_size = as_count(offset, "offset"), as_count(byte_size, "byte_size")
         if byte_size == 0:
             raise HttpError(400, "byte_size must be positive")
@@ -112,14 +123,14 @@ class SystemRegions:
         try:
             fd = os.open(path, flags)
         except OSError as exc:
-            raise HttpError(400, f"cannot open shared memory {key!r}: {exc.strerror}") from None
+            raise HttpError(400, UNOPENED.say(key=repr(key), why=exc.strerror)) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise HttpError(400, f"shared memory {key!r} is not a regular file")
             if offset + byte_size > st.st_size:
                 raise HttpError(
-                    400, f"region {offset}+{byte_size} runs past the {st.st_size} bytes of {key!r}"
+                    400, PAST_END.say(at=f"{offset}+{byte_size}", n=st.st_size, key=repr(key))
                 )
         except BaseException:
             os.close(fd)
@@ -139,7 +150,7 @@ class SystemRegions:
             return [r.status() for r in self.regions.values()]
         region = self.regions.get(name)
         if region is None:
-            raise HttpError(400, f"no shared-memory region {name!r} is registered")
+            raise HttpError(400, UNKNOWN_REGION.say(name=repr(name)))
         return [region.status()]
 
     def span(self, where: Placement, size: int | None = None) -> tuple[Region, int, int]:
@@ -148,7 +159,7 @@ class SystemRegions:
         it is known (an output's bytes: at most the placement's)."""
         region = self.regions.get(where.region)
         if region is None:
-            raise HttpError(400, f"no shared-memory region {where.region!r} is registered")
+            raise HttpError(400, UNKNOWN_REGION.say(name=repr(where.region)))
         length = where.byte_size if size is None else size
         if size is not None and size > where.byte_size:
             raise HttpError(
@@ -213,18 +224,7 @@ atexit.register(REGIONS.unregister)
 # -- HTTP ------------------------------------------------------------------------------------------
 def register_routes(router: Router) -> None:
     """The extension's HTTP routes (Triton's paths; bodies as tritonclient sends them)."""
-    base = "/v2/systemsharedmemory"
-    router.add("GET", base + "/status", answered(http_status))
-    router.add("GET", base + "/region/{region}/status", answered(http_status))
-    router.add("POST", base + "/region/{region}/register", answered(http_register))
-    router.add("POST", base + "/unregister", answered(http_unregister))
-    router.add("POST", base + "/region/{region}/unregister", answered(http_unregister))
-    # CUDA shared memory: none is ever registered, so "unregister all" (clients clean up with it)
-    # has nothing to do, the status is empty, and a register says why not.
-    cuda = "/v2/cudasharedmemory"
-    router.add("GET", cuda + "/status", answered(lambda ex, region: []))
-    router.add("POST", cuda + "/unregister", answered(lambda ex, region: {}))
-    router.add("POST", cuda + "/region/{region}/register", answered(cuda_register))
+    router.mount(ROUTES)
 
 
 def answered(handler: Callable[[Exchange, str | None], Any]) -> Handler:
@@ -258,4 +258,40 @@ def http_unregister(ex: Exchange, region: str | None) -> dict[str, Any]:
 
 
 def cuda_register(ex: Exchange, region: str | None) -> dict[str, Any]:
-    raise HttpError(400, NO_CUDA)
+    raise HttpError(400, CUDA_REFUSED.say())
+
+
+REGISTER_RULES: Rules = (UNOPENED, BAD_KEY, OWN_SEGMENT, TAKEN, PAST_END, FULL)
+BASE, CUDA = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
+STATUS = ok("the registered regions", "kserve_regions")
+DONE = ok("done", "kserve_done")
+
+
+def serve(handler: Callable[[Exchange, str | None], Any]) -> Callable[[Any], Handler]:
+    return lambda _: answered(handler)
+
+
+# CUDA shared memory: none is ever registered, so "unregister all" (clients clean up with it) has
+# nothing to do, the status is empty, and a register says why not.
+ROUTES = [
+    Endpoint("GET", BASE + "/status", serve(http_status), "Every registered region", "kserve",
+             STATUS),
+    Endpoint("GET", BASE + "/region/{region}/status", serve(http_status),
+             "One registered region", "kserve", STATUS, rules=(UNKNOWN_REGION,)),
+    Endpoint("POST", BASE + "/region/{region}/register", serve(http_register),
+             "Map a region of a POSIX shared-memory object (the client's: never unlinked)",
+             "kserve", DONE, "register_region", rules=REGISTER_RULES),
+    Endpoint("POST", BASE + "/unregister", serve(http_unregister), "Unmap every region",
+             "kserve", DONE, body_optional=True),
+    Endpoint("POST", BASE + "/region/{region}/unregister", serve(http_unregister),
+             "Unmap a region (an unknown one is no error)", "kserve", DONE, body_optional=True),
+    Endpoint("GET", CUDA + "/status", serve(lambda ex, region: []),
+             "CUDA shared memory: none is served, so none is registered", "kserve",
+             ok("[]", "kserve_regions")),
+    Endpoint("POST", CUDA + "/unregister", serve(lambda ex, region: {}),
+             "CUDA shared memory: nothing to unregister", "kserve", DONE, body_optional=True),
+    Endpoint("POST", CUDA + "/region/{region}/register", serve(cuda_register),
+             "CUDA shared memory is not served: always 400", "kserve",
+             {400: error("CUDA shared memory is not served")}, "anything",
+             rules=(CUDA_REFUSED,)),
+]  # fmt: skip

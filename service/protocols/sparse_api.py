@@ -12,8 +12,9 @@ import orjson
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import prompts
+from ringserve.service.protocols.endpoint import Rule
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.routes import Router, inference, request_model
+from ringserve.service.protocols.routes import Router, request_model, task_route
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.sparse_terms import pruned, terms
@@ -24,14 +25,14 @@ from ringserve.service.views import FrontView
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # float32 weights in their shortest form
 
 
+NOT_SPARSE = Rule("model {model} gives no sparse vectors (a SPLADE model does); its tasks: {tasks}")
+
+
 def needs_sparse(info: ModelInfo) -> None:
     """400 naming the model's tasks when it gives no sparse vectors."""
     if "sparse" not in info.manifest.task:
         tasks = ", ".join(info.manifest.task)
-        raise HttpError(
-            400,
-            f"model {info.name} gives no sparse vectors (a SPLADE model does); its tasks: {tasks}",
-        )
+        raise HttpError(400, NOT_SPARSE.say(model=info.name, tasks=tasks))
 
 
 def sparse_ask(info: ModelInfo, body: Any, inputs: str | list[str]) -> Ask:
@@ -90,7 +91,22 @@ def sparse_embeddings(
     submit_texts(server, conn, ex, sparse_ask(info, body, body.input), answer)
 
 
+# What a body the schema allows can still be refused for (the document lists each: ROUTES)
+RULES = (NOT_SPARSE, prompts.UNKNOWN)
+ROUTES = [
+    task_route(
+        "/embed_sparse", embed_sparse, "Sparse vectors (SPLADE), in TEI's shape", "sparse",
+        ("a list a text of its nonzero terms, ids ascending", "embed_sparse", "embed_sparse"),
+        {"inputs": ["a fine film"]}, RULES,
+    ),
+    task_route(
+        "/v1/embeddings/sparse", sparse_embeddings,
+        "Sparse vectors (SPLADE): indices and values a text, pruned on request", "sparse",
+        ("each text's nonzero terms, ids ascending", "sparse_embeddings", "sparse_embeddings"),
+        {"input": "a fine film", "top_k": 64, "return_tokens": True}, RULES,
+    ),
+]  # fmt: skip
+
+
 def sparse_routes(router: Router) -> None:
-    s = router.server
-    router.add("POST", "/embed_sparse", inference(s, embed_sparse))
-    router.add("POST", "/v1/embeddings/sparse", inference(s, sparse_embeddings))
+    router.mount(ROUTES)

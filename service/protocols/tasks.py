@@ -19,14 +19,22 @@ import orjson
 from ringserve.service.engine.admission import STATUS_MESSAGE
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols import admit, compact, late_chunking, multivector, prompts
+from ringserve.service.protocols import (
+    admit,
+    compact,
+    late_chunking,
+    multivector,
+    prompts,
+    vocab,
+)
 from ringserve.service.protocols.admit import latency_header
+from ringserve.service.protocols.endpoint import Rule
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
-    inference,
     needs_task,
     request_model,
+    task_route,
 )
 from ringserve.service.protocols.schemas import UNSET, Truncation, decode
 from ringserve.service.protocols.schemas import server as bodies
@@ -187,12 +195,37 @@ def late(
     submit_texts(server, conn, ex, plan.ask(info.index), late_chunking.answered(plan, answer))
 
 
+# What a body the schema allows can still be refused for (the document lists each: ROUTES).
+DIMENSIONS = Rule("{key} must be an integer from 1 to the model's {dimension}")
+INPUT_COUNT = Rule("input must hold 1 to {limit} items, not {n}")  # a batch: ids are one text
+INPUT_MIXED = Rule("input mixes texts, token ids and lists of token ids")
+# vocab.text_of_ids: ids the model's tokenizer refuses; texts.require: an empty list of ids
+TOKEN_ID_RULES = (
+    vocab.OUTSIDE,
+    vocab.UNFRAMED,
+    vocab.RETOKENIZED,
+    Rule(regex=r"^input(\[\d+\])? is empty$"),
+)
+# compact.check: int8/uint8 without their calibration's vectors
+COMPACT_RULES = (compact.NO_CALIBRATION, compact.WHOLE_VECTORS, compact.OWN_VECTORS)
+# late_chunking.py: a model without token states, a chunk without a token
+LATE_RULES = (
+    late_chunking.TEXTS_ONLY,
+    late_chunking.NO_STATES,
+    late_chunking.DENSE,
+    late_chunking.POOLING,
+    late_chunking.NO_TOKENS,
+    late_chunking.UNWINDOWED,
+)
+EMBED_RULES = (prompts.UNKNOWN, *COMPACT_RULES, *LATE_RULES)  # /embed, and TEI's embed routes
+
+
 def within_dimension(keep: float, info: ModelInfo, key: str = "dimensions") -> int:
     """OpenAI's `dimensions` (Cohere's `output_dimension`), a positive integer by its schema:
     at most the model's own dimension."""
     dimension = info.manifest.dimension
     if keep > dimension:
-        raise HttpError(400, f"{key} must be an integer from 1 to the model's {dimension}")
+        raise HttpError(400, DIMENSIONS.say(key=key, dimension=dimension))
     return int(keep)
 
 
@@ -204,14 +237,14 @@ def openai_inputs(value: str | list[Any], info: ModelInfo, limit: int) -> list[b
     if all(isinstance(v, float) for v in value):
         return [text_of_ids(info, [int(v) for v in value], "input")]
     if len(value) > limit:
-        raise HttpError(400, f"input must hold 1 to {limit} items, not {len(value)}")
+        raise HttpError(400, INPUT_COUNT.say(limit=limit, n=len(value)))
     if all(isinstance(v, str) for v in value):
         return [v.encode() for v in value]
     if all(isinstance(v, list) for v in value):
         return [
             text_of_ids(info, [int(t) for t in ids], f"input[{i}]") for i, ids in enumerate(value)
         ]
-    raise HttpError(400, "input mixes texts, token ids and lists of token ids")
+    raise HttpError(400, INPUT_MIXED.say())
 
 
 def encoded(vecs: np.ndarray, fmt: str, ranges: np.ndarray | None) -> list[bytes]:
@@ -320,9 +353,29 @@ def cohere_rerank(
     submit_texts(server, conn, ex, payloads, answer)
 
 
+ROUTES = [
+    task_route(
+        "/v1/embeddings", openai_embeddings, "Embeddings, in OpenAI's shape", "embed",
+        ("the vectors", "openai_embeddings", "openai_embeddings"), {"input": "a fine film"},
+        (prompts.UNKNOWN, DIMENSIONS.only(key="dimensions"), INPUT_COUNT, INPUT_MIXED,
+         *TOKEN_ID_RULES, *COMPACT_RULES, *LATE_RULES),
+    ),
+    task_route(
+        "/embed", tei_embed, "Embeddings, in TEI's shape", "embed",
+        ("the vectors", "tei_embed", "tei_embed"), {"inputs": ["a fine film"]}, EMBED_RULES,
+    ),
+    task_route(
+        "/rerank", tei_rerank, "Rerank documents for a query, in TEI's shape", "rerank",
+        ("highest score first", "tei_rerank", "tei_rerank"),
+        {"query": "films", "texts": ["a film", "a cat"]},
+    ),
+    task_route(
+        "/v1/rerank", cohere_rerank, "Rerank documents for a query, in Cohere's shape", "rerank",
+        ("highest score first", "cohere_rerank", "cohere_rerank"),
+        {"query": "films", "documents": ["a film", "a cat"]},
+    ),
+]  # fmt: skip
+
+
 def task_routes(router: Router) -> None:
-    s = router.server
-    router.add("POST", "/v1/embeddings", inference(s, openai_embeddings))
-    router.add("POST", "/embed", inference(s, tei_embed))
-    router.add("POST", "/rerank", inference(s, tei_rerank))
-    router.add("POST", "/v1/rerank", inference(s, cohere_rerank))
+    router.mount(ROUTES)

@@ -14,12 +14,25 @@ import numpy as np
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import prompts, tasks
+from ringserve.service.protocols.endpoint import (
+    LATENCY,
+    Endpoint,
+    Lookup,
+    Rule,
+    Rules,
+    Schema,
+    error,
+    ok,
+)
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
-    inference,
+    ViewHandler,
+    inferred,
     needs_task,
     request_model,
+    task_route,
+    viewed,
 )
 from ringserve.service.protocols.schemas import Named, decode
 from ringserve.service.protocols.schemas import server as bodies
@@ -80,6 +93,25 @@ def tei_health(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict
     conn.respond(ex, 200, b"", content_type=b"text/plain")
 
 
+# What a body the schema allows can still be refused for (the document lists each: ROUTES)
+INPUTS_SHAPE = Rule("inputs must be " + PREDICT_SHAPE)  # a list of texts is one sequence
+SEQUENCE = Rule("{where} must be [string] or [string, string]")
+FUNCTION = Rule("parameters.function_to_apply may be {own} or none for {model}")
+PREDICT_RULES = (INPUTS_SHAPE, SEQUENCE, FUNCTION)
+IDS_COUNT = Rule("ids must hold 1 to {limit} lists")
+IDS_SHAPE = Rule("ids must be a list of token ids, or a list of such lists")
+IDS_RANGE = Rule("{where} must be a list of token ids from 0 to {top}")
+NO_TOKEN_VECTORS = Rule(
+    "/embed_all is not served by model {model}: its artifact has no token vectors (an embed "
+    "model built by this version of `ringserve export` has them)"
+)
+RUNTIMES = Rule(
+    "/embed_all is served on ONNX Runtime and OpenVINO only; model {model} runs on {runtime} "
+    "(--runtime onnx)"
+)
+EMBED_ALL = (NO_TOKEN_VECTORS, RUNTIMES)
+
+
 # -- /predict ------------------------------------------------------------------------------------
 def predict_inputs(value: str | list[Any], limit: int) -> tuple[list[bytes], bool]:
     """TEI's PredictInput, decoded: (payloads, whether it is a batch). A list of texts is one
@@ -89,14 +121,14 @@ def predict_inputs(value: str | list[Any], limit: int) -> tuple[list[bytes], boo
     if all(isinstance(v, str) for v in value):
         return [sequence(value, "inputs")], False
     if not all(isinstance(v, list) for v in value):
-        raise HttpError(400, f"inputs must be {PREDICT_SHAPE}")
+        raise HttpError(400, INPUTS_SHAPE.say())
     return [sequence(v, f"inputs[{i}]") for i, v in enumerate(value)], True
 
 
 def sequence(items: list[str], where: str) -> bytes:
     """[text] or [text, pair] as one worker payload."""
     if len(items) > 2:
-        raise HttpError(400, f"{where} must be [string] or [string, string]")
+        raise HttpError(400, SEQUENCE.say(where=where))
     return L.PAIR_SEPARATOR.join(t.encode() for t in items)
 
 
@@ -146,7 +178,7 @@ def hf_classify(
     apply = options.function_to_apply
     own = info.manifest.activation
     if apply not in (None, own, "none"):
-        raise HttpError(400, f"parameters.function_to_apply may be {own} or none for {info.name}")
+        raise HttpError(400, FUNCTION.say(own=own, model=info.name))
     payloads, _ = predict_inputs(body.inputs, server.settings.max_texts)
 
     def answer(results: list[Result]) -> bytes:
@@ -213,18 +245,16 @@ def tei_decode(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict
     elif len(lists) == len(body.ids):
         batch, where = lists, "ids[{}]"
         if len(lists) > server.settings.max_texts:
-            raise HttpError(400, f"ids must hold 1 to {server.settings.max_texts} lists")
+            raise HttpError(400, IDS_COUNT.say(limit=server.settings.max_texts))
     else:
-        raise HttpError(400, "ids must be a list of token ids, or a list of such lists")
+        raise HttpError(400, IDS_SHAPE.say())
     tokenizer = tokenizer_for(info)
     size = tokenizer.get_vocab_size()
     out = []
     for i, ids in enumerate(batch):
         got = [int(t) for t in ids]
         if not all(t < size for t in got):
-            raise HttpError(
-                400, f"{where.format(i)} must be a list of token ids from 0 to {size - 1}"
-            )
+            raise HttpError(400, IDS_RANGE.say(where=where.format(i), top=size - 1))
         out.append(tokenizer.decode(got, skip_special_tokens=body.skip_special_tokens))
     conn.respond(ex, 200, json.dumps(out).encode())
 
@@ -263,17 +293,9 @@ def token_vectors_width(info: ModelInfo) -> int:
     """The width of the model's token vectors, else the 400 that says why there are none."""
     width = info.manifest.extra.get("token_vectors", 0)
     if not isinstance(width, int) or width <= 0:
-        raise HttpError(
-            400,
-            f"/embed_all is not served by model {info.name}: its artifact has no token vectors "
-            "(an embed model built by this version of `ringserve export` has them)",
-        )
+        raise HttpError(400, NO_TOKEN_VECTORS.say(model=info.name))
     if info.runtime not in ("onnx", "openvino"):
-        raise HttpError(
-            400,
-            f"/embed_all is served on ONNX Runtime and OpenVINO only; model {info.name} runs "
-            f"on {info.runtime} (--runtime onnx)",
-        )
+        raise HttpError(400, RUNTIMES.say(model=info.name, runtime=info.runtime))
     return width
 
 
@@ -320,13 +342,74 @@ def tei_root(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[s
         tei_predict(server, conn, ex, params)
 
 
+def root_schemas(d: Lookup) -> tuple[Schema, Schema]:
+    """POST /: each body the route tells apart (tei_root), and each answer."""
+    f = d.facts
+    neither = {"not": {"anyOf": [{"required": ["parameters"]}, {"required": ["query"]}]}}
+    bodies: list[Schema] = []
+    answers: list[Schema] = []
+    if f.embeds:
+        bodies += [{"allOf": [d.body("tei_embed"), neither]}, d.body("similarity")]
+        answers += [d.answer("tei_embed"), d.answer("similarity")]
+    elif "classify" in f.tasks:
+        bodies.append({"allOf": [d.body("predict"), neither]})
+        answers.append(predict_answer(d))
+    if "classify" in f.tasks:
+        bodies.append(d.body("hf_classify"))
+        answers.append(d.answer("hf_classify"))
+    if "rerank" in f.tasks:
+        bodies.append(d.body("tei_rerank"))
+        answers.append(d.answer("tei_rerank"))
+    nothing: Schema = {"type": "object"}  # a model with none of these tasks: refused (400)
+    return {"anyOf": bodies or [nothing]}, {"anyOf": answers or [{"type": "array"}]}
+
+
+def predict_answer(d: Lookup) -> Schema:
+    return {"anyOf": [d.answer("prediction"), d.answer("predictions")]}
+
+
+def tool_route(path: str, handler: ViewHandler, summary: str, rules: Rules = ()) -> Endpoint:
+    """A TEI route that answers in the front-end (no worker): its refusals still carry
+    x-latency-ms (routes.inference)."""
+    name = path.strip("/")
+    return Endpoint("POST", path, inferred(handler), summary, "tei", ok("the answer", name),
+                    name, model_body=True, rules=rules)  # fmt: skip
+
+
+ROUTES = [
+    Endpoint("GET", "/info", viewed(tei_info), "TEI's model and server facts", "tei",
+             ok("info", "info")),
+    Endpoint("GET", "/health", viewed(tei_health),
+             "TEI's health: 200 with an empty body while a worker serves", "health",
+             {**ok("healthy", None, "text/plain"), 503: error("no worker is ready")}),
+    Endpoint(
+        "POST", "/", inferred(tei_root),
+        "TEI's root: the model's task, as the Inference API calls a TEI endpoint", "tei",
+        ok("the task's answer", lambda d: root_schemas(d)[1], "application/json", *LATENCY),
+        lambda d: root_schemas(d)[0], inference=True, model_body=True,
+        needs=("classify", "embed", "rerank"), rules=(*tasks.EMBED_RULES, *PREDICT_RULES),
+        examples={"one": {"inputs": "a fine film"}},
+    ),
+    task_route(
+        "/predict", tei_predict, "Classify a text, a pair or a batch, in TEI's shape", "classify",
+        ("[{score, label}] highest first, a list a text for a batch", "predict", predict_answer),
+        {"inputs": "a fine film"}, PREDICT_RULES,
+    ),
+    task_route(
+        "/similarity", tei_similarity, "Cosine similarity of source_sentence to each of sentences",
+        "embed", ("one similarity a sentence", "similarity", "similarity"),
+        {"inputs": {"source_sentence": "a film", "sentences": ["a movie", "a cat"]}},
+    ),
+    tool_route("/tokenize", tei_tokenize, "The model's tokens of each text"),
+    tool_route("/decode", tei_decode, "The text of token ids", (IDS_RANGE, IDS_SHAPE, IDS_COUNT)),
+    task_route(  # TEI's token vectors: an embed route, refused (400) by an artifact or runtime
+        # without them, 413 for vectors too many for one answer
+        "/embed_all", tei_embed_all, "Token vectors of each text, in TEI's shape", "embed",
+        ("a list a text of a vector a token", "embed_all", "embed_all"),
+        {"inputs": "a fine film"}, (*EMBED_ALL, *tasks.EMBED_RULES),
+    ),
+]  # fmt: skip
+
+
 def tei_routes(router: Router) -> None:
-    s = router.server
-    router.add("GET", "/info", lambda c, e, p: tei_info(s, c, e, p))
-    router.add("GET", "/health", lambda c, e, p: tei_health(s, c, e, p))
-    router.add("POST", "/", inference(s, tei_root))
-    router.add("POST", "/predict", inference(s, tei_predict))
-    router.add("POST", "/similarity", inference(s, tei_similarity))
-    router.add("POST", "/tokenize", inference(s, tei_tokenize))  # for x-latency-ms on errors
-    router.add("POST", "/decode", inference(s, tei_decode))
-    router.add("POST", "/embed_all", inference(s, tei_embed_all))
+    router.mount(ROUTES)

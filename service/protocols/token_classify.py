@@ -21,14 +21,15 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
+from ringserve.service.protocols.endpoint import Rule
 from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
     as_integer,
-    inference,
     long_text_options,
     needs_task,
     request_model,
+    task_route,
 )
 from ringserve.service.protocols.schemas import UNSET, decode
 from ringserve.service.protocols.schemas import tokens as bodies
@@ -47,8 +48,20 @@ OUTPUTS = (LABELS, SCORES, OFFSETS, COUNTS)
 DEFAULT_IGNORE = ("O",)
 
 
+# What a body the schema allows can still be refused for (listed in the document: ROUTES, and
+# KServe's infer route for a token classifier, kserve.ROUTES)
+STRIDE = Rule(
+    "{where}stride must be an integer from 0 to {top} (the model's max_length {max_length} less "
+    "its special tokens, less one)"
+)
+STRIDE_TRUNCATE = Rule("stride reads a long text in windows: it goes without truncate")
+THRESHOLD = Rule("threshold must be a number from 0 to 1")
+ONE_TEXT = Rule("model {model} classifies the tokens of one text: no text_pair")
+KSERVE_STRIDE_TRUNCATE = Rule("parameters.stride reads a long text in windows: no truncate with it")
+
+
 def register(router: Router) -> None:
-    router.add("POST", PATH, inference(router.server, token_classify))
+    router.mount(ROUTES)
 
 
 def stride_of(value: Any, info: ModelInfo, where: str = "") -> int | None:
@@ -60,10 +73,7 @@ def stride_of(value: Any, info: ModelInfo, where: str = "") -> int | None:
     top = m.max_length - int(m.extra.get("special_tokens", 2)) - 1
     stride = as_integer(value)
     if stride is None or not 0 <= stride <= top:
-        raise HttpError(
-            400, f"{where}stride must be an integer from 0 to {top} (the model's max_length "
-            f"{m.max_length} less its special tokens, less one)",
-        )  # fmt: skip
+        raise HttpError(400, STRIDE.say(where=where, top=top, max_length=m.max_length))
     return stride
 
 
@@ -90,12 +100,12 @@ def token_classify(
     texts, single = texts_of(body)
     stride = stride_of(body.stride, info)
     if stride is not None and body.truncate is not None:
-        raise HttpError(400, "stride reads a long text in windows: it goes without truncate")
+        raise HttpError(400, STRIDE_TRUNCATE.say())
     labels, aggregation = info.labels, body.aggregation
     ignore = frozenset(DEFAULT_IGNORE if body.ignore_labels is None else body.ignore_labels)
     threshold = body.threshold or 0.0
     if not 0.0 <= threshold <= 1.0:
-        raise HttpError(400, "threshold must be a number from 0 to 1")
+        raise HttpError(400, THRESHOLD.say())
     strings = [t.decode() for t in texts]
     ask = Ask(payloads(texts, stride), body.options(), TASK, info.index)
 
@@ -136,6 +146,19 @@ def entity_list(
     ]
 
 
+ROUTES = [
+    task_route(
+        PATH, token_classify,
+        "Entities in a text, or a batch, as transformers' token-classification pipeline", TASK,
+        ("one text's entities, or {results} for texts",
+         lambda d: bodies.schemas(d.facts.max_texts)[0],
+         lambda d: bodies.schemas(d.facts.max_texts)[1]),
+        {"text": "Angela Merkel visited Paris", "aggregation": "simple"},
+        (STRIDE, STRIDE_TRUNCATE, THRESHOLD),
+    ),
+]  # fmt: skip
+
+
 # -- KServe v2 ------------------------------------------------------------------------------------
 def kserve_ask(
     texts: list[bytes],
@@ -148,11 +171,11 @@ def kserve_ask(
     """A KServe call's core request to a token classifier: its texts (no pairs), its
     `truncate` and `truncation_direction`, and its `stride`, as /v1/token-classify's."""
     if any(L.PAIR_SEPARATOR in t for t in texts):
-        raise HttpError(400, f"model {info.name} classifies the tokens of one text: no text_pair")
+        raise HttpError(400, ONE_TEXT.say(model=info.name))
     stride = stride_of(params.get("stride"), info, "parameters.")
     opts = long_text_options(params, "parameters.")
     if stride is not None and params.get("truncate") is not None:
-        raise HttpError(400, "parameters.stride reads a long text in windows: no truncate with it")
+        raise HttpError(400, KSERVE_STRIDE_TRUNCATE.say())
     return Ask(payloads(texts, stride), opts, TASK, info.index, deadline, priority, protocol)
 
 

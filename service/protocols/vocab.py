@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 from ringserve.service.models.info import ModelInfo
+from ringserve.service.protocols.endpoint import Rule
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.texts import require
 from ringserve.workers.artifact import ArtifactError, load_tokenizer
@@ -20,6 +21,16 @@ HINT = (
     "(POST /tokenize gives them); "
     "LangChain's OpenAIEmbeddings sends tiktoken (cl100k) ids by default: set "
     "check_embedding_ctx_length=False to send text"
+)
+# Ids the model's tokenizer refuses (tasks.TOKEN_ID_RULES lists them for the document)
+OUTSIDE = Rule("{where}: token id {id} is not in model {model}'s vocabulary (0 to {top}); " + HINT)
+UNFRAMED = Rule(
+    "{where}: token ids must start with {head} and end with {tail}, model {model}'s special "
+    "tokens; " + HINT
+)
+RETOKENIZED = Rule(
+    "{where}: these token ids are not a tokenization by model {model}'s tokenizer (decoded and "
+    "encoded again, they change); " + HINT
 )
 
 
@@ -59,22 +70,13 @@ def text_of_ids(info: ModelInfo, ids: list[int], where: str) -> bytes:
     size = tokenizer.get_vocab_size()
     outside = next((i for i in ids if not 0 <= i < size), None)
     if outside is not None:
-        raise HttpError(
-            400,
-            f"{where}: token id {outside} is not in model {info.name}'s vocabulary "
-            f"(0 to {size - 1}); {HINT}",
-        )
+        raise HttpError(400, OUTSIDE.say(where=where, id=outside, model=info.name, top=size - 1))
     head, tail = framing(tokenizer)
     framed = ids[: len(head)] == head and (not tail or ids[-len(tail) :] == tail)
     inner = ids[len(head) : len(ids) - len(tail)]
     if not framed or len(ids) < len(head) + len(tail):
-        raise HttpError(400, f"{where}: token ids must start with {head} and end with {tail}, "
-                        f"model {info.name}'s special tokens; {HINT}")  # fmt: skip
+        raise HttpError(400, UNFRAMED.say(where=where, head=head, tail=tail, model=info.name))
     spelled = tokenizer.decode(inner, skip_special_tokens=False)
     if tokenizer.encode(spelled, add_special_tokens=False).ids != inner:
-        raise HttpError(
-            400,
-            f"{where}: these token ids are not a tokenization by model {info.name}'s "
-            f"tokenizer (decoded and encoded again, they change); {HINT}",
-        )
+        raise HttpError(400, RETOKENIZED.say(where=where, model=info.name))
     return require(tokenizer.decode(inner, skip_special_tokens=True), where)

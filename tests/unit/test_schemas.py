@@ -10,7 +10,8 @@ import msgspec
 import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
-from ringserve.service.protocols import errors, openapi
+from ringserve.service.protocols import errors, openapi_schemas
+from ringserve.service.protocols.endpoint import Facts
 from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.schemas import (
     NOT_BLANK,
@@ -196,15 +197,16 @@ def test_each_error_body_is_its_structs(path: bytes, status: int, fields: dict[s
 def test_two_structs_of_one_name_fail_the_document() -> None:
     """Components of one name from two Structs would overwrite each other silently: the
     document refuses them (a rerank `Document` beside the OpenAPI document's Struct did)."""
-    f = openapi.Facts(
+    f = Facts(
         model="m", labels=["a", "b"], tasks=["classify", "embed"], dimension=8, max_texts=4,
         max_documents=3, max_body=1000, version="1", server_version="0", key=False,
     )  # fmt: skip
-    assert openapi.components(f)["OpenAPIDocument"]["required"] == ["openapi", "info", "paths"]
+    document = openapi_schemas.components(f)["OpenAPIDocument"]
+    assert document["required"] == ["openapi", "info", "paths"]
 
     class Document(msgspec.Struct):  # the rerank document's name, another shape
         other: int
 
     _, defs = components([Document])
     with pytest.raises(ValueError, match="named Document"):
-        openapi.merged([openapi.components(f), defs])
+        openapi_schemas.merged([openapi_schemas.components(f), defs])
