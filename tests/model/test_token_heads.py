@@ -50,8 +50,13 @@ def test_every_family_exports_its_token_logits(tmp_path: Path, name: str) -> Non
     graph = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
     assert graph.shape == (len(TEXTS), width, len(LABELS))
     real = mask.astype(bool)  # padding's logits are nobody's
-    np.testing.assert_allclose(ours.numpy()[real], want.numpy()[real], atol=TOL, rtol=0)
-    np.testing.assert_allclose(graph[real], want.numpy()[real], atol=TOL, rtol=0)
+    # The sharpened heads give logits up to about 7 in size, where fp32's own rounding through
+    # a different kernel order is about 1e-5 of the value (DeBERTa-v3's ONNX graph: 1.006e-4 at
+    # -6.53): 1e-4 and 1e-5 of the logit's size, and the probabilities within 1e-4 outright.
+    for got in (ours.numpy(), graph):
+        np.testing.assert_allclose(got[real], want.numpy()[real], atol=TOL, rtol=1e-5)
+        probs, want_probs = torch.from_numpy(got[real]).softmax(-1), want[real].softmax(-1)
+        np.testing.assert_allclose(probs.numpy(), want_probs.numpy(), atol=TOL, rtol=0)
 
 
 def test_the_full_build_publishes_int8s_entity_f1(tmp_path: Path) -> None:
