@@ -62,6 +62,8 @@ FOREIGN_FLAGS = frozenset(
     --system --home --now --variant --stop-timeout --offline --shape --shared-memory
     --concurrency-range --library-name --pooling-method
     --local-dir --include --exclude
+    --served-model-name --max-concurrent-requests --payload-limit --prometheus-port
+    --default-prompt-name
     """.split()  # noqa: SIM905 - a list of words reads better as words
 )
 # A line that names one of the repository's scripts, or another program, may name their flags.
