@@ -61,6 +61,9 @@ FOREIGN_FLAGS = frozenset(
     --cov --cov-report --numprocesses --dist --benchmark-only --hypothesis-seed
     --system --home --now --variant --stop-timeout --offline --shape --shared-memory
     --concurrency-range --library-name --pooling-method
+    --local-dir --include --exclude
+    --served-model-name --max-concurrent-requests --payload-limit --prometheus-port
+    --default-prompt-name
     """.split()  # noqa: SIM905 - a list of words reads better as words
 )
 # A line that names one of the repository's scripts, or another program, may name their flags.
@@ -69,6 +72,7 @@ TOOLS = re.compile(
     r"curl|pip|[Dd]ocker|podman|kubectl|useradd|systemctl|systemd|debootstrap|perf_analyzer|"
     r"optimum|[Ii]nfinity|text-embeddings|tritonserver|Triton|grpcurl|\bgit\b|mkdocs|uvicorn|"
     r"TEI|LitServe|ruff|mypy|kubeconform|kustomize"
+    r"|huggingface-cli|\bhf download"
 )
 # Routes of other servers the docs compare with (Infinity's, OpenAI's), and URL paths that are
 # not ours (the OTLP collector's).
