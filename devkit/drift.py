@@ -2,7 +2,9 @@
 control command, pip extra, module and repository file that README.md or docs/ names must exist,
 and every public flag, route, metric and control command must be named on some page. The same
 check reads the messages the code prints (string literals in service/, factory/, workers/) for
-`ringserve COMMAND` and `--flag`.
+`ringserve COMMAND` and `--flag`. Where prose gives a server option's default beside it
+("`--max-texts`, default 256", "`--max-body` (1 MiB)", "`--control` (default `./ringserve.sock`)"),
+the value must be the option's default in service/config/settings.py.
 
 `Names.from_code()` reads the names from the code itself (argparse's own help, SETTINGS, the
 OpenAPI route table, the /metrics writer, the control socket's command table, pyproject's extras,
@@ -127,6 +129,7 @@ class Names:
     extras: set[str]
     files: set[str]  # repository-relative paths (files and folders)
     public_flags: set[str] = field(default_factory=set)
+    defaults: dict[str, object] = field(default_factory=dict)  # `serve`'s flag -> its default
 
     @classmethod
     def from_code(cls) -> Names:
@@ -152,6 +155,7 @@ class Names:
             extras=set(pyproject["project"]["optional-dependencies"]),
             files=repository_files(),
             public_flags={f"--{s.name}" for s in SETTINGS},
+            defaults={f"--{s.name}": s.default for s in SETTINGS},
         )
 
     def renamed(self, kind: str, old: str, new: str) -> Names:
@@ -543,6 +547,11 @@ def check_line(names: Names, line: Line, named: dict[str, set[str]]) -> list[str
         why = dotted_problem(m.group(1).rstrip("."))
         if why:
             bad("module path", m.group(1), why)
+    if not line.code:
+        for flag, said in said_defaults(text):
+            if flag in names.defaults and not same_default(flag, names.defaults[flag], said):
+                shown = names.defaults[flag]
+                bad("default", f"{flag} {said}", f"its default is {shown!r} (settings.py)")
     page = line.where.rsplit(":", 1)[0]
     for m in FILE.finditer(text):
         relative = (Path(page).parent / m.group(1)).as_posix()
@@ -552,6 +561,51 @@ def check_line(names: Names, line: Line, named: dict[str, set[str]]) -> list[str
         if why and m.group(1) not in FOREIGN_FILES:
             bad("file", m.group(1), why)
     return out
+
+
+# A default said beside its flag in prose: "`--x` (default 5", "`--x`, default 5", "`--x` (5 s)",
+# "`--x` windows (default 16", "`--x` (default `./path`)". A value that is not a number or a code
+# span ("the artifact's", "a quarter") is not compared.
+SAID_DEFAULT = re.compile(
+    r"`(--[a-z0-9-]+)`(?:\s+[a-z]+)?(?:\s*\((?:default:?\s*)?|,\s*default:?\s+)"
+    r"(`[^`]+`|\d[\d,]*(?:\.\d+)?(?:\s?(?:ms|s|KiB|MiB|GiB|tokens|texts)\b)?)(?=[\s),;:.]|$)"
+)
+UNIT_BYTES = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def said_defaults(text: str) -> list[tuple[str, str]]:
+    """Each (flag, value) a prose line gives as a flag's default."""
+    out = []
+    for m in SAID_DEFAULT.finditer(text):
+        in_sum = text[: m.start()].rstrip().endswith("+")  # `--a` + `--b` (3 s): the sum's
+        if not in_sum:
+            out.append((m.group(1), m.group(2)))
+    return out
+
+
+def same_default(flag: str, default: object, said: str) -> bool:
+    """Whether `said` ("1 MiB", "1,000 ms", "`./ringserve.sock`") is `default`; a default that
+    is chosen at start (None) is not compared."""
+    if default is None:
+        return True
+    if said.startswith("`"):
+        value = said.strip("`")
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
+        return value == shown or value.endswith(":" + shown)  # `127.0.0.1:8000` for --port
+    number, _, unit = said.replace(",", "").partition(" ")
+    if not unit and number[-1:] in "sx" and not number[-1:].isdigit():
+        number, unit = number.rstrip("sx"), number[-1]
+    try:
+        value = float(number) * UNIT_BYTES.get(unit, 1)
+    except ValueError:
+        return True
+    if unit == "ms" and flag.endswith("-s"):
+        value /= 1000
+    elif unit == "s" and flag.endswith("-ms"):
+        value *= 1000
+    if isinstance(default, bool) or not isinstance(default, int | float):
+        return True  # a flag's on/off, a word: not a number to compare
+    return abs(value - float(default)) < 1e-9
 
 
 def normal(path: str) -> str:
