@@ -4,7 +4,9 @@ and every public flag, route, metric and control command must be named on some p
 check reads the messages the code prints (string literals in service/, factory/, workers/) for
 `ringserve COMMAND` and `--flag`. Where prose gives a server option's default beside it
 ("`--max-texts`, default 256", "`--max-body` (1 MiB)", "`--control` (default `./ringserve.sock`)"),
-the value must be the option's default in service/config/settings.py.
+the value must be the option's default in service/config/settings.py. Where a sentence (or a
+table row, whose first cell names it) names one route and then statuses (4xx, 5xx), each must
+be one the OpenAPI document lists for that route.
 
 `Names.from_code()` reads the names from the code itself (argparse's own help, SETTINGS, the
 OpenAPI route table, the /metrics writer, the control socket's command table, pyproject's extras,
@@ -130,6 +132,7 @@ class Names:
     files: set[str]  # repository-relative paths (files and folders)
     public_flags: set[str] = field(default_factory=set)
     defaults: dict[str, object] = field(default_factory=dict)  # `serve`'s flag -> its default
+    statuses: dict[tuple[str, str], set[int]] = field(default_factory=dict)  # route -> statuses
 
     @classmethod
     def from_code(cls) -> Names:
@@ -156,6 +159,7 @@ class Names:
             files=repository_files(),
             public_flags={f"--{s.name}" for s in SETTINGS},
             defaults={f"--{s.name}": s.default for s in SETTINGS},
+            statuses=route_statuses(),
         )
 
     def renamed(self, kind: str, old: str, new: str) -> Names:
@@ -277,6 +281,20 @@ def code_routes() -> set[tuple[str, str]]:
         | {("GET", "/docs/openapi.json")}
         | {(m, p) for m, p in openapi.routes(facts())}
     )
+
+
+def route_statuses() -> dict[tuple[str, str], set[int]]:
+    """Each route's statuses as the OpenAPI document of a server with every task and a key
+    lists them."""
+    from ringserve.service.protocols import openapi
+
+    from devkit import docgen
+
+    f = facts()
+    doc = openapi.document(sorted(openapi.routes(f)), f)
+    return {
+        (m, p): {int(c) for c in op.get("responses", {})} for m, p, op in docgen.operations(doc)
+    }
 
 
 def facts():  # type: ignore[no-untyped-def]
@@ -552,6 +570,9 @@ def check_line(names: Names, line: Line, named: dict[str, set[str]]) -> list[str
             if flag in names.defaults and not same_default(flag, names.defaults[flag], said):
                 shown = names.defaults[flag]
                 bad("default", f"{flag} {said}", f"its default is {shown!r} (settings.py)")
+    if not line.code and names.statuses:
+        for route, code in said_statuses(names, text):
+            bad("status", f"{route} {code}", "the OpenAPI document lists no such answer of it")
     page = line.where.rsplit(":", 1)[0]
     for m in FILE.finditer(text):
         relative = (Path(page).parent / m.group(1)).as_posix()
@@ -606,6 +627,29 @@ def same_default(flag: str, default: object, said: str) -> bool:
     if isinstance(default, bool) or not isinstance(default, int | float):
         return True  # a flag's on/off, a word: not a number to compare
     return abs(value - float(default)) < 1e-9
+
+
+STATUS = re.compile(r"(?<![\w.,/-])([45]\d\d)(?![\w.,/-])")
+
+
+def said_statuses(names: Names, text: str) -> list[tuple[str, int]]:
+    """Each (route, status) a sentence or table row says a route answers that its OpenAPI
+    entry does not list: one route named, then 4xx/5xx codes after it."""
+    if text.startswith("|"):
+        units = [(text.split("|")[1], text)]
+    else:
+        units = [(s, s) for s in re.split(r"(?<=[.;])\s", text)]
+    out = []
+    for where, unit in units:
+        found = list(ROUTE.finditer(where))
+        if len(found) != 1:
+            continue
+        said = found[0].group(0)
+        codes = {int(c) for c in STATUS.findall(unit[unit.find(said) + len(said) :])}
+        for route in match_route(set(names.statuses), found[0].group(1), found[0].group(2)):
+            method, path = route.split(" ", 1)
+            out += [(route, c) for c in sorted(codes - names.statuses[method, path])]
+    return out
 
 
 def normal(path: str) -> str:

@@ -191,3 +191,31 @@ def test_a_default_changed_in_the_code_is_reported_where_the_docs_say_the_old(
     found = drift.drift(changed, lines)
     said = [f for f in found if f.startswith("docs/api.md:") and "default --max-texts 256" in f]
     assert said, found
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("`GET /v2/health/live` answers 200, or 404 when the process is ill.", "404"),
+        ("| `GET /v1/models/{name}` | its model, or 418 for a name not loaded |", "418"),
+        ("`POST /v1/classify` answers 400 for a bad body, or 409 for a busy one.", "409"),
+    ],
+)
+def test_a_status_a_route_does_not_answer_is_reported(
+    names: drift.Names, text: str, said: str
+) -> None:
+    found = [f for f in drift.drift(names, at(text)) if not f.startswith("(no page)")]
+    assert len(found) == 1 and found[0].startswith("docs/x.md:1: status "), found
+    assert found[0].split(":", 2)[2].split(": ")[0].endswith(said), found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "| `GET /v1/models/{name}` | its model; 404 for a name not loaded |",
+        "`POST /v1/classify` answers 400, 413 or 503. Then 418 is said of no route.",
+        "`GET /v2/health/ready` is 503 while draining",
+    ],
+)
+def test_a_status_the_route_answers_is_not_reported(names: drift.Names, text: str) -> None:
+    assert [f for f in drift.drift(names, at(text)) if not f.startswith("(no page)")] == []
