@@ -1,4 +1,4 @@
-"""Every table of measured figures in README.md and docs/ names the results file it came from.
+"""Every table and paragraph of measured figures in README.md and docs/ names its results file.
 
 A table of figures is a markdown table whose header names a measure (texts/s, req/s, P50, P99,
 ms, goodput, agreement, MiB, ...) or whose cells hold a fraction with its unit (12.3 ms, 1.5x).
