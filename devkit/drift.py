@@ -2,7 +2,11 @@
 control command, pip extra, module and repository file that README.md or docs/ names must exist,
 and every public flag, route, metric and control command must be named on some page. The same
 check reads the messages the code prints (string literals in service/, factory/, workers/) for
-`ringserve COMMAND` and `--flag`.
+`ringserve COMMAND` and `--flag`. Where prose gives a server option's default beside it
+("`--max-texts`, default 256", "`--max-body` (1 MiB)", "`--control` (default `./ringserve.sock`)"),
+the value must be the option's default in service/config/settings.py. Where a sentence (or a
+table row, whose first cell names it) names one route and then statuses (4xx, 5xx), each must
+be one the OpenAPI document lists for that route.
 
 `Names.from_code()` reads the names from the code itself (argparse's own help, SETTINGS, the
 OpenAPI route table, the /metrics writer, the control socket's command table, pyproject's extras,
@@ -131,6 +135,8 @@ class Names:
     extras: set[str]
     files: set[str]  # repository-relative paths (files and folders)
     public_flags: set[str] = field(default_factory=set)
+    defaults: dict[str, object] = field(default_factory=dict)  # `serve`'s flag -> its default
+    statuses: dict[tuple[str, str], set[int]] = field(default_factory=dict)  # route -> statuses
 
     @classmethod
     def from_code(cls) -> Names:
@@ -156,6 +162,8 @@ class Names:
             extras=set(pyproject["project"]["optional-dependencies"]),
             files=repository_files(),
             public_flags={f"--{s.name}" for s in SETTINGS},
+            defaults={f"--{s.name}": s.default for s in SETTINGS},
+            statuses=route_statuses(),
         )
 
     def renamed(self, kind: str, old: str, new: str) -> Names:
@@ -271,6 +279,40 @@ def code_routes() -> set[tuple[str, str]]:
 
     doc = docgen.default_document()
     return {(m, p) for m, p, _ in docgen.operations(doc)} | {e.key for e in docgen.every_route()}
+
+
+def route_statuses() -> dict[tuple[str, str], set[int]]:
+    """Each route's statuses as the OpenAPI document of a server with every task and a key
+    lists them."""
+    from ringserve.service.protocols import openapi
+
+    from devkit import docgen
+
+    doc = openapi.document(docgen.every_route(), facts())
+    return {
+        (m, p): {int(c) for c in op.get("responses", {})} for m, p, op in docgen.operations(doc)
+    }
+
+
+def facts():  # type: ignore[no-untyped-def]
+    from ringserve.service.protocols.endpoint import Facts
+    from ringserve.service.protocols.kserve import VERSION
+    from ringserve.service.version import version
+    from ringserve.workers.artifact import TASKS
+
+    return Facts(
+        model="m",
+        labels=["a", "b"],
+        tasks=list(TASKS),  # every task's routes: the union a server of each could serve
+        dimension=4,
+        max_texts=1,
+        max_documents=1,
+        max_body=1,
+        version=VERSION,
+        server_version=version(),
+        key=True,
+        models=("m", "n"),
+    )
 
 
 PROMETHEUS = ROOT / "service" / "ops" / "prometheus.py"
@@ -520,6 +562,14 @@ def check_line(names: Names, line: Line, named: dict[str, set[str]]) -> list[str
         why = dotted_problem(m.group(1).rstrip("."))
         if why:
             bad("module path", m.group(1), why)
+    if not line.code:
+        for flag, said in said_defaults(text):
+            if flag in names.defaults and not same_default(flag, names.defaults[flag], said):
+                shown = names.defaults[flag]
+                bad("default", f"{flag} {said}", f"its default is {shown!r} (settings.py)")
+    if not line.code and names.statuses:
+        for route, code in said_statuses(names, text):
+            bad("status", f"{route} {code}", "the OpenAPI document lists no such answer of it")
     page = line.where.rsplit(":", 1)[0]
     for m in FILE.finditer(text):
         relative = (Path(page).parent / m.group(1)).as_posix()
@@ -528,6 +578,74 @@ def check_line(names: Names, line: Line, named: dict[str, set[str]]) -> list[str
         why = file_problem(names.files, m.group(1))
         if why and m.group(1) not in FOREIGN_FILES:
             bad("file", m.group(1), why)
+    return out
+
+
+# A default said beside its flag in prose: "`--x` (default 5", "`--x`, default 5", "`--x` (5 s)",
+# "`--x` windows (default 16", "`--x` (default `./path`)". A value that is not a number or a code
+# span ("the artifact's", "a quarter") is not compared.
+SAID_DEFAULT = re.compile(
+    r"`(--[a-z0-9-]+)`(?:\s+[a-z]+)?(?:\s*\((?:default:?\s*)?|,\s*default:?\s+)"
+    r"(`[^`]+`|\d[\d,]*(?:\.\d+)?(?:\s?(?:ms|s|KiB|MiB|GiB|tokens|texts)\b)?)(?=[\s),;:.]|$)"
+)
+UNIT_BYTES = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def said_defaults(text: str) -> list[tuple[str, str]]:
+    """Each (flag, value) a prose line gives as a flag's default."""
+    out = []
+    for m in SAID_DEFAULT.finditer(text):
+        in_sum = text[: m.start()].rstrip().endswith("+")  # `--a` + `--b` (3 s): the sum's
+        if not in_sum:
+            out.append((m.group(1), m.group(2)))
+    return out
+
+
+def same_default(flag: str, default: object, said: str) -> bool:
+    """Whether `said` ("1 MiB", "1,000 ms", "`./ringserve.sock`") is `default`; a default that
+    is chosen at start (None) is not compared."""
+    if default is None:
+        return True
+    if said.startswith("`"):
+        value = said.strip("`")
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
+        return value == shown or value.endswith(":" + shown)  # `127.0.0.1:8000` for --port
+    number, _, unit = said.replace(",", "").partition(" ")
+    if not unit and number[-1:] in "sx" and not number[-1:].isdigit():
+        number, unit = number.rstrip("sx"), number[-1]
+    try:
+        value = float(number) * UNIT_BYTES.get(unit, 1)
+    except ValueError:
+        return True
+    if unit == "ms" and flag.endswith("-s"):
+        value /= 1000
+    elif unit == "s" and flag.endswith("-ms"):
+        value *= 1000
+    if isinstance(default, bool) or not isinstance(default, int | float):
+        return True  # a flag's on/off, a word: not a number to compare
+    return abs(value - float(default)) < 1e-9
+
+
+STATUS = re.compile(r"(?<![\w.,/-])([45]\d\d)(?![\w.,/-])")
+
+
+def said_statuses(names: Names, text: str) -> list[tuple[str, int]]:
+    """Each (route, status) a sentence or table row says a route answers that its OpenAPI
+    entry does not list: one route named, then 4xx/5xx codes after it."""
+    if text.startswith("|"):
+        units = [(text.split("|")[1], text)]
+    else:
+        units = [(s, s) for s in re.split(r"(?<=[.;])\s", text)]
+    out = []
+    for where, unit in units:
+        found = list(ROUTE.finditer(where))
+        if len(found) != 1:
+            continue
+        said = found[0].group(0)
+        codes = {int(c) for c in STATUS.findall(unit[unit.find(said) + len(said) :])}
+        for route in match_route(set(names.statuses), found[0].group(1), found[0].group(2)):
+            method, path = route.split(" ", 1)
+            out += [(route, c) for c in sorted(codes - names.statuses[method, path])]
     return out
 
 

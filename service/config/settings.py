@@ -66,7 +66,7 @@ def cgroup_cpu_limit(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgrou
 
 def default_workers() -> int:
     # One single-threaded worker per core: two 1-thread workers matched one 2-thread worker's
-    # throughput here with far steadier latency (DESIGN.md), and survive a busy front-end core.
+    # throughput here with far steadier latency (docs/design.md), and survive a busy front-end core.
     # A container's CPU limit (cgroup quota) caps it: the node's cores are not ours to use, and
     # a worker per node core under a 2-CPU limit is throttled to a crawl.
     cores = _cpu_count()

@@ -1,6 +1,6 @@
 """`ringserve batch`: score a whole file through the server's own worker pool, with no HTTP.
 
-The input is reached through mmap (service.corpus) and fed to the dispatcher longest first over
+The input is reached through mmap (corpus.py) and fed to the dispatcher longest first over
 the whole file, so the workers' batches hold texts of about one length. Answers arrive out of
 order; each is stored by line number in a fixed-size results table (`OUTPUT.state.npy`, a
 memory-mapped file), and the output is written from that table in input order as far as every

@@ -150,3 +150,72 @@ def test_the_codes_messages_are_checked(names: drift.Names) -> None:
     assert "service/x.py:7: command ringserve build: no such `ringserve` command" in found
     assert any(re.match(r"service/x\.py:7: flag --no-such: ", f) for f in found), found
     assert drift.message_lines(), "the code's literals are read"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1 to `--max-texts`, default 512",
+        "body over `--max-body` (2 MiB)",
+        "`--max-queue-ms` (default 500 ms)",
+        "`--request-timeout-s` (60 s)",
+        "`--window-stride` tokens (default 64)",
+        "`--control` (default `./server.sock`)",
+    ],
+)
+def test_a_wrong_default_beside_its_flag_is_reported(names: drift.Names, text: str) -> None:
+    found = [f for f in drift.drift(names, at(text)) if not f.startswith("(no page)")]
+    assert len(found) == 1 and found[0].startswith("docs/x.md:1: default --"), found
+    assert "(settings.py)" in found[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1 to `--max-texts`, default 256; over `--max-body` (1 MiB), `--max-head` (8 KiB)",
+        "`--max-queue-ms` (default 1,000 ms), `--read-timeout-s` (10 s)",
+        "`--grpc-port` (default 8002, `0` = off)",
+        "`--control` (default `./ringserve.sock`), on `--host`:`--port` (default `127.0.0.1:8000`)",
+        "within `--bulk-max-wait-ms` + `--max-queue-ms` (3 s by default)",  # a sum
+        "`--workers` (default: one per core), `--max-queue` (per model)",  # chosen at start; a word
+    ],
+)
+def test_a_right_default_is_not_reported(names: drift.Names, text: str) -> None:
+    assert [f for f in drift.drift(names, at(text)) if not f.startswith("(no page)")] == []
+
+
+def test_a_default_changed_in_the_code_is_reported_where_the_docs_say_the_old(
+    names: drift.Names, lines: list[drift.Line]
+) -> None:
+    changed = drift.dataclasses.replace(names, defaults={**names.defaults, "--max-texts": 128})
+    found = drift.drift(changed, lines)
+    said = [f for f in found if f.startswith("docs/api.md:") and "default --max-texts 256" in f]
+    assert said, found
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("`GET /v2/health/live` answers 200, or 404 when the process is ill.", "404"),
+        ("| `GET /v1/models/{name}` | its model, or 418 for a name not loaded |", "418"),
+        ("`POST /v1/classify` answers 400 for a bad body, or 409 for a busy one.", "409"),
+    ],
+)
+def test_a_status_a_route_does_not_answer_is_reported(
+    names: drift.Names, text: str, said: str
+) -> None:
+    found = [f for f in drift.drift(names, at(text)) if not f.startswith("(no page)")]
+    assert len(found) == 1 and found[0].startswith("docs/x.md:1: status "), found
+    assert found[0].split(":", 2)[2].split(": ")[0].endswith(said), found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "| `GET /v1/models/{name}` | its model; 404 for a name not loaded |",
+        "`POST /v1/classify` answers 400, 413 or 503. Then 418 is said of no route.",
+        "`GET /v2/health/ready` is 503 while draining",
+    ],
+)
+def test_a_status_the_route_answers_is_not_reported(names: drift.Names, text: str) -> None:
+    assert [f for f in drift.drift(names, at(text)) if not f.startswith("(no page)")] == []

@@ -48,3 +48,27 @@ def test_a_table_without_its_results_file_date_or_machine_is_found(tmp_path: Pat
     assert "names no results file" in found(f"From `benchmarks/results/{absent}` {whole}:")[0]
     assert "date and machine" in found(f"From `benchmarks/results/{cited}` (2026-12-04):")[0]
     assert found("<!-- not-measured: a table of limits -->") == []
+
+
+def test_a_paragraph_of_measured_figures_without_its_results_file_is_found(tmp_path: Path) -> None:
+    cited, whole = "serving-20261204T1950Z.txt", "(2026-12-04, AMD EPYC (AVX-512))"
+    page = tmp_path / "page.md"
+
+    def found(text: str) -> list[str]:
+        page.write_text(f"# A\n\n{text}\n", encoding="utf-8")
+        return figures.unsourced_prose(page, tmp_path)
+
+    measured = "Served at c=32 it ran 1.50x fp32 on short texts, P99 111.5 ms."
+    assert "name no results file" in found(measured)[0]
+    assert "name no results file" in found(f"- a list item: {measured}")[0]
+    assert found(f"From `benchmarks/results/{cited}` {whole}: {measured}") == []
+    # the section's earlier paragraph may name it, with its date and machine
+    assert found(f"From `benchmarks/results/{cited}` {whole}.\n\n{measured}") == []
+    assert "date and machine" in found(f"From `benchmarks/results/{cited}`: {measured}")[0]
+    # ... but not another section's
+    assert found(f"From `{cited}` {whole}.\n\n# B\n\n{measured}") != []
+    # a whole number with a unit reads as a default or a limit; a constant may say so
+    assert found("The deadline is 30 s and the body at most 1 MiB.") == []
+    assert found("Tried again after 0.5 s. <!-- not-measured: a constant of the code -->") == []
+    # figures in code fences are the commands' output, not prose
+    assert found("```console\n$ x\n1.50x\n```") == []

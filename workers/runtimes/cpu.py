@@ -133,7 +133,7 @@ class CpuRunner:
 
     def warm(self) -> float:
         """Run one short batch before the worker says ready. The slow first calls of a fresh
-        TorchScript model (DESIGN.md) are the profiling executor's, which the worker turns off
+        TorchScript model (docs/design.md) are the profiling executor's, which the worker turns off
         on the CPU (served.set_graph_optimize): measured without it, the first call
         on 16 tokens took 0.027-0.034 s against 0.020 steady, so more warming buys nothing and
         costs a replacement worker its boot time (a call on the longest length took 0.3-1 s
