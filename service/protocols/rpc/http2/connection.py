@@ -14,6 +14,7 @@ from typing import Any
 
 import hpack
 from ringserve.service.protocols.budget import Budget
+from ringserve.service.protocols.readgate import LOST, WRITE_BLOCKED, ReadGate
 from ringserve.service.protocols.rpc.http2.codec import (
     ACK,
     COMPRESSION_ERROR,
@@ -72,14 +73,12 @@ class Connection(asyncio.Protocol):
         self.goaway_at: int | None = None  # the last stream id the final GOAWAY let through
         self.draining = False
         self.peer_gone = False  # the client sent GOAWAY
-        self.lost = False
-        self.backlog = False  # whole frames wait for the next loop turn
-        self.paused_writing = False  # the client does not read what we send
-        self.reading = True
+        self.gate = ReadGate(FRAMES_PER_TURN, self.work, loop=self.loop)
 
     # -- asyncio ----------------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         self.transport = self.sender.transport = transport
+        self.gate.attach(transport)
         window = self.inflow.stream_window
         settings = struct.pack(
             ">HIHIHIHI", 3, self.port.max_streams, 4, window, 6, HEADER_LIST, 2, 0
@@ -89,7 +88,7 @@ class Connection(asyncio.Protocol):
         self.port.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
+        self.gate.pause(LOST)
         self.table.cancel_all()
         self.buf = bytearray()  # freed now: the connection's objects are a cycle for the gc
         self.inflow.waiting.clear()
@@ -99,13 +98,38 @@ class Connection(asyncio.Protocol):
         if self.lost:
             return
         self.buf += data
-        if not self.backlog:
+        if not self.gate.backlog:
             self.work()
+
+    # -- what its read gate lets in ---------------------------------------------------------------
+    @property
+    def lost(self) -> bool:
+        return self.gate.lost
+
+    @property
+    def backlog(self) -> bool:
+        """Whole frames wait for the loop's next turn."""
+        return self.gate.backlog
+
+    @property
+    def paused_writing(self) -> bool:
+        """The client does not read what we send: nothing more is read from it until it does
+        (its PINGs and SETTINGS cannot pile answers up here)."""
+        return WRITE_BLOCKED in self.gate.why
+
+    @property
+    def reading(self) -> bool:
+        return not self.gate.paused
+
+    def pause_writing(self) -> None:
+        self.gate.pause(WRITE_BLOCKED)
+
+    def resume_writing(self) -> None:
+        self.gate.resume(WRITE_BLOCKED)
 
     def work(self) -> None:
         """Read at most FRAMES_PER_TURN frames; with more buffered, read nothing from the socket
         and go on at the loop's next turn, after every other connection's ready work."""
-        self.backlog = False
         try:
             more = self.read_turn()
         except H2Error as exc:
@@ -119,9 +143,7 @@ class Connection(asyncio.Protocol):
             self.fail(INTERNAL_ERROR, "internal error")
             return
         if more and not self.lost:
-            self.backlog = True
-            self.loop.call_soon(self.work)
-        self.update_reading()
+            self.gate.defer()
 
     def read_turn(self) -> bool:
         """One turn's frames; True when whole frames may still wait in the buffer."""
@@ -131,32 +153,14 @@ class Connection(asyncio.Protocol):
                 return False
             del self.buf[:n]
             self.preface = True
-        frames = read_frames(self.buf, FRAMES_PER_TURN)
+        quota = self.gate.per_turn
+        frames = read_frames(self.buf, quota)
         for kind, flags, sid, payload in frames:
             if self.lost:
                 return False
             self.on_frame(kind, flags, sid, payload)
         self.table.run_ends()
-        return len(frames) == FRAMES_PER_TURN and len(self.buf) >= 9
-
-    def pause_writing(self) -> None:
-        """The client does not read what we send: read nothing more from it until it does (its
-        PINGs and SETTINGS cannot pile answers up here)."""
-        self.paused_writing = True
-        self.update_reading()
-
-    def resume_writing(self) -> None:
-        self.paused_writing = False
-        self.update_reading()
-
-    def update_reading(self) -> None:
-        want = not (self.paused_writing or self.backlog or self.lost)
-        if want != self.reading and self.transport is not None:
-            self.reading = want
-            if want:
-                self.transport.resume_reading()
-            else:
-                self.transport.pause_reading()
+        return len(frames) == quota and len(self.buf) >= 9
 
     def eof_received(self) -> bool:
         return False  # close: a client that half-closes its TCP side is done
@@ -226,7 +230,7 @@ class Connection(asyncio.Protocol):
         transport.close()
         if transport.get_write_buffer_size():  # a peer that reads nothing is not waited for
             self.loop.call_later(CLOSE_WAIT_S, transport.abort)
-        self.lost = True
+        self.gate.pause(LOST)
         self.table.cancel_all()
 
     # -- the drain --------------------------------------------------------------------------------
