@@ -1,6 +1,7 @@
 """One HTTP/2 connection from a gRPC client, as an asyncio Protocol on the front-end's loop: its
-life (preface, SETTINGS, GOAWAY and the drain, connection errors), the control frames, and how
-much of it one loop turn reads. The streams are streams.py's, the sending flow.py's, the wire
+life (preface, SETTINGS), the control frames, how much of it one loop turn reads (its read gate,
+service/protocols/readgate.py), and how it ends (`Ending`: GOAWAY and the drain, connection
+errors). The streams are streams.py's, the sending flow.py's, the wire
 codec.py's; a frame that does no useful work is paid from the connection's budget
 (service/protocols/budget.py), and a client that overdraws it is sent GOAWAY ENHANCE_YOUR_CALM
 and closed, as nghttp2 and Go's http2 do since the 2023-2024 floods (docs/design.md, "gRPC")."""
@@ -55,7 +56,8 @@ CLOSE_WAIT_S = 1.0  # a connection error's GOAWAY waits this long for a peer tha
 
 
 class Connection(asyncio.Protocol):
-    """One HTTP/2 connection: its life and its control frames."""
+    """One HTTP/2 connection: its life, its frames read a turn at a time (what its read gate
+    lets in), and its control frames. How it ends is `Ending`'s."""
 
     def __init__(self, port: Port, now_ns: Callable[[], int]) -> None:
         self.port = port
@@ -70,10 +72,8 @@ class Connection(asyncio.Protocol):
         self.buf = bytearray()
         self.preface = False
         self.settled = False  # the client's first SETTINGS came
-        self.goaway_at: int | None = None  # the last stream id the final GOAWAY let through
-        self.draining = False
-        self.peer_gone = False  # the client sent GOAWAY
         self.gate = ReadGate(FRAMES_PER_TURN, self.work, loop=self.loop)
+        self.end = Ending(self)
 
     # -- asyncio ----------------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -133,14 +133,14 @@ class Connection(asyncio.Protocol):
         try:
             more = self.read_turn()
         except H2Error as exc:
-            self.fail(exc.code, str(exc))
+            self.end.fail(exc.code, str(exc))
             return
         except hpack.HPACKError as exc:
-            self.fail(COMPRESSION_ERROR, type(exc).__name__)
+            self.end.fail(COMPRESSION_ERROR, type(exc).__name__)
             return
         except Exception as exc:  # noqa: BLE001 - a bug of ours: this connection only ends
             self.port.broken(exc)
-            self.fail(INTERNAL_ERROR, "internal error")
+            self.end.fail(INTERNAL_ERROR, "internal error")
             return
         if more and not self.lost:
             self.gate.defer()
@@ -197,8 +197,8 @@ class Connection(asyncio.Protocol):
         elif kind == GOAWAY:
             if sid or len(payload) < 8:
                 raise H2Error(PROTOCOL_ERROR, "bad GOAWAY")
-            self.peer_gone = True
-            self.maybe_close()
+            self.end.peer_gone = True
+            self.end.maybe_close()
         elif kind == PUSH_PROMISE:
             raise H2Error(PROTOCOL_ERROR, "a client cannot push")
         else:
@@ -210,60 +210,81 @@ class Connection(asyncio.Protocol):
         if not flags & ACK:
             self.waste("PING frames")
             self.sender.write(frame(PING, ACK, 0, payload))
-        elif payload == DRAIN_PING and self.draining:
-            self.final_goaway()
+        elif payload == DRAIN_PING and self.end.draining:
+            self.end.final_goaway()
 
     def waste(self, what: str, cost: float = 1.0) -> None:
         """Pay for a frame that does no useful work; past the budget, the connection ends."""
         if not self.budget.spend(cost):
             raise H2Error(ENHANCE_YOUR_CALM, f"too many {what}")
 
+    def begin_drain(self) -> None:
+        """The port drains (Ending.drain)."""
+        self.end.drain()
+
+
+class Ending:
+    """How one HTTP/2 connection ends: a connection error (GOAWAY with its code, then closed),
+    the drain's two GOAWAYs, the close once no stream is left after the final GOAWAY or the
+    client's, and the closes the port and the sweep decide (rpc/server.py, rpc/limits.py)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.goaway_at: int | None = None  # the last stream id the final GOAWAY let through
+        self.draining = False
+        self.peer_gone = False  # the client sent GOAWAY
+
     def fail(self, code: int, message: str) -> None:
         """A connection error: GOAWAY, then close (what is owed is dropped)."""
-        transport = self.transport
-        if self.lost or transport is None:
+        conn = self.conn
+        transport = conn.transport
+        if conn.lost or transport is None:
             return
         debug = message.encode("utf-8", "replace")[:256]
-        last = self.table.last_id
-        self.sender.write(frame(GOAWAY, 0, 0, struct.pack(">II", last, code) + debug))
-        self.sender.flush()
+        last = conn.table.last_id
+        conn.sender.write(frame(GOAWAY, 0, 0, struct.pack(">II", last, code) + debug))
+        conn.sender.flush()
         transport.close()
         if transport.get_write_buffer_size():  # a peer that reads nothing is not waited for
-            self.loop.call_later(CLOSE_WAIT_S, transport.abort)
-        self.gate.pause(LOST)
-        self.table.cancel_all()
+            conn.loop.call_later(CLOSE_WAIT_S, transport.abort)
+        conn.gate.pause(LOST)
+        conn.table.cancel_all()
 
-    # -- the drain --------------------------------------------------------------------------------
-    def begin_drain(self) -> None:
+    def drain(self) -> None:
         """GOAWAY in two steps (RFC 9113 6.8): first one that lets every stream through, and a
         PING; when its ACK is back, every stream the client sent before it has arrived, and the
         final GOAWAY names the last. Streams after it are not processed: clients retry them."""
-        if self.draining or self.lost:
+        conn = self.conn
+        if self.draining or conn.lost:
             return
         self.draining = True
-        self.sender.write(frame(GOAWAY, 0, 0, struct.pack(">II", MAX_WINDOW, NO_ERROR)))
-        self.sender.write(frame(PING, 0, 0, DRAIN_PING))
+        conn.sender.write(frame(GOAWAY, 0, 0, struct.pack(">II", MAX_WINDOW, NO_ERROR)))
+        conn.sender.write(frame(PING, 0, 0, DRAIN_PING))
 
     def final_goaway(self) -> None:
-        if self.goaway_at is not None or self.lost:
+        conn = self.conn
+        if self.goaway_at is not None or conn.lost:
             return
-        self.goaway_at = last = self.table.last_id
-        self.sender.write(frame(GOAWAY, 0, 0, struct.pack(">II", last, NO_ERROR)))
+        self.goaway_at = last = conn.table.last_id
+        conn.sender.write(frame(GOAWAY, 0, 0, struct.pack(">II", last, NO_ERROR)))
         self.maybe_close()
 
     def maybe_close(self) -> None:
-        if self.table.streams or self.lost or self.transport is None:
+        conn = self.conn
+        if conn.table.streams or conn.lost or conn.transport is None:
             return
         if self.goaway_at is not None or self.peer_gone:
-            self.sender.flush()
-            self.transport.close()
+            conn.sender.flush()
+            conn.transport.close()
 
     def abort(self) -> None:
-        if self.transport is not None and not self.lost:
-            self.sender.flush()
-            self.transport.close()
+        conn = self.conn
+        if conn.transport is not None and not conn.lost:
+            conn.sender.flush()
+            conn.transport.close()
 
     def drop(self) -> None:
         """A client that leaves our writes unread too long: closed with nothing more sent."""
-        if self.transport is not None and not self.lost:
-            self.transport.abort()
+        conn = self.conn
+        if conn.transport is not None and not conn.lost:
+            conn.transport.abort()
