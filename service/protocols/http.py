@@ -482,7 +482,7 @@ class HttpProtocol(asyncio.Protocol):
         content_type: bytes = b"application/json",
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        if self.closing:
+        if self.gate.lost:  # closed or closing
             return
         if status == 503 and self.state.stopping:  # the server stops: retry elsewhere
             ex.keep_alive = False
@@ -538,7 +538,7 @@ class HttpProtocol(asyncio.Protocol):
             self.gate.pause(LOST)  # nothing more is owed, nor will be
             transport.close()
             return
-        if len(q) < MAX_PIPELINE:
+        if self.gate.why and len(q) < MAX_PIPELINE:
             self.gate.resume(PIPELINE_FULL)
 
     def sweep(self, now_ns: int) -> None:
