@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 from ringserve.service.engine.clients import Client
 from ringserve.service.engine.tenants import Tenant
@@ -39,6 +39,7 @@ from ringserve.service.protocols.binary_admit import FrameAdmitter
 from ringserve.service.protocols.budget import Budget
 from ringserve.service.protocols.handover import Listeners, listen
 from ringserve.service.protocols.peers import KeyFailures, Seats, check_soon, peer_gone, peer_of
+from ringserve.service.protocols.readgate import EOF, LOST, WRITE_BLOCKED, ReadGate
 from ringserve.service.protocols.texts import checked
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
@@ -73,8 +74,7 @@ class BinaryServerState:
         """Admit every whole frame already read but waiting for the loop's next turn, now
         (the stop: frames read before the signal are admitted before it counts)."""
         for conn in list(self.connections):
-            if conn.backlog:
-                conn.parse_backlog()
+            conn.gate.turn()
 
 
 async def start_binary(
@@ -90,7 +90,8 @@ async def start_binary(
 
 
 class BinaryProtocol(asyncio.Protocol):
-    """One connection: its life, framing, reading paced, and where answers leave (`send`)."""
+    """One connection: its life, its frames (what its read gate lets in: a client that reads
+    our answers, the loop's turns), and where answers leave (`send`)."""
 
     def __init__(self, state: BinaryServerState) -> None:
         self.state = state
@@ -103,39 +104,48 @@ class BinaryProtocol(asyncio.Protocol):
         self.buffer = bytearray()
         self.owed = 0  # frames admitted whose answer is not written yet
         self.stopped = False  # an oversize length was read: parse nothing more
-        self.eof = False  # the client sent EOF: answer what is buffered, then close
         self.draining = False  # the server drains: answer what is owed, then close
         self.lingering = False  # answers sent and our side shut: dropping input until EOF
         self.linger_s: float = s.binary_linger_s
         self.linger_timer: asyncio.TimerHandle | None = None
-        self.paused_reading = self.paused_writing = self.closed = False
         self.last_active = time.monotonic()
         self.partial_since = 0.0  # when an incomplete frame began waiting for its rest
         self.tenant: Tenant | None = None  # the key of the AUTH frame, for rate and priority
         self.admitter = FrameAdmitter(self, state.server, s.request_timeout_s, state.failures)
         self.garbage = Budget(GARBAGE_BURST, GARBAGE_RATE, time.monotonic_ns)
-        self.backlog = False  # whole frames wait for the loop's next turn
+        self.gate = ReadGate(FRAMES_PER_TURN, self.parse_turn)
         self.peer = ""  # the client's address (peers.peer_of)
         self.client = Client()  # its texts in the queue: its share, dropped when it goes
         self.end = Closing(self)
 
     # -- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
         state = self.state
         self.peer = peer_of(transport)
         if not state.seats.take(self):
             state.refused += 1
-            self.closed = True
+            self.gate.pause(LOST)
             transport.close()
             return
+        self.gate.attach(self.transport)
         self.draining = self.server.draining  # accepted late: answer what it sends, then close
         state.connections.add(self)
+
+    @property
+    def closed(self) -> bool:
+        """Its transport is closed or closing: nothing more is written."""
+        return self.gate.lost
+
+    @property
+    def eof(self) -> bool:
+        """The client sent EOF: what is buffered is answered, then it closes."""
+        return EOF in self.gate.why
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state.connections.discard(self)
         self.state.seats.leave(self)
-        self.closed = True
+        self.gate.pause(LOST)
         self.buffer.clear()
         if self.client.texts:  # nobody reads these answers: what still waits is dropped
             self.server.admission.leave(self.client)
@@ -144,40 +154,22 @@ class BinaryProtocol(asyncio.Protocol):
 
     def idle_since(self) -> float | None:
         """When it last did anything, if it owes nothing now (peers.Seats)."""
-        busy = self.owed or self.buffer or self.closed or self.backlog
+        busy = self.owed or self.buffer or self.closed or self.gate.backlog
         return None if busy else self.last_active
 
     def eof_received(self) -> bool:
-        self.eof = True  # a partial frame left at EOF is never answered
+        self.gate.pause(EOF)  # a partial frame left at EOF is never answered
         if self.client.texts:  # gone, or reading on: its waiting texts go behind the others'
             self.server.admission.behind(self.client)
         if self.lingering:
             return False  # the client has our answers and is done too: close
-        return self.owed > 0 or self.backlog  # keep the write side open for answers owed
+        return self.owed > 0 or self.gate.backlog  # keep the write side open for answers owed
 
     def pause_writing(self) -> None:
-        self.paused_writing = True
-        self.update_reading()
+        self.gate.pause(WRITE_BLOCKED)
 
     def resume_writing(self) -> None:
-        self.paused_writing = False
-        self.update_reading()
-
-    def update_reading(self) -> None:
-        """Read while the write buffer is under its bound (the client reads its answers)."""
-        transport = self.transport
-        if transport is None or self.closed:
-            return
-        if self.eof:
-            return  # nothing more will come
-        # Once stopped, read and drop what still comes: closing on unread input sends a RST.
-        want = self.stopped or self.lingering or not (self.paused_writing or self.backlog)
-        if want and self.paused_reading:
-            self.paused_reading = False
-            transport.resume_reading()
-        elif not want and not self.paused_reading:
-            self.paused_reading = True
-            transport.pause_reading()
+        self.gate.resume(WRITE_BLOCKED)
 
     # -- frames ---------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -185,7 +177,7 @@ class BinaryProtocol(asyncio.Protocol):
             return
         self.last_active = now = time.monotonic()
         self.buffer += data
-        if self.backlog:
+        if self.gate.backlog:
             return  # parsed at the turn already asked for
         if self.admitter.keys is not None and not self.admitter.authenticate(self.buffer):
             self.partial_since = self.partial_since or now  # the read timeout
@@ -195,13 +187,10 @@ class BinaryProtocol(asyncio.Protocol):
             self.partial_since = 0.0
         elif not self.partial_since:
             self.partial_since = now
-        self.update_reading()
 
-    def parse_backlog(self) -> None:
-        self.backlog = False
-        if not self.closed:
-            self.parse()
-            self.update_reading()
+    def parse_turn(self) -> None:
+        """The turn the frames left in the buffer waited for (the gate's)."""
+        self.parse()
 
     def parse(self) -> None:
         """Admit the complete frames buffered, FRAMES_PER_TURN at most in one loop turn (the
@@ -210,16 +199,15 @@ class BinaryProtocol(asyncio.Protocol):
         GARBAGE_RATE a second), the connection is stopped: closed once its answers are out."""
         admitter = self.admitter
         buf = self.buffer
-        pos, end, count = 0, len(buf), 0
+        pos, end, count, quota = 0, len(buf), 0, self.gate.per_turn
         texts: list[bytes] = []
         tags: list[int] = []
         bad: list[bytes] = []
         over: list[int] = []  # frames past the owed bound
         with memoryview(buf) as view:
             while end - pos >= 4:
-                if count == FRAMES_PER_TURN:
-                    self.backlog = True
-                    asyncio.get_running_loop().call_soon(self.parse_backlog)
+                if count == quota:
+                    self.gate.defer()
                     break
                 count += 1
                 (n,) = LENGTH.unpack_from(buf, pos)
@@ -261,6 +249,8 @@ class BinaryProtocol(asyncio.Protocol):
         if self.stopped:
             buf.clear()
         self.close_when_done()
+        if self.stopped:  # read on and drop what comes while answers are owed (Closing)
+            self.gate.drop_input()
 
     def send(self, answers: bytes, code: int, n: int = 1) -> bool:
         """Write answers and count `n` of them under `code`: the one place binary answers
@@ -283,7 +273,7 @@ class BinaryProtocol(asyncio.Protocol):
 
     def close_now(self) -> None:
         if not self.closed and self.transport is not None:
-            self.closed = True
+            self.gate.pause(LOST)
             self.transport.close()
 
     evict = close_now  # idle, to seat another client (peers.Seats)
@@ -304,7 +294,7 @@ class Closing:
         if conn.closed or self.check_peer():
             return
         s = conn.state.settings
-        if conn.paused_reading or conn.owed or conn.eof:  # the wait is ours: restart its clock
+        if conn.gate.paused or conn.owed or conn.eof:  # the wait is ours: restart its clock
             conn.partial_since = now if conn.buffer else 0.0
             return
         slow = bool(conn.partial_since) and now - conn.partial_since > s.read_timeout_s
@@ -318,7 +308,7 @@ class Closing:
         conn = self.conn
         if conn.closed or not (conn.eof and conn.owed) or not peer_gone(conn.transport):
             return False
-        conn.closed = True
+        conn.gate.pause(LOST)
         conn.transport.abort()  # type: ignore[union-attr]
         return True
 
@@ -331,14 +321,14 @@ class Closing:
         if conn.lingering or transport is None:
             return
         if conn.eof or not transport.can_write_eof():
-            conn.closed = True
+            conn.gate.pause(LOST)
             transport.close()  # close() still sends what the write buffer holds
             return
         # A lingering close: a RST (closing with the client's bytes unread) could erase answers
         # the client has not read yet, so send FIN after them and drop input until its EOF.
         conn.lingering = True
         transport.write_eof()
-        conn.update_reading()
+        conn.gate.drop_input()
         loop = asyncio.get_running_loop()
         conn.linger_timer = loop.call_later(conn.linger_s, conn.close_now)
 
@@ -348,8 +338,7 @@ class Closing:
         waiting for a turn admitted and answered first."""
         conn = self.conn
         conn.draining = True
-        if conn.backlog:
-            conn.parse_backlog()
+        conn.gate.turn()  # the frames waiting for a turn are admitted first
         if not conn.owed:
             conn.close_now()
         else:

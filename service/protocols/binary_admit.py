@@ -45,7 +45,6 @@ class Answers(Protocol):
     def send(self, answers: bytes, code: int, n: int = 1) -> bool: ...
     def close_when_done(self) -> None: ...
     def close_now(self) -> None: ...
-    def update_reading(self) -> None: ...
 
 
 class FrameAdmitter:
@@ -220,7 +219,6 @@ class FrameAdmitter:
             for code in failed:
                 self.server.count("binary", code, 1, self.conn.tenant)
         self.conn.close_when_done()
-        self.conn.update_reading()
 
     def end_traces(self, traces: list[Any], results: list[Result]) -> None:
         now = time.monotonic_ns()

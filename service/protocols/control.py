@@ -6,11 +6,12 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 from ringserve.service.protocols.auth import DENIED, ApiKey, control_ok
 from ringserve.service.protocols.handover import send_listeners, socket_is_live
+from ringserve.service.protocols.readgate import LOST, PIPELINE_FULL, ReadGate
 from ringserve.service.protocols.schemas import control as commands
 from ringserve.service.protocols.schemas import message
 
@@ -48,9 +49,11 @@ class ControlProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.limit = limit
         self.waiting: asyncio.Future[Reply] | None = None  # a command still working (reload)
+        self.gate = ReadGate()  # paused while a command works: one answer owed at a time
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self.gate.attach(self.transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -71,11 +74,11 @@ class ControlProtocol(asyncio.Protocol):
             else:
                 self.waiting = asyncio.ensure_future(reply)
                 self.waiting.add_done_callback(self.answer_later)
-                if self.transport is not None:
-                    self.transport.pause_reading()
+                self.gate.pause(PIPELINE_FULL)
         if self.waiting is None and len(self.buffer) > self.limit:
             self.answer({"ok": False, "error": f"line longer than {self.limit} bytes"})
             assert self.transport is not None
+            self.gate.pause(LOST)
             self.transport.close()
 
     def answer_later(self, done: asyncio.Future[Reply]) -> None:
@@ -85,10 +88,11 @@ class ControlProtocol(asyncio.Protocol):
             return
         self.answer(done.result())
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+            self.gate.resume(PIPELINE_FULL)
             self.serve_lines()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.gate.pause(LOST)
         self.transport = None
 
     def answer(self, reply: dict[str, Any]) -> None:

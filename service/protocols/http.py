@@ -33,6 +33,14 @@ from ringserve.service.engine.clients import Client
 from ringserve.service.protocols.errors import error_body as shaped_error
 from ringserve.service.protocols.hosts import HostCheck
 from ringserve.service.protocols.peers import Seats, check_soon, peer_gone, peer_of
+from ringserve.service.protocols.readgate import (
+    DRAINING,
+    EOF,
+    LOST,
+    PIPELINE_FULL,
+    WRITE_BLOCKED,
+    ReadGate,
+)
 
 REASONS = {
     100: "Continue",
@@ -272,7 +280,7 @@ class RequestReader:
         else:
             if self.raw_head_bytes > self.settings.max_head * 2 + 65536:
                 self.conn.end.fail(431, "request head too large")
-        return not (self.conn.closing or self.conn.reading_done)
+        return not self.conn.gate.done
 
     def on_message_begin(self) -> None:
         self.current = Exchange()
@@ -337,8 +345,9 @@ class RequestReader:
 
 
 class HttpProtocol(asyncio.Protocol):
-    """One connection: its life, reading paced by the answers owed and by the loop's turns,
-    and its answers, written in request order. Its timeouts and its end are `Ending`'s."""
+    """One connection: its life, its requests framed (what its read gate lets in: answers owed,
+    the loop's turns), and its answers, written in request order. Its timeouts and its end are
+    `Ending`'s."""
 
     def __init__(self, state: HttpServerState) -> None:
         self.state = state
@@ -349,11 +358,10 @@ class HttpProtocol(asyncio.Protocol):
         self.started_ns = 0  # when the request being read began (0 = between requests)
         self.clock = state.clock
         self.last_active_ns = self.clock()  # its last request byte or answer
-        self.closing = False  # transport closed or closing: nothing more is written
-        self.reading_done = False  # read nothing more (a request could not be framed, EOF)
         self.ending = False  # close once nothing more is owed (drain, EOF, upgrade)
-        self.paused_reading = False
-        self.paused_writing = False
+        # Why it is not read; `done` once nothing more is framed (a request that could not be
+        # framed, the drain, EOF, closed).
+        self.gate = ReadGate(REQUESTS_PER_TURN, self.feed_backlog, self.read_again)
         self.write_blocked_ns = 0  # when the transport last asked us to pause
         self.backlog = b""  # read, not yet framed: waits for the loop's next turn
         self.framing = False  # Ending.frame_read is framing the backlog: answers wait for it
@@ -369,15 +377,21 @@ class HttpProtocol(asyncio.Protocol):
             # A connection accepted while draining is served (its answer closes it); only the
             # connection limit refuses one.
             self.state.refuse(self.transport)
-            self.closing = True
+            self.gate.pause(LOST)
             return
+        self.gate.attach(self.transport)
         self.state.connections.add(self)
         self.ending = self.state.closing
+
+    @property
+    def closing(self) -> bool:
+        """Its transport is closed or closing: nothing more is written."""
+        return self.gate.lost
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state.connections.discard(self)
         self.state.seats.leave(self)
-        self.closing = True
+        self.gate.pause(LOST)
         if self.client.texts and self.state.clients is not None:  # nobody reads these answers
             self.state.clients.leave(self.client)
         self.queue.clear()
@@ -393,41 +407,24 @@ class HttpProtocol(asyncio.Protocol):
 
     def evict(self) -> None:
         """Closed, idle, to seat another client (peers.Seats)."""
-        self.closing = True
+        self.gate.pause(LOST)
         if self.transport is not None:
             self.transport.close()
 
     def pause_writing(self) -> None:
-        self.paused_writing = True
         self.write_blocked_ns = self.clock()
-        self._pause()
+        self.gate.pause(WRITE_BLOCKED)
 
     def resume_writing(self) -> None:
-        self.paused_writing = False
-        self._maybe_resume()
+        self.gate.resume(WRITE_BLOCKED)
 
-    def _pause(self) -> None:
-        if not self.paused_reading and self.transport is not None:
-            self.paused_reading = True
-            self.transport.pause_reading()
-
-    def _maybe_resume(self) -> None:
-        if (
-            self.paused_reading
-            and not self.paused_writing
-            and not self.backlog
-            and len(self.queue) < MAX_PIPELINE
-            and self.transport is not None
-            and not self.closing
-            and not self.reading_done
-        ):
-            self.paused_reading = False
-            if self.started_ns:  # the wait was ours, not the client's: restart its read clock
-                self.started_ns = self.clock()
-            self.transport.resume_reading()
+    def read_again(self) -> None:
+        """Reading resumed: the wait was ours, not the client's, so its read clock restarts."""
+        if self.started_ns:
+            self.started_ns = self.clock()
 
     def data_received(self, data: bytes) -> None:
-        if self.closing or self.reading_done:
+        if self.gate.done:
             return
         self.last_active_ns = now = self.clock()
         if not self.started_ns:
@@ -443,28 +440,26 @@ class HttpProtocol(asyncio.Protocol):
             piece = data if len(data) <= SLICE else data[pos : pos + SLICE]
             if not reader.feed(piece):
                 return
-            if reader.requests >= REQUESTS_PER_TURN and pos + SLICE < len(data):
+            if reader.requests >= self.gate.per_turn and pos + SLICE < len(data):
                 self.backlog = data[pos + SLICE :]
-                self._pause()
-                asyncio.get_running_loop().call_soon(self.feed_backlog)
+                self.gate.defer()
                 return
 
     def feed_backlog(self) -> None:
+        """The turn the backlog waited for (the gate's)."""
         data, self.backlog = self.backlog, b""
-        if data and not (self.closing or self.reading_done):
+        if data and not self.gate.done:
             self.feed(data)
-        self._maybe_resume()
 
     def received(self, ex: Exchange) -> None:
         """A whole request: queued for its answer, and routed."""
         self.started_ns = 0
         ex.done_ns = self.clock()
         if self.ending and not self.framing:  # draining: serve it (and what came with it)
-            self.reading_done = True
-            self._pause()
+            self.gate.pause(DRAINING)
         self.queue.append(ex)
         if len(self.queue) >= MAX_PIPELINE:
-            self._pause()
+            self.gate.pause(PIPELINE_FULL)
         try:
             refused = self.state.hosts.refusal(ex.headers) if self.state.hosts else None
             if refused is not None:
@@ -487,7 +482,7 @@ class HttpProtocol(asyncio.Protocol):
         content_type: bytes = b"application/json",
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        if self.closing:
+        if self.gate.lost:  # closed or closing
             return
         if status == 503 and self.state.stopping:  # the server stops: retry elsewhere
             ex.keep_alive = False
@@ -531,19 +526,20 @@ class HttpProtocol(asyncio.Protocol):
             if ex.trace is not None:
                 ex.trace.written(ex.status, self.clock())
             if not ex.keep_alive:
-                self.closing = True
+                self.gate.pause(LOST)
                 transport.close()
                 q.clear()
                 return
         if wrote:
             self.last_active_ns = self.clock()  # idle time counts from the last answer
-            if self.ending and self.reading_done and q:  # after an EOF: is the client there?
+            if self.ending and self.gate.done and q:  # after an EOF: is the client there?
                 check_soon(self.end.check_peer)
         if self.ending and not q and self.end.settled() and transport is not None:
-            self.closing = True  # nothing more is owed, nor will be
+            self.gate.pause(LOST)  # nothing more is owed, nor will be
             transport.close()
             return
-        self._maybe_resume()
+        if self.gate.why and len(q) < MAX_PIPELINE:
+            self.gate.resume(PIPELINE_FULL)
 
     def sweep(self, now_ns: int) -> None:
         self.end.sweep(now_ns)
@@ -563,9 +559,8 @@ class Ending:
         conn = self.conn
         conn.framing = True
         try:
-            while conn.backlog and not (conn.closing or conn.reading_done):
-                data, conn.backlog = conn.backlog, b""
-                conn.feed(data)
+            while conn.gate.backlog and not conn.gate.done:
+                conn.gate.turn()
         finally:
             conn.framing = False
         conn.flush()
@@ -574,7 +569,7 @@ class Ending:
         """Nothing more will be framed: nothing buffered, and no request partly read (or
         nothing more to be read)."""
         conn = self.conn
-        return not conn.backlog and (conn.reading_done or not conn.started_ns)
+        return not conn.backlog and (conn.gate.done or not conn.started_ns)
 
     def eof(self) -> bool | None:
         """The client shut its sending side. With nothing owed, the connection closes; else
@@ -583,7 +578,7 @@ class Ending:
         conn = self.conn
         conn.ending = True
         self.frame_read()
-        conn.reading_done = True  # a request left partial can never end now
+        conn.gate.pause(EOF)  # a request left partial can never end now
         conn.flush()  # what is answered goes out; with nothing more owed, it closes
         if conn.closing or not conn.queue:
             return None
@@ -602,15 +597,14 @@ class Ending:
         if conn.closing or conn.transport is None:
             return
         if not conn.started_ns:
-            conn.reading_done = True  # between requests: read nothing more
-            conn._pause()
+            conn.gate.pause(DRAINING)  # between requests: read nothing more
         conn.flush()
 
     def after_owed(self) -> None:
         """Read nothing more (what follows is another protocol); close after the answers owed."""
         conn = self.conn
-        conn.reading_done = conn.ending = True
-        conn._pause()
+        conn.ending = True
+        conn.gate.pause(DRAINING)
         conn.flush()
 
     def fail(self, status: int, message: str) -> None:
@@ -628,8 +622,7 @@ class Ending:
             conn.state.access_log(ex, status)
         ex.status = status
         conn.reader.current = None
-        conn.reading_done = True
-        conn._pause()
+        conn.gate.pause(DRAINING)
         conn.queue.append(ex)
         conn.flush()  # goes out after the answers still owed, then the connection closes
 
@@ -639,17 +632,18 @@ class Ending:
         if transport is None:
             return
         s = conn.settings
-        if conn.paused_writing and (now_ns - conn.write_blocked_ns) / 1e9 > s.write_timeout_s:
-            conn.closing = True
+        blocked = WRITE_BLOCKED in conn.gate.why
+        if blocked and (now_ns - conn.write_blocked_ns) / 1e9 > s.write_timeout_s:
+            conn.gate.pause(LOST)
             transport.abort()  # close() would wait for the peer to read, maybe forever
             return
         if conn.closing:
             return
-        if conn.ending and conn.reading_done and conn.queue:
+        if conn.ending and conn.gate.done and conn.queue:
             self.check_peer()
         elif (
             conn.started_ns
-            and not conn.paused_reading  # paused by us (answers owed): not the client's delay
+            and not conn.gate.paused  # paused by us (answers owed): not the client's delay
             and (now_ns - conn.started_ns) / 1e9 > s.read_timeout_s
         ):
             self.fail(408, "request not received within the read timeout")
@@ -658,7 +652,7 @@ class Ending:
             and not conn.started_ns
             and (now_ns - conn.last_active_ns) / 1e9 > s.keepalive_timeout_s
         ):
-            conn.closing = True
+            conn.gate.pause(LOST)
             transport.close()
 
     def probe(self) -> None:
@@ -679,5 +673,5 @@ class Ending:
         conn = self.conn
         if conn.closing or conn.transport is None or not peer_gone(conn.transport):
             return
-        conn.closing = True
+        conn.gate.pause(LOST)
         conn.transport.abort()

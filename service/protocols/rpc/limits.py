@@ -41,7 +41,7 @@ class ConnectionLimits:
         """Take a new connection, or refuse it (GOAWAY, then closed) over the cap."""
         if len(self.connections) >= self.max_connections:
             self.refused += 1
-            conn.fail(h2.NO_ERROR, "too many connections")
+            conn.end.fail(h2.NO_ERROR, "too many connections")
             return False
         self.connections[conn] = Seen(now_ns)
         return True
@@ -58,18 +58,18 @@ class ConnectionLimits:
         if conn.paused_writing:
             seen.paused_ns = seen.paused_ns or now_ns
             if now_ns - seen.paused_ns > self.write_ns:
-                conn.drop()
+                conn.end.drop()
             return
         seen.paused_ns = 0
         if not conn.settled:
             if now_ns - seen.opened_ns > self.read_ns:
-                conn.fail(h2.NO_ERROR, "no preface and SETTINGS within the read timeout")
+                conn.end.fail(h2.NO_ERROR, "no preface and SETTINGS within the read timeout")
             return
         table = conn.table
         if table.streams or table.last_id != seen.last_id or table.pending is not None:
             seen.active_ns, seen.last_id = now_ns, table.last_id
-        elif now_ns - seen.active_ns > self.idle_ns and conn.goaway_at is None:
-            conn.final_goaway()  # no stream open: it closes at once
+        elif now_ns - seen.active_ns > self.idle_ns and conn.end.goaway_at is None:
+            conn.end.final_goaway()  # no stream open: it closes at once
             return
         if conn.inflow.held and conn.reading:
             self.stalled(conn, seen, now_ns)

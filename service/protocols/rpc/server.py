@@ -157,7 +157,7 @@ class GrpcPort:
 
     def final_goaways(self) -> None:
         for conn in list(self.connections):
-            conn.final_goaway()
+            conn.end.final_goaway()
 
     async def close(self) -> None:
         """Nothing is owed any more: each connection closes once its last answer is out (a
@@ -168,7 +168,7 @@ class GrpcPort:
         while self.connections and time.monotonic() < until:
             await asyncio.sleep(0.01)
         for conn in list(self.connections):
-            conn.abort()
+            conn.end.abort()
 
     def update_health(self) -> None:
         """Called at start, on the sweep's tick, when a stop begins and at the drain."""

@@ -2,8 +2,8 @@
 codec.py (the wire: frames, padding, HPACK blocks), flow.py (what is sent, the send windows,
 the answers held unread), inflow.py (the receive windows, refilled as bytes are consumed, and
 what a connection holds), streams.py (the calls: HEADERS, DATA, ends), grpc.py (a call's
-messages and answers), connection.py (the connection's life, control frames, the budget and
-how much one turn reads).
+messages and answers), connection.py (the connection's life, control frames, the budget, how
+much one turn reads and how the connection ends).
 
 What a call does with its request is the port's (rpc/server.py): `Port.begin` is given each new
 stream once its headers are in, and the stream's `on_message` each request message. Any frame

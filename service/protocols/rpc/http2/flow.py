@@ -41,6 +41,10 @@ class Table(Protocol):
     def reset(self, stream: Stream, code: int) -> None: ...
 
 
+class Ends(Protocol):
+    def maybe_close(self) -> None: ...  # connection.Ending's: closed once no stream is left
+
+
 class Owner(Protocol):
     """What sending needs of its connection."""
 
@@ -50,7 +54,8 @@ class Owner(Protocol):
     def paused_writing(self) -> bool: ...
     @property
     def table(self) -> Table: ...
-    def maybe_close(self) -> None: ...
+    @property
+    def end(self) -> Ends: ...
 
 
 class Sender:
@@ -130,7 +135,7 @@ class Sender:
             conn.table.close(stream, ours=not stream.remote_closed)
         if out:
             self.write(b"".join(out))
-        conn.maybe_close()
+        conn.end.maybe_close()
 
     def on_settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid:

@@ -46,12 +46,19 @@ MAX_CONTINUATIONS = 32  # in one header block (nghttp2 takes 8): more is a flood
 RESET_IN_FLIGHT = 10  # the budget a reset costs when its call was still running
 
 
+class Ends(Protocol):
+    """What the stream table needs of how its connection ends (connection.Ending)."""
+
+    goaway_at: int | None
+
+    def maybe_close(self) -> None: ...
+
+
 class Owner(Protocol):
     """What the stream table needs of its connection."""
 
     port: Port
     now_ns: Callable[[], int]
-    goaway_at: int | None
 
     @property
     def sender(self) -> Sender: ...
@@ -59,8 +66,9 @@ class Owner(Protocol):
     def inflow(self) -> Inflow: ...
     @property
     def decoder(self) -> HeaderDecoder: ...
+    @property
+    def end(self) -> Ends: ...
     def waste(self, what: str, cost: float = 1.0) -> None: ...
-    def maybe_close(self) -> None: ...
 
 
 class StreamTable:
@@ -121,7 +129,7 @@ class StreamTable:
             self.late(sid, "HEADERS")
             return
         self.last_id = sid
-        if conn.goaway_at is not None and sid > conn.goaway_at:
+        if conn.end.goaway_at is not None and sid > conn.end.goaway_at:
             self.remember(sid, OURS)  # after our GOAWAY: not processed, the client retries it
             return
         head = self.heads.read(fields)
@@ -215,7 +223,7 @@ class StreamTable:
         if stream.done:
             if stream.trailers is None:  # all sent: the stream is over
                 self.close(stream, ours=False)
-                self.conn.maybe_close()
+                self.conn.end.maybe_close()
             return
         if stream.buf:
             stream.finish(INTERNAL, "the request ended inside a message")
@@ -249,14 +257,14 @@ class StreamTable:
         if stream is not None:
             self.close(stream, ours=False, how=PEER_RESET)
             self.cancelled(stream)
-            self.conn.maybe_close()
+            self.conn.end.maybe_close()
 
     def reset(self, stream: Stream, code: int) -> None:
         self.close(stream, ours=True)
         stream.done = True
         self.conn.sender.write(frame(RST_STREAM, 0, stream.id, error_code(code)))
         self.cancelled(stream)
-        self.conn.maybe_close()
+        self.conn.end.maybe_close()
 
     def close(self, stream: Stream, ours: bool, how: int = PEER_END) -> None:
         """The stream leaves the table (`ours`: we ended it before the client did)."""
