@@ -18,7 +18,8 @@ from ringserve.service.engine.admission import (
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.engine.tenants import PRIORITIES, PRIORITY_NAMES, Tenant
 from ringserve.service.protocols.errors import error_body
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
+from ringserve.service.request.errors import RequestError
 from ringserve.shm import layout as L
 
 if TYPE_CHECKING:
@@ -64,14 +65,14 @@ def asked_priority(value: object, where: str) -> int | None:
     if isinstance(value, bytes):
         value = value.decode("latin-1")
     if isinstance(value, bool):
-        raise HttpError(400, f"{where} must be interactive or bulk")
+        raise RequestError(400, f"{where} must be interactive or bulk")
     if isinstance(value, int):
         if value < 0:
-            raise HttpError(400, f"{where} must be interactive, bulk, or a level 0 and up")
+            raise RequestError(400, f"{where} must be interactive, bulk, or a level 0 and up")
         return None if value == 0 else min(value - 1, 1)
     if isinstance(value, str) and value.strip().lower() in PRIORITIES:
         return PRIORITIES[value.strip().lower()]
-    raise HttpError(400, f"{where} must be interactive or bulk")
+    raise RequestError(400, f"{where} must be interactive or bulk")
 
 
 def deadline_ns(ex: Exchange, timeout_s: float) -> int:
@@ -81,9 +82,9 @@ def deadline_ns(ex: Exchange, timeout_s: float) -> int:
         try:
             ms = float(raw)
         except ValueError:
-            raise HttpError(400, "X-Request-Timeout-Ms must be a number") from None
+            raise RequestError(400, "X-Request-Timeout-Ms must be a number") from None
         if not ms > 0 or ms > 86_400_000:
-            raise HttpError(400, "X-Request-Timeout-Ms must be in (0, 86400000]")
+            raise RequestError(400, "X-Request-Timeout-Ms must be in (0, 86400000]")
         timeout_s = ms / 1000
     return ex.done_ns + int(timeout_s * 1e9)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols.http import HttpError
+from ringserve.service.request.errors import RequestError
 
 CALIBRATED = ("int8", "uint8")  # need the artifact's calibration
 COMPACT = (*CALIBRATED, "binary", "ubinary")
@@ -42,20 +42,20 @@ def check(info: ModelInfo, kinds: list[str], cut: bool, normalize: bool | None =
         return None
     ranges = calibration(info)
     if ranges is None:
-        raise HttpError(
+        raise RequestError(
             400,
             f"{asked[0]} is not served by model {info.name}: its artifact has no calibration "
             "(build it again with this version's `ringserve export`); binary and ubinary need none",
         )
     if cut:
-        raise HttpError(
+        raise RequestError(
             400,
             f"{asked[0]} ranges are calibrated on the model's whole vectors: ask without "
             "dimensions (output_dimension), or for binary or ubinary",
         )
     own = info.manifest.normalize
     if normalize is not None and normalize != own:
-        raise HttpError(
+        raise RequestError(
             400,
             f"{asked[0]} ranges are calibrated on the model's own vectors: normalize "
             f"{'true' if own else 'false'}",

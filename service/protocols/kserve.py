@@ -36,7 +36,7 @@ from ringserve.service.protocols import (
     token_classify,
 )
 from ringserve.service.protocols.admit import asked_priority, latency_header
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
     as_integer,
@@ -54,6 +54,7 @@ from ringserve.service.protocols.schemas.kserve import (
 from ringserve.service.protocols.shm_regions import REGIONS, Placement, placement
 from ringserve.service.protocols.tasks import vectors
 from ringserve.service.protocols.texts import require
+from ringserve.service.request.errors import RequestError
 from ringserve.service.version import version
 from ringserve.service.views import Failure, FrontView, Repository
 from ringserve.shm import layout as L
@@ -96,12 +97,12 @@ def register(router: Router) -> None:
 def guard(
     server: FrontView, handler: KHandler, inference: bool = False
 ) -> Callable[[HttpProtocol, Exchange, dict[str, str]], None]:
-    """Answer a handler's HttpError here, with the latency header every inference answer has."""
+    """Answer a handler's RequestError here, with the latency header every inference answer has."""
 
     def run(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
         try:
             handler(server, conn, ex, params)
-        except HttpError as exc:
+        except RequestError as exc:
             extra = (
                 [latency_header(conn, ex)] if inference else None
             )  # every inference answer has it
@@ -290,17 +291,19 @@ def read_body(server: FrontView, ex: Exchange) -> bytes:
     if encoding == b"identity":
         return body
     if encoding not in (b"gzip", b"deflate"):
-        raise HttpError(400, f"unsupported Content-Encoding {encoding.decode(errors='replace')!r}")
+        raise RequestError(
+            400, f"unsupported Content-Encoding {encoding.decode(errors='replace')!r}"
+        )
     limit = server.settings.max_body
     inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding == b"gzip" else zlib.MAX_WBITS)
     try:
         data = inflater.decompress(body, limit + 1)  # bounded: a small bomb stays small
     except zlib.error:
-        raise HttpError(400, f"body is not valid {encoding.decode()} data") from None
+        raise RequestError(400, f"body is not valid {encoding.decode()} data") from None
     if len(data) > limit:
-        raise HttpError(413, f"inflated body over {limit} bytes")
+        raise RequestError(413, f"inflated body over {limit} bytes")
     if not inflater.eof:
-        raise HttpError(400, f"truncated {encoding.decode()} body")
+        raise RequestError(400, f"truncated {encoding.decode()} body")
     return data
 
 
@@ -313,9 +316,9 @@ def split_body(server: FrontView, ex: Exchange) -> tuple[dict[str, Any], memoryv
         try:
             size = int(raw)
         except ValueError:
-            raise HttpError(400, "Inference-Header-Content-Length must be an integer") from None
+            raise RequestError(400, "Inference-Header-Content-Length must be an integer") from None
         if not 0 <= size <= len(body):
-            raise HttpError(400, "Inference-Header-Content-Length is outside the body")
+            raise RequestError(400, "Inference-Header-Content-Length is outside the body")
     view = memoryview(body)
     header = decode_bytes(view[:size], Infer, "inference header")
     # checked whole by its Struct; read as plain values by the code gRPC shares (rpc/infer.py)
@@ -327,24 +330,24 @@ def as_dict(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise HttpError(400, f"{where} must be a JSON object")
+        raise RequestError(400, f"{where} must be a JSON object")
     return value
 
 
 def as_size(value: Any, where: str) -> int:
     size = as_integer(value)
     if size is None or size < 0:
-        raise HttpError(400, f"{where} must be a non-negative integer")
+        raise RequestError(400, f"{where} must be a non-negative integer")
     return size
 
 
 def check_shape(shape: Any) -> int:
     """The number of texts that `shape` ([N] or [N, 1]) holds."""
     if not isinstance(shape, list) or not 1 <= len(shape) <= 2:
-        raise HttpError(400, "input text must have shape [N] or [N, 1]")
+        raise RequestError(400, "input text must have shape [N] or [N, 1]")
     dims = [as_size(d, "input text shape") for d in shape]
     if len(dims) == 2 and dims[1] != 1:
-        raise HttpError(400, f"input text must have shape [N] or [N, 1], got {dims}")
+        raise RequestError(400, f"input text must have shape [N] or [N, 1], got {dims}")
     return dims[0]
 
 
@@ -354,11 +357,11 @@ def bytes_elements(blob: memoryview) -> list[bytes]:
     pos, end = 0, len(blob)
     while pos < end:
         if end - pos < 4:
-            raise HttpError(400, "BYTES tensor data ends inside an element's length")
+            raise RequestError(400, "BYTES tensor data ends inside an element's length")
         (n,) = _U32.unpack_from(blob, pos)
         pos += 4
         if n > end - pos:
-            raise HttpError(400, "BYTES tensor element runs past its binary data")
+            raise RequestError(400, "BYTES tensor element runs past its binary data")
         out.append(blob[pos : pos + n].tobytes())
         pos += n
     return out
@@ -368,7 +371,7 @@ def json_elements(data: list[Any]) -> list[Any]:
     """Row-major data, flat or nested one level ([N, 1] written as [["a"], ["b"]])."""
     rows = sum(isinstance(d, list) for d in data)
     if rows and rows != len(data):
-        raise HttpError(400, "input data mixes rows and texts")
+        raise RequestError(400, "input data mixes rows and texts")
     if rows:
         return [x for row in data for x in row]
     return data
@@ -381,18 +384,20 @@ def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[b
     """One BYTES input's texts, and where the next input's binary data starts."""
     name = spec["name"]
     if spec.get("datatype") != "BYTES":
-        raise HttpError(400, f"input {name} must have datatype BYTES, not {spec.get('datatype')!r}")
+        raise RequestError(
+            400, f"input {name} must have datatype BYTES, not {spec.get('datatype')!r}"
+        )
     n = check_shape(spec.get("shape"))
     params = as_dict(spec.get("parameters"), "input parameters")
     where = placement(params, f"input {name}")
     if where is not None:
         if "data" in spec or "binary_data_size" in params:
-            raise HttpError(400, f"input {name} has shared memory and data both")
+            raise RequestError(400, f"input {name} has shared memory and data both")
         texts = shm_texts(name, where)
     elif "binary_data_size" in params:
         size = as_size(params["binary_data_size"], "binary_data_size")
         if size > len(blob) - pos:
-            raise HttpError(400, f"binary_data_size {size} but {len(blob) - pos} bytes left")
+            raise RequestError(400, f"binary_data_size {size} but {len(blob) - pos} bytes left")
         part = blob[pos : pos + size]
         texts = [require(t, f"{name}[{i}]") for i, t in enumerate(bytes_elements(part))]
         pos += size
@@ -400,9 +405,9 @@ def read_input(spec: dict[str, Any], blob: memoryview, pos: int) -> tuple[list[b
         items = json_elements(spec["data"])
         texts = [require(t, f"{name}[{i}]") for i, t in enumerate(items)]
     else:
-        raise HttpError(400, f"input {name} has neither data nor binary_data_size")
+        raise RequestError(400, f"input {name} has neither data nor binary_data_size")
     if len(texts) != n:
-        raise HttpError(400, f"input {name} has shape {spec['shape']} but {len(texts)} elements")
+        raise RequestError(400, f"input {name} has shape {spec['shape']} but {len(texts)} elements")
     return texts, pos
 
 
@@ -416,38 +421,38 @@ def read_texts(server: FrontView, doc: dict[str, Any], blob: memoryview) -> list
     """The request's texts; with the optional input `text_pair`, each text joined to its pair."""
     inputs = doc.get("inputs")
     if not isinstance(inputs, list):
-        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+        raise RequestError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
     check_input_names([spec.get("name") if isinstance(spec, dict) else None for spec in inputs])
     found: dict[str, list[bytes]] = {}
     pos = 0
     for spec in inputs:
         found[spec["name"]], pos = read_input(spec, blob, pos)
     if pos != len(blob):
-        raise HttpError(400, "binary data given, but no input names it (binary_data_size)")
+        raise RequestError(400, "binary data given, but no input names it (binary_data_size)")
     return join_pairs(server, found)
 
 
 def check_input_names(names: list[Any]) -> None:
     """`text`, and maybe `text_pair`, each once (HTTP and gRPC alike)."""
     if not 1 <= len(names) <= 2:
-        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+        raise RequestError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
     for name in names:
         if name not in INPUTS:
-            raise HttpError(400, f'unknown input {name!r}: the model takes "text", "text_pair"')
+            raise RequestError(400, f'unknown input {name!r}: the model takes "text", "text_pair"')
     if "text" not in names or len(set(names)) != len(names):
-        raise HttpError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
+        raise RequestError(400, 'inputs must be a list of one input, "text", and maybe "text_pair"')
 
 
 def join_pairs(server: FrontView, found: dict[str, list[bytes]]) -> list[bytes]:
     """The payloads of checked inputs: each text, joined to its pair when `text_pair` is given."""
     texts = found["text"]
     if not 1 <= len(texts) <= server.settings.max_texts:
-        raise HttpError(400, f"input text must hold 1 to {server.settings.max_texts} texts")
+        raise RequestError(400, f"input text must hold 1 to {server.settings.max_texts} texts")
     pairs = found.get("text_pair")
     if pairs is None:
         return texts
     if len(pairs) != len(texts):
-        raise HttpError(400, f"input text_pair has {len(pairs)} texts, text has {len(texts)}")
+        raise RequestError(400, f"input text_pair has {len(pairs)} texts, text has {len(texts)}")
     return [t + L.PAIR_SEPARATOR + p for t, p in zip(texts, pairs, strict=True)]
 
 
@@ -543,7 +548,7 @@ def read_outputs(
     params = as_dict(doc.get("parameters"), "parameters")
     default = params.get("binary_data_output", False)
     if not isinstance(default, bool):
-        raise HttpError(400, "parameters.binary_data_output must be true or false")
+        raise RequestError(400, "parameters.binary_data_output must be true or false")
     asked = doc.get("outputs")
     known: tuple[str, ...] = (
         (EMBEDDING,) if embed_only else (*OUTPUTS, EMBEDDING) if embeds else OUTPUTS
@@ -557,24 +562,24 @@ def read_outputs(
     if not asked:
         return [(name, default) for name in known]
     if not isinstance(asked, list):
-        raise HttpError(400, "outputs must be a list")
+        raise RequestError(400, "outputs must be a list")
     wanted: list[tuple[str, bool]] = []
     for spec in asked:
         if not isinstance(spec, dict) or spec.get("name") not in known:
             name = spec.get("name") if isinstance(spec, dict) else spec
-            raise HttpError(400, f"unknown output {name!r}: the model gives {', '.join(known)}")
+            raise RequestError(400, f"unknown output {name!r}: the model gives {', '.join(known)}")
         if any(spec["name"] == w for w, _ in wanted):
-            raise HttpError(400, f"output {spec['name']!r} asked for twice")
+            raise RequestError(400, f"output {spec['name']!r} asked for twice")
         if spec.get("parameters") is None:  # the usual output: no place, the default encoding
             wanted.append((spec["name"], default))
             continue
         out_params = as_dict(spec.get("parameters"), "output parameters")
         if out_params.get("classification") is not None:
-            raise HttpError(400, "classification outputs are not supported")
+            raise RequestError(400, "classification outputs are not supported")
         placement(out_params, f"output {spec['name']}")  # checked here, used by output_places
         binary = out_params.get("binary_data", default)
         if not isinstance(binary, bool):
-            raise HttpError(400, "output parameters.binary_data must be true or false")
+            raise RequestError(400, "output parameters.binary_data must be true or false")
         wanted.append((spec["name"], binary))
     return wanted
 
@@ -599,7 +604,7 @@ def request_deadline(server: FrontView, ex: Exchange, doc: dict[str, Any]) -> in
         return None  # Admission.submit takes the header's or the default deadline
     timeout_us = as_integer(raw)
     if timeout_us is None or not 0 < timeout_us <= MAX_TIMEOUT_US:
-        raise HttpError(
+        raise RequestError(
             400, f"parameters.timeout must be an integer from 1 to {MAX_TIMEOUT_US} (microseconds)"
         )
     if b"x-request-timeout-ms" in ex.headers:
@@ -725,7 +730,7 @@ def infer(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str,
             results = multivector.kserve_results(results)
         try:
             tensors, blobs = encoder.tensors(results, wanted, places, joined)
-        except HttpError as exc:  # a region unregistered meanwhile, or too small
+        except RequestError as exc:  # a region unregistered meanwhile, or too small
             conn.respond_error(ex, exc.status, exc.message, [latency_header(conn, ex)])
             return
         answer: dict[str, Any] = {"model_name": name, "model_version": version}
@@ -798,7 +803,7 @@ def repository_load(server: FrontView, conn: HttpProtocol, ex: Exchange, p: dict
     load = optional_body(ex, RepositoryLoad)
     given = optional_body(ex, dict[str, Any]).get("parameters") or {}  # every key, to refuse
     if "config" in given or any(k.startswith("file:") for k in given):
-        raise HttpError(400, "load parameters config and file: are not supported")
+        raise RequestError(400, "load parameters config and file: are not supported")
     asked = load.parameters.version if load.parameters else None
     version = None if asked is None else str(asked)
     run_repository(conn, ex, repository_of(server).load(unquote(p["model"]), version))

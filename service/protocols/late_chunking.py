@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.vocab import framing, tokenizer_for
+from ringserve.service.request.errors import RequestError
 from ringserve.shm import layout as L
 
 POOLINGS = ("mean", "max", "cls", "last", "mean_sqrt_len", "weightedmean")
@@ -35,20 +35,20 @@ def check_model(info: ModelInfo) -> str:
     extra = info.manifest.extra
     width = extra.get("token_vectors", 0)
     if not isinstance(width, int) or width <= 0 or info.runtime not in ("onnx", "openvino"):
-        raise HttpError(
+        raise RequestError(
             400,
             f"late_chunking is not served by model {info.name}: it needs the token states, "
             "which an artifact built by this version's `ringserve export` gives on ONNX Runtime "
             "or OpenVINO",
         )
     if extra.get("dense") or width != info.manifest.dimension:
-        raise HttpError(
+        raise RequestError(
             400, f"late_chunking is not served by model {info.name}: a Dense module follows "
             "its pooling",
         )  # fmt: skip
     pooling = str(extra.get("pooling", "mean"))
     if pooling not in POOLINGS:
-        raise HttpError(400, f"late_chunking cannot pool by {pooling} (model {info.name})")
+        raise RequestError(400, f"late_chunking cannot pool by {pooling} (model {info.name})")
     return pooling
 
 
@@ -138,7 +138,7 @@ class Plan:
         self.spans = owners(self.offsets, chunk_bounds(chunks, len(prompt)))
         empty = next((c for c, s in enumerate(self.spans) if not s), None)
         if empty is not None:
-            raise HttpError(400, f"input[{empty}] has no tokens of its own")
+            raise RequestError(400, f"input[{empty}] has no tokens of its own")
         before, after = framing(tokenizer)
         self.lead = len(before)
         self.tokens = len(self.offsets) + len(before) + len(after)
@@ -147,7 +147,7 @@ class Plan:
         starts = [i == 0 or words[i] is None or words[i] != words[i - 1] for i in range(len(words))]
         self.windows = windows(starts, room)
         if len(self.windows) > max_windows:
-            raise HttpError(
+            raise RequestError(
                 413,
                 f"the document's {len(self.offsets)} tokens need {len(self.windows)} windows "
                 f"of {room}; at most {max_windows} (--max-windows)",
@@ -159,7 +159,7 @@ class Plan:
             )
             for (a, b), e in zip(self.windows, again, strict=True):
                 if e.ids != enc.ids[a:b]:
-                    raise HttpError(
+                    raise RequestError(
                         400, "this document cannot be windowed on its tokens' boundaries"
                     )
         self.best = best_window(self.windows, len(self.offsets))
@@ -207,7 +207,7 @@ def chunks_of(value: str | list[Any]) -> list[str]:
     if isinstance(value, str):
         return [value]
     if not all(isinstance(v, str) for v in value):
-        raise HttpError(400, "late_chunking takes texts, not token ids")
+        raise RequestError(400, "late_chunking takes texts, not token ids")
     return list(value)
 
 

@@ -21,10 +21,11 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Router, inference, needs_task, request_model
 from ringserve.service.protocols.schemas import Truncation, decode
 from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
@@ -85,7 +86,7 @@ def kserve_ask(
     kserve.join_pairs joined them; each pair's query then its document, in order."""
     split = [p.split(L.PAIR_SEPARATOR, 1) for p in payloads]
     if any(len(parts) != 2 for parts in split):
-        raise HttpError(
+        raise RequestError(
             400,
             f"model {info.name} scores a query (text) against a document (text_pair) by "
             "MaxSim: give input text_pair",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ringserve.service.protocols.http import HttpError
+from ringserve.service.request.errors import RequestError
 from ringserve.workers.artifact import Manifest
 
 
@@ -35,7 +35,7 @@ def prompt_bytes(manifest: Manifest, name: Any = None) -> bytes:
             return b""
     if not isinstance(name, str) or name not in prompts:
         known = ", ".join(sorted(prompts)) or "none"
-        raise HttpError(400, f"prompt_name {name!r} is not one of this model's prompts: {known}")
+        raise RequestError(400, f"prompt_name {name!r} is not one of this model's prompts: {known}")
     return prompts[name].encode("utf-8")
 
 

@@ -13,7 +13,7 @@ from ringserve.service.models.info import ModelInfo
 from ringserve.service.models.modelset import ModelRequired, UnknownModel
 from ringserve.service.protocols import admit, prompts
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.schemas import UNSET, LongText, Named, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas.operator import Live, Ready
@@ -27,6 +27,7 @@ from ringserve.service.protocols.schemas.v1 import (
     ModelRow,
     NamedModelCard,
 )
+from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import MANIFEST_FILE
@@ -56,11 +57,11 @@ def long_text_options(doc: dict[str, Any], where: str) -> int:
     opts = 0
     if truncate is not None:
         if not isinstance(truncate, bool):
-            raise HttpError(400, f"{where}truncate must be true or false")
+            raise RequestError(400, f"{where}truncate must be true or false")
         opts |= L.OPT_CUT if truncate else L.OPT_REFUSE
     if direction is not None:
         if direction not in ("left", "right"):
-            raise HttpError(400, f'{where}truncation_direction must be "left" or "right"')
+            raise RequestError(400, f'{where}truncation_direction must be "left" or "right"')
         opts |= L.OPT_LEFT if direction == "left" else 0
     return opts
 
@@ -94,9 +95,9 @@ def find_model(server: FrontView, name: str | None, version: int | str | None = 
     try:
         return server.models.find(name, canonical(version))
     except UnknownModel as exc:
-        raise HttpError(404, str(exc)) from None
+        raise RequestError(404, str(exc)) from None
     except ModelRequired as exc:
-        raise HttpError(400, str(exc)) from None
+        raise RequestError(400, str(exc)) from None
 
 
 def canonical(version: int | str | None) -> int | str | None:
@@ -105,7 +106,7 @@ def canonical(version: int | str | None) -> int | str | None:
     if isinstance(version, str) and version:
         written = version.isascii() and version.isdigit() and str(int(version)) == version
         if not written:
-            raise HttpError(404, f"unknown version {version!r}")
+            raise RequestError(404, f"unknown version {version!r}")
     return version
 
 
@@ -124,9 +125,9 @@ def request_model(server: FrontView, body: Named | LongText, vendor: bool = Fals
             ready = server.models.ready()
             if len(ready) == 1:
                 return ready[0]
-        raise HttpError(404, str(exc)) from None
+        raise RequestError(404, str(exc)) from None
     except ModelRequired as exc:
-        raise HttpError(400, str(exc)) from None
+        raise RequestError(400, str(exc)) from None
 
 
 def known_name(server: FrontView, name: str) -> bool:
@@ -142,7 +143,7 @@ def needs_task(info: ModelInfo, task: str) -> None:
     """400 naming the model's tasks when it does not do `task`."""
     tasks = info.manifest.task
     if task not in tasks:
-        raise HttpError(400, f"model {info.name} does not {task}; its tasks: {', '.join(tasks)}")
+        raise RequestError(400, f"model {info.name} does not {task}; its tasks: {', '.join(tasks)}")
 
 
 def classify(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
@@ -165,24 +166,24 @@ def classify_texts(body: Classify) -> tuple[list[bytes], bool]:
     """(the payloads, whether it is one text): what the Struct cannot say is checked here."""
     if isinstance(body.text, str) and body.texts is UNSET:
         if body.text_pairs is not UNSET:
-            raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
+            raise RequestError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
         texts = [body.text.encode()]
         if isinstance(body.text_pair, str):
             return [texts[0] + L.PAIR_SEPARATOR + body.text_pair.encode()], True
         return texts, True
     if isinstance(body.texts, list) and body.text is UNSET:
         if body.text_pair is not UNSET:
-            raise HttpError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
+            raise RequestError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
         texts = [t.encode() for t in body.texts]
         if isinstance(body.text_pairs, list):
             if len(body.text_pairs) != len(texts):
-                raise HttpError(400, "text_pairs must be a list as long as texts")
+                raise RequestError(400, "text_pairs must be a list as long as texts")
             texts = [
                 t + L.PAIR_SEPARATOR + p.encode()
                 for t, p in zip(texts, body.text_pairs, strict=True)
             ]
         return texts, False
-    raise HttpError(400, 'body must have exactly one of "text" or "texts"')
+    raise RequestError(400, 'body must have exactly one of "text" or "texts"')
 
 
 def model_info(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
@@ -350,7 +351,7 @@ class Router:
         path = ex.url.split(b"?", 1)[0]
         found = self.match(path)
         if found is None:
-            raise HttpError(404, f"no such path: {path.decode('utf-8', 'replace')[:200]}")
+            raise RequestError(404, f"no such path: {path.decode('utf-8', 'replace')[:200]}")
         table, params = found
         handler = table.get(ex.method)
         if handler is None and ex.method == b"HEAD":
@@ -374,7 +375,7 @@ def inference(server: FrontView, handler: ViewHandler) -> Handler:
     def run(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
         try:
             handler(server, conn, ex, params)
-        except HttpError as exc:
+        except RequestError as exc:
             conn.respond_error(ex, exc.status, exc.message, [latency_header(conn, ex)])
 
     return run

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Handler, Router, as_integer
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas.kserve import RegisterRegion
+from ringserve.service.request.errors import RequestError
 from ringserve.shm import segment
 
 MAX_REGIONS = 256  # regions at once: each holds a file descriptor
@@ -75,9 +76,9 @@ def key_path(key: str) -> str:
     """The file of a shm_open key ("/name" or "name"); nothing outside /dev/shm."""
     name = key[1:] if key.startswith("/") else key
     if not name or "/" in name or "\0" in name or name in (".", ".."):
-        raise HttpError(400, f"shared-memory key {key!r} is not a POSIX shared-memory name")
+        raise RequestError(400, f"shared-memory key {key!r} is not a POSIX shared-memory name")
     if name.startswith(segment.PREFIX):  # the server's own rings: never a client's to map
-        raise HttpError(400, f"shared-memory key {key!r} names one of the server's own segments")
+        raise RequestError(400, f"shared-memory key {key!r} names one of the server's own segments")
     return os.path.join(SHM_DIR, name)
 
 
@@ -85,7 +86,7 @@ def as_count(value: Any, where: str) -> int:
     """A non-negative integer (3.0 is one, as a body's Struct reads a JSON integer)."""
     count = as_integer(value)
     if count is None or count < 0:
-        raise HttpError(400, f"{where} must be a non-negative integer")
+        raise RequestError(400, f"{where} must be a non-negative integer")
     return count
 
 
@@ -99,26 +100,26 @@ class SystemRegions:
         """Map `byte_size` bytes at `offset` of `key`; 400 when it cannot be (a name already
         registered, a missing object, a range past its end)."""
         if not name:
-            raise HttpError(400, "a shared-memory region needs a name")
+            raise RequestError(400, "a shared-memory region needs a name")
         if name in self.regions:
-            raise HttpError(400, f"shared-memory region {name!r} is already registered")
+            raise RequestError(400, f"shared-memory region {name!r} is already registered")
         if len(self.regions) >= MAX_REGIONS:
-            raise HttpError(400, f"{MAX_REGIONS} shared-memory regions are registered already")
+            raise RequestError(400, f"{MAX_REGIONS} shared-memory regions are registered already")
         offset, byte_size = as_count(offset, "offset"), as_count(byte_size, "byte_size")
         if byte_size == 0:
-            raise HttpError(400, "byte_size must be positive")
+            raise RequestError(400, "byte_size must be positive")
         path = key_path(key)
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks
         try:
             fd = os.open(path, flags)
         except OSError as exc:
-            raise HttpError(400, f"cannot open shared memory {key!r}: {exc.strerror}") from None
+            raise RequestError(400, f"cannot open shared memory {key!r}: {exc.strerror}") from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise HttpError(400, f"shared memory {key!r} is not a regular file")
+                raise RequestError(400, f"shared memory {key!r} is not a regular file")
             if offset + byte_size > st.st_size:
-                raise HttpError(
+                raise RequestError(
                     400, f"region {offset}+{byte_size} runs past the {st.st_size} bytes of {key!r}"
                 )
         except BaseException:
@@ -139,7 +140,7 @@ class SystemRegions:
             return [r.status() for r in self.regions.values()]
         region = self.regions.get(name)
         if region is None:
-            raise HttpError(400, f"no shared-memory region {name!r} is registered")
+            raise RequestError(400, f"no shared-memory region {name!r} is registered")
         return [region.status()]
 
     def span(self, where: Placement, size: int | None = None) -> tuple[Region, int, int]:
@@ -148,15 +149,15 @@ class SystemRegions:
         it is known (an output's bytes: at most the placement's)."""
         region = self.regions.get(where.region)
         if region is None:
-            raise HttpError(400, f"no shared-memory region {where.region!r} is registered")
+            raise RequestError(400, f"no shared-memory region {where.region!r} is registered")
         length = where.byte_size if size is None else size
         if size is not None and size > where.byte_size:
-            raise HttpError(
+            raise RequestError(
                 400,
                 f"output needs {size} bytes, shared_memory_byte_size is {where.byte_size}",
             )
         if where.offset + where.byte_size > region.byte_size:
-            raise HttpError(
+            raise RequestError(
                 400,
                 f"offset {where.offset} + byte size {where.byte_size} runs past region "
                 f"{region.name!r} ({region.byte_size} bytes)",
@@ -182,8 +183,8 @@ class SystemRegions:
             view = view[os.pwrite(region.fd, view, position + length - len(view)) :]
 
 
-def truncated(region: Region, size: int) -> HttpError:
-    return HttpError(
+def truncated(region: Region, size: int) -> RequestError:
+    return RequestError(
         400,
         f"shared-memory region {region.name!r} is no longer whole: {region.key!r} holds "
         f"{size} bytes, the region was registered at {region.offset}+{region.byte_size}",
@@ -194,13 +195,13 @@ def placement(params: dict[str, Any], where: str) -> Placement | None:
     """A tensor's shared-memory parameters, checked; None when it names no region."""
     if PARAM_REGION not in params:
         if PARAM_OFFSET in params or PARAM_SIZE in params:
-            raise HttpError(400, f"{where}: shared-memory offset or size without a region")
+            raise RequestError(400, f"{where}: shared-memory offset or size without a region")
         return None
     region = params[PARAM_REGION]
     if not isinstance(region, str) or not region:
-        raise HttpError(400, f"{where}: {PARAM_REGION} must be a region's name")
+        raise RequestError(400, f"{where}: {PARAM_REGION} must be a region's name")
     if PARAM_SIZE not in params:
-        raise HttpError(400, f"{where}: {PARAM_REGION} needs {PARAM_SIZE}")
+        raise RequestError(400, f"{where}: {PARAM_REGION} needs {PARAM_SIZE}")
     offset = as_count(params.get(PARAM_OFFSET, 0), f"{where}: {PARAM_OFFSET}")
     size = as_count(params[PARAM_SIZE], f"{where}: {PARAM_SIZE}")
     return Placement(region, offset, size)
@@ -228,13 +229,13 @@ def register_routes(router: Router) -> None:
 
 
 def answered(handler: Callable[[Exchange, str | None], Any]) -> Handler:
-    """A handler's result as the JSON answer, its HttpError as the error answer."""
+    """A handler's result as the JSON answer, its RequestError as the error answer."""
 
     def run(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
         region = params.get("region")
         try:
             doc = handler(ex, None if region is None else unquote(region))
-        except HttpError as exc:
+        except RequestError as exc:
             conn.respond_error(ex, exc.status, exc.message)
             return
         conn.respond(ex, 200, json.dumps(doc).encode())
@@ -258,4 +259,4 @@ def http_unregister(ex: Exchange, region: str | None) -> dict[str, Any]:
 
 
 def cuda_register(ex: Exchange, region: str | None) -> dict[str, Any]:
-    raise HttpError(400, NO_CUDA)
+    raise RequestError(400, NO_CUDA)

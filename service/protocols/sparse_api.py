@@ -12,13 +12,14 @@ import orjson
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import prompts
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Router, inference, request_model
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.sparse_terms import pruned, terms
 from ringserve.service.protocols.tasks import submit_texts
 from ringserve.service.protocols.vocab import tokenizer_for
+from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # float32 weights in their shortest form
@@ -28,7 +29,7 @@ def needs_sparse(info: ModelInfo) -> None:
     """400 naming the model's tasks when it gives no sparse vectors."""
     if "sparse" not in info.manifest.task:
         tasks = ", ".join(info.manifest.task)
-        raise HttpError(
+        raise RequestError(
             400,
             f"model {info.name} gives no sparse vectors (a SPLADE model does); its tasks: {tasks}",
         )

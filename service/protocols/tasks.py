@@ -21,7 +21,7 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import admit, compact, late_chunking, multivector, prompts
 from ringserve.service.protocols.admit import latency_header
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
     inference,
@@ -39,6 +39,7 @@ from ringserve.service.protocols.schemas.tasks import (
     TeiHit,
 )
 from ringserve.service.protocols.vocab import text_of_ids
+from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
@@ -192,7 +193,7 @@ def within_dimension(keep: float, info: ModelInfo, key: str = "dimensions") -> i
     at most the model's own dimension."""
     dimension = info.manifest.dimension
     if keep > dimension:
-        raise HttpError(400, f"{key} must be an integer from 1 to the model's {dimension}")
+        raise RequestError(400, f"{key} must be an integer from 1 to the model's {dimension}")
     return int(keep)
 
 
@@ -204,14 +205,14 @@ def openai_inputs(value: str | list[Any], info: ModelInfo, limit: int) -> list[b
     if all(isinstance(v, float) for v in value):
         return [text_of_ids(info, [int(v) for v in value], "input")]
     if len(value) > limit:
-        raise HttpError(400, f"input must hold 1 to {limit} items, not {len(value)}")
+        raise RequestError(400, f"input must hold 1 to {limit} items, not {len(value)}")
     if all(isinstance(v, str) for v in value):
         return [v.encode() for v in value]
     if all(isinstance(v, list) for v in value):
         return [
             text_of_ids(info, [int(t) for t in ids], f"input[{i}]") for i, ids in enumerate(value)
         ]
-    raise HttpError(400, "input mixes texts, token ids and lists of token ids")
+    raise RequestError(400, "input mixes texts, token ids and lists of token ids")
 
 
 def encoded(vecs: np.ndarray, fmt: str, ranges: np.ndarray | None) -> list[bytes]:

@@ -14,7 +14,7 @@ import numpy as np
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import prompts, tasks
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
     inference,
@@ -26,6 +26,7 @@ from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas import tei as tei_schemas
 from ringserve.service.protocols.schemas.tei import Info, Prediction, Token
 from ringserve.service.protocols.vocab import tokenizer_for
+from ringserve.service.request.errors import RequestError
 from ringserve.service.version import version
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
@@ -76,7 +77,7 @@ def tei_info(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[s
 def tei_health(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     """200 with an empty body while a worker serves; else 503 (TEI's Unhealthy)."""
     if not server.ready():
-        raise HttpError(503, "no worker is ready")
+        raise RequestError(503, "no worker is ready")
     conn.respond(ex, 200, b"", content_type=b"text/plain")
 
 
@@ -89,14 +90,14 @@ def predict_inputs(value: str | list[Any], limit: int) -> tuple[list[bytes], boo
     if all(isinstance(v, str) for v in value):
         return [sequence(value, "inputs")], False
     if not all(isinstance(v, list) for v in value):
-        raise HttpError(400, f"inputs must be {PREDICT_SHAPE}")
+        raise RequestError(400, f"inputs must be {PREDICT_SHAPE}")
     return [sequence(v, f"inputs[{i}]") for i, v in enumerate(value)], True
 
 
 def sequence(items: list[str], where: str) -> bytes:
     """[text] or [text, pair] as one worker payload."""
     if len(items) > 2:
-        raise HttpError(400, f"{where} must be [string] or [string, string]")
+        raise RequestError(400, f"{where} must be [string] or [string, string]")
     return L.PAIR_SEPARATOR.join(t.encode() for t in items)
 
 
@@ -146,7 +147,9 @@ def hf_classify(
     apply = options.function_to_apply
     own = info.manifest.activation
     if apply not in (None, own, "none"):
-        raise HttpError(400, f"parameters.function_to_apply may be {own} or none for {info.name}")
+        raise RequestError(
+            400, f"parameters.function_to_apply may be {own} or none for {info.name}"
+        )
     payloads, _ = predict_inputs(body.inputs, server.settings.max_texts)
 
     def answer(results: list[Result]) -> bytes:
@@ -213,16 +216,16 @@ def tei_decode(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict
     elif len(lists) == len(body.ids):
         batch, where = lists, "ids[{}]"
         if len(lists) > server.settings.max_texts:
-            raise HttpError(400, f"ids must hold 1 to {server.settings.max_texts} lists")
+            raise RequestError(400, f"ids must hold 1 to {server.settings.max_texts} lists")
     else:
-        raise HttpError(400, "ids must be a list of token ids, or a list of such lists")
+        raise RequestError(400, "ids must be a list of token ids, or a list of such lists")
     tokenizer = tokenizer_for(info)
     size = tokenizer.get_vocab_size()
     out = []
     for i, ids in enumerate(batch):
         got = [int(t) for t in ids]
         if not all(t < size for t in got):
-            raise HttpError(
+            raise RequestError(
                 400, f"{where.format(i)} must be a list of token ids from 0 to {size - 1}"
             )
         out.append(tokenizer.decode(got, skip_special_tokens=body.skip_special_tokens))
@@ -263,13 +266,13 @@ def token_vectors_width(info: ModelInfo) -> int:
     """The width of the model's token vectors, else the 400 that says why there are none."""
     width = info.manifest.extra.get("token_vectors", 0)
     if not isinstance(width, int) or width <= 0:
-        raise HttpError(
+        raise RequestError(
             400,
             f"/embed_all is not served by model {info.name}: its artifact has no token vectors "
             "(an embed model built by this version of `ringserve export` has them)",
         )
     if info.runtime not in ("onnx", "openvino"):
-        raise HttpError(
+        raise RequestError(
             400,
             f"/embed_all is served on ONNX Runtime and OpenVINO only; model {info.name} runs "
             f"on {info.runtime} (--runtime onnx)",
@@ -289,7 +292,7 @@ def check_token_floats(info: ModelInfo, texts: list[bytes], width: int) -> None:
     encoded = tokenizer_for(info).encode_batch([t.decode() for t in texts])
     tokens = sum(min(len(e.ids), cap) for e in encoded)
     if tokens * width > MAX_TOKEN_FLOATS:
-        raise HttpError(
+        raise RequestError(
             413,
             f"the token vectors of these inputs ({tokens} tokens x {width} floats) pass the "
             f"limit of {MAX_TOKEN_FLOATS} floats a request: send fewer texts at a time",

@@ -21,7 +21,7 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import (
     Router,
     as_integer,
@@ -33,6 +33,7 @@ from ringserve.service.protocols.routes import (
 from ringserve.service.protocols.schemas import UNSET, decode
 from ringserve.service.protocols.schemas import tokens as bodies
 from ringserve.service.protocols.schemas.tokens import TokenClassify, TokenEntity
+from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.workers import token_entities as te
@@ -60,7 +61,7 @@ def stride_of(value: Any, info: ModelInfo, where: str = "") -> int | None:
     top = m.max_length - int(m.extra.get("special_tokens", 2)) - 1
     stride = as_integer(value)
     if stride is None or not 0 <= stride <= top:
-        raise HttpError(
+        raise RequestError(
             400, f"{where}stride must be an integer from 0 to {top} (the model's max_length "
             f"{m.max_length} less its special tokens, less one)",
         )  # fmt: skip
@@ -90,12 +91,12 @@ def token_classify(
     texts, single = texts_of(body)
     stride = stride_of(body.stride, info)
     if stride is not None and body.truncate is not None:
-        raise HttpError(400, "stride reads a long text in windows: it goes without truncate")
+        raise RequestError(400, "stride reads a long text in windows: it goes without truncate")
     labels, aggregation = info.labels, body.aggregation
     ignore = frozenset(DEFAULT_IGNORE if body.ignore_labels is None else body.ignore_labels)
     threshold = body.threshold or 0.0
     if not 0.0 <= threshold <= 1.0:
-        raise HttpError(400, "threshold must be a number from 0 to 1")
+        raise RequestError(400, "threshold must be a number from 0 to 1")
     strings = [t.decode() for t in texts]
     ask = Ask(payloads(texts, stride), body.options(), TASK, info.index)
 
@@ -117,7 +118,7 @@ def texts_of(body: TokenClassify) -> tuple[list[bytes], bool]:
         return [body.text.encode()], True
     if isinstance(body.texts, list) and body.text is UNSET:
         return [t.encode() for t in body.texts], False
-    raise HttpError(400, 'body must have exactly one of "text" or "texts"')
+    raise RequestError(400, 'body must have exactly one of "text" or "texts"')
 
 
 def entity_list(
@@ -148,11 +149,15 @@ def kserve_ask(
     """A KServe call's core request to a token classifier: its texts (no pairs), its
     `truncate` and `truncation_direction`, and its `stride`, as /v1/token-classify's."""
     if any(L.PAIR_SEPARATOR in t for t in texts):
-        raise HttpError(400, f"model {info.name} classifies the tokens of one text: no text_pair")
+        raise RequestError(
+            400, f"model {info.name} classifies the tokens of one text: no text_pair"
+        )
     stride = stride_of(params.get("stride"), info, "parameters.")
     opts = long_text_options(params, "parameters.")
     if stride is not None and params.get("truncate") is not None:
-        raise HttpError(400, "parameters.stride reads a long text in windows: no truncate with it")
+        raise RequestError(
+            400, "parameters.stride reads a long text in windows: no truncate with it"
+        )
     return Ask(payloads(texts, stride), opts, TASK, info.index, deadline, priority, protocol)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.texts import require
+from ringserve.service.request.errors import RequestError
 from ringserve.workers.artifact import ArtifactError, load_tokenizer
 from tokenizers import Tokenizer
 
@@ -35,7 +35,7 @@ def tokenizer_for(info: ModelInfo) -> Tokenizer:
     try:
         return _load(info.model_dir, m.fingerprint, m.max_length)
     except ArtifactError as exc:
-        raise HttpError(500, f"model {info.name}: {exc}") from None
+        raise RequestError(500, f"model {info.name}: {exc}") from None
 
 
 def framing(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
@@ -59,7 +59,7 @@ def text_of_ids(info: ModelInfo, ids: list[int], where: str) -> bytes:
     size = tokenizer.get_vocab_size()
     outside = next((i for i in ids if not 0 <= i < size), None)
     if outside is not None:
-        raise HttpError(
+        raise RequestError(
             400,
             f"{where}: token id {outside} is not in model {info.name}'s vocabulary "
             f"(0 to {size - 1}); {HINT}",
@@ -68,11 +68,11 @@ def text_of_ids(info: ModelInfo, ids: list[int], where: str) -> bytes:
     framed = ids[: len(head)] == head and (not tail or ids[-len(tail) :] == tail)
     inner = ids[len(head) : len(ids) - len(tail)]
     if not framed or len(ids) < len(head) + len(tail):
-        raise HttpError(400, f"{where}: token ids must start with {head} and end with {tail}, "
+        raise RequestError(400, f"{where}: token ids must start with {head} and end with {tail}, "
                         f"model {info.name}'s special tokens; {HINT}")  # fmt: skip
     spelled = tokenizer.decode(inner, skip_special_tokens=False)
     if tokenizer.encode(spelled, add_special_tokens=False).ids != inner:
-        raise HttpError(
+        raise RequestError(
             400,
             f"{where}: these token ids are not a tokenization by model {info.name}'s "
             f"tokenizer (decoded and encoded again, they change); {HINT}",

@@ -15,8 +15,8 @@ from ringserve.service.engine.requests import Group, Result
 from ringserve.service.models.modelset import READY, UNLOADING, Entry, ModelSet, UnknownModel
 from ringserve.service.ops.inference_stats import InferenceStats
 from ringserve.service.protocols import kserve
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import SEEN_PATHS, Router
+from ringserve.service.request.errors import RequestError
 from ringserve.shm import layout as L
 
 SST2 = ("sst2", ["negative", "positive"], ["classify"])
@@ -67,9 +67,9 @@ def test_an_output_without_parameters_reads_as_one_with_none() -> None:
         assert kserve.output_places(doc) == {}
         doc["parameters"] = {"binary_data_output": True}
         assert kserve.read_outputs(doc) == [("scores", True), ("label", True)]
-    with pytest.raises(HttpError, match="asked for twice"):
+    with pytest.raises(RequestError, match="asked for twice"):
         kserve.read_outputs({"outputs": [{"name": "label"}, {"name": "label"}]})
-    with pytest.raises(HttpError, match="unknown output"):
+    with pytest.raises(RequestError, match="unknown output"):
         kserve.read_outputs({"outputs": [{"name": "embedding"}]})
     assert kserve.passes([("scores", True), ("embedding", False)]) == (True, True)
     assert kserve.passes([("embedding", False)]) == (False, True)
@@ -97,7 +97,7 @@ GRPC_CHECK = """
 from types import SimpleNamespace
 
 from ringserve.service.models.modelset import ModelSet
-from ringserve.service.protocols.http import HttpError
+from ringserve.service.request.errors import RequestError
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.config.settings import Config
@@ -124,7 +124,7 @@ def call(outputs=("label",), **params):
 def refused(req, said):
     try:
         infer.read_request(host, req, lambda t: 0)
-    except HttpError as exc:
+    except RequestError as exc:
         assert said in str(exc), exc
     else:
         raise AssertionError(f"not refused: {said}")

@@ -11,7 +11,6 @@ import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from ringserve.service.protocols import errors, openapi
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.schemas import (
     NOT_BLANK,
     components,
@@ -22,12 +21,13 @@ from ringserve.service.protocols.schemas import (
     v1,
 )
 from ringserve.service.protocols.schemas.kserve import InferParameters
+from ringserve.service.request.errors import RequestError
 
 BODIES = server.bodies(4, 3)
 
 
 def refused(body: bytes, kind: type, subject: str = "body") -> str:
-    with pytest.raises(HttpError) as err:
+    with pytest.raises(RequestError) as err:
         decode_bytes(body, kind, subject)
     assert err.value.status == 400
     return err.value.message
@@ -112,7 +112,7 @@ def test_the_schema_says_what_the_decoder_takes() -> None:
             try:
                 decode_bytes(body, kind)
                 taken = True
-            except HttpError:
+            except RequestError:
                 taken = False
             try:
                 validator.validate(msgspec.json.decode(body))
@@ -132,9 +132,9 @@ def test_grpc_parameters_get_the_same_checks() -> None:
     """gRPC's parameters (plain values from protobuf) go through the HTTP header's Struct."""
     got = convert({"timeout": 5, "priority": "bulk"}, InferParameters, "parameters")
     assert got.timeout == 5 and got.priority == "bulk"
-    with pytest.raises(HttpError, match=r"Expected `int` >= 1 - at `\$\.parameters\.timeout`"):
+    with pytest.raises(RequestError, match=r"Expected `int` >= 1 - at `\$\.parameters\.timeout`"):
         convert({"timeout": 0}, InferParameters, "parameters")
-    with pytest.raises(HttpError, match=r"got `int` - at `\$\.parameters\.binary_data_output`"):
+    with pytest.raises(RequestError, match=r"got `int` - at `\$\.parameters\.binary_data_output`"):
         convert({"binary_data_output": 1}, InferParameters, "parameters")
 
 

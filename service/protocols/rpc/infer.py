@@ -19,13 +19,13 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import kserve, multivector, token_classify
 from ringserve.service.protocols.admit import asked_priority
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import find_model
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.schemas import convert
 from ringserve.service.protocols.schemas.kserve import InferParameters
 from ringserve.service.protocols.shm_regions import PARAM_REGION, Placement, placement
 from ringserve.service.protocols.texts import require
+from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 
 
@@ -57,7 +57,7 @@ class InferJob:
 def check_model(server: FrontView, name: str, version: str) -> ModelInfo:
     """The loaded model a call names (an empty version: the one that serves), else 404."""
     if not name:
-        raise HttpError(404, "unknown model: a call must name one")
+        raise RequestError(404, "unknown model: a call must name one")
     return find_model(server, name, version or None)
 
 
@@ -68,27 +68,29 @@ def read_input(
     its typed contents."""
     name = spec.name
     if spec.datatype != "BYTES":
-        raise HttpError(400, f"input {name} must have datatype BYTES, not {spec.datatype!r}")
+        raise RequestError(400, f"input {name} must have datatype BYTES, not {spec.datatype!r}")
     n = kserve.check_shape(list(spec.shape))
     where = placement(params, f"input {name}")
     if where is not None:
         if raw is not None or spec.contents.ByteSize():
-            raise HttpError(400, f"input {name} has shared memory and contents both")
+            raise RequestError(400, f"input {name} has shared memory and contents both")
         texts = kserve.shm_texts(name, where)
         if len(texts) != n:
-            raise HttpError(
+            raise RequestError(
                 400, f"input {name} has shape {list(spec.shape)} but {len(texts)} texts"
             )
         return texts
     if raw is not None:
         if spec.contents.ByteSize():
-            raise HttpError(400, f"input {name} has both contents and raw_input_contents")
+            raise RequestError(400, f"input {name} has both contents and raw_input_contents")
         items = kserve.bytes_elements(memoryview(raw))
     else:
         items = list(spec.contents.bytes_contents)
     texts = [require(t, f"{name}[{i}]") for i, t in enumerate(items)]
     if len(texts) != n:
-        raise HttpError(400, f"input {name} has shape {list(spec.shape)} but {len(texts)} elements")
+        raise RequestError(
+            400, f"input {name} has shape {list(spec.shape)} but {len(texts)} elements"
+        )
     return texts
 
 
@@ -154,7 +156,7 @@ def read_request(
     raws = list(req.raw_input_contents)
     in_shm = sum(PARAM_REGION in p for p in given)
     if raws and len(raws) != len(specs) - in_shm:
-        raise HttpError(400, f"{len(raws)} raw_input_contents for {len(specs)} inputs")
+        raise RequestError(400, f"{len(raws)} raw_input_contents for {len(specs)} inputs")
     found = {}
     for spec, given_params in zip(specs, given, strict=True):
         # raw contents in order, for the inputs not in shared memory

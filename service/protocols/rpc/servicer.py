@@ -16,10 +16,10 @@ from ringserve.service.engine.requests import Group
 from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.models.modelset import READY
 from ringserve.service.protocols import kserve
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.rpc.triton import TritonMethods
+from ringserve.service.request.errors import RequestError
 from ringserve.service.version import version
 from ringserve.service.views import FrontView
 
@@ -115,17 +115,17 @@ class Servicer(TritonMethods):
         `file:` overrides are not taken."""
         params = req.parameters
         if "config" in params or any(k.startswith("file:") for k in params):
-            raise HttpError(400, "load parameters config and file: are not supported")
+            raise RequestError(400, "load parameters config and file: are not supported")
         version: str | None = None
         if "version" in params:
             p = params["version"]
             kind = p.WhichOneof("parameter_choice")
             if kind not in ("string_param", "int64_param"):
-                raise HttpError(400, "parameters.version must be a string or an integer")
+                raise RequestError(400, "parameters.version must be a string or an integer")
             version = str(getattr(p, kind))
         failed = await kserve.repository_of(self.host).load(req.model_name, version)
         if failed is not None:
-            raise HttpError(*failed)
+            raise RequestError(*failed)
         return pb.RepositoryModelLoadResponse()
 
     async def repository_unload(
@@ -133,7 +133,7 @@ class Servicer(TritonMethods):
     ) -> pb.RepositoryModelUnloadResponse:
         failed = await kserve.repository_of(self.host).unload(req.model_name)
         if failed is not None:
-            raise HttpError(*failed)
+            raise RequestError(*failed)
         return pb.RepositoryModelUnloadResponse()
 
     def model_infer(
@@ -158,7 +158,7 @@ class Servicer(TritonMethods):
                 if tenant is not None:
                     trace.root.set_attribute("ringserve.tenant", tenant.name)
             self.submit(job, tenant, trace, reply)
-        except (RateLimited, HttpError) as exc:
+        except (RateLimited, RequestError) as exc:
             self.refused(exc, trace, reply)
         except Exception as exc:  # noqa: BLE001 - a bug: the waiting thread answers it (UNKNOWN)
             reply.fail(exc)
@@ -168,9 +168,9 @@ class Servicer(TritonMethods):
             failed = first_failure(results)
             try:
                 if failed is not None:
-                    raise HttpError(*failure(failed))
+                    raise RequestError(*failure(failed))
                 answer = infer.answer(job, results)
-            except HttpError as exc:
+            except RequestError as exc:
                 self.refused(exc, trace, reply)
                 return
             except Exception as exc:  # noqa: BLE001 - as in model_infer
@@ -188,11 +188,11 @@ class Servicer(TritonMethods):
             return
         if refusal.code == 429:
             raise RateLimited(refusal.retry_after_s)
-        raise HttpError(refusal.code, refusal.message)
+        raise RequestError(refusal.code, refusal.message)
 
-    def refused(self, exc: RateLimited | HttpError, trace: Any, reply: Reply) -> None:
+    def refused(self, exc: RateLimited | RequestError, trace: Any, reply: Reply) -> None:
         if trace is not None:
-            trace.written(exc.status if isinstance(exc, HttpError) else 429, time.monotonic_ns())
+            trace.written(exc.status if isinstance(exc, RequestError) else 429, time.monotonic_ns())
         reply.fail(exc)
 
     def start_trace(self, context: Context, received: int) -> Any:
@@ -219,7 +219,7 @@ class Servicer(TritonMethods):
             left = None
         if left is not None:
             if left <= 0:
-                raise HttpError(504, "request deadline passed")
+                raise RequestError(504, "request deadline passed")
             return now + int(left * 1e9)
         if timeout_us is not None:
             return now + timeout_us * 1000

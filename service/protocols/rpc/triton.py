@@ -8,10 +8,10 @@ from typing import Any
 
 from ringserve.service.engine.tenants import Tenant
 from ringserve.service.protocols import kserve
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.shm_regions import NO_CUDA, REGIONS
+from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 
 
@@ -107,13 +107,13 @@ class TritonMethods:
         self, req: pb.CudaSharedMemoryStatusRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.CudaSharedMemoryStatusResponse:
         if req.name:
-            raise HttpError(400, f"no CUDA shared-memory region {req.name!r} is registered")
+            raise RequestError(400, f"no CUDA shared-memory region {req.name!r} is registered")
         return pb.CudaSharedMemoryStatusResponse()
 
     async def cuda_register(
         self, req: pb.CudaSharedMemoryRegisterRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        raise HttpError(400, NO_CUDA)
+        raise RequestError(400, NO_CUDA)
 
     async def cuda_unregister(
         self, req: pb.CudaSharedMemoryUnregisterRequest, context: Any, tenant: Tenant | None = None

@@ -18,7 +18,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
-from ringserve.service.protocols.http import Exchange, HttpError
+from ringserve.service.protocols.http import Exchange
+from ringserve.service.request.errors import RequestError
 from ringserve.shm import layout as L
 
 __all__ = ["UNSET", "Struct", "UnsetType"]
@@ -94,14 +95,14 @@ def decode_bytes(body: bytes | memoryview, kind: type[S], subject: str = "body")
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
-        raise HttpError(400, message(str(exc), subject)) from None
+        raise RequestError(400, message(str(exc), subject)) from None
     except msgspec.DecodeError:
         try:
             bytes(body).decode("utf-8")
         except UnicodeDecodeError:
-            raise HttpError(400, f"{subject} is not valid UTF-8") from None
+            raise RequestError(400, f"{subject} is not valid UTF-8") from None
         where = "" if subject == "body" else f" in the {subject}"
-        raise HttpError(400, f"malformed JSON{where}") from None
+        raise RequestError(400, f"malformed JSON{where}") from None
 
 
 def convert(value: Any, kind: type[S], where: str) -> S:
@@ -111,7 +112,7 @@ def convert(value: Any, kind: type[S], where: str) -> S:
         return msgspec.convert(value, type=kind)
     except msgspec.ValidationError as exc:
         problem = str(exc).replace("`$.", f"`$.{where}.").replace("`$`", f"`$.{where}`")
-        raise HttpError(400, message(problem)) from None
+        raise RequestError(400, message(problem)) from None
 
 
 _BLANK = re.compile(r"^Expected `str` matching regex '.*' - at `\$\.(.*)`$")
