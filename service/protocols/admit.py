@@ -16,10 +16,11 @@ from ringserve.service.engine.admission import (
     too_long,
 )
 from ringserve.service.engine.requests import Ask, Result
-from ringserve.service.engine.tenants import PRIORITIES, PRIORITY_NAMES, Tenant
+from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.protocols.errors import error_body
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.request.errors import RequestError
+from ringserve.service.request.options import asked_priority
 from ringserve.shm import layout as L
 
 if TYPE_CHECKING:
@@ -54,25 +55,6 @@ def respond_refusal(conn: HttpProtocol, ex: Exchange, refusal: Refusal) -> None:
     if refusal.retry_after_s:
         extra.append((b"retry-after", str(refusal.retry_after_s).encode()))
     conn.respond_error(ex, refusal.code, refusal.message, extra)
-
-
-def asked_priority(value: object, where: str) -> int | None:
-    """A request's own priority: `interactive` or `bulk` (X-Priority, KServe `priority`);
-    KServe's integer levels as Triton reads them (1 the highest: interactive; 2 and more:
-    bulk; 0: the key's own)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    if isinstance(value, bool):
-        raise RequestError(400, f"{where} must be interactive or bulk")
-    if isinstance(value, int):
-        if value < 0:
-            raise RequestError(400, f"{where} must be interactive, bulk, or a level 0 and up")
-        return None if value == 0 else min(value - 1, 1)
-    if isinstance(value, str) and value.strip().lower() in PRIORITIES:
-        return PRIORITIES[value.strip().lower()]
-    raise RequestError(400, f"{where} must be interactive or bulk")
 
 
 def deadline_ns(ex: Exchange, timeout_s: float) -> int:

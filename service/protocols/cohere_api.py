@@ -14,16 +14,12 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import compact, tasks
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.routes import (
-    Router,
-    inference,
-    needs_task,
-    request_model,
-)
+from ringserve.service.protocols.routes import Router, inference
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas.cohere import CohereEmbeddings, EmbeddingsByType
 from ringserve.service.protocols.schemas.tasks import CohereHitV2, CohereRankingV2
+from ringserve.service.request.lookup import needs_task, request_model
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 

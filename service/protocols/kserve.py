@@ -30,19 +30,13 @@ from ringserve.service.ops.inference_stats import InferenceStats
 from ringserve.service.protocols import (
     admit,
     multivector,
-    prompts,
     shm_regions,
     sparse_terms,
     token_classify,
 )
-from ringserve.service.protocols.admit import asked_priority, latency_header
+from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.routes import (
-    Router,
-    as_integer,
-    find_model,
-    long_text_options,
-)
+from ringserve.service.protocols.routes import Router
 from ringserve.service.protocols.schemas import S, decode_bytes
 from ringserve.service.protocols.schemas.kserve import (
     MAX_TIMEOUT_US,
@@ -53,8 +47,11 @@ from ringserve.service.protocols.schemas.kserve import (
 )
 from ringserve.service.protocols.shm_regions import REGIONS, Placement, placement
 from ringserve.service.protocols.tasks import vectors
-from ringserve.service.protocols.texts import require
+from ringserve.service.request import prompts
 from ringserve.service.request.errors import RequestError
+from ringserve.service.request.lookup import find_model
+from ringserve.service.request.options import as_integer, asked_priority, long_text_options
+from ringserve.service.request.texts import require
 from ringserve.service.version import version
 from ringserve.service.views import Failure, FrontView, Repository
 from ringserve.shm import layout as L

@@ -22,10 +22,11 @@ from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.routes import Router, inference, needs_task, request_model
+from ringserve.service.protocols.routes import Router, inference
 from ringserve.service.protocols.schemas import Truncation, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.request.errors import RequestError
+from ringserve.service.request.lookup import needs_task, request_model
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 

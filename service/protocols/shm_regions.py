@@ -29,10 +29,11 @@ from typing import Any
 from urllib.parse import unquote
 
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.routes import Handler, Router, as_integer
+from ringserve.service.protocols.routes import Handler, Router
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas.kserve import RegisterRegion
 from ringserve.service.request.errors import RequestError
+from ringserve.service.request.options import as_integer
 from ringserve.shm import segment
 
 MAX_REGIONS = 256  # regions at once: each holds a file descriptor

@@ -19,15 +19,10 @@ import orjson
 from ringserve.service.engine.admission import STATUS_MESSAGE
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols import admit, compact, late_chunking, multivector, prompts
+from ringserve.service.protocols import admit, compact, late_chunking, multivector
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.routes import (
-    Router,
-    inference,
-    needs_task,
-    request_model,
-)
+from ringserve.service.protocols.routes import Router, inference
 from ringserve.service.protocols.schemas import UNSET, Truncation, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas.tasks import (
@@ -39,7 +34,10 @@ from ringserve.service.protocols.schemas.tasks import (
     TeiHit,
 )
 from ringserve.service.protocols.vocab import text_of_ids
+from ringserve.service.request import prompts
 from ringserve.service.request.errors import RequestError
+from ringserve.service.request.lookup import needs_task, request_model
+from ringserve.service.request.options import asked_priority
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
@@ -86,7 +84,7 @@ def submit_embed(
         return
     # the headers are read (and a bad one refused) as admission reads them, hit or not
     ask.deadline = admit.deadline_ns(ex, server.admission.timeout_s)
-    ask.priority = admit.asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
+    ask.priority = asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
     fingerprint, model = info.manifest.fingerprint, info.index
     keys = [(fingerprint, model, ask.options, p) for p in ask.payloads]
     found = [cache.get(k) for k in keys]

@@ -13,20 +13,17 @@ import msgspec
 import numpy as np
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols import prompts, tasks
+from ringserve.service.protocols import tasks
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.routes import (
-    Router,
-    inference,
-    needs_task,
-    request_model,
-)
+from ringserve.service.protocols.routes import Router, inference
 from ringserve.service.protocols.schemas import Named, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas import tei as tei_schemas
 from ringserve.service.protocols.schemas.tei import Info, Prediction, Token
 from ringserve.service.protocols.vocab import tokenizer_for
+from ringserve.service.request import prompts
 from ringserve.service.request.errors import RequestError
+from ringserve.service.request.lookup import needs_task, request_model
 from ringserve.service.version import version
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L

@@ -22,18 +22,13 @@ from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.routes import (
-    Router,
-    as_integer,
-    inference,
-    long_text_options,
-    needs_task,
-    request_model,
-)
+from ringserve.service.protocols.routes import Router, inference
 from ringserve.service.protocols.schemas import UNSET, decode
 from ringserve.service.protocols.schemas import tokens as bodies
 from ringserve.service.protocols.schemas.tokens import TokenClassify, TokenEntity
 from ringserve.service.request.errors import RequestError
+from ringserve.service.request.lookup import needs_task, request_model
+from ringserve.service.request.options import as_integer, long_text_options
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.workers import token_entities as te

@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols.texts import require
 from ringserve.service.request.errors import RequestError
+from ringserve.service.request.texts import require
 from ringserve.workers.artifact import ArtifactError, load_tokenizer
 from tokenizers import Tokenizer
 

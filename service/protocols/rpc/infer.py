@@ -18,14 +18,14 @@ from typing import Any
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import kserve, multivector, token_classify
-from ringserve.service.protocols.admit import asked_priority
-from ringserve.service.protocols.routes import find_model
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.schemas import convert
 from ringserve.service.protocols.schemas.kserve import InferParameters
 from ringserve.service.protocols.shm_regions import PARAM_REGION, Placement, placement
-from ringserve.service.protocols.texts import require
 from ringserve.service.request.errors import RequestError
+from ringserve.service.request.lookup import find_model
+from ringserve.service.request.options import asked_priority
+from ringserve.service.request.texts import require
 from ringserve.service.views import FrontView
 
 

@@ -51,7 +51,7 @@ ModelVersion = Annotated[str | int, Meta(description="the model's version (else 
 
 
 class Named(Struct, kw_only=True):
-    """A body's optional `model` and `version` (routes.request_model): null is as if left
+    """A body's optional `model` and `version` (request/lookup.py request_model): null is as if left
     out."""
 
     model: ModelName | None = None
