@@ -107,7 +107,7 @@ def default_document(key: bool = False) -> dict[str, Any]:
     `key`: and an API key, whose routes also answer 401 and, rate-limited, 429)."""
     from ringserve.service.config.settings import Config
     from ringserve.service.protocols import openapi
-    from ringserve.service.protocols.kserve import VERSION
+    from ringserve.service.kserve.documents import VERSION
     from ringserve.service.version import version
 
     s = Config()

@@ -25,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ringserve.service.protocols import errors, schemas, sparse_terms, token_classify
+from ringserve.service.kserve import tokens as kserve_tokens
+from ringserve.service.kserve.documents import VERSION
+from ringserve.service.protocols import errors, schemas, token_classify
 from ringserve.service.protocols.auth import OPEN_PATH
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.kserve import VERSION
 from ringserve.service.protocols.routes import Router
 from ringserve.service.protocols.schemas import cohere as cohere_structs
 from ringserve.service.protocols.schemas import kserve as kserve_structs
@@ -42,6 +43,7 @@ from ringserve.service.protocols.schemas import tei as tei_structs
 from ringserve.service.protocols.schemas import tokens as token_structs
 from ringserve.service.protocols.schemas import v1 as v1_schemas
 from ringserve.service.protocols.schemas.v1 import ONE_OR_MANY
+from ringserve.service.request import sparse_terms
 from ringserve.service.version import version
 from ringserve.service.views import FrontView
 
@@ -902,7 +904,7 @@ def _answers(
         ranks |= multivector_schemas.rank_answers(max_documents)
     outputs = sparse_terms.OUTPUTS if "sparse" in tasks else outputs
     if token_classify.TASK in tasks:  # a token classifier's per-token outputs
-        outputs = token_classify.OUTPUTS
+        outputs = kserve_tokens.OUTPUTS
     kserve_answers = kserve_structs.answers(names, VERSION, outputs, max_texts)
     parts = [
         {"classify": one, "classify_batch": batch},

@@ -15,12 +15,12 @@ from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Router, inference
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas import server as bodies
-from ringserve.service.protocols.sparse_terms import pruned, terms
 from ringserve.service.protocols.tasks import submit_texts
 from ringserve.service.protocols.vocab import tokenizer_for
 from ringserve.service.request import prompts
 from ringserve.service.request.errors import RequestError
 from ringserve.service.request.lookup import request_model
+from ringserve.service.request.sparse_terms import pruned, terms
 from ringserve.service.views import FrontView
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # float32 weights in their shortest form

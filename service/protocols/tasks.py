@@ -38,6 +38,7 @@ from ringserve.service.request import prompts
 from ringserve.service.request.errors import RequestError
 from ringserve.service.request.lookup import needs_task, request_model
 from ringserve.service.request.options import asked_priority
+from ringserve.service.request.vectors import vectors
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
@@ -111,16 +112,6 @@ def submit_embed(
 
 
 # -- embeddings ----------------------------------------------------------------------------------
-def vectors(results: list[Result], normalize: bool, keep: int = 0, skip: int = 0) -> np.ndarray:
-    """The answers' embeddings [N, D] (or their first `keep` components), normalized when asked,
-    in float64 until the end so that a cut vector's norm is 1 to float32 precision. `skip`:
-    the floats before each vector (a one-pass KServe answer's C scores)."""
-    out = np.stack([np.asarray(r.scores[skip:], dtype=np.float64) for r in results])  # type: ignore[index]
-    if keep:
-        out = out[:, :keep]
-    if normalize:
-        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    return out.astype(np.float32)
 
 
 def float_json(vecs: np.ndarray) -> bytes:

@@ -24,6 +24,7 @@ from ringserve.service.protocols.vocab import tokenizer_for
 from ringserve.service.request import prompts
 from ringserve.service.request.errors import RequestError
 from ringserve.service.request.lookup import needs_task, request_model
+from ringserve.service.request.vectors import vectors
 from ringserve.service.version import version
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
@@ -167,7 +168,7 @@ def tei_similarity(
     options = body.parameters or tei_schemas.SimilarityParameters()
 
     def answer(results: list[Result]) -> list[float]:
-        vecs = tasks.vectors(results, normalize=True).astype(np.float64)
+        vecs = vectors(results, normalize=True).astype(np.float64)
         return [float(x) for x in vecs[1:] @ vecs[0]]
 
     payloads = tasks.ask(options, [t.encode() for t in texts], "embed", info)

@@ -24,6 +24,7 @@ ROOMS = ("service", "workers", "shm", "wire", "factory")
 SCAFFOLDING = ("devkit", "benchmarks", "tests")
 APP = "ringserve.service.app"
 HTTP = "ringserve.service.protocols.http"  # the HTTP/1.1 protocol module
+REQUEST, KSERVE = "ringserve.service.request", "ringserve.service.kserve"
 # Who may import the app: the command line, and nobody else.
 APP_USERS = {"ringserve.service.cli"}
 
@@ -207,6 +208,15 @@ def rpc_imports_http(g: Graph) -> set[tuple[str, str]]:
     return crossing(g, ("ringserve.service.protocols.rpc",), (HTTP,))
 
 
+def request_layer_imports_transport(g: Graph) -> set[tuple[str, str]]:
+    """service/request/ (the error type and the checks every route shares) and service/kserve/
+    (KServe's semantics) sit below the transports that use them: neither imports anything of
+    service/protocols/, and request/ nothing of kserve/ (no two sibling folders both ways)."""
+    return crossing(g, (REQUEST, KSERVE), ("ringserve.service.protocols",)) | crossing(
+        g, (REQUEST,), (KSERVE,)
+    )
+
+
 def installed_imports_scaffolding(g: Graph) -> set[tuple[str, str]]:
     """devkit, benchmarks and tests are not installed: no installed module may import them."""
     return crossing(g, ("ringserve",), SCAFFOLDING)
@@ -236,6 +246,7 @@ RULES: dict[str, Callable[[Graph], set[tuple[str, str]]]] = {
     "factory": worker_loads_factory,
     "engine": engine_imports_pool,
     "rpc": rpc_imports_http,
+    "request": request_layer_imports_transport,
     "scaffolding": installed_imports_scaffolding,
     "bare": bare_imports,
     "tests": imports_between_tests,
@@ -252,7 +263,8 @@ PLANTED_OK: Graph = {
     "tests.unit.test_x": {("devkit.launch", True), ("ringserve.service.app", True)},
     "benchmarks.b": {("devkit.load", True)},
     "ringserve.service.pool.handle": {("ringserve.service.engine.link", True)},
-    "ringserve.service.protocols.rpc.infer": {("ringserve.service.request.errors", True)},
+    "ringserve.service.protocols.rpc.infer": {("ringserve.service.kserve.reading", True)},
+    "ringserve.service.kserve.reading": {("ringserve.service.request.errors", True)},
 }
 PLANTED: dict[str, tuple[str, tuple[str, bool]]] = {
     "app": ("ringserve.service.protocols.routes", (APP, False)),
@@ -261,6 +273,7 @@ PLANTED: dict[str, tuple[str, tuple[str, bool]]] = {
     "factory": ("ringserve.workers.process.worker", ("ringserve.factory.model", True)),
     "engine": ("ringserve.service.engine.routing", ("ringserve.service.pool.handle", False)),
     "rpc": ("ringserve.service.protocols.rpc.servicer", (HTTP, False)),
+    "request": ("ringserve.service.kserve.reading", ("ringserve.service.protocols.routes", False)),
     "scaffolding": ("ringserve.service.offline.batch", ("devkit.launch", False)),
     "bare": ("tests.unit.test_x", ("service.app", True)),
     "tests": ("tests.system.test_y", ("tests.unit.test_x", True)),

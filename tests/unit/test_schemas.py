@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+from ringserve.service.kserve.bodies import InferParameters
 from ringserve.service.protocols import errors, openapi
 from ringserve.service.protocols.schemas import (
     NOT_BLANK,
@@ -20,7 +21,6 @@ from ringserve.service.protocols.schemas import (
     server,
     v1,
 )
-from ringserve.service.protocols.schemas.kserve import InferParameters
 from ringserve.service.request.errors import RequestError
 
 BODIES = server.bodies(4, 3)

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from multiprocessing import shared_memory
 
 import pytest
-from ringserve.service.protocols.shm_regions import Placement, SystemRegions, placement
+from ringserve.service.kserve import bodies
+from ringserve.service.kserve.regions import Placement, SystemRegions, placement
 from ringserve.service.request.errors import RequestError
 
 
@@ -72,9 +73,12 @@ def test_register_refuses_what_cannot_be_mapped(segment: shared_memory.SharedMem
 
 
 def test_placement_parameters() -> None:
-    assert placement({}, "input text") is None
+    """A tensor's parameters as its Struct holds them: built by gRPC unchecked, so the types
+    are checked here too."""
+    assert placement(None, "input text") is None
+    assert placement(bodies.Placement(), "input text") is None
     params = {"shared_memory_region": "r", "shared_memory_byte_size": 16}
-    assert placement(params, "x") == Placement("r", 0, 16)
+    assert placement(bodies.Placement(**params), "x") == Placement("r", 0, 16)
     for bad in (
         {"shared_memory_region": "r"},
         {"shared_memory_offset": 4},
@@ -82,7 +86,7 @@ def test_placement_parameters() -> None:
         {"shared_memory_region": 3, "shared_memory_byte_size": 1},
     ):
         with pytest.raises(RequestError):
-            placement(bad, "x")
+            placement(bodies.Placement(**bad), "x")  # type: ignore[arg-type]
 
 
 def test_a_region_truncated_after_register_is_a_400_never_a_crash(

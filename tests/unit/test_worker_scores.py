@@ -43,7 +43,7 @@ def test_one_pass_answers_read_back_as_scores_and_vector() -> None:
     scores' argmax (not the vector's); the front-end reads it back and KServe's answer cuts
     each record where it writes it: the scores' columns, then the vector."""
     from ringserve.service.engine.requests import Result
-    from ringserve.service.protocols.kserve import OutputEncoder
+    from ringserve.service.kserve.encoder import OutputEncoder
     from ringserve.shm import layout as L
     from ringserve.workers.process.answers import pack
 

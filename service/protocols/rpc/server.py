@@ -4,7 +4,7 @@ grpcio server): a call's method runs where the dispatcher lives, and a ModelInfe
 written by the dispatcher's callback (docs/design.md, "gRPC", for why and what it measured).
 
 Every call goes through the one admission, deadline and API key the other protocols use (the
-methods are rpc/servicer.py's). Errors are the HTTP statuses of protocols/kserve.py's checks,
+methods are rpc/servicer.py's). Errors are RequestError's statuses (service/request/errors.py),
 mapped to gRPC codes once here. A drain closes the listener, says NOT_SERVING, ends every health
 Watch, and sends each connection GOAWAY (http2.Connection.begin_drain): the calls in flight finish,
 calls the client sent after the GOAWAY go to another server, and each connection closes when its

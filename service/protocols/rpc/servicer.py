@@ -1,7 +1,8 @@
 """The KServe v2 methods of the gRPC port, as coroutines on the front-end's loop: health and
 metadata, and ModelInfer through the one admission, deadline and queue the other protocols use
-(a ModelInfer is one dispatcher group, as a KServe HTTP infer is). Errors are raised as the
-HTTP statuses of protocols/kserve.py's checks; rpc/server.py maps them to gRPC codes once.
+(a ModelInfer is one dispatcher group, as a KServe HTTP infer is). Errors are raised as
+RequestError (service/request/errors.py), with the statuses every transport's table maps from;
+rpc/server.py maps them to gRPC codes once.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from ringserve.service.engine.admission import failure, first_failure
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.requests import Group
 from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
+from ringserve.service.kserve import documents
+from ringserve.service.kserve.reading import InferJob
 from ringserve.service.models.modelset import READY
-from ringserve.service.protocols import kserve
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.rpc.triton import TritonMethods
@@ -76,13 +78,13 @@ class Servicer(TritonMethods):
         self, req: Any, context: Any, tenant: Tenant | None = None
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
-            name="ringserve", version=version(), extensions=kserve.EXTENSIONS
+            name="ringserve", version=version(), extensions=documents.EXTENSIONS
         )
 
     async def model_metadata(
         self, req: pb.ModelMetadataRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.ModelMetadataResponse:
-        doc = kserve.metadata_doc(self.host, infer.check_model(self.host, req.name, req.version))
+        doc = documents.metadata_doc(self.host, infer.check_model(self.host, req.name, req.version))
         rsp = pb.ModelMetadataResponse(
             name=doc["name"], versions=doc["versions"], platform=doc["platform"]
         )
@@ -92,12 +94,12 @@ class Servicer(TritonMethods):
             rsp.outputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
         return rsp
 
-    # -- the repository extension (protocols/kserve.py's repository_of, as HTTP) ---------------
+    # -- the repository extension (kserve/documents.py's repository_of, as HTTP) ---------------
     async def repository_index(
         self, req: pb.RepositoryIndexRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.RepositoryIndexResponse:
         rsp = pb.RepositoryIndexResponse()
-        for row in kserve.repository_of(self.host).index():
+        for row in documents.repository_of(self.host).index():
             if req.ready and row.get("state") != READY:
                 continue
             rsp.models.add(
@@ -123,7 +125,7 @@ class Servicer(TritonMethods):
             if kind not in ("string_param", "int64_param"):
                 raise RequestError(400, "parameters.version must be a string or an integer")
             version = str(getattr(p, kind))
-        failed = await kserve.repository_of(self.host).load(req.model_name, version)
+        failed = await documents.repository_of(self.host).load(req.model_name, version)
         if failed is not None:
             raise RequestError(*failed)
         return pb.RepositoryModelLoadResponse()
@@ -131,7 +133,7 @@ class Servicer(TritonMethods):
     async def repository_unload(
         self, req: pb.RepositoryModelUnloadRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.RepositoryModelUnloadResponse:
-        failed = await kserve.repository_of(self.host).unload(req.model_name)
+        failed = await documents.repository_of(self.host).unload(req.model_name)
         if failed is not None:
             raise RequestError(*failed)
         return pb.RepositoryModelUnloadResponse()
@@ -163,7 +165,7 @@ class Servicer(TritonMethods):
         except Exception as exc:  # noqa: BLE001 - a bug: the waiting thread answers it (UNKNOWN)
             reply.fail(exc)
 
-    def submit(self, job: infer.InferJob, tenant: Tenant | None, trace: Any, reply: Reply) -> None:
+    def submit(self, job: InferJob, tenant: Tenant | None, trace: Any, reply: Reply) -> None:
         def done(results: list[Result]) -> None:
             failed = first_failure(results)
             try:

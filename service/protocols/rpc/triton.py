@@ -1,16 +1,16 @@
 """Triton's extensions of the gRPC service: ModelConfig, ModelStatistics and the system
-shared-memory calls, answered from what the HTTP routes answer (protocols/kserve.py and
-protocols/shm_regions.py), so both protocols say the same."""
+shared-memory calls, answered from the documents and the region registry HTTP answers from
+(service/kserve/documents.py and regions.py), so both protocols say the same."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ringserve.service.engine.tenants import Tenant
-from ringserve.service.protocols import kserve
+from ringserve.service.kserve import documents
+from ringserve.service.kserve.regions import NO_CUDA, REGIONS
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
-from ringserve.service.protocols.shm_regions import NO_CUDA, REGIONS
 from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 
@@ -68,13 +68,13 @@ class TritonMethods:
         self, req: pb.ModelConfigRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.ModelConfigResponse:
         info = infer.check_model(self.host, req.name, req.version)
-        return pb.ModelConfigResponse(config=config_message(kserve.config_doc(self.host, info)))
+        return pb.ModelConfigResponse(config=config_message(documents.config_doc(self.host, info)))
 
     async def model_statistics(
         self, req: pb.ModelStatisticsRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.ModelStatisticsResponse:
         """All models (no name), a name's versions, or one version."""
-        doc = kserve.stats_doc(self.host, req.name or None, req.version or None)
+        doc = documents.stats_doc(self.host, req.name or None, req.version or None)
         return statistics_message(doc)
 
     async def shm_status(
