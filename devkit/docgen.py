@@ -106,8 +106,8 @@ def default_document(key: bool = False) -> dict[str, Any]:
     """The OpenAPI document of a server of the default model with the default options (with
     `key`: and an API key, whose routes also answer 401 and, rate-limited, 429)."""
     from ringserve.service.config.settings import Config
-    from ringserve.service.protocols import openapi
     from ringserve.service.kserve.documents import VERSION
+    from ringserve.service.protocols import openapi
     from ringserve.service.version import version
 
     s = Config()

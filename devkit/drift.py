@@ -276,8 +276,8 @@ def code_routes() -> set[tuple[str, str]]:
 
 
 def facts():  # type: ignore[no-untyped-def]
-    from ringserve.service.protocols import openapi
     from ringserve.service.kserve.documents import VERSION
+    from ringserve.service.protocols import openapi
     from ringserve.service.version import version
     from ringserve.workers.artifact import TASKS
 

@@ -67,7 +67,7 @@ def metadata_outputs(info: ModelInfo, kind: str, dims: str, config: bool) -> lis
 
 
 class TokenEncoder:
-    """A group's answers as KServe's tensors (kserve.OutputEncoder's interface): each text's
+    """A group's answers as KServe's tensors (encoder.py OutputEncoder's interface): each text's
     tokens once (a windowed text's overlap answered from the window where a token has the more
     context: token_entities.merged_tokens), padded to the longest text's count."""
 

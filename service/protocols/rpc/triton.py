@@ -16,7 +16,7 @@ from ringserve.service.views import FrontView
 
 
 def config_message(doc: dict[str, Any]) -> pb.ModelConfig:
-    """kserve.config_doc's configuration as the protobuf message."""
+    """documents.config_doc's configuration as the protobuf message."""
     config = pb.ModelConfig(
         name=doc["name"],
         platform=doc["platform"],

@@ -80,7 +80,7 @@ class MetadataParameters(Struct, forbid_unknown_fields=True):
 
 
 class ModelMetadata(Struct, kw_only=True, forbid_unknown_fields=True):
-    """GET /v2/models/{model} (kserve.metadata_doc)."""
+    """GET /v2/models/{model} (kserve/documents.py metadata_doc)."""
 
     name: str
     versions: list[str]
@@ -111,7 +111,8 @@ class StringValue(Struct, forbid_unknown_fields=True):
 
 
 class ModelConfig(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
-    """GET /v2/models/{model}/config (kserve.config_doc): Triton's configuration view."""
+    """GET /v2/models/{model}/config (kserve/documents.py config_doc): Triton's configuration
+    view."""
 
     name: str
     platform: str
@@ -149,8 +150,8 @@ class OutputTensor(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fiel
 
 
 class LongTextParameters(Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
-    """A cut or windowed text's counts (kserve.long_text_parameters), one a text, comma-joined:
-    KServe parameters are scalars."""
+    """A cut or windowed text's counts (kserve/encoder.py long_text_parameters), one a text,
+    comma-joined: KServe parameters are scalars."""
 
     truncated: bool
     tokens: str
@@ -213,7 +214,7 @@ class Done(Struct, forbid_unknown_fields=True):
 
 
 class RegionStatus(Struct, forbid_unknown_fields=True):
-    """A registered system shared-memory region (shm_regions.SystemRegions)."""
+    """A registered system shared-memory region (kserve/regions.py SystemRegions)."""
 
     name: str
     key: str
