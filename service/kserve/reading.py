@@ -222,16 +222,19 @@ def read_outputs(header: Infer, kinds: Kinds = PLAIN) -> list[tuple[str, bool]]:
     known = known_outputs(kinds)
     if not asked:
         return [(name, default) for name in known]
-    if all(spec.parameters is None for spec in asked):  # the usual ask: read once, then kept
-        key = (tuple(spec.name for spec in asked), default, kinds)
-        found = PLAIN_OUTPUTS.get(key)
-        if found is None:
-            found = checked_outputs(header, known, default)
-            if len(PLAIN_OUTPUTS) >= PLAIN_KEPT:
-                PLAIN_OUTPUTS.clear()
-            PLAIN_OUTPUTS[key] = found
-        return list(found)
-    return checked_outputs(header, known, default)
+    names = []
+    for spec in asked:  # a loop, not a generator: read for every request
+        if spec.parameters is not None:
+            return checked_outputs(header, known, default)
+        names.append(spec.name)
+    key = (tuple(names), default, kinds)  # the usual ask: read once, then kept
+    found = PLAIN_OUTPUTS.get(key)
+    if found is None:
+        found = checked_outputs(header, known, default)
+        if len(PLAIN_OUTPUTS) >= PLAIN_KEPT:
+            PLAIN_OUTPUTS.clear()
+        PLAIN_OUTPUTS[key] = found
+    return list(found)
 
 
 def checked_outputs(header: Infer, known: tuple[str, ...], default: bool) -> list[tuple[str, bool]]:
@@ -261,9 +264,10 @@ def output_places(header: Infer) -> dict[str, Placement]:
     """The outputs a request (checked by read_outputs) has written into shared memory."""
     found: dict[str, Placement] = {}
     for spec in header.outputs or ():
-        where = placement(spec.parameters, spec.name)
-        if where is not None:
-            found[spec.name] = where
+        if spec.parameters is not None:  # no parameters: no place
+            where = placement(spec.parameters, spec.name)
+            if where is not None:
+                found[spec.name] = where
     return found
 
 
