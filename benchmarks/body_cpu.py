@@ -65,6 +65,7 @@ def server() -> Any:
     manifest = SimpleNamespace(
         task=["classify"], embeds=False, embed_only=False, normalize=False, labels=["n", "p"],
         activation="softmax", dimension=0, extra={}, prompts={}, default_prompt_name=None,
+        multivector={}, token_classifies=False,
     )  # fmt: skip
     info = SimpleNamespace(
         name="m", labels=["negative", "positive"], index=0, version=1, manifest=manifest

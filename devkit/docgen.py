@@ -109,9 +109,9 @@ def default_document(key: bool = False) -> dict[str, Any]:
     """The OpenAPI document of a server of the default model with the default options (with
     `key`: and an API key, whose routes also answer 401 and, rate-limited, 429)."""
     from ringserve.service.config.settings import Config
+    from ringserve.service.kserve.documents import VERSION
     from ringserve.service.protocols import openapi
     from ringserve.service.protocols.endpoint import Facts
-    from ringserve.service.protocols.kserve import VERSION
     from ringserve.service.version import version
 
     s = Config()

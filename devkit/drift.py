@@ -295,8 +295,8 @@ def route_statuses() -> dict[tuple[str, str], set[int]]:
 
 
 def facts():  # type: ignore[no-untyped-def]
+    from ringserve.service.kserve.documents import VERSION
     from ringserve.service.protocols.endpoint import Facts
-    from ringserve.service.protocols.kserve import VERSION
     from ringserve.service.version import version
     from ringserve.workers.artifact import TASKS
 

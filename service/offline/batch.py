@@ -34,9 +34,9 @@ from ringserve.service.models.device import resolve_device
 from ringserve.service.models.info import pick_precision, scan_repository
 from ringserve.service.offline import corpus as C
 from ringserve.service.pool.supervisor import Supervisor
-from ringserve.service.protocols import prompts
 from ringserve.service.protocols.routes import long_text_fields
 from ringserve.service.protocols.tasks import float_json
+from ringserve.service.request import prompts
 from ringserve.shm import layout as L
 from ringserve.shm import segment
 from ringserve.workers.artifact import ArtifactError, load_manifest
@@ -311,7 +311,7 @@ class BatchJob:
             raise ValueError(f"the model does not {args.task}; its tasks: {', '.join(m.task)}")
         embed = (m.dimension, m.normalize) if args.task == "embed" else None
         # An embedding asks its worker for the vector (shm/layout.py OPT_EMBED), an embed
-        # model's default prompt (service/protocols/prompts.py) before each text.
+        # model's default prompt (service/request/prompts.py) before each text.
         self.prefix = prompts.prompt_bytes(m) if embed else b""
         self.options = L.OPT_EMBED if embed else 0
         self.results = Results(Path(args.output), self.n, list(m.labels), meta, args.resume, embed)

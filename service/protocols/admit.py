@@ -17,9 +17,11 @@ from ringserve.service.engine.admission import (
     too_long,
 )
 from ringserve.service.engine.requests import Ask, Result
-from ringserve.service.engine.tenants import PRIORITIES, PRIORITY_NAMES, Tenant
+from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.protocols.errors import error_body
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
+from ringserve.service.protocols.http import Exchange, HttpProtocol
+from ringserve.service.request.errors import RequestError
+from ringserve.service.request.options import asked_priority
 from ringserve.shm import layout as L
 
 RETRY_AFTER = [(b"retry-after", b"1")]
@@ -53,25 +55,6 @@ def respond_refusal(conn: HttpProtocol, ex: Exchange, refusal: Refusal) -> None:
     conn.respond_error(ex, refusal.code, refusal.message, extra)
 
 
-def asked_priority(value: object, where: str) -> int | None:
-    """A request's own priority: `interactive` or `bulk` (X-Priority, KServe `priority`);
-    KServe's integer levels as Triton reads them (1 the highest: interactive; 2 and more:
-    bulk; 0: the key's own)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    if isinstance(value, bool):
-        raise HttpError(400, f"{where} must be interactive or bulk")
-    if isinstance(value, int):
-        if value < 0:
-            raise HttpError(400, f"{where} must be interactive, bulk, or a level 0 and up")
-        return None if value == 0 else min(value - 1, 1)
-    if isinstance(value, str) and value.strip().lower() in PRIORITIES:
-        return PRIORITIES[value.strip().lower()]
-    raise HttpError(400, f"{where} must be interactive or bulk")
-
-
 def deadline_ns(ex: Exchange, timeout_s: float) -> int:
     """The request's own X-Request-Timeout-Ms after its last byte, else the default."""
     raw = ex.headers.get(b"x-request-timeout-ms")
@@ -79,9 +62,9 @@ def deadline_ns(ex: Exchange, timeout_s: float) -> int:
         try:
             ms = float(raw)
         except ValueError:
-            raise HttpError(400, "X-Request-Timeout-Ms must be a number") from None
+            raise RequestError(400, "X-Request-Timeout-Ms must be a number") from None
         if not ms > 0 or ms > 86_400_000:
-            raise HttpError(400, "X-Request-Timeout-Ms must be in (0, 86400000]")
+            raise RequestError(400, "X-Request-Timeout-Ms must be in (0, 86400000]")
         timeout_s = ms / 1000
     return ex.done_ns + int(timeout_s * 1e9)
 

@@ -40,7 +40,7 @@ from ringserve.service.protocols.budget import Budget
 from ringserve.service.protocols.handover import Listeners, listen
 from ringserve.service.protocols.peers import KeyFailures, Seats, check_soon, peer_gone, peer_of
 from ringserve.service.protocols.readgate import EOF, LOST, WRITE_BLOCKED, ReadGate
-from ringserve.service.protocols.texts import checked
+from ringserve.service.request.texts import checked
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.wire.frames import (

@@ -17,9 +17,9 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.models.modelset import ModelRequired, UnknownModel
-from ringserve.service.protocols import prompts
 from ringserve.service.protocols.auth import AUTH_OK, read_auth_frame
 from ringserve.service.protocols.peers import KeyFailures
+from ringserve.service.request import prompts
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.wire.frames import encode_answer, status_answer

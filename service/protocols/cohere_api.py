@@ -14,16 +14,13 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import compact, tasks
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.routes import (
-    Router,
-    needs_task,
-    request_model,
-    task_route,
-)
+from ringserve.service.protocols.routes import Router, task_route
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas.cohere import CohereEmbeddings, EmbeddingsByType
 from ringserve.service.protocols.schemas.tasks import CohereHitV2, CohereRankingV2
+from ringserve.service.request.lookup import needs_task, request_model
+from ringserve.service.request.vectors import vectors
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
@@ -71,7 +68,7 @@ def cohere_embed(
     originals = body.texts
 
     def answer(results: list[Result]) -> bytes:
-        vecs = tasks.vectors(results, info.manifest.normalize or bool(keep), keep)
+        vecs = vectors(results, info.manifest.normalize or bool(keep), keep)
         out = EmbeddingsByType()
         if "float" in kinds:
             out.floats = np.asarray(vecs, dtype=np.float64).tolist()

@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols.endpoint import Rule
-from ringserve.service.protocols.http import HttpError
+from ringserve.service.request.errors import RequestError, Rule
 
 CALIBRATED = ("int8", "uint8")  # need the artifact's calibration
 COMPACT = (*CALIBRATED, "binary", "ubinary")
@@ -54,12 +53,13 @@ def check(info: ModelInfo, kinds: list[str], cut: bool, normalize: bool | None =
         return None
     ranges = calibration(info)
     if ranges is None:
-        raise HttpError(400, NO_CALIBRATION.say(kind=asked[0], model=info.name))
+        raise RequestError(400, NO_CALIBRATION.say(kind=asked[0], model=info.name))
     if cut:
-        raise HttpError(400, WHOLE_VECTORS.say(kind=asked[0]))
+        raise RequestError(400, WHOLE_VECTORS.say(kind=asked[0]))
     own = info.manifest.normalize
     if normalize is not None and normalize != own:
-        raise HttpError(400, OWN_VECTORS.say(kind=asked[0], normalize="true" if own else "false"))
+        said = "true" if own else "false"
+        raise RequestError(400, OWN_VECTORS.say(kind=asked[0], normalize=said))
     return ranges
 
 

@@ -15,13 +15,12 @@ pattern under `x-ringserve-400-beyond-schema`.
 
 from __future__ import annotations
 
-import re
-import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ringserve.service.protocols.http import Exchange, HttpProtocol
+from ringserve.service.request.errors import Rules
 
 Handler = Callable[[HttpProtocol, Exchange, dict[str, str]], None]
 Schema = dict[str, Any]
@@ -68,41 +67,6 @@ SchemaOf = str | Callable[[Lookup], Schema] | None
 
 
 @dataclass(frozen=True)
-class Rule:
-    """A 400 that a request the schema allows can still get. `message` is what the check
-    raises (a str.format template: `RULE.say(n=3)`); the document lists `pattern()`, made from
-    the message (each field any text), or `regex` where the message is not ours to write (an
-    exception's text, a message with a variable prefix)."""
-
-    message: str = ""
-    regex: str = ""
-
-    def say(self, **values: Any) -> str:
-        return self.message.format(**values)
-
-    def only(self, **fixed: str) -> Rule:
-        """This rule where some fields are known (the route's field name, its task)."""
-        return Rule(self.message, self.pattern(**fixed))
-
-    def pattern(self, **fixed: str) -> str:
-        """The regex of the messages this rule raises; `fixed` fields are written as given."""
-        if self.regex:
-            return self.regex
-        out = "^"
-        for literal, name, _, _ in string.Formatter().parse(self.message):
-            out += escaped(literal)
-            if name is not None:
-                out += escaped(fixed[name]) if name in fixed else ".*"
-        return out[:-2] if out.endswith(".*") else out + "$"  # a field last: any ending
-
-
-def escaped(text: str) -> str:
-    """`text` as a regex that matches it alone: its metacharacters escaped, and nothing else (a
-    pattern the document shows stays readable)."""
-    return re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text)
-
-
-@dataclass(frozen=True)
 class Answer:
     """One status of one route: its body's schema (None: not JSON), media type and headers."""
 
@@ -111,9 +75,6 @@ class Answer:
     media: str = "application/json"
     headers: tuple[str, ...] = ()  # names in openapi.HEADERS, always sent (NAME? when sometimes)
     binary: bool = False  # may also come as application/octet-stream (KServe binary outputs)
-
-
-Rules = tuple[Rule, ...]
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from ringserve.service.protocols.readgate import (
     WRITE_BLOCKED,
     ReadGate,
 )
+from ringserve.service.request.errors import RequestError
 
 REASONS = {
     100: "Continue",
@@ -70,13 +71,6 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 _ID_PREFIX = os.urandom(4).hex()
 log = logging.getLogger("ringserve.http")
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class Exchange:
@@ -262,7 +256,7 @@ class RequestReader:
                 return False
         try:
             self.parser.feed_data(data)
-        except HttpError as exc:
+        except RequestError as exc:
             self.conn.end.fail(exc.status, exc.message)
         except httptools.HttpParserUpgrade:
             if self.current is None:  # CONNECT or Upgrade: the request itself is answered
@@ -271,7 +265,7 @@ class RequestReader:
                 self.conn.end.fail(400, "protocol upgrade is not supported")
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
-            if isinstance(cause, HttpError):
+            if isinstance(cause, RequestError):
                 self.conn.end.fail(cause.status, cause.message)
             else:
                 self.conn.end.fail(400, "malformed HTTP request")
@@ -294,13 +288,13 @@ class RequestReader:
         self.current.url += url
         self.head_bytes += len(url)
         if self.head_bytes + 16 > self.settings.max_head:
-            raise HttpError(431, "request head too large")
+            raise RequestError(431, "request head too large")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.current is not None
         self.head_bytes += len(name) + len(value) + 4
         if self.head_bytes + 16 > self.settings.max_head:
-            raise HttpError(431, "request head too large")
+            raise RequestError(431, "request head too large")
         if self.in_head:  # after the head, a chunked body's trailer: read, never a header
             self.current.headers[name.lower()] = value
 
@@ -319,9 +313,9 @@ class RequestReader:
             try:
                 declared = int(length)
             except ValueError:
-                raise HttpError(400, "invalid Content-Length") from None
+                raise RequestError(400, "invalid Content-Length") from None
             if declared > self.settings.max_body:
-                raise HttpError(413, f"body over {self.settings.max_body} bytes")
+                raise RequestError(413, f"body over {self.settings.max_body} bytes")
         transport = self.conn.transport
         if ex.headers.get(b"expect", b"").lower() == b"100-continue" and transport:
             transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -331,9 +325,9 @@ class RequestReader:
         self.body_bytes += len(body)
         self.body_pieces += 1
         if self.body_bytes > self.settings.max_body:
-            raise HttpError(413, f"body over {self.settings.max_body} bytes")
+            raise RequestError(413, f"body over {self.settings.max_body} bytes")
         if self.body_pieces > BODY_PIECES and self.body_bytes < MIN_PIECE * self.body_pieces:
-            raise HttpError(400, f"body in pieces of under {MIN_PIECE} bytes on average")
+            raise RequestError(400, f"body in pieces of under {MIN_PIECE} bytes on average")
         self.current.body.append(body)
 
     def on_message_complete(self) -> None:
@@ -466,7 +460,7 @@ class HttpProtocol(asyncio.Protocol):
                 self.respond_error(ex, *refused)
             else:
                 self.state.router(self, ex)
-        except HttpError as exc:
+        except RequestError as exc:
             self.respond_error(ex, exc.status, exc.message)
         except Exception:  # a handler bug must answer 500, not hang the pipeline behind it
             log.exception("handler failed: %r %r", ex.method, ex.url[:200])

@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols.endpoint import Rule
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.vocab import framing, tokenizer_for
+from ringserve.service.request.errors import RequestError, Rule
 from ringserve.shm import layout as L
 
 # What a late-chunked body the schema allows can still be refused for (tasks.LATE_RULES)
@@ -46,12 +45,12 @@ def check_model(info: ModelInfo) -> str:
     extra = info.manifest.extra
     width = extra.get("token_vectors", 0)
     if not isinstance(width, int) or width <= 0 or info.runtime not in ("onnx", "openvino"):
-        raise HttpError(400, NO_STATES.say(model=info.name))
+        raise RequestError(400, NO_STATES.say(model=info.name))
     if extra.get("dense") or width != info.manifest.dimension:
-        raise HttpError(400, DENSE.say(model=info.name))
+        raise RequestError(400, DENSE.say(model=info.name))
     pooling = str(extra.get("pooling", "mean"))
     if pooling not in POOLINGS:
-        raise HttpError(400, POOLING.say(pooling=pooling, model=info.name))
+        raise RequestError(400, POOLING.say(pooling=pooling, model=info.name))
     return pooling
 
 
@@ -141,7 +140,7 @@ class Plan:
         self.spans = owners(self.offsets, chunk_bounds(chunks, len(prompt)))
         empty = next((c for c, s in enumerate(self.spans) if not s), None)
         if empty is not None:
-            raise HttpError(400, NO_TOKENS.say(i=empty))
+            raise RequestError(400, NO_TOKENS.say(i=empty))
         before, after = framing(tokenizer)
         self.lead = len(before)
         self.tokens = len(self.offsets) + len(before) + len(after)
@@ -150,7 +149,7 @@ class Plan:
         starts = [i == 0 or words[i] is None or words[i] != words[i - 1] for i in range(len(words))]
         self.windows = windows(starts, room)
         if len(self.windows) > max_windows:
-            raise HttpError(
+            raise RequestError(
                 413,
                 f"the document's {len(self.offsets)} tokens need {len(self.windows)} windows "
                 f"of {room}; at most {max_windows} (--max-windows)",
@@ -162,7 +161,7 @@ class Plan:
             )
             for (a, b), e in zip(self.windows, again, strict=True):
                 if e.ids != enc.ids[a:b]:
-                    raise HttpError(400, UNWINDOWED.say())
+                    raise RequestError(400, UNWINDOWED.say())
         self.best = best_window(self.windows, len(self.offsets))
 
     def window_text(self, a: int, b: int) -> bytes:
@@ -208,7 +207,7 @@ def chunks_of(value: str | list[Any]) -> list[str]:
     if isinstance(value, str):
         return [value]
     if not all(isinstance(v, str) for v in value):
-        raise HttpError(400, TEXTS_ONLY.say())
+        raise RequestError(400, TEXTS_ONLY.say())
     return list(value)
 
 

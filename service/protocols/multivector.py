@@ -21,43 +21,21 @@ from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import latency_header
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.routes import Router, needs_task, request_model, task_route
+from ringserve.service.protocols.http import Exchange, HttpProtocol
+from ringserve.service.protocols.routes import Router, task_route
 from ringserve.service.protocols.schemas import Truncation, decode
 from ringserve.service.protocols.schemas import server as bodies
+from ringserve.service.request.lookup import needs_task, request_model
+from ringserve.service.request.maxsim import matrix, maxsim
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
 TASK = "multivector"
-# The label of a KServe answer's one score column (its `scores` [N, 1]: MaxSim).
-KSERVE_LABELS = ["maxsim"]
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
 def is_multivector(info: ModelInfo) -> bool:
     return bool(info.manifest.multivector)
-
-
-def matrix(r: Result) -> np.ndarray:
-    """A text's token vectors [k, D] from its answer (shm/layout.py RSP_TOKENS)."""
-    return np.asarray(r.scores, dtype=np.float32).reshape(r.windows, -1)
-
-
-def maxsim(query: np.ndarray, docs: list[np.ndarray]) -> np.ndarray:
-    """MaxSim of the query's token vectors [q, D] with each document's [k, D]: for each query
-    token its largest dot product with the document's tokens, summed. One float32 product over
-    all the documents' tokens, as PyLate's scores are float32 (float64 took half again as long:
-    12 against 8 ms for 100 documents of 180 tokens at D 128, one thread here); the sums in
-    float64. A document without a token scores 0."""
-    out = np.zeros(len(docs), dtype=np.float64)
-    some = [i for i, d in enumerate(docs) if len(d)]
-    if not some:
-        return out
-    stacked = np.concatenate([docs[i] for i in some])
-    sims = query.astype(np.float32, copy=False) @ stacked.T  # [q, all tokens]
-    starts = np.cumsum([0] + [len(docs[i]) for i in some[:-1]])
-    out[some] = np.maximum.reduceat(sims, starts, axis=1).sum(axis=0, dtype=np.float64)
-    return out
 
 
 def rerank_ask(info: ModelInfo, body: Truncation, query: str, docs: list[str]) -> Ask:
@@ -71,40 +49,6 @@ def rerank_ask(info: ModelInfo, body: Truncation, query: str, docs: list[str]) -
 def rerank_scores(results: list[Result]) -> np.ndarray:
     """Each document's MaxSim with the query, from a rerank_ask group's answers."""
     return maxsim(matrix(results[0]), [matrix(r) for r in results[1:]])
-
-
-def kserve_ask(
-    payloads: list[bytes],
-    opts: int,
-    info: ModelInfo,
-    deadline: int,
-    priority: int | None,
-    protocol: str,
-) -> Ask:
-    """KServe's rerank: each `text` (a query) with its `text_pair` (a document), as
-    kserve.join_pairs joined them; each pair's query then its document, in order."""
-    split = [p.split(L.PAIR_SEPARATOR, 1) for p in payloads]
-    if any(len(parts) != 2 for parts in split):
-        raise HttpError(
-            400,
-            f"model {info.name} scores a query (text) against a document (text_pair) by "
-            "MaxSim: give input text_pair",
-        )
-    texts = [part for parts in split for part in parts]
-    opts |= L.OPT_TOKENS
-    options = [opts | L.OPT_QUERY, opts] * len(split)
-    return Ask(texts, options, "rerank", info.index, deadline, priority, protocol)
-
-
-def kserve_results(results: list[Result]) -> list[Result]:
-    """A kserve_ask group's answers as one result a pair: its MaxSim as the one score, the
-    document's token count, and both texts' long-text flags."""
-    out = []
-    for q, d in zip(results[::2], results[1::2], strict=True):
-        score = maxsim(matrix(q), [matrix(d)]).astype(np.float32)
-        out.append(Result(L.STATUS_OK, 0, score, flags=(q.flags | d.flags) & ~L.RSP_TOKENS,
-                          tokens=d.tokens))  # fmt: skip
-    return out
 
 
 def token_json(vectors: np.ndarray) -> bytes:

@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 
+from ringserve.service.kserve.documents import VERSION
 from ringserve.service.protocols.auth import OPEN_PATH
 from ringserve.service.protocols.endpoint import (
     LATENCY,
@@ -33,9 +34,9 @@ from ringserve.service.protocols.endpoint import (
 )
 from ringserve.service.protocols.errors import family
 from ringserve.service.protocols.http import Exchange, HttpProtocol
-from ringserve.service.protocols.kserve import VERSION
 from ringserve.service.protocols.openapi_schemas import Schemas, components, referred
-from ringserve.service.protocols.routes import MODEL_REQUIRED, NEEDS_TASK, Router
+from ringserve.service.protocols.routes import Router
+from ringserve.service.request.lookup import MODEL_REQUIRED, NEEDS_TASK
 from ringserve.service.version import version
 from ringserve.service.views import FrontView
 

@@ -12,9 +12,10 @@ import dataclasses
 import functools
 from typing import Any
 
-from ringserve.service.protocols import errors, schemas, sparse_terms, token_classify
+from ringserve.service.kserve import tokens as kserve_tokens
+from ringserve.service.kserve.documents import VERSION
+from ringserve.service.protocols import errors, schemas
 from ringserve.service.protocols.endpoint import ERROR_BODY, TOO_LONG_BODY, Facts, Schema, SchemaOf
-from ringserve.service.protocols.kserve import VERSION
 from ringserve.service.protocols.schemas import cohere as cohere_structs
 from ringserve.service.protocols.schemas import kserve as kserve_structs
 from ringserve.service.protocols.schemas import multivector as multivector_schemas
@@ -25,6 +26,8 @@ from ringserve.service.protocols.schemas import tasks as task_schemas
 from ringserve.service.protocols.schemas import tei as tei_structs
 from ringserve.service.protocols.schemas import tokens as token_structs
 from ringserve.service.protocols.schemas import v1 as v1_schemas
+from ringserve.service.request import sparse_terms
+from ringserve.service.request import tokens as request_tokens
 
 # Each family's error body, and with a too-long text's counts: errors.py's Structs.
 _ERROR_KINDS = [kind for pair in errors.BODIES.values() for kind in pair]
@@ -99,8 +102,8 @@ def _answers(
         outputs = ("scores",)
         ranks |= multivector_schemas.rank_answers(max_documents)
     outputs = sparse_terms.OUTPUTS if "sparse" in tasks else outputs
-    if token_classify.TASK in tasks:  # a token classifier's per-token outputs
-        outputs = token_classify.OUTPUTS
+    if request_tokens.TASK in tasks:  # a token classifier's per-token outputs
+        outputs = kserve_tokens.OUTPUTS
     kserve_answers = kserve_structs.answers(names, VERSION, outputs, max_texts)
     parts = [
         {"classify": one, "classify_batch": batch},

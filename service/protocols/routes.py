@@ -11,22 +11,19 @@ from urllib.parse import unquote
 import msgspec
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.models.modelset import ModelRequired, UnknownModel
-from ringserve.service.protocols import admit, prompts
+from ringserve.service.protocols import admit
 from ringserve.service.protocols.admit import RETRY_AFTER, latency_header
 from ringserve.service.protocols.endpoint import (
     LATENCY,
     Answer,
     Endpoint,
     Handler,
-    Rule,
-    Rules,
     Schema,
     SchemaOf,
     ok,
 )
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.schemas import UNSET, LongText, Named, decode
+from ringserve.service.protocols.http import Exchange, HttpProtocol
+from ringserve.service.protocols.schemas import UNSET, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas.operator import Live, Ready
 from ringserve.service.protocols.schemas.v1 import (
@@ -40,46 +37,16 @@ from ringserve.service.protocols.schemas.v1 import (
     ModelRow,
     NamedModelCard,
 )
+from ringserve.service.request import prompts
+from ringserve.service.request.errors import RequestError, Rule, Rules
+from ringserve.service.request.lookup import find_model, needs_task, request_model
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import MANIFEST_FILE
 
 # The 400s beyond a body's schema that every route naming a model can give (the document lists
 # them: protocols/openapi.py): a model without the route's task, no "model" among several.
-NEEDS_TASK = Rule("model {model} does not {task}; its tasks: {tasks}")
-MODEL_REQUIRED = Rule(regex=r"^several models are loaded \(")  # ModelRequired's (modelset.py)
 PAIRS_UNEVEN = Rule("text_pairs must be a list as long as texts")
-
-
-def as_integer(value: Any) -> int | None:
-    """A JSON integer, or None. 3.0 is one too, as JSON Schema counts (the OpenAPI document's
-    `integer`); true and false are not."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def long_text_options(doc: dict[str, Any], where: str) -> int:
-    """The options byte (shm/layout.py: OPT_*) of a request's `truncate` and
-    `truncation_direction` in a plain dict (KServe's parameters); 0 when it sets neither, so
-    the worker applies the server's --long-text. A JSON body's Struct says the same with
-    `Truncation.options()`."""
-    truncate = doc.get("truncate")
-    direction = doc.get("truncation_direction")
-    opts = 0
-    if truncate is not None:
-        if not isinstance(truncate, bool):
-            raise HttpError(400, f"{where}truncate must be true or false")
-        opts |= L.OPT_CUT if truncate else L.OPT_REFUSE
-    if direction is not None:
-        if direction not in ("left", "right"):
-            raise HttpError(400, f'{where}truncation_direction must be "left" or "right"')
-        opts |= L.OPT_LEFT if direction == "left" else 0
-    return opts
 
 
 def long_text_fields(r: Result) -> dict[str, Any]:
@@ -105,63 +72,6 @@ def classify_result(labels: list[str], r: Result) -> ClassifyResult:
     return out
 
 
-def find_model(server: FrontView, name: str | None, version: int | str | None = None) -> ModelInfo:
-    """The loaded model a request names (service/models/modelset.py): 404 unknown, 400 when it names
-    none while several are loaded."""
-    try:
-        return server.models.find(name, canonical(version))
-    except UnknownModel as exc:
-        raise HttpError(404, str(exc)) from None
-    except ModelRequired as exc:
-        raise HttpError(400, str(exc)) from None
-
-
-def canonical(version: int | str | None) -> int | str | None:
-    """A version as the server writes them ("1", 1), else 404: not " 1" or "01", which int()
-    would take for the same version."""
-    if isinstance(version, str) and version:
-        written = version.isascii() and version.isdigit() and str(int(version)) == version
-        if not written:
-            raise HttpError(404, f"unknown version {version!r}")
-    return version
-
-
-def request_model(server: FrontView, body: Named | LongText, vendor: bool = False) -> ModelInfo:
-    """The model of a decoded body's optional "model" and "version". With `vendor` (OpenAI's
-    and Cohere's routes, whose clients always send their own service's model name), a name this
-    server has never held, without a "version", means the only loaded model, as before many
-    models; a name it holds or held (an unloaded one: 404) is resolved as on every route."""
-    name, version = body.model, body.version
-    try:
-        if not name and version is not None:  # a version of the only model
-            name = server.models.find().name
-        return server.models.find(name, canonical(version))
-    except UnknownModel as exc:
-        if vendor and version is None and name and not known_name(server, name):
-            ready = server.models.ready()
-            if len(ready) == 1:
-                return ready[0]
-        raise HttpError(404, str(exc)) from None
-    except ModelRequired as exc:
-        raise HttpError(400, str(exc)) from None
-
-
-def known_name(server: FrontView, name: str) -> bool:
-    """Whether the server holds `name` in any state, or its repository lists it."""
-    if any(e.info.name == name for e in server.models):
-        return True
-    if server.repository is None:
-        return False
-    return any(row.get("name") == name for row in server.repository.index())
-
-
-def needs_task(info: ModelInfo, task: str) -> None:
-    """400 naming the model's tasks when it does not do `task`."""
-    tasks = info.manifest.task
-    if task not in tasks:
-        raise HttpError(400, NEEDS_TASK.say(model=info.name, task=task, tasks=", ".join(tasks)))
-
-
 def classify(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     body = decode(ex, bodies.of(server.settings).classify)
     info = request_model(server, body)
@@ -182,24 +92,24 @@ def classify_texts(body: Classify) -> tuple[list[bytes], bool]:
     """(the payloads, whether it is one text): what the Struct cannot say is checked here."""
     if isinstance(body.text, str) and body.texts is UNSET:
         if body.text_pairs is not UNSET:
-            raise HttpError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
+            raise RequestError(400, '"text_pairs" goes with "texts"; use "text_pair" with "text"')
         texts = [body.text.encode()]
         if isinstance(body.text_pair, str):
             return [texts[0] + L.PAIR_SEPARATOR + body.text_pair.encode()], True
         return texts, True
     if isinstance(body.texts, list) and body.text is UNSET:
         if body.text_pair is not UNSET:
-            raise HttpError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
+            raise RequestError(400, '"text_pair" goes with "text"; use "text_pairs" with "texts"')
         texts = [t.encode() for t in body.texts]
         if isinstance(body.text_pairs, list):
             if len(body.text_pairs) != len(texts):
-                raise HttpError(400, PAIRS_UNEVEN.say())
+                raise RequestError(400, PAIRS_UNEVEN.say())
             texts = [
                 t + L.PAIR_SEPARATOR + p.encode()
                 for t, p in zip(texts, body.text_pairs, strict=True)
             ]
         return texts, False
-    raise HttpError(400, 'body must have exactly one of "text" or "texts"')
+    raise RequestError(400, 'body must have exactly one of "text" or "texts"')
 
 
 def model_info(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
@@ -376,7 +286,7 @@ class Router:
         path = ex.url.split(b"?", 1)[0]
         found = self.match(path)
         if found is None:
-            raise HttpError(404, f"no such path: {path.decode('utf-8', 'replace')[:200]}")
+            raise RequestError(404, f"no such path: {path.decode('utf-8', 'replace')[:200]}")
         table, params = found
         handler = table.get(ex.method)
         if handler is None and ex.method == b"HEAD":
@@ -400,7 +310,7 @@ def inference(server: FrontView, handler: ViewHandler) -> Handler:
     def run(conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
         try:
             handler(server, conn, ex, params)
-        except HttpError as exc:
+        except RequestError as exc:
             conn.respond_error(ex, exc.status, exc.message, [latency_header(conn, ex)])
 
     return run

@@ -11,15 +11,16 @@ from typing import Any
 import orjson
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols import prompts
-from ringserve.service.protocols.endpoint import Rule
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.routes import Router, request_model, task_route
+from ringserve.service.protocols.http import Exchange, HttpProtocol
+from ringserve.service.protocols.routes import Router, task_route
 from ringserve.service.protocols.schemas import decode
 from ringserve.service.protocols.schemas import server as bodies
-from ringserve.service.protocols.sparse_terms import pruned, terms
 from ringserve.service.protocols.tasks import submit_texts
 from ringserve.service.protocols.vocab import tokenizer_for
+from ringserve.service.request import prompts
+from ringserve.service.request.errors import RequestError, Rule
+from ringserve.service.request.lookup import request_model
+from ringserve.service.request.sparse_terms import pruned, terms
 from ringserve.service.views import FrontView
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # float32 weights in their shortest form
@@ -32,7 +33,7 @@ def needs_sparse(info: ModelInfo) -> None:
     """400 naming the model's tasks when it gives no sparse vectors."""
     if "sparse" not in info.manifest.task:
         tasks = ", ".join(info.manifest.task)
-        raise HttpError(400, NOT_SPARSE.say(model=info.name, tasks=tasks))
+        raise RequestError(400, NOT_SPARSE.say(model=info.name, tasks=tasks))
 
 
 def sparse_ask(info: ModelInfo, body: Any, inputs: str | list[str]) -> Ask:

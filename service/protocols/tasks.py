@@ -24,18 +24,11 @@ from ringserve.service.protocols import (
     compact,
     late_chunking,
     multivector,
-    prompts,
     vocab,
 )
 from ringserve.service.protocols.admit import latency_header
-from ringserve.service.protocols.endpoint import Rule
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.routes import (
-    Router,
-    needs_task,
-    request_model,
-    task_route,
-)
+from ringserve.service.protocols.http import Exchange, HttpProtocol
+from ringserve.service.protocols.routes import Router, task_route
 from ringserve.service.protocols.schemas import UNSET, Truncation, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas.tasks import (
@@ -47,6 +40,11 @@ from ringserve.service.protocols.schemas.tasks import (
     TeiHit,
 )
 from ringserve.service.protocols.vocab import text_of_ids
+from ringserve.service.request import prompts
+from ringserve.service.request.errors import RequestError, Rule
+from ringserve.service.request.lookup import needs_task, request_model
+from ringserve.service.request.options import asked_priority
+from ringserve.service.request.vectors import vectors
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
 
@@ -93,7 +91,7 @@ def submit_embed(
         return
     # the headers are read (and a bad one refused) as admission reads them, hit or not
     ask.deadline = admit.deadline_ns(ex, server.admission.timeout_s)
-    ask.priority = admit.asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
+    ask.priority = asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
     fingerprint, model = info.manifest.fingerprint, info.index
     keys = [(fingerprint, model, ask.options, p) for p in ask.payloads]
     found = [cache.get(k) for k in keys]
@@ -120,16 +118,6 @@ def submit_embed(
 
 
 # -- embeddings ----------------------------------------------------------------------------------
-def vectors(results: list[Result], normalize: bool, keep: int = 0, skip: int = 0) -> np.ndarray:
-    """The answers' embeddings [N, D] (or their first `keep` components), normalized when asked,
-    in float64 until the end so that a cut vector's norm is 1 to float32 precision. `skip`:
-    the floats before each vector (a one-pass KServe answer's C scores)."""
-    out = np.stack([np.asarray(r.scores[skip:], dtype=np.float64) for r in results])  # type: ignore[index]
-    if keep:
-        out = out[:, :keep]
-    if normalize:
-        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    return out.astype(np.float32)
 
 
 def float_json(vecs: np.ndarray) -> bytes:
@@ -225,7 +213,7 @@ def within_dimension(keep: float, info: ModelInfo, key: str = "dimensions") -> i
     at most the model's own dimension."""
     dimension = info.manifest.dimension
     if keep > dimension:
-        raise HttpError(400, DIMENSIONS.say(key=key, dimension=dimension))
+        raise RequestError(400, DIMENSIONS.say(key=key, dimension=dimension))
     return int(keep)
 
 
@@ -237,14 +225,14 @@ def openai_inputs(value: str | list[Any], info: ModelInfo, limit: int) -> list[b
     if all(isinstance(v, float) for v in value):
         return [text_of_ids(info, [int(v) for v in value], "input")]
     if len(value) > limit:
-        raise HttpError(400, INPUT_COUNT.say(limit=limit, n=len(value)))
+        raise RequestError(400, INPUT_COUNT.say(limit=limit, n=len(value)))
     if all(isinstance(v, str) for v in value):
         return [v.encode() for v in value]
     if all(isinstance(v, list) for v in value):
         return [
             text_of_ids(info, [int(t) for t in ids], f"input[{i}]") for i, ids in enumerate(value)
         ]
-    raise HttpError(400, INPUT_MIXED.say())
+    raise RequestError(400, INPUT_MIXED.say())
 
 
 def encoded(vecs: np.ndarray, fmt: str, ranges: np.ndarray | None) -> list[bytes]:

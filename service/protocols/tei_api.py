@@ -13,32 +13,19 @@ import msgspec
 import numpy as np
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols import prompts, tasks
-from ringserve.service.protocols.endpoint import (
-    LATENCY,
-    Endpoint,
-    Lookup,
-    Rule,
-    Rules,
-    Schema,
-    error,
-    ok,
-)
-from ringserve.service.protocols.http import Exchange, HttpError, HttpProtocol
-from ringserve.service.protocols.routes import (
-    Router,
-    ViewHandler,
-    inferred,
-    needs_task,
-    request_model,
-    task_route,
-    viewed,
-)
+from ringserve.service.protocols import tasks
+from ringserve.service.protocols.endpoint import LATENCY, Endpoint, Lookup, Schema, error, ok
+from ringserve.service.protocols.http import Exchange, HttpProtocol
+from ringserve.service.protocols.routes import Router, ViewHandler, inferred, task_route, viewed
 from ringserve.service.protocols.schemas import Named, decode
 from ringserve.service.protocols.schemas import server as bodies
 from ringserve.service.protocols.schemas import tei as tei_schemas
 from ringserve.service.protocols.schemas.tei import Info, Prediction, Token
 from ringserve.service.protocols.vocab import tokenizer_for
+from ringserve.service.request import prompts
+from ringserve.service.request.errors import RequestError, Rule, Rules
+from ringserve.service.request.lookup import needs_task, request_model
+from ringserve.service.request.vectors import vectors
 from ringserve.service.version import version
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
@@ -89,7 +76,7 @@ def tei_info(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[s
 def tei_health(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[str, str]) -> None:
     """200 with an empty body while a worker serves; else 503 (TEI's Unhealthy)."""
     if not server.ready():
-        raise HttpError(503, "no worker is ready")
+        raise RequestError(503, "no worker is ready")
     conn.respond(ex, 200, b"", content_type=b"text/plain")
 
 
@@ -121,14 +108,14 @@ def predict_inputs(value: str | list[Any], limit: int) -> tuple[list[bytes], boo
     if all(isinstance(v, str) for v in value):
         return [sequence(value, "inputs")], False
     if not all(isinstance(v, list) for v in value):
-        raise HttpError(400, INPUTS_SHAPE.say())
+        raise RequestError(400, INPUTS_SHAPE.say())
     return [sequence(v, f"inputs[{i}]") for i, v in enumerate(value)], True
 
 
 def sequence(items: list[str], where: str) -> bytes:
     """[text] or [text, pair] as one worker payload."""
     if len(items) > 2:
-        raise HttpError(400, SEQUENCE.say(where=where))
+        raise RequestError(400, SEQUENCE.say(where=where))
     return L.PAIR_SEPARATOR.join(t.encode() for t in items)
 
 
@@ -178,7 +165,7 @@ def hf_classify(
     apply = options.function_to_apply
     own = info.manifest.activation
     if apply not in (None, own, "none"):
-        raise HttpError(400, FUNCTION.say(own=own, model=info.name))
+        raise RequestError(400, FUNCTION.say(own=own, model=info.name))
     payloads, _ = predict_inputs(body.inputs, server.settings.max_texts)
 
     def answer(results: list[Result]) -> bytes:
@@ -199,7 +186,7 @@ def tei_similarity(
     options = body.parameters or tei_schemas.SimilarityParameters()
 
     def answer(results: list[Result]) -> list[float]:
-        vecs = tasks.vectors(results, normalize=True).astype(np.float64)
+        vecs = vectors(results, normalize=True).astype(np.float64)
         return [float(x) for x in vecs[1:] @ vecs[0]]
 
     payloads = tasks.ask(options, [t.encode() for t in texts], "embed", info)
@@ -245,16 +232,16 @@ def tei_decode(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict
     elif len(lists) == len(body.ids):
         batch, where = lists, "ids[{}]"
         if len(lists) > server.settings.max_texts:
-            raise HttpError(400, IDS_COUNT.say(limit=server.settings.max_texts))
+            raise RequestError(400, IDS_COUNT.say(limit=server.settings.max_texts))
     else:
-        raise HttpError(400, IDS_SHAPE.say())
+        raise RequestError(400, IDS_SHAPE.say())
     tokenizer = tokenizer_for(info)
     size = tokenizer.get_vocab_size()
     out = []
     for i, ids in enumerate(batch):
         got = [int(t) for t in ids]
         if not all(t < size for t in got):
-            raise HttpError(400, IDS_RANGE.say(where=where.format(i), top=size - 1))
+            raise RequestError(400, IDS_RANGE.say(where=where.format(i), top=size - 1))
         out.append(tokenizer.decode(got, skip_special_tokens=body.skip_special_tokens))
     conn.respond(ex, 200, json.dumps(out).encode())
 
@@ -293,9 +280,9 @@ def token_vectors_width(info: ModelInfo) -> int:
     """The width of the model's token vectors, else the 400 that says why there are none."""
     width = info.manifest.extra.get("token_vectors", 0)
     if not isinstance(width, int) or width <= 0:
-        raise HttpError(400, NO_TOKEN_VECTORS.say(model=info.name))
+        raise RequestError(400, NO_TOKEN_VECTORS.say(model=info.name))
     if info.runtime not in ("onnx", "openvino"):
-        raise HttpError(400, RUNTIMES.say(model=info.name, runtime=info.runtime))
+        raise RequestError(400, RUNTIMES.say(model=info.name, runtime=info.runtime))
     return width
 
 
@@ -311,7 +298,7 @@ def check_token_floats(info: ModelInfo, texts: list[bytes], width: int) -> None:
     encoded = tokenizer_for(info).encode_batch([t.decode() for t in texts])
     tokens = sum(min(len(e.ids), cap) for e in encoded)
     if tokens * width > MAX_TOKEN_FLOATS:
-        raise HttpError(
+        raise RequestError(
             413,
             f"the token vectors of these inputs ({tokens} tokens x {width} floats) pass the "
             f"limit of {MAX_TOKEN_FLOATS} floats a request: send fewer texts at a time",

@@ -9,9 +9,8 @@ from __future__ import annotations
 import functools
 
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols.endpoint import Rule
-from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.texts import require
+from ringserve.service.request.errors import RequestError, Rule
+from ringserve.service.request.texts import require
 from ringserve.workers.artifact import ArtifactError, load_tokenizer
 from tokenizers import Tokenizer
 
@@ -46,7 +45,7 @@ def tokenizer_for(info: ModelInfo) -> Tokenizer:
     try:
         return _load(info.model_dir, m.fingerprint, m.max_length)
     except ArtifactError as exc:
-        raise HttpError(500, f"model {info.name}: {exc}") from None
+        raise RequestError(500, f"model {info.name}: {exc}") from None
 
 
 def framing(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
@@ -70,13 +69,13 @@ def text_of_ids(info: ModelInfo, ids: list[int], where: str) -> bytes:
     size = tokenizer.get_vocab_size()
     outside = next((i for i in ids if not 0 <= i < size), None)
     if outside is not None:
-        raise HttpError(400, OUTSIDE.say(where=where, id=outside, model=info.name, top=size - 1))
+        raise RequestError(400, OUTSIDE.say(where=where, id=outside, model=info.name, top=size - 1))
     head, tail = framing(tokenizer)
     framed = ids[: len(head)] == head and (not tail or ids[-len(tail) :] == tail)
     inner = ids[len(head) : len(ids) - len(tail)]
     if not framed or len(ids) < len(head) + len(tail):
-        raise HttpError(400, UNFRAMED.say(where=where, head=head, tail=tail, model=info.name))
+        raise RequestError(400, UNFRAMED.say(where=where, head=head, tail=tail, model=info.name))
     spelled = tokenizer.decode(inner, skip_special_tokens=False)
     if tokenizer.encode(spelled, add_special_tokens=False).ids != inner:
-        raise HttpError(400, RETOKENIZED.say(where=where, model=info.name))
+        raise RequestError(400, RETOKENIZED.say(where=where, model=info.name))
     return require(tokenizer.decode(inner, skip_special_tokens=True), where)

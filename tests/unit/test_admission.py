@@ -7,7 +7,7 @@ from ringserve.service.engine.admission import Admission, Done, Refusal
 from ringserve.service.engine.dispatcher import Dispatcher, Result
 from ringserve.service.engine.requests import Ask
 from ringserve.service.engine.tenants import BULK, INTERACTIVE, Tenant
-from ringserve.service.protocols.texts import checked
+from ringserve.service.request.texts import checked
 from ringserve.shm import layout as L
 
 S = 1_000_000_000

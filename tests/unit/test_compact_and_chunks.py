@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 from ringserve.service.protocols import compact
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.late_chunking import best_window, chunk_bounds, owners, windows
+from ringserve.service.request.errors import RequestError
 
 
 def info(extra: dict[str, Any], fingerprint: str = "sha256:old") -> Any:
@@ -37,15 +37,15 @@ def test_the_cut_is_sentence_transformers_definition() -> None:
 def test_an_artifact_without_calibration_serves_binary_and_refuses_int8() -> None:
     old = info({})
     assert compact.check(old, ["binary", "ubinary", "float"], cut=True) is None
-    with pytest.raises(HttpError) as refused:
+    with pytest.raises(RequestError) as refused:
         compact.check(old, ["float", "int8"], cut=False)
     assert refused.value.status == 400 and "ringserve export" in refused.value.message
     stored = {"compact": {"calibration": {"min": [-1.0, 0.0], "max": [1.0, 2.0]}}}
     new = info(stored, "sha256:new")
     assert compact.check(new, ["uint8"], cut=False).tolist() == [[-1.0, 0.0], [1.0, 2.0]]
-    with pytest.raises(HttpError, match="whole vectors"):
+    with pytest.raises(RequestError, match="whole vectors"):
         compact.check(new, ["int8"], cut=True)
-    with pytest.raises(HttpError, match="normalize true"):
+    with pytest.raises(RequestError, match="normalize true"):
         compact.check(new, ["int8"], cut=False, normalize=False)
 
 

@@ -9,14 +9,17 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from ringserve.service.engine.requests import Group, Result
+from ringserve.service.kserve import reading
+from ringserve.service.kserve.bodies import Infer
+from ringserve.service.kserve.encoder import OutputEncoder
 from ringserve.service.models.modelset import READY, UNLOADING, Entry, ModelSet, UnknownModel
 from ringserve.service.ops.inference_stats import InferenceStats
-from ringserve.service.protocols import kserve
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.routes import SEEN_PATHS, Router
+from ringserve.service.request.errors import RequestError
 from ringserve.shm import layout as L
 
 SST2 = ("sst2", ["negative", "positive"], ["classify"])
@@ -59,26 +62,33 @@ def test_the_router_remembers_matches_as_it_found_them() -> None:
     assert len(router.seen) <= SEEN_PATHS
 
 
+def header(doc: dict[str, Any]) -> Infer:
+    """An inference header as HTTP decodes it (one text; `doc`'s outputs and parameters)."""
+    text = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}
+    return msgspec.json.decode(msgspec.json.encode({"inputs": [text], **doc}), type=Infer)
+
+
 def test_an_output_without_parameters_reads_as_one_with_none() -> None:
     bare = {"outputs": [{"name": "scores"}, {"name": "label", "parameters": None}]}
     empty = {"outputs": [{"name": "scores", "parameters": {}}, {"name": "label"}]}
     for doc in (bare, empty):
-        assert kserve.read_outputs(doc) == [("scores", False), ("label", False)]
-        assert kserve.output_places(doc) == {}
+        assert reading.read_outputs(header(doc)) == [("scores", False), ("label", False)]
+        assert reading.read_outputs(header(doc)) == [("scores", False), ("label", False)]  # kept
+        assert reading.output_places(header(doc)) == {}
         doc["parameters"] = {"binary_data_output": True}
-        assert kserve.read_outputs(doc) == [("scores", True), ("label", True)]
-    with pytest.raises(HttpError, match="asked for twice"):
-        kserve.read_outputs({"outputs": [{"name": "label"}, {"name": "label"}]})
-    with pytest.raises(HttpError, match="unknown output"):
-        kserve.read_outputs({"outputs": [{"name": "embedding"}]})
-    assert kserve.passes([("scores", True), ("embedding", False)]) == (True, True)
-    assert kserve.passes([("embedding", False)]) == (False, True)
-    assert kserve.passes([("label", False)]) == (True, False)
+        assert reading.read_outputs(header(doc)) == [("scores", True), ("label", True)]
+    with pytest.raises(RequestError, match="asked for twice"):
+        reading.read_outputs(header({"outputs": [{"name": "label"}, {"name": "label"}]}))
+    with pytest.raises(RequestError, match="unknown output"):
+        reading.read_outputs(header({"outputs": [{"name": "embedding"}]}))
+    assert reading.passes([("scores", True), ("embedding", False)]) == (True, True)
+    assert reading.passes([("embedding", False)]) == (False, True)
+    assert reading.passes([("label", False)]) == (True, False)
 
 
 @pytest.mark.parametrize("joined", [False, True])
 def test_one_texts_scores_are_the_stacked_row(joined: bool) -> None:
-    encoder = kserve.OutputEncoder(["negative", "positive"])
+    encoder = OutputEncoder(["negative", "positive"])
     rows = [np.array([0.25, 0.75, 9.0, 9.0], np.float32), np.array([0.5, 0.5, 9.0], np.float32)]
     for n in (1, 2):
         results = [Result(L.STATUS_OK, label_id=1, scores=r if joined else r[:2]) for r in rows]
@@ -97,7 +107,7 @@ GRPC_CHECK = """
 from types import SimpleNamespace
 
 from ringserve.service.models.modelset import ModelSet
-from ringserve.service.protocols.http import HttpError
+from ringserve.service.request.errors import RequestError
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.config.settings import Config
@@ -124,7 +134,7 @@ def call(outputs=("label",), **params):
 def refused(req, said):
     try:
         infer.read_request(host, req, lambda t: 0)
-    except HttpError as exc:
+    except RequestError as exc:
         assert said in str(exc), exc
     else:
         raise AssertionError(f"not refused: {said}")

@@ -29,6 +29,8 @@ ROOMS = ("service", "workers", "shm", "wire", "factory")
 # Not installed: test scaffolding, tests and benchmarks. Read for the bare-import rule only.
 SCAFFOLDING = ("devkit", "benchmarks", "tests")
 APP = "ringserve.service.app"
+HTTP = "ringserve.service.protocols.http"  # the HTTP/1.1 protocol module
+REQUEST, KSERVE = "ringserve.service.request", "ringserve.service.kserve"
 # Who may import the app: the command line, and nobody else.
 APP_USERS = {"ringserve.service.cli"}
 
@@ -206,6 +208,21 @@ def engine_imports_pool(g: Graph) -> set[tuple[str, str]]:
     return crossing(g, ("ringserve.service.engine",), ("ringserve.service.pool",))
 
 
+def rpc_imports_http(g: Graph) -> set[tuple[str, str]]:
+    """gRPC is a transport beside HTTP/1.1, not on top of it: what both need (the error type,
+    KServe's semantics) lives in service/request/ and service/kserve/, never in http.py."""
+    return crossing(g, ("ringserve.service.protocols.rpc",), (HTTP,))
+
+
+def request_layer_imports_transport(g: Graph) -> set[tuple[str, str]]:
+    """service/request/ (the error type and the checks every route shares) and service/kserve/
+    (KServe's semantics) sit below the transports that use them: neither imports anything of
+    service/protocols/, and request/ nothing of kserve/ (no two sibling folders both ways)."""
+    return crossing(g, (REQUEST, KSERVE), ("ringserve.service.protocols",)) | crossing(
+        g, (REQUEST,), (KSERVE,)
+    )
+
+
 def installed_imports_scaffolding(g: Graph) -> set[tuple[str, str]]:
     """devkit, benchmarks and tests are not installed: no installed module may import them."""
     return crossing(g, ("ringserve",), SCAFFOLDING)
@@ -270,6 +287,8 @@ RULES: dict[str, Callable[[Graph], set[tuple[str, str]]]] = {
     "wire": wire_imports_server,
     "factory": worker_loads_factory,
     "engine": engine_imports_pool,
+    "rpc": rpc_imports_http,
+    "request": request_layer_imports_transport,
     "scaffolding": installed_imports_scaffolding,
     "bare": bare_imports,
     "tests": imports_between_tests,
@@ -286,6 +305,8 @@ PLANTED_OK: Graph = {
     "tests.unit.test_x": {("devkit.launch", True), ("ringserve.service.app", True)},
     "benchmarks.b": {("devkit.load", True)},
     "ringserve.service.pool.handle": {("ringserve.service.engine.link", True)},
+    "ringserve.service.protocols.rpc.infer": {("ringserve.service.kserve.reading", True)},
+    "ringserve.service.kserve.reading": {("ringserve.service.request.errors", True)},
 }
 PLANTED: dict[str, tuple[str, tuple[str, bool]]] = {
     "app": ("ringserve.service.protocols.routes", (APP, False)),
@@ -293,6 +314,8 @@ PLANTED: dict[str, tuple[str, tuple[str, bool]]] = {
     "wire": ("ringserve.wire.client", ("ringserve.service.config.settings", True)),
     "factory": ("ringserve.workers.process.worker", ("ringserve.factory.model", True)),
     "engine": ("ringserve.service.engine.routing", ("ringserve.service.pool.handle", False)),
+    "rpc": ("ringserve.service.protocols.rpc.servicer", (HTTP, False)),
+    "request": ("ringserve.service.kserve.reading", ("ringserve.service.protocols.routes", False)),
     "scaffolding": ("ringserve.service.offline.batch", ("devkit.launch", False)),
     "bare": ("tests.unit.test_x", ("service.app", True)),
     "tests": ("tests.system.test_y", ("tests.unit.test_x", True)),

@@ -17,6 +17,7 @@ from ringserve.service.config.settings import Config
 from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.cache import AnswerCache
 from ringserve.service.engine.dispatcher import Result
+from ringserve.service.kserve import documents
 from ringserve.service.models.modelset import UNLOADING, Entry, ModelSet
 from ringserve.service.protocols import kserve, tasks
 from ringserve.service.protocols.http import HttpProtocol, HttpServerState
@@ -101,7 +102,7 @@ def host() -> SimpleNamespace:
         admission=Admission(Dispatcher(), lambda: "queue is full", 30.0),
         models=models,
         model=models.first,
-        repository=None,  # a server without one: kserve.FixedModels lists its models
+        repository=None,  # a server without one: documents.FixedModels lists its models
         ready=lambda: True,
         cache=AnswerCache(0),  # off: every text reaches the dispatcher
     )
@@ -194,7 +195,7 @@ def test_kserve_routes_every_model(host: Any) -> None:
 def test_the_repository_without_one(host: Any) -> None:
     """FixedModels: a server with no repository loads and unloads nothing (400, as
     --model-control none answers)."""
-    fixed = kserve.FixedModels(host.models)
+    fixed = documents.FixedModels(host.models)
     for call in (fixed.load("nli"), fixed.load("nope", "2"), fixed.unload("nli")):
         code, message = asyncio.run(call) or (200, "")
         assert code == 400 and "--model-control" in message

@@ -14,7 +14,7 @@ from ringserve.service.engine.admission import Admission
 from ringserve.service.engine.dispatcher import Dispatcher
 from ringserve.service.engine.tenants import BULK, INTERACTIVE, Tenant
 from ringserve.service.models.info import table_manifest
-from ringserve.service.protocols.prompts import default_prompt_name
+from ringserve.service.request.prompts import default_prompt_name
 from ringserve.workers.artifact import Manifest
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}

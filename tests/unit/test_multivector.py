@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 from ringserve.factory.build import default_encoder_dir
 from ringserve.service.engine.requests import Result
+from ringserve.service.kserve.multivector import kserve_results
 from ringserve.service.protocols import multivector as mv
+from ringserve.service.request.maxsim import maxsim
 from ringserve.shm import layout as L
 from ringserve.workers.artifact import open_tokenizer
 from ringserve.workers.batches import Item
@@ -87,8 +89,8 @@ def test_maxsim_sums_each_query_tokens_best_match() -> None:
     query = rng.standard_normal((5, 4)).astype(np.float32)
     docs = [rng.standard_normal((k, 4)).astype(np.float32) for k in (3, 1, 7)]
     want = [float((query @ d.T).max(axis=1).sum()) for d in docs]
-    assert np.allclose(mv.maxsim(query, docs), want, atol=1e-5)
-    assert mv.maxsim(query, [np.zeros((0, 4), np.float32), docs[0]])[0] == 0.0
+    assert np.allclose(maxsim(query, docs), want, atol=1e-5)
+    assert maxsim(query, [np.zeros((0, 4), np.float32), docs[0]])[0] == 0.0
 
 
 def answer(vectors: np.ndarray, flags: int = 0) -> Result:
@@ -99,7 +101,7 @@ def answer(vectors: np.ndarray, flags: int = 0) -> Result:
 def test_kserve_pairs_become_one_score_each() -> None:
     q = np.eye(3, dtype=np.float32)
     d1, d2 = np.eye(3, dtype=np.float32)[:2], -np.eye(3, dtype=np.float32)
-    pairs = mv.kserve_results([answer(q), answer(d1, L.RSP_TRUNCATED), answer(q), answer(d2)])
+    pairs = kserve_results([answer(q), answer(d1, L.RSP_TRUNCATED), answer(q), answer(d2)])
     assert [float(p.scores[0]) for p in pairs] == [2.0, 0.0]
     assert pairs[0].flags == L.RSP_TRUNCATED and not pairs[1].flags
     assert mv.rerank_scores([answer(q), answer(d1), answer(d2)]).tolist() == [2.0, 0.0]

@@ -17,11 +17,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from ringserve.service.kserve.documents import VERSION
 from ringserve.service.ops import apidocs
 from ringserve.service.protocols import openapi, routes, tasks
-from ringserve.service.protocols.endpoint import Endpoint, Facts, Rule
-from ringserve.service.protocols.kserve import VERSION
+from ringserve.service.protocols.endpoint import Endpoint, Facts
 from ringserve.service.protocols.routes import Router
+from ringserve.service.request import lookup
+from ringserve.service.request.errors import Rule
 
 from devkit import docgen
 from devkit.launcher import ROOT
@@ -134,12 +136,12 @@ def test_each_rule_matches_the_message_it_raises(module: str) -> None:
 
 def test_the_document_lists_a_rule_from_its_constant() -> None:
     """The 400 of a batch whose pairs do not match: raised from routes.PAIRS_UNEVEN, listed from
-    it; a task route's rule for a model without the task, from routes.NEEDS_TASK."""
+    it; a task route's rule for a model without the task, from request/lookup.py's NEEDS_TASK."""
     doc = openapi.document(docgen.every_route(), FACTS)
     classify = doc["paths"]["/v1/classify"]["post"]["x-ringserve-400-beyond-schema"]
     assert routes.PAIRS_UNEVEN.pattern() in classify
     rerank = doc["paths"]["/v1/rerank"]["post"]["x-ringserve-400-beyond-schema"]
-    assert routes.NEEDS_TASK.pattern(task="rerank") in rerank
+    assert lookup.NEEDS_TASK.pattern(task="rerank") in rerank
     embeddings = doc["paths"]["/v1/embeddings"]["post"]["x-ringserve-400-beyond-schema"]
     message = tasks.INPUT_COUNT.say(limit=4, n=9)
     assert message == "input must hold 1 to 4 items, not 9"

@@ -10,9 +10,9 @@ import msgspec
 import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+from ringserve.service.kserve.bodies import InferParameters
 from ringserve.service.protocols import errors, openapi_schemas
 from ringserve.service.protocols.endpoint import Facts
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.schemas import (
     NOT_BLANK,
     components,
@@ -22,13 +22,13 @@ from ringserve.service.protocols.schemas import (
     server,
     v1,
 )
-from ringserve.service.protocols.schemas.kserve import InferParameters
+from ringserve.service.request.errors import RequestError
 
 BODIES = server.bodies(4, 3)
 
 
 def refused(body: bytes, kind: type, subject: str = "body") -> str:
-    with pytest.raises(HttpError) as err:
+    with pytest.raises(RequestError) as err:
         decode_bytes(body, kind, subject)
     assert err.value.status == 400
     return err.value.message
@@ -113,7 +113,7 @@ def test_the_schema_says_what_the_decoder_takes() -> None:
             try:
                 decode_bytes(body, kind)
                 taken = True
-            except HttpError:
+            except RequestError:
                 taken = False
             try:
                 validator.validate(msgspec.json.decode(body))
@@ -133,9 +133,9 @@ def test_grpc_parameters_get_the_same_checks() -> None:
     """gRPC's parameters (plain values from protobuf) go through the HTTP header's Struct."""
     got = convert({"timeout": 5, "priority": "bulk"}, InferParameters, "parameters")
     assert got.timeout == 5 and got.priority == "bulk"
-    with pytest.raises(HttpError, match=r"Expected `int` >= 1 - at `\$\.parameters\.timeout`"):
+    with pytest.raises(RequestError, match=r"Expected `int` >= 1 - at `\$\.parameters\.timeout`"):
         convert({"timeout": 0}, InferParameters, "parameters")
-    with pytest.raises(HttpError, match=r"got `int` - at `\$\.parameters\.binary_data_output`"):
+    with pytest.raises(RequestError, match=r"got `int` - at `\$\.parameters\.binary_data_output`"):
         convert({"binary_data_output": 1}, InferParameters, "parameters")
 
 

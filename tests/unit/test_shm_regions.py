@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from multiprocessing import shared_memory
 
 import pytest
-from ringserve.service.protocols.http import HttpError
-from ringserve.service.protocols.shm_regions import Placement, SystemRegions, placement
+from ringserve.service.kserve import bodies
+from ringserve.service.kserve.regions import Placement, SystemRegions, placement
+from ringserve.service.request.errors import RequestError
 
 
 @pytest.fixture
@@ -36,9 +37,9 @@ def test_read_and_write_within_the_registered_range(segment: shared_memory.Share
         (Placement("r", 97, 4), "runs past region"),
         (Placement("nowhere", 0, 4), "no shared-memory region"),
     ):
-        with pytest.raises(HttpError, match=why):
+        with pytest.raises(RequestError, match=why):
             regions.read(bad)
-    with pytest.raises(HttpError, match="needs 8 bytes"):
+    with pytest.raises(RequestError, match="needs 8 bytes"):
         regions.write(Placement("r", 0, 4), b"12345678")
     assert bytes(segment.buf[5000:5004]) == b"\0\0\0\0"  # the refused write touched nothing
     fd = regions.regions["r"].fd
@@ -62,27 +63,30 @@ def test_register_refuses_what_cannot_be_mapped(segment: shared_memory.SharedMem
         (("", key, 0, 8), "needs a name"),
     ]
     for args, why in cases:
-        with pytest.raises(HttpError, match=why):
+        with pytest.raises(RequestError, match=why):
             regions.register(*args)
     regions.register("a", key, 0, 8)
-    with pytest.raises(HttpError, match="already registered"):
+    with pytest.raises(RequestError, match="already registered"):
         regions.register("a", key, 0, 8)
     regions.unregister()
     assert not regions.regions
 
 
 def test_placement_parameters() -> None:
-    assert placement({}, "input text") is None
+    """A tensor's parameters as its Struct holds them: built by gRPC unchecked, so the types
+    are checked here too."""
+    assert placement(None, "input text") is None
+    assert placement(bodies.Placement(), "input text") is None
     params = {"shared_memory_region": "r", "shared_memory_byte_size": 16}
-    assert placement(params, "x") == Placement("r", 0, 16)
+    assert placement(bodies.Placement(**params), "x") == Placement("r", 0, 16)
     for bad in (
         {"shared_memory_region": "r"},
         {"shared_memory_offset": 4},
         {"shared_memory_region": "r", "shared_memory_byte_size": -1},
         {"shared_memory_region": 3, "shared_memory_byte_size": 1},
     ):
-        with pytest.raises(HttpError):
-            placement(bad, "x")
+        with pytest.raises(RequestError):
+            placement(bodies.Placement(**bad), "x")  # type: ignore[arg-type]
 
 
 def test_a_region_truncated_after_register_is_a_400_never_a_crash(
@@ -95,14 +99,14 @@ def test_a_region_truncated_after_register_is_a_400_never_a_crash(
     os.truncate(path, 5000)  # the region's first 904 bytes are still there
     assert regions.read(Placement("r", 0, 904)) == bytes(904)
     for where in (Placement("r", 0, 905), Placement("r", 1000, 8)):
-        with pytest.raises(HttpError, match="no longer whole") as info:
+        with pytest.raises(RequestError, match="no longer whole") as info:
             regions.read(where)
         assert info.value.status == 400
-        with pytest.raises(HttpError, match="no longer whole"):
+        with pytest.raises(RequestError, match="no longer whole"):
             regions.write(where, b"x" * where.byte_size)
     assert os.stat(path).st_size == 5000  # the refused write did not grow it
     os.truncate(path, 0)
-    with pytest.raises(HttpError, match="holds 0 bytes"):
+    with pytest.raises(RequestError, match="holds 0 bytes"):
         regions.read(Placement("r", 0, 1))
     os.truncate(path, 8192)  # whole again: served again
     regions.write(Placement("r", 8, 4), b"back")
@@ -121,9 +125,9 @@ def test_register_refuses_links_and_what_is_not_a_regular_file(
     os.mkfifo(fifo)
     regions = SystemRegions()
     try:
-        with pytest.raises(HttpError, match="cannot open shared memory"):
+        with pytest.raises(RequestError, match="cannot open shared memory"):
             regions.register("l", "/" + os.path.basename(link), 0, 8)
-        with pytest.raises(HttpError, match="not a regular file"):
+        with pytest.raises(RequestError, match="not a regular file"):
             regions.register("f", "/" + os.path.basename(fifo), 0, 8)
     finally:
         os.unlink(link)

@@ -1,5 +1,5 @@
 """A sparse model's answers (workers/process/sparse.py) as the front-end reads them
-(Result.from_ring, service/protocols/sparse_terms.py): every row's nonzero terms, ids ascending,
+(Result.from_ring, service/request/sparse_terms.py): every row's nonzero terms, ids ascending,
 the heaviest kept past the bound; windows pooled as tokens are; pruning by top_k and threshold."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ringserve.service.engine.requests import Result
-from ringserve.service.protocols.sparse_terms import kserve_tensor, pruned, terms
+from ringserve.service.request.sparse_terms import kserve_tensor, pruned, terms
 from ringserve.shm import layout as L
 from ringserve.workers.batches import Item
 from ringserve.workers.process.longtext import Whole

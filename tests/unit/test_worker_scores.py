@@ -43,7 +43,7 @@ def test_one_pass_answers_read_back_as_scores_and_vector() -> None:
     scores' argmax (not the vector's); the front-end reads it back and KServe's answer cuts
     each record where it writes it: the scores' columns, then the vector."""
     from ringserve.service.engine.requests import Result
-    from ringserve.service.protocols.kserve import OutputEncoder
+    from ringserve.service.kserve.encoder import OutputEncoder
     from ringserve.shm import layout as L
     from ringserve.workers.process.answers import pack
 
@@ -83,13 +83,13 @@ def test_embed_all_tokenizes_only_requests_whose_cap_could_pass_the_bound(tmp_pa
     that, the tokenizer is read (here an artifact without one: 500) for the 413's exact count."""
     from types import SimpleNamespace
 
-    from ringserve.service.protocols.http import HttpError
     from ringserve.service.protocols.tei_api import MAX_TOKEN_FLOATS, check_token_floats
+    from ringserve.service.request.errors import RequestError
 
     manifest = SimpleNamespace(max_length=256, fingerprint="x")
     info = SimpleNamespace(manifest=manifest, model_dir=str(tmp_path), name="m")
     fits = MAX_TOKEN_FLOATS // (256 * 384)
     check_token_floats(info, [b"word " * 10_000] * fits, 384)  # type: ignore[arg-type]
-    with pytest.raises(HttpError) as refused:
+    with pytest.raises(RequestError) as refused:
         check_token_floats(info, [b"word"] * (fits + 1), 384)  # type: ignore[arg-type]
     assert refused.value.status == 500 and "model m" in refused.value.message

@@ -4,7 +4,7 @@ grpcio server): a call's method runs where the dispatcher lives, and a ModelInfe
 written by the dispatcher's callback (docs/design.md, "gRPC", for why and what it measured).
 
 Every call goes through the one admission, deadline and API key the other protocols use (the
-methods are rpc/servicer.py's). Errors are the HTTP statuses of protocols/kserve.py's checks,
+methods are rpc/servicer.py's). Errors are RequestError's statuses (service/request/errors.py),
 mapped to gRPC codes once here. A drain closes the listener, says NOT_SERVING, ends every health
 Watch, and sends each connection GOAWAY (http2.Connection.begin_drain): the calls in flight finish,
 calls the client sent after the GOAWAY go to another server, and each connection closes when its
@@ -22,7 +22,6 @@ from ringserve.service.engine.requests import Group
 from ringserve.service.engine.tenants import Tenant
 from ringserve.service.protocols import handover
 from ringserve.service.protocols.auth import DENIED
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.rpc import http2 as h2
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.rpc.health import Health, end_ok, keep_one
@@ -30,6 +29,7 @@ from ringserve.service.protocols.rpc.http2 import Connection, Stream
 from ringserve.service.protocols.rpc.http2.grpc import STREAM_WINDOW
 from ringserve.service.protocols.rpc.limits import ConnectionLimits
 from ringserve.service.protocols.rpc.servicer import RateLimited, Servicer
+from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 
 SERVICE = "inference.GRPCInferenceService"
@@ -252,17 +252,17 @@ class GrpcPort:
             tenant = stream.tenant if isinstance(stream.tenant, Tenant) else None
             try:
                 if len(data) > max_body:
-                    raise HttpError(413, f"request message over {max_body} bytes (--max-body)")
+                    raise RequestError(413, f"request message over {max_body} bytes (--max-body)")
                 try:
                     request = message.FromString(data)
                 except Exception:  # noqa: BLE001 - protobuf's DecodeError and its kin
-                    raise HttpError(400, "request is not a valid protobuf message") from None
+                    raise RequestError(400, "request is not a valid protobuf message") from None
                 if starts:
                     fn(request, stream, tenant, Answer(self, stream, tenant))
                     return
                 task = asyncio.ensure_future(fn(request, stream, tenant))
                 task.add_done_callback(lambda t: self.task_done(t, stream, tenant))
-            except Exception as exc:  # noqa: BLE001 - HttpError, or a bug: answered either way
+            except Exception as exc:  # noqa: BLE001 - RequestError, or a bug: answered either way
                 self.refuse(stream, exc, tenant)
 
         return call
@@ -281,7 +281,7 @@ class GrpcPort:
             wait = str(exc.retry_after_s)
             trailers = (("retry-after", wait), ("grpc-retry-pushback-ms", wait + "000"))
             stream.finish(h2.RESOURCE_EXHAUSTED, "over the key's rate", trailers)
-        elif isinstance(exc, HttpError):
+        elif isinstance(exc, RequestError):
             code = exc.status
             extra = RETRY_TRAILERS if code == 503 else ()
             stream.finish(CODES.get(code, h2.INTERNAL), exc.message, extra)

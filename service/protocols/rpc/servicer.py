@@ -1,7 +1,8 @@
 """The KServe v2 methods of the gRPC port, as coroutines on the front-end's loop: health and
 metadata, and ModelInfer through the one admission, deadline and queue the other protocols use
-(a ModelInfer is one dispatcher group, as a KServe HTTP infer is). Errors are raised as the
-HTTP statuses of protocols/kserve.py's checks; rpc/server.py maps them to gRPC codes once.
+(a ModelInfer is one dispatcher group, as a KServe HTTP infer is). Errors are raised as
+RequestError (service/request/errors.py), with the statuses every transport's table maps from;
+rpc/server.py maps them to gRPC codes once.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from ringserve.service.engine.admission import failure, first_failure
 from ringserve.service.engine.dispatcher import Result
 from ringserve.service.engine.requests import Group
 from ringserve.service.engine.tenants import PRIORITY_NAMES, Tenant
+from ringserve.service.kserve import documents
+from ringserve.service.kserve.reading import InferJob
 from ringserve.service.models.modelset import READY
-from ringserve.service.protocols import kserve
-from ringserve.service.protocols.http import HttpError
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
 from ringserve.service.protocols.rpc.triton import TritonMethods
+from ringserve.service.request.errors import RequestError
 from ringserve.service.version import version
 from ringserve.service.views import FrontView
 
@@ -76,13 +78,13 @@ class Servicer(TritonMethods):
         self, req: Any, context: Any, tenant: Tenant | None = None
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
-            name="ringserve", version=version(), extensions=kserve.EXTENSIONS
+            name="ringserve", version=version(), extensions=documents.EXTENSIONS
         )
 
     async def model_metadata(
         self, req: pb.ModelMetadataRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.ModelMetadataResponse:
-        doc = kserve.metadata_doc(self.host, infer.check_model(self.host, req.name, req.version))
+        doc = documents.metadata_doc(self.host, infer.check_model(self.host, req.name, req.version))
         rsp = pb.ModelMetadataResponse(
             name=doc["name"], versions=doc["versions"], platform=doc["platform"]
         )
@@ -92,12 +94,12 @@ class Servicer(TritonMethods):
             rsp.outputs.add(name=spec["name"], datatype=spec["datatype"], shape=spec["shape"])
         return rsp
 
-    # -- the repository extension (protocols/kserve.py's repository_of, as HTTP) ---------------
+    # -- the repository extension (kserve/documents.py's repository_of, as HTTP) ---------------
     async def repository_index(
         self, req: pb.RepositoryIndexRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.RepositoryIndexResponse:
         rsp = pb.RepositoryIndexResponse()
-        for row in kserve.repository_of(self.host).index():
+        for row in documents.repository_of(self.host).index():
             if req.ready and row.get("state") != READY:
                 continue
             rsp.models.add(
@@ -115,25 +117,25 @@ class Servicer(TritonMethods):
         `file:` overrides are not taken."""
         params = req.parameters
         if "config" in params or any(k.startswith("file:") for k in params):
-            raise HttpError(400, "load parameters config and file: are not supported")
+            raise RequestError(400, "load parameters config and file: are not supported")
         version: str | None = None
         if "version" in params:
             p = params["version"]
             kind = p.WhichOneof("parameter_choice")
             if kind not in ("string_param", "int64_param"):
-                raise HttpError(400, "parameters.version must be a string or an integer")
+                raise RequestError(400, "parameters.version must be a string or an integer")
             version = str(getattr(p, kind))
-        failed = await kserve.repository_of(self.host).load(req.model_name, version)
+        failed = await documents.repository_of(self.host).load(req.model_name, version)
         if failed is not None:
-            raise HttpError(*failed)
+            raise RequestError(*failed)
         return pb.RepositoryModelLoadResponse()
 
     async def repository_unload(
         self, req: pb.RepositoryModelUnloadRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.RepositoryModelUnloadResponse:
-        failed = await kserve.repository_of(self.host).unload(req.model_name)
+        failed = await documents.repository_of(self.host).unload(req.model_name)
         if failed is not None:
-            raise HttpError(*failed)
+            raise RequestError(*failed)
         return pb.RepositoryModelUnloadResponse()
 
     def model_infer(
@@ -158,19 +160,19 @@ class Servicer(TritonMethods):
                 if tenant is not None:
                     trace.root.set_attribute("ringserve.tenant", tenant.name)
             self.submit(job, tenant, trace, reply)
-        except (RateLimited, HttpError) as exc:
+        except (RateLimited, RequestError) as exc:
             self.refused(exc, trace, reply)
         except Exception as exc:  # noqa: BLE001 - a bug: the waiting thread answers it (UNKNOWN)
             reply.fail(exc)
 
-    def submit(self, job: infer.InferJob, tenant: Tenant | None, trace: Any, reply: Reply) -> None:
+    def submit(self, job: InferJob, tenant: Tenant | None, trace: Any, reply: Reply) -> None:
         def done(results: list[Result]) -> None:
             failed = first_failure(results)
             try:
                 if failed is not None:
-                    raise HttpError(*failure(failed))
+                    raise RequestError(*failure(failed))
                 answer = infer.answer(job, results)
-            except HttpError as exc:
+            except RequestError as exc:
                 self.refused(exc, trace, reply)
                 return
             except Exception as exc:  # noqa: BLE001 - as in model_infer
@@ -188,11 +190,11 @@ class Servicer(TritonMethods):
             return
         if refusal.code == 429:
             raise RateLimited(refusal.retry_after_s)
-        raise HttpError(refusal.code, refusal.message)
+        raise RequestError(refusal.code, refusal.message)
 
-    def refused(self, exc: RateLimited | HttpError, trace: Any, reply: Reply) -> None:
+    def refused(self, exc: RateLimited | RequestError, trace: Any, reply: Reply) -> None:
         if trace is not None:
-            trace.written(exc.status if isinstance(exc, HttpError) else 429, time.monotonic_ns())
+            trace.written(exc.status if isinstance(exc, RequestError) else 429, time.monotonic_ns())
         reply.fail(exc)
 
     def start_trace(self, context: Context, received: int) -> Any:
@@ -219,7 +221,7 @@ class Servicer(TritonMethods):
             left = None
         if left is not None:
             if left <= 0:
-                raise HttpError(504, "request deadline passed")
+                raise RequestError(504, "request deadline passed")
             return now + int(left * 1e9)
         if timeout_us is not None:
             return now + timeout_us * 1000

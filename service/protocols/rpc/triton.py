@@ -1,22 +1,22 @@
 """Triton's extensions of the gRPC service: ModelConfig, ModelStatistics and the system
-shared-memory calls, answered from what the HTTP routes answer (protocols/kserve.py and
-protocols/shm_regions.py), so both protocols say the same."""
+shared-memory calls, answered from the documents and the region registry HTTP answers from
+(service/kserve/documents.py and regions.py), so both protocols say the same."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ringserve.service.engine.tenants import Tenant
-from ringserve.service.protocols import kserve
-from ringserve.service.protocols.http import HttpError
+from ringserve.service.kserve import documents
+from ringserve.service.kserve.regions import NO_CUDA, REGIONS
 from ringserve.service.protocols.rpc import infer
 from ringserve.service.protocols.rpc import kserve_pb2 as pb
-from ringserve.service.protocols.shm_regions import NO_CUDA, REGIONS
+from ringserve.service.request.errors import RequestError
 from ringserve.service.views import FrontView
 
 
 def config_message(doc: dict[str, Any]) -> pb.ModelConfig:
-    """kserve.config_doc's configuration as the protobuf message."""
+    """documents.config_doc's configuration as the protobuf message."""
     config = pb.ModelConfig(
         name=doc["name"],
         platform=doc["platform"],
@@ -68,13 +68,13 @@ class TritonMethods:
         self, req: pb.ModelConfigRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.ModelConfigResponse:
         info = infer.check_model(self.host, req.name, req.version)
-        return pb.ModelConfigResponse(config=config_message(kserve.config_doc(self.host, info)))
+        return pb.ModelConfigResponse(config=config_message(documents.config_doc(self.host, info)))
 
     async def model_statistics(
         self, req: pb.ModelStatisticsRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.ModelStatisticsResponse:
         """All models (no name), a name's versions, or one version."""
-        doc = kserve.stats_doc(self.host, req.name or None, req.version or None)
+        doc = documents.stats_doc(self.host, req.name or None, req.version or None)
         return statistics_message(doc)
 
     async def shm_status(
@@ -107,13 +107,13 @@ class TritonMethods:
         self, req: pb.CudaSharedMemoryStatusRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.CudaSharedMemoryStatusResponse:
         if req.name:
-            raise HttpError(400, f"no CUDA shared-memory region {req.name!r} is registered")
+            raise RequestError(400, f"no CUDA shared-memory region {req.name!r} is registered")
         return pb.CudaSharedMemoryStatusResponse()
 
     async def cuda_register(
         self, req: pb.CudaSharedMemoryRegisterRequest, context: Any, tenant: Tenant | None = None
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        raise HttpError(400, NO_CUDA)
+        raise RequestError(400, NO_CUDA)
 
     async def cuda_unregister(
         self, req: pb.CudaSharedMemoryUnregisterRequest, context: Any, tenant: Tenant | None = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from msgspec import Meta
+from ringserve.service.kserve.bodies import Infer
 from ringserve.service.protocols.schemas import (
     Text,
     UnsetType,
@@ -42,7 +43,7 @@ class Bodies:
     embed_all: type[tei.EmbedAll]
     embed_sparse: type[sparse.EmbedSparse]
     sparse_embeddings: type[sparse.SparseEmbeddings]
-    infer: type[kserve.Infer] = kserve.Infer
+    infer: type[Infer] = Infer
     repository_index: type[kserve.RepositoryIndex] = kserve.RepositoryIndex
     repository_load: type[kserve.RepositoryLoad] = kserve.RepositoryLoad
     repository_unload: type[kserve.RepositoryUnload] = kserve.RepositoryUnload

@@ -4,7 +4,7 @@ whitespace only. HTTP's JSON, KServe's tensors and binary frames all call it; th
 
 from __future__ import annotations
 
-from ringserve.service.protocols.http import HttpError
+from ringserve.service.request.errors import RequestError
 
 
 def checked(value: object) -> tuple[bytes, str]:
@@ -29,5 +29,5 @@ def require(value: object, where: str) -> bytes:
     """The text as UTF-8 bytes, or a 400 naming `where`."""
     payload, problem = checked(value)
     if problem:
-        raise HttpError(400, f"{where} {problem}")
+        raise RequestError(400, f"{where} {problem}")
     return payload

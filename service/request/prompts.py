@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ringserve.service.protocols.endpoint import Rule
-from ringserve.service.protocols.http import HttpError
+from ringserve.service.request.errors import RequestError, Rule
 from ringserve.workers.artifact import Manifest
 
 UNKNOWN = Rule("prompt_name {name} is not one of this model's prompts: {known}")
@@ -38,7 +37,7 @@ def prompt_bytes(manifest: Manifest, name: Any = None) -> bytes:
             return b""
     if not isinstance(name, str) or name not in prompts:
         known = ", ".join(sorted(prompts)) or "none"
-        raise HttpError(400, UNKNOWN.say(name=repr(name), known=known))
+        raise RequestError(400, UNKNOWN.say(name=repr(name), known=known))
     return prompts[name].encode("utf-8")
 
 

@@ -1,0 +1,1 @@
+"""KServe v2 / Open Inference Protocol semantics that neither transport owns."""
