@@ -83,14 +83,15 @@ class AnswerCache:
     def generation(self, model: int) -> int:
         return self.generations.get(model, 0)
 
-    def put(self, key: Key, result: Result, generation: int) -> None:
+    def put(self, key: Key, result: Result, generation: int) -> Entry | None:
         """Keep a text's successful answer, unless its model was dropped since it was asked
-        (`generation`), or it alone would pass the bound; evicts the least recently used."""
+        (`generation`), or it alone would pass the bound; evicts the least recently used. The
+        entry kept, or None."""
         if result.scores is None or self.generations.get(key[1], 0) != generation:
-            return
+            return None
         size = ENTRY_OVERHEAD + len(key[3]) + 4 * len(result.scores)
         if size > self.capacity:
-            return
+            return None
         old = self.entries.pop(key, None)
         if old is not None:
             self.bytes -= old.size
@@ -99,9 +100,10 @@ class AnswerCache:
             result.status, result.label_id, np.array(result.scores, dtype=np.float32),
             flags=result.flags, tokens=result.tokens, windows=result.windows,
         )  # fmt: skip
-        self.entries[key] = Entry(kept, size)
+        entry = self.entries[key] = Entry(kept, size)
         self.bytes += size
         self.evict()
+        return entry
 
     def write(self, key: Key, entry: Entry, form: Hashable, fragment: bytes) -> None:
         """Keep `fragment`, the JSON `entry`'s vector is written as in `form` (what it depends

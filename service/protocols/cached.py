@@ -69,8 +69,7 @@ def submit_embed(
 
     def merged(results: list[Result]) -> None:
         for i, r in zip(missing, results, strict=True):
-            cache.put(keys[i], r, generation)
-            found[i] = cache.entries.get(keys[i]) or Entry(r, 0)  # kept, or too late to keep
+            found[i] = cache.put(keys[i], r, generation) or Entry(r, 0)  # not kept: its own
         reply(conn, ex, write(cache, keys, found, answer))  # type: ignore[arg-type]
 
     ask.payloads = [ask.payloads[i] for i in missing]
