@@ -16,7 +16,10 @@ usage counts them, are printed. Each request is sent at most once (closed loop o
 over a stream longer than any draw). The two servers run one after the other, in turns
 (`--rounds` of each, the order swapped each round, so a drift in the machine's load cancels),
 on the same cores; the ratio is of their medians. Each server's memory (front-end RSS) and its
-cache figures from /metrics are shown.
+cache figures from /metrics are shown, and the CPU a served text cost (the server's processes
+and this load generator): `cpu_ratio`, the uncached server's over the cached one's, is what the
+ratio would be with the two cores all theirs, and moves far less than texts/s with the load
+other work puts on a shared machine.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import re
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +81,12 @@ def fresh_tokens(port: int, reqs: list[bytes], n: int = 500) -> float:
     return send_once(port, texts) / n
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of the server's processes (front-end and workers) so far."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
 def scrape(port: int) -> dict[str, float]:
     _, _, data = http_request(port, "GET", "/metrics")
     found = re.findall(r"^(ringserve_cache_\w+) (\S+)$", data.decode(), re.M)
@@ -88,7 +98,9 @@ def draw(work: Path, cache_bytes: int, hot: list[str], reqs: list[bytes], args: 
     try:
         srv.wait_ready(None, 300)
         hot_tokens = send_once(srv.port, hot) / len(hot)
+        cpu = tree_cpu(srv.pid) + time.process_time()
         r = asyncio.run(run_load(srv.port, reqs, args.c, args.seconds, warmup_s=0))
+        cpu = tree_cpu(srv.pid) + time.process_time() - cpu
         assert not r.failed, r.codes
         cache = scrape(srv.port)
         rss = psutil.Process(srv.pid).memory_info().rss
@@ -98,7 +110,7 @@ def draw(work: Path, cache_bytes: int, hot: list[str], reqs: list[bytes], args: 
     return {"cache_bytes": cache_bytes, "texts_per_s": round(r.rps, 1),
             "p50_ms": round(r.pct(50), 1), "p99_ms": round(r.pct(99), 1),
             "front_end_rss_mib": round(rss / 2**20, 1), "cache": cache,
-            "tokens_a_text": tokens}  # fmt: skip
+            "tokens_a_text": tokens, "cpu_ms_a_text": round(1e3 * cpu / r.ok, 3)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,15 +128,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
         for mix, path in mixes:
             hot, reqs = stream(load_texts(path), args.repeats == "numbered")
-            runs: dict[str, list[float]] = {"off": [], "on": []}
+            runs: dict[str, list[float]] = {"off": [], "on": [], "cpu_off": [], "cpu_on": []}
             for r in range(args.rounds):
                 turns = [("off", 0), ("on", args.cache_bytes)]
                 for name, size in turns if r % 2 == 0 else turns[::-1]:  # drift cancels
                     row = draw(Path(tmp), size, hot, reqs, args)
                     print(json.dumps({"mix": mix, "c": args.c, **row}), flush=True)
                     runs[name].append(row["texts_per_s"])
+                    runs[f"cpu_{name}"].append(row["cpu_ms_a_text"])
             off, on = statistics.median(runs["off"]), statistics.median(runs["on"])
-            summary[mix] = {"uncached": off, "cached": on, "ratio": round(on / off, 3)}
+            cpu = statistics.median(runs["cpu_off"]) / statistics.median(runs["cpu_on"])
+            summary[mix] = {"uncached": off, "cached": on, "ratio": round(on / off, 3),
+                            "cpu_ratio": round(cpu, 3)}  # fmt: skip
     print(json.dumps({"repeat_rate": 0.5, "c": args.c, "repeats": args.repeats,
                       "texts_per_s": summary}))  # fmt: skip
     return 0
