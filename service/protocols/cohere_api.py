@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
-from ringserve.service.protocols import compact, tasks
+from ringserve.service.protocols import cached, compact, tasks
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Router, task_route
 from ringserve.service.protocols.schemas import decode
@@ -83,7 +83,7 @@ def cohere_embed(
         )
         return msgspec.json.encode(answer)
 
-    tasks.submit_embed(server, info, conn, ex, payloads, answer)
+    cached.submit_embed(server, info, conn, ex, payloads, answer)
 
 
 def cohere_rerank_v2(

@@ -16,7 +16,6 @@ from typing import Any
 import msgspec
 import numpy as np
 import orjson
-from ringserve.service.engine.admission import STATUS_MESSAGE
 from ringserve.service.engine.requests import Ask, Result
 from ringserve.service.models.info import ModelInfo
 from ringserve.service.protocols import (
@@ -27,6 +26,7 @@ from ringserve.service.protocols import (
     vocab,
 )
 from ringserve.service.protocols.admit import latency_header
+from ringserve.service.protocols.cached import Written, submit_embed
 from ringserve.service.protocols.http import Exchange, HttpProtocol
 from ringserve.service.protocols.routes import Router, task_route
 from ringserve.service.protocols.schemas import UNSET, Truncation, decode
@@ -43,7 +43,6 @@ from ringserve.service.protocols.vocab import text_of_ids
 from ringserve.service.request import prompts
 from ringserve.service.request.errors import RequestError, Rule
 from ringserve.service.request.lookup import needs_task, request_model
-from ringserve.service.request.options import asked_priority
 from ringserve.service.request.vectors import vectors
 from ringserve.service.views import FrontView
 from ringserve.shm import layout as L
@@ -72,49 +71,6 @@ def submit_texts(
 def reply(conn: HttpProtocol, ex: Exchange, doc: Any) -> None:
     body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
     conn.respond(ex, 200, body, extra=[latency_header(conn, ex)])
-
-
-def submit_embed(
-    server: FrontView,
-    info: ModelInfo,
-    conn: HttpProtocol,
-    ex: Exchange,
-    ask: Ask,
-    answer: Callable[[list[Result]], Any],
-) -> None:
-    """submit_texts for embeddings, through the answer cache (service/engine/cache.py): the
-    texts answered before are answered from it, one lookup each; only the rest are admitted
-    (none: the answer is written at once), and their answers are kept for next time."""
-    cache = server.cache
-    if not cache.capacity or not isinstance(ask.options, int):
-        submit_texts(server, conn, ex, ask, answer)
-        return
-    # the headers are read (and a bad one refused) as admission reads them, hit or not
-    ask.deadline = admit.deadline_ns(ex, server.admission.timeout_s)
-    ask.priority = asked_priority(ex.headers.get(b"x-priority"), "X-Priority")
-    fingerprint, model = info.manifest.fingerprint, info.index
-    keys = [(fingerprint, model, ask.options, p) for p in ask.payloads]
-    found = [cache.get(k) for k in keys]
-    missing = [i for i, r in enumerate(found) if r is None]
-    if not missing:
-        ex.model = server.admission.dispatcher.names.get(model, "")  # counted under it
-        if ask.deadline <= conn.clock():  # as the queue's expiry would answer it
-            conn.respond_error(
-                ex, 504, STATUS_MESSAGE[L.STATUS_DEADLINE], [latency_header(conn, ex)]
-            )
-            return
-        reply(conn, ex, answer(found))  # type: ignore[arg-type]
-        return
-    generation = cache.generation(model)
-
-    def merged(results: list[Result]) -> Any:
-        for i, r in zip(missing, results, strict=True):
-            found[i] = r
-            cache.put(keys[i], r, generation)
-        return answer(found)  # type: ignore[arg-type]
-
-    ask.payloads = [ask.payloads[i] for i in missing]
-    submit_texts(server, conn, ex, ask, merged)
 
 
 # -- embeddings ----------------------------------------------------------------------------------
@@ -148,24 +104,37 @@ def openai_embeddings(
     fmt = body.encoding_format
     keep = 0 if body.dimensions is None else within_dimension(body.dimensions, info)
     ranges = compact.check(info, [fmt], bool(keep))
-    name = info.name
     # A cut vector is renormalized (OpenAI's `dimensions`); a whole one as the model does.
-    normalize = info.manifest.normalize or bool(keep)
+    written = openai_written(info.name, fmt, ranges, info.manifest.normalize or bool(keep), keep)
+    if body.late_chunking:
+        late(server, info, conn, ex, [t.decode() for t in texts], body.prompt_name, written)
+    else:
+        submit_embed(server, info, conn, ex, ask(body, texts, "embed", info), written)
 
-    def answer(results: list[Result]) -> bytes:
-        rows = encoded(vectors(results, normalize, keep), fmt, ranges)
+
+def openai_written(
+    name: str, fmt: str, ranges: np.ndarray | None, normalize: bool, keep: int
+) -> Written:
+    """OpenAI's answer: a row an embedding object's vector, in `fmt`, then the list around."""
+
+    def rows(results: list[Result]) -> list[bytes]:
+        return encoded(vectors(results, normalize, keep), fmt, ranges)
+
+    model = json.dumps(name).encode()
+
+    def whole(rows: list[bytes], tokens: int) -> bytes:
         data = b",".join(
             b'{"object":"embedding","index":%d,"embedding":%s}' % (i, v) for i, v in enumerate(rows)
         )
-        tokens = sum(r.tokens for r in results)
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        tail = f'"model":{json.dumps(name)},"usage":{json.dumps(usage)}}}'.encode()
-        return b'{"object":"list","data":[%s],%s' % (data, tail)
+        return b'{"object":"list","data":[%s],"model":%s,"usage":%s}' % (data, model, usage(tokens))
 
-    if body.late_chunking:
-        late(server, info, conn, ex, [t.decode() for t in texts], body.prompt_name, answer)
-    else:
-        submit_embed(server, info, conn, ex, ask(body, texts, "embed", info), answer)
+    return Written(("openai", fmt, normalize, keep), rows, whole)
+
+
+def usage(tokens: int) -> bytes:
+    """OpenAI's `usage` as json.dumps wrote it before the rows were kept (a space after each
+    separator), so that an answer's bytes did not change with the cache."""
+    return b'{"prompt_tokens": %d, "total_tokens": %d}' % (tokens, tokens)
 
 
 def late(
@@ -256,17 +225,23 @@ def tei_embed(server: FrontView, conn: HttpProtocol, ex: Exchange, params: dict[
         texts = prompts.with_prompt(info.manifest, body.prompt_name, [t.encode() for t in inputs])
     normalize, fmt = body.normalize, body.encoding_format
     ranges = compact.check(info, [fmt], False, normalize)
+    written = tei_written(fmt, ranges, normalize)
+    if body.late_chunking:
+        late(server, info, conn, ex, inputs, body.prompt_name, written)
+    else:
+        submit_embed(server, info, conn, ex, ask(body, texts, "embed", info), written)
 
-    def answer(results: list[Result]) -> bytes:
+
+def tei_written(fmt: str, ranges: np.ndarray | None, normalize: bool) -> Written:
+    """TEI's answer: the [N, D] matrix, a row a text."""
+
+    def rows(results: list[Result]) -> list[bytes]:
         vecs = vectors(results, normalize)
         if fmt in compact.COMPACT:
-            return orjson.dumps(compact.quantize(vecs, fmt, ranges), option=_NUMPY)
-        return float_json(vecs)  # the [N, D] matrix in one call
+            return [orjson.dumps(v, option=_NUMPY) for v in compact.quantize(vecs, fmt, ranges)]
+        return [float_json(v) for v in vecs]
 
-    if body.late_chunking:
-        late(server, info, conn, ex, inputs, body.prompt_name, answer)
-    else:
-        submit_embed(server, info, conn, ex, ask(body, texts, "embed", info), answer)
+    return Written(("tei", fmt, normalize), rows, lambda rows, _: b"[%s]" % b",".join(rows))
 
 
 # -- rerank --------------------------------------------------------------------------------------

@@ -181,3 +181,45 @@ def test_a_text_seen_before_is_answered_from_the_cache_and_a_reload_drops_it(
     misses = metric(srv, "ringserve_cache_misses_total")
     after = srv.request("POST", "/v1/embeddings", body)[2]
     assert after == first and metric(srv, "ringserve_cache_misses_total") == misses + 2
+
+
+FORMS = [
+    ("/v1/embeddings", {}),
+    ("/v1/embeddings", {"encoding_format": "base64"}),
+    ("/v1/embeddings", {"encoding_format": "int8"}),
+    ("/v1/embeddings", {"dimensions": 8}),
+    ("/embed", {}),
+    ("/embed", {"normalize": False}),
+    ("/embed", {"encoding_format": "ubinary"}),
+    ("/v2/embed", {"embedding_types": ["float", "binary"]}),
+]
+
+
+def rows_of(path: str, doc: Any) -> list[Any]:
+    if path == "/embed":
+        return list(doc)
+    if path == "/v2/embed":
+        return [list(pair) for pair in zip(*doc["embeddings"].values(), strict=True)]
+    return [d["embedding"] for d in doc["data"]]
+
+
+def test_a_hit_is_written_as_its_first_answer_in_every_form(srv: ServerProc) -> None:
+    """The cache keeps each route's JSON row of a text (service/protocols/cached.py): asked
+    again, alone or among other texts in another order, every form answers the same bytes."""
+    texts = [f"kept in every form {i}: {NEWS[10 + i]}" for i in range(3)]
+    for path, extra in FORMS:
+        field = "texts" if path == "/v2/embed" else "inputs" if path == "/embed" else "input"
+        hits = metric(srv, "ringserve_cache_hits_total")
+        first = srv.request("POST", path, {field: texts, **extra})[2]
+        again = srv.request("POST", path, {field: texts, **extra})[2]
+        rows = rows_of(path, json.loads(first))
+        if path == "/v2/embed":  # its `id` is new each answer
+            first, again = (
+                json.dumps(json.loads(d)["embeddings"]).encode() for d in (first, again)
+            )
+        assert again == first, (path, extra)
+        shuffled = [f"new to {path} {extra}", texts[2], texts[0]]
+        status, doc = post(srv, path, {field: shuffled, **extra})
+        assert status == 200, doc
+        assert rows_of(path, doc)[1:] == [rows[2], rows[0]], (path, extra)
+        assert metric(srv, "ringserve_cache_hits_total") >= hits + 5
