@@ -150,6 +150,13 @@ def test_the_serving_image_is_small_and_has_no_torch(serve_image: str) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert export.returncode == 2 and "ringserve[full]" in export.stderr, export.stderr
+    torch_runtime = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", serve_image, "--runtime", "torch"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    said = torch_runtime.stderr.strip().splitlines()[-1:]
+    print(f"--runtime torch: exit {torch_runtime.returncode}, {said}")
+    assert torch_runtime.returncode != 0 and "ringserve[full]" in torch_runtime.stderr, said
 
 
 def test_the_serving_image_is_ready_in_5_s_as_a_user_and_stops_on_sigterm(

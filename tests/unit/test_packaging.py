@@ -85,6 +85,16 @@ def test_without_torch_the_commands_that_need_it_say_so(
         assert cli.main([command, "--help"]) == 2
         said = capsys.readouterr().err
         assert f"ringserve {command}: needs torch" in said and "ringserve[full]" in said, said
+    from ringserve.service.models.info import torch_refusal
+
+    assert torch_refusal("onnx") is None and torch_refusal("openvino") is None
+    assert "ringserve[full]" in (torch_refusal("torch") or "")
     with pytest.raises(ArtifactError, match=r"needs torch.*ringserve\[full\].*--model DIR"):
         build._build_default(tmp_path / "default")
     assert not (tmp_path / "default").exists()
+
+
+def test_with_torch_every_runtime_may_serve() -> None:
+    from ringserve.service.models.info import torch_refusal
+
+    assert all(torch_refusal(r) is None for r in ("torch", "onnx", "openvino"))
