@@ -134,6 +134,12 @@ def test_the_serving_image_is_small_and_has_no_torch(serve_image: str) -> None:
     found = docker("run", "--rm", "--network", "none", "--entrypoint", "python", serve_image,
                    "-c", probe).split()  # fmt: skip
     assert found[0] == "None", found
+    # the artifact is root's: the server (10001) reads it and cannot change it
+    owners = docker(
+        "run", "--rm", "--network", "none", "--entrypoint", "stat", serve_image,
+        "-c", "%u %a", "/opt/ringserve/model", "/opt/ringserve/model/model.onnx",
+    )  # fmt: skip
+    assert owners.split() == ["0", "755", "0", "644"], owners
     # what was trimmed from OpenVINO (GPU, NPU, other frontends) leaves its CPU device whole
     compile_ = (
         "import openvino as ov; c = ov.Core(); "
