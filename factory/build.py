@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -505,6 +506,11 @@ def _default_target(cache_dir: str | os.PathLike[str] | None) -> Path:
 
 
 def _build_default(target: Path) -> None:
+    if importlib.util.find_spec("torch") is None:
+        raise ArtifactError(
+            "building the default model needs torch, which this install lacks: "
+            "`pip install 'ringserve[full]'` adds it, or serve a built artifact with --model DIR"
+        )
     head_state, head_info = read_head(DEFAULT_HEAD)
     extra = {
         "encoder": DEFAULT_ENCODER_NAME,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -161,6 +162,20 @@ def ctl_main(argv: list[str]) -> int:
     return 0 if reply.get("ok") else 1
 
 
+# Commands that build or read TorchScript: an install without the `full` extra (the CPU serving
+# image's) lacks torch, and says so in one sentence rather than a traceback.
+TORCH_COMMANDS = ("export", "train", "evaluate")
+
+
+def torch_missing(command: str) -> str | None:
+    if command not in TORCH_COMMANDS or importlib.util.find_spec("torch") is not None:
+        return None
+    return (
+        f"ringserve {command}: needs torch, which this install lacks (a serving-only install, "
+        "such as the CPU serving image): `pip install 'ringserve[full]'` adds it"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -178,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         return ctl_main(rest)
     if command == "config":
         return config_main(rest)
+    missing = torch_missing(command)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     if command == "export":
         from ringserve.factory import export
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make image`: build deploy/container/Containerfile into IMAGE (default ringserve:latest).
+# `make image`: build deploy/container/Containerfile into IMAGE (default ringserve:latest): its
+#   serving target (no torch), or TARGET=full (torch, export, the CUDA path) into IMAGE.
 #   BASE unset: a Debian bookworm base made here by debootstrap and `docker import`d once as
-#   ringserve-base:bookworm (no image registry needed); BASE=python:3.11-slim where one is reached.
+#   ringserve-base:bookworm-slim (no image registry needed); BASE=python:3.11-slim where one is reached.
 # The torch CPU wheel from pip's configured find-links directory, if any, goes into the build
 # context (build/wheels/), so the image never takes a CUDA build. Needs root here: it installs
 # docker.io and debootstrap with apt-get when they are missing and starts dockerd when no daemon
@@ -35,12 +36,22 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 if [ -z "$BASE" ]; then
-    BASE=ringserve-base:bookworm
+    BASE=ringserve-base:bookworm-slim
     if ! docker image inspect "$BASE" >/dev/null 2>&1; then
         need debootstrap debootstrap
         root=$(mktemp -d /var/tmp/ringserve-base.XXXXXX)
         log "debootstrap --variant=minbase bookworm $root"
         debootstrap --variant=minbase bookworm "$root" >/dev/null
+        # apt's package lists and caches (about 85 MB), and the docs, man pages and translations
+        # (about 50 MB), which no server reads; dpkg leaves the latter out of later installs too,
+        # as the official slim images do.
+        rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin \
+            "$root"/var/cache/apt/archives/*.deb "$root"/usr/share/man/* "$root"/usr/share/info/* \
+            "$root"/usr/share/locale/*
+        find "$root"/usr/share/doc -type f ! -name copyright -delete
+        printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \
+            'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' \
+            'path-exclude /usr/share/locale/*' >"$root"/etc/dpkg/dpkg.cfg.d/ringserve-slim
         tar -C "$root" -c . | docker import - "$BASE" >/dev/null
         rm -rf "$root"
     fi
@@ -61,7 +72,9 @@ for dir in $(pip_setting find-links); do
     done
 done
 
-log "docker build --network host --build-arg BASE=$BASE -t $IMAGE"
+TARGET=${TARGET:-serve}
+log "docker build --network host --build-arg BASE=$BASE --target $TARGET -t $IMAGE"
 start=$(date +%s)
-docker build --network host --build-arg "BASE=$BASE" -f deploy/container/Containerfile -t "$IMAGE" .
+docker build --network host --build-arg "BASE=$BASE" --target "$TARGET" \
+    -f deploy/container/Containerfile -t "$IMAGE" .
 log "built $IMAGE in $(( $(date +%s) - start )) s, $(docker image inspect -f '{{.Size}}' "$IMAGE") bytes"

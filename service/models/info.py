@@ -7,6 +7,7 @@ model directory holds (an artifact, or numbered versions) and a repository's sca
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -400,6 +401,9 @@ def pick_runtime(settings: Config, manifest: Manifest, on_gpu: bool, log: EventL
         raise SystemExit(f"ringserve: {exc}") from None  # a load catches it (repository.py)
     if note:
         log.warning("runtime_fallback", runtime=runtime, reason=note)
+    refusal = torch_refusal(runtime)
+    if refusal:
+        raise SystemExit(f"ringserve: {refusal}")
     if s.precision == "int8" and not on_gpu:
         log.warning("int8_cost", **manifest.int8)
         print(int8_note(manifest.int8), file=sys.stderr)
@@ -411,6 +415,19 @@ def pick_runtime(settings: Config, manifest: Manifest, on_gpu: bool, log: EventL
         said = bf16_note(s.precision, manifest.bf16)
         print(f"ringserve: serving {s.precision} on OpenVINO{said}", file=sys.stderr)
     return runtime
+
+
+def torch_refusal(runtime: str) -> str | None:
+    """Why `runtime` cannot serve in this install: TorchScript (--runtime torch, any GPU, an
+    artifact without ONNX graphs) needs torch, which a serving-only install (the CPU serving
+    image's) lacks; said at start rather than by each worker's traceback."""
+    if runtime != "torch" or importlib.util.find_spec("torch") is not None:
+        return None
+    return (
+        "this model would serve on TorchScript (--runtime torch, a GPU, or an artifact without "
+        "ONNX graphs), which needs torch, and this install lacks it: "
+        "`pip install 'ringserve[full]'` adds it (or the full container image)"
+    )
 
 
 def bf16_note(precision: str, cost: dict[str, Any]) -> str:

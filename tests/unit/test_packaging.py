@@ -4,8 +4,12 @@ install and the tests still find it."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,3 +54,47 @@ def test_version_is_the_installed_packages() -> None:
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     assert run.stdout == f"ringserve {metadata.version('ringserve')}\n"
+
+
+def test_torch_is_the_full_extra_not_a_core_dependency() -> None:
+    """`pip install .` (the CPU serving image's install) serves built artifacts without torch;
+    building them is the `full` extra's (make install takes it)."""
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=\[ ]", dep, maxsplit=1)[0] for dep in conf["dependencies"]}
+    assert not names & {"torch", "onnx", "safetensors"}, names
+    assert {"onnxruntime", "openvino", "tokenizers"} <= names
+    full = {
+        re.split(r"[<>=\[ ]", dep, maxsplit=1)[0] for dep in conf["optional-dependencies"]["full"]
+    }
+    assert full == {"torch", "onnx", "safetensors"}
+    assert ".[full]" in (ROOT / "Makefile").read_text()
+
+
+def test_without_torch_the_commands_that_need_it_say_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from ringserve.factory import build
+    from ringserve.service import cli
+    from ringserve.workers.artifact import ArtifactError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    for command in ("export", "train", "evaluate"):
+        assert cli.main([command, "--help"]) == 2
+        said = capsys.readouterr().err
+        assert f"ringserve {command}: needs torch" in said and "ringserve[full]" in said, said
+    from ringserve.service.models.info import torch_refusal
+
+    assert torch_refusal("onnx") is None and torch_refusal("openvino") is None
+    assert "ringserve[full]" in (torch_refusal("torch") or "")
+    with pytest.raises(ArtifactError, match=r"needs torch.*ringserve\[full\].*--model DIR"):
+        build._build_default(tmp_path / "default")
+    assert not (tmp_path / "default").exists()
+
+
+def test_with_torch_every_runtime_may_serve() -> None:
+    from ringserve.service.models.info import torch_refusal
+
+    assert all(torch_refusal(r) is None for r in ("torch", "onnx", "openvino"))
