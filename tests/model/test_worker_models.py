@@ -305,6 +305,24 @@ def threads_on(pid: int) -> dict[int, tuple[set[int], int]]:
     return out
 
 
+def test_the_lanes_of_a_worker_share_one_session_each_with_its_own_buffers(
+    default_model: str,
+) -> None:
+    """Two lanes on ONNX Runtime hold the weights once: one session, which each lane runs on
+    its own thread, from input buffers of its own (a lone text that went to either lane found
+    the other session's copy in the cache: docs/design.md, "A lone request")."""
+    made = InProcess(default_model, (), "onnx")
+    made.worker.spec.lanes = 2
+    made.worker.lanes.count = 2
+    try:
+        made.worker.boot()
+        first, second = made.worker.models.served[0].runners
+        assert first.session is second.session  # type: ignore[attr-defined]
+        assert first.ids is not second.ids  # type: ignore[attr-defined]
+    finally:
+        made.close()
+
+
 def test_a_worker_of_two_lanes_answers_as_one_lane_does_each_lane_on_its_core(
     default_model: str, sst2_texts: list[str]
 ) -> None:
