@@ -73,7 +73,8 @@ class Served:
     report_grid: tuple[int, ...]  # the length classes latency is reported by
     rss_bytes: int = 0  # what loading it added to the worker's resident set
     # Every lane's runner, lane k's at k (the spec's lanes; `runner` is lane 0's): each with
-    # its own ONNX Runtime session and buffers, so the lanes run batches at once.
+    # buffers of its own and the one session (or compiled model) they share, run on each lane's
+    # thread, so the lanes run batches at once.
     runners: tuple[Runner, ...] = ()
     # The most tokens whose vectors (OPT_TOKENS) one answer may carry: what half the response
     # ring holds (room to wrap); 0 when the runner has no token states to give.
@@ -192,7 +193,7 @@ class Loader:
         if spec.lanes > 1 and runtime not in ("onnx", "openvino"):  # resolve_lanes keeps it out
             raise ValueError("a worker of several lanes runs ONNX Runtime or OpenVINO only")
         runners = []
-        for _ in range(spec.lanes):  # a session each, warmed before the worker says ready
+        for _ in range(spec.lanes):  # a runner each, warmed before the worker says ready
             runners.append(self._runner(runtime, ref, manifest, grid or (max_len,), activation,
                                         pre))  # fmt: skip
             self.ctl.beat()
