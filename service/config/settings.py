@@ -441,9 +441,9 @@ class Config:
     threads: int = option(1, "torch threads per worker (1 measured steadiest, docs/design.md)", int)
     lanes: int | None = option(
         None,
-        "batches one CPU worker runs at once, each on its own core and ONNX Runtime session, "
-        "taken from one batcher (default: 2 when the cores are even, one model is served on "
-        "ONNX Runtime and --workers, --threads and --model-control are left alone; else 1)",
+        "batches one CPU worker runs at once, each on its own core, sharing one ONNX Runtime "
+        "session, taken from one batcher (default: 2 when the cores are even, one model is served "
+        "on ONNX Runtime and --workers, --threads and --model-control are left alone; else 1)",
         int,
     )
     device: str = option("auto", "cpu, cuda, cuda:K or auto (CUDA when available)")
@@ -698,10 +698,10 @@ class Config:
         for what a lane cannot do.
 
         A lane is a thread of one worker process, pinned to its own core, running the whole
-        serving loop with its own ONNX Runtime session (or, on OpenVINO, its own infer request
-        of the one compiled model the lanes share: one copy of the bf16 weights, run on each
-        calling thread); the lanes of a worker take their batches from one Batcher
-        (workers/process/). Measured on 2 cores (docs/design.md, "A
+        serving loop on the one ONNX Runtime session the lanes share (or, on OpenVINO, its own
+        infer request of the one compiled model the lanes share): one copy of the weights, run
+        on each calling thread, with buffers of its own; the lanes of a worker take their
+        batches from one Batcher (workers/process/). Measured on 2 cores (docs/design.md, "A
         lane per core"): one worker of 2 lanes served 0.95-0.97 of the ceiling on short texts
         at c=32, against 0.81-0.84 for two workers of one, since both cores' texts wait in one
         pool and form fuller batches. The default pairs cores: one worker's lanes share its

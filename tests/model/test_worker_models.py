@@ -305,6 +305,30 @@ def threads_on(pid: int) -> dict[int, tuple[set[int], int]]:
     return out
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8-checked"])
+def test_the_lanes_of_a_worker_share_one_session_each_with_its_own_buffers(
+    default_model: str, precision: str
+) -> None:
+    """Two lanes on ONNX Runtime hold the weights once: one session (int8-checked: both of its
+    sessions), which each lane runs on its own thread, from input buffers of its own (a lone
+    text that went to either lane found the other session's copy in the cache: docs/design.md,
+    "A lone request")."""
+    made = InProcess(default_model, (), "onnx")
+    made.worker.spec.lanes = 2
+    made.worker.spec.precision = precision
+    made.worker.lanes.count = 2
+    try:
+        made.worker.boot()
+        first, second = made.worker.models.served[0].runners
+        assert first.session is second.session  # type: ignore[attr-defined]
+        assert getattr(first, "fp32", None) is getattr(second, "fp32", None)
+        assert first.ids is not second.ids  # type: ignore[attr-defined]
+        if precision == "int8-checked":
+            assert first.fp32 is not None  # type: ignore[attr-defined]
+    finally:
+        made.close()
+
+
 def test_a_worker_of_two_lanes_answers_as_one_lane_does_each_lane_on_its_core(
     default_model: str, sst2_texts: list[str]
 ) -> None:

@@ -1,7 +1,8 @@
 """Lanes and pinning. A worker of several lanes (spec.lanes, on ONNX Runtime, one model) runs
-the one serving loop on a thread per lane, each pinned to its own core with its own session:
-the texts of both cores wait in one pool and form fuller batches than two workers' halves
-(docs/design.md, "A lane per core"). A worker of one lane runs the loop on its main thread."""
+the one serving loop on a thread per lane, each pinned to its own core with its own buffers
+and the one session (or compiled model) the lanes share: the texts of both cores wait in one
+pool and form fuller batches than two workers' halves (docs/design.md, "A lane per core").
+A worker of one lane runs the loop on its main thread."""
 
 from __future__ import annotations
 

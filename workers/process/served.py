@@ -73,7 +73,8 @@ class Served:
     report_grid: tuple[int, ...]  # the length classes latency is reported by
     rss_bytes: int = 0  # what loading it added to the worker's resident set
     # Every lane's runner, lane k's at k (the spec's lanes; `runner` is lane 0's): each with
-    # its own ONNX Runtime session and buffers, so the lanes run batches at once.
+    # buffers of its own and the one session (or compiled model) they share, run on each lane's
+    # thread, so the lanes run batches at once.
     runners: tuple[Runner, ...] = ()
     # The most tokens whose vectors (OPT_TOKENS) one answer may carry: what half the response
     # ring holds (room to wrap); 0 when the runner has no token states to give.
@@ -152,14 +153,14 @@ class Loader:
         self.model_ok = False
         self.current: ModelRef | None = None  # the model being loaded (or the last one)
         self.started: list[tuple[Any, float]] = []  # (callback, warm seconds)
-        self.compiled: Any = None  # OpenVINO: the model being loaded's, for each of its lanes
+        self.first: Any = None  # the first lane's runner of the model being loaded
 
     def load(self, ref: ModelRef, pre: Preloaded | None) -> Served:
         """Load (or take the zygote's CPU model for) one model, and warm its shapes."""
         spec = self.spec.for_model(ref)  # a config file's per-model settings, when it has any
         self.model_ok = False
         self.current = ref
-        self.compiled = None
+        self.first = None
         on_gpu = is_gpu_device(spec.device)
         # The zygote verified the fingerprint before it loaded the weights it hands over.
         manifest = as_served(load_manifest(ref.model_dir, verify=pre is None), spec.max_length)
@@ -192,7 +193,7 @@ class Loader:
         if spec.lanes > 1 and runtime not in ("onnx", "openvino"):  # resolve_lanes keeps it out
             raise ValueError("a worker of several lanes runs ONNX Runtime or OpenVINO only")
         runners = []
-        for _ in range(spec.lanes):  # a session each, warmed before the worker says ready
+        for _ in range(spec.lanes):  # a runner each, warmed before the worker says ready
             runners.append(self._runner(runtime, ref, manifest, grid or (max_len,), activation,
                                         pre))  # fmt: skip
             self.ctl.beat()
@@ -237,13 +238,21 @@ class Loader:
     ) -> Runner:
         """The model's runner, warmed; on a GPU its report callback joins `started`."""
         if runtime == "onnx":  # the session is made here, after any fork: ORT keeps threads
+            # One session for every lane of the worker, each lane with buffers of its own and
+            # calling run on its own thread (one intra-op thread: the caller's), so the lanes
+            # still run batches at once, and the weights are in memory and cache once: two
+            # sessions' copies took turns evicting each other while lone texts alternated
+            # between the lanes (docs/design.md, "A lone request").
             spec = self.spec.for_model(ref)
             if spec.precision == "int8-checked":
                 from ringserve.workers.runtimes.checked import checked_runner
 
-                runner: Runner = checked_runner(spec, manifest, activation, ref.model_dir)
+                runner: Runner = checked_runner(
+                    spec, manifest, activation, ref.model_dir, self.first
+                )
             else:
-                runner = ort_runner(spec, manifest, activation, ref.model_dir)
+                runner = ort_runner(spec, manifest, activation, ref.model_dir, self.first)
+            self.first = self.first or runner
             self.model_ok = True
             runner.warm()
             return runner
@@ -253,10 +262,11 @@ class Loader:
             # One compiled model for every lane of the worker, each lane an infer request of
             # its own: the bf16 weights once (with two lanes, 196 against 271 MiB; each request
             # runs on the lane's own thread, so the lanes still run batches at once).
+            compiled = self.first.compiled if self.first is not None else None
             runner = ov_runner(
-                self.spec.for_model(ref), manifest, activation, ref.model_dir, self.compiled
+                self.spec.for_model(ref), manifest, activation, ref.model_dir, compiled
             )
-            self.compiled = runner.compiled
+            self.first = self.first or runner
             self.model_ok = True
             runner.warm()
             return runner

@@ -78,15 +78,22 @@ def checked_runner(
     manifest: Any,
     activation: Callable[[np.ndarray], np.ndarray],
     model_dir: str | None = None,
+    like: CheckedRunner | None = None,
 ) -> CheckedRunner:
     """A worker's int8-checked runner: the int8 graph and the plain fp32 graph of the artifact
-    at `model_dir` (default: the spec's), with the threshold its build published."""
+    at `model_dir` (default: the spec's), with the threshold its build published; with `like`,
+    another lane's runner of the same model, both its sessions (cpu.ort_runner)."""
     from ringserve.workers.runtimes.onnx_model import open_session
 
     where = Path(model_dir or spec.model_dir)
+    if like is not None:
+        int8, fp32 = like.session, like.fp32
+    else:
+        int8 = open_session(where / manifest.int8_file, spec.threads)
+        fp32 = open_session(where / manifest.onnx_file, spec.threads)
     return CheckedRunner(
-        open_session(where / manifest.int8_file, spec.threads),
-        open_session(where / manifest.onnx_file, spec.threads),
+        int8,
+        fp32,
         float(manifest.int8_checked["threshold"]),
         len(manifest.labels),
         manifest.activation,

@@ -192,13 +192,15 @@ def ort_runner(
     manifest: Any,
     activation: Callable[[np.ndarray], np.ndarray] = softmax,
     model_dir: str | None = None,
+    like: OrtRunner | None = None,
 ) -> OrtRunner:
     """The ONNX Runtime runner of a worker: fp32 (plain or fused graph) or int8, from the
-    ONNX files of the artifact at `model_dir` (default: the spec's)."""
+    ONNX files of the artifact at `model_dir` (default: the spec's); with `like`, another
+    lane's runner of the same model, whose session it shares (served.py `Loader._runner`)."""
     from ringserve.workers.runtimes.onnx_model import open_session
 
     path = Path(model_dir or spec.model_dir) / manifest.onnx_for(spec.precision, spec.graph)
-    session = open_session(path, spec.threads)
+    session = like.session if like is not None else open_session(path, spec.threads)
     return OrtRunner(
         session,
         manifest.max_length,
