@@ -7,9 +7,15 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# What a test module's own builds may skip (cheap_builds): the int8 recipe search, and all but
-# the first rows of the publication split. The artifact every server serves is built whole.
-CHEAP_BUILDS = {"RINGSERVE_INT8_SEARCH": "dynamic", "RINGSERVE_INT8_PUBLICATION_ROWS": "400"}
+# What a test module's own builds may skip (cheap_builds): the int8 recipe search, all but the
+# first rows of the publication split, and all but 100 texts of each of an embedder's compact
+# vector sets (calibration, held-out documents; factory/compact.py). The artifact every server
+# serves is built whole.
+CHEAP_BUILDS = {
+    "RINGSERVE_INT8_SEARCH": "dynamic",
+    "RINGSERVE_INT8_PUBLICATION_ROWS": "400",
+    "RINGSERVE_COMPACT_ROWS": "100",
+}
 # What a module whose artifacts are read on TorchScript and the plain ONNX graph alone may skip
 # too: the fused graph and int8, with their checks on the held-out rows (factory/build.py).
 PLAIN_BUILDS = CHEAP_BUILDS | {"RINGSERVE_BUILD_GRAPHS": "plain"}
