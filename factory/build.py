@@ -218,9 +218,23 @@ def _bf16(plain: Path, tokenizer: Any, manifest: dict[str, Any]) -> dict[str, An
         return {}
 
 
-def _fused(plain: Path, dst: Path, tokenizer: Any) -> tuple[Path | None, dict[str, Any]]:
+def sequence_drift(plain: Path, dst: Path, encodings: list[Any]) -> float:
+    """The largest difference between two graphs' logits on the same encodings."""
+    from ringserve.factory import onnx as ox
+
+    a, b = ox.logits_each([plain, dst], encodings)
+    return float(np.abs(a - b).max())
+
+
+def _fused(
+    plain: Path,
+    dst: Path,
+    tokenizer: Any,
+    drift_of: Callable[[Path, Path, list[Any]], float] = sequence_drift,
+) -> tuple[Path | None, dict[str, Any]]:
     """ONNX Runtime's fused graph of `plain`, kept when its logits on the held-out rows stay
-    within FUSED_DRIFT of the plain graph's; else None, with the reason."""
+    within FUSED_DRIFT of the plain graph's (`drift_of`: a sequence's logits, or a token
+    classifier's every token's); else None, with the reason."""
     from ringserve.factory import onnx as ox
 
     try:
@@ -230,9 +244,7 @@ def _fused(plain: Path, dst: Path, tokenizer: Any) -> tuple[Path | None, dict[st
     if not ops:
         return None, {"fused": {"kept": False, "why": "nothing to fuse"}}
     texts, _ = ox.read_heldout()
-    encodings = tokenizer.encode_batch(texts[:256])
-    a, b = ox.logits_each([plain, dst], encodings)
-    drift = float(np.abs(a - b).max())
+    drift = drift_of(plain, dst, tokenizer.encode_batch(texts[:256]))
     kept = drift <= ox.FUSED_DRIFT
     info = {"kept": kept, "ops": ops, "max_logit_drift": float(f"{drift:.3g}")}
     return (dst if kept else None), {"fused": info}

@@ -222,7 +222,7 @@ def token_graphs(target: Path, model: Any, manifest: dict[str, Any]) -> None:
         graphs: dict[str, Any] = {"fused": {"kept": False, "why": "not built (plain graphs)"}}
         cost: dict[str, Any] = {}
         if not plain_only:
-            fused, graphs = fused_graph(plain, work / ox.FUSED_FILE, tokenizer)
+            fused, graphs = build._fused(plain, work / ox.FUSED_FILE, tokenizer, token_drift)
             if fused is not None:
                 files["fused_file"] = (fused, ox.FUSED_FILE)
             files["int8_file"], cost = int8_graph(plain, work, tokenizer, manifest)
@@ -251,25 +251,13 @@ def token_logits(session: Any, encodings: list[Any]) -> list[np.ndarray]:
     return out
 
 
-def fused_graph(plain: Path, dst: Path, tokenizer: Any) -> tuple[Path | None, dict[str, Any]]:
-    """ONNX Runtime's fused graph, kept when every token's logits on the selection split stay
-    within FUSED_DRIFT of the plain graph's."""
+def token_drift(plain: Path, dst: Path, encodings: list[Any]) -> float:
+    """The largest difference between two graphs' logits of any token of the encodings."""
     from ringserve.factory import onnx as ox
 
-    try:
-        ops = ox.fuse(plain, dst)
-    except Exception as exc:  # noqa: BLE001 - the optimizer's pattern matching is best effort
-        return None, {"fused": {"kept": False, "why": f"the optimizer failed: {exc}"}}
-    if not ops:
-        return None, {"fused": {"kept": False, "why": "nothing to fuse"}}
-    texts, _ = ox.read_heldout()
-    encodings = tokenizer.encode_batch(texts[:256])
     a = token_logits(ox.open_session(plain), encodings)
     b = token_logits(ox.open_session(dst), encodings)
-    drift = max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
-    kept = drift <= ox.FUSED_DRIFT
-    info = {"kept": kept, "ops": ops, "max_logit_drift": float(f"{drift:.3g}")}
-    return (dst if kept else None), {"fused": info}
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
 
 
 def int8_graph(
