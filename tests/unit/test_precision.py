@@ -211,3 +211,15 @@ def test_close_calls_run_through_fp32_at_their_own_length() -> None:
     assert rows.tolist() == [1, 2]
     assert feed["input_ids"].tolist() == [[5, 6], [5, 0]]
     assert feed["attention_mask"].tolist() == [[1, 1], [1, 0]]
+
+
+def test_int8_checked_runs_its_own_graph_where_the_artifact_has_one() -> None:
+    from ringserve.workers.artifact import Manifest
+
+    old = Manifest("m", ["a", "b"], 128, "", onnx_file="model.onnx", int8_file="model.int8.onnx")
+    assert old.onnx_for("int8-checked") == "model.int8.onnx"  # format 8: int8's own graph
+    new = Manifest("m", ["a", "b"], 128, "", onnx_file="model.onnx", int8_file="model.int8.onnx",
+                   checked_file="model.int8-checked.onnx")  # fmt: skip
+    assert new.onnx_for("int8-checked") == "model.int8-checked.onnx"
+    assert new.onnx_for("int8") == "model.int8.onnx"
+    assert "model.int8-checked.onnx" in new.files()  # fingerprinted with the rest
