@@ -15,15 +15,18 @@ Two mixes: short (SST-2 sentences) and long (AG News descriptions). Reports serv
 P50/P99, padding waste (from /v1/stats), whole-server CPU ms per request, and at concurrency 1 the
 model's own batch-1 latency. Configurations: the defaults (ONNX Runtime fp32 on the graph
 `--graph auto` picks at start), the other fp32 graph forced, TorchScript, int8 (the recipe
-the artifact build chose; its frontier table, as the build measured it, is printed first), and
-bf16 on OpenVINO where the CPU has avx512_bf16 or amx_bf16 (in the default --configs there
-only). Each server's whole process tree's PSS at start and after its load. Then served figures
-divided by the fastest fp32 ceiling any graph reached, int8's and bf16's served speed over
-fp32's (the defaults', in the same run), and two peers on the same texts: plain FastAPI (one
-text a forward pass) and LitServe with its own batching. bf16 against fp32 at c=32 alone:
+the artifact build chose; its frontier table, as the build measured it, is printed first),
+int8-checked (its own int8 graph with fp32's second look at close calls; its ceiling runs the
+same CheckedRunner), and bf16 on OpenVINO where the CPU has avx512_bf16 or amx_bf16 (in the
+default --configs there only). Each server's whole process tree's PSS at start and after its
+load. Then served figures divided by the fastest fp32 ceiling any graph reached, int8's,
+int8-checked's and bf16's served speed over fp32's (the defaults', in the same run), and two
+peers on the same texts: plain FastAPI (one text a forward pass) and LitServe with its own
+batching. bf16 against fp32 at c=32 alone:
   python -m benchmarks.serving --configs default,bf16 --levels 32 --no-peer --skip-limits
+int8-checked the same way: --configs default,int8,int8-checked.
 Usage: python -m benchmarks.serving [--seconds 6] [--quick]
-       [--configs default,other,torch,int8,bf16]
+       [--configs default,other,torch,int8,int8-checked,bf16]
        [--mixes short,long] [--peers fastapi,litserve] [--no-peer] [--levels 1,32,64]
        [--skip-limits] [--skip-256] [--baseline OTHER_CHECKOUT --rounds N]
 (a whole run takes about 15 minutes on 2 cores: --configs and --peers run it in parts).
@@ -77,9 +80,13 @@ RUNTIMES = [
     ("onnx", "fp32", "other"),
     ("torch", "fp32", ""),
     ("onnx", "int8", ""),
+    ("onnx", "int8-checked", ""),
     ("openvino", "bf16", ""),
 ]
-CONFIG_NAMES = ("default", "other", "torch", "int8", "bf16")  # --configs, in RUNTIMES' order
+# --configs, in RUNTIMES' order
+CONFIG_NAMES = ("default", "other", "torch", "int8", "int8-checked", "bf16")
+# the faster precisions whose served speed the summary sets over fp32's
+FAST = (("onnx", "int8"), ("onnx", "int8-checked"), ("openvino", "bf16"))
 # bf16 is served on a CPU with one of these (workers/cpu.py BF16_FLAGS), else refused
 CPU_BF16 = bool(cpu_flags() & set(BF16_FLAGS))
 LEVELS = [1, 32, 64]
@@ -587,23 +594,25 @@ def serve_and_ceiling(
 
 def summary(results: dict[tuple[str, str, str], dict[tuple[str, int], Level]]) -> None:
     """The defaults' served figures over the fastest fp32 ceiling found (any graph or runtime),
-    and int8's and bf16's served speed over the defaults' (fp32), all from this run."""
+    and int8's, int8-checked's and bf16's served speed over the defaults' (fp32), all from this
+    run."""
     if RUNTIMES[0] not in results:
         return
     default = results[RUNTIMES[0]]
     fp32 = [levels for config, levels in results.items() if config[1] == "fp32"]
-    int8 = results.get(("onnx", "int8", ""))
-    bf16 = results.get(("openvino", "bf16", ""))
+    fast = [(p, results.get((r, p, ""))) for r, p in FAST]
     print("\n| mix | c | served/s (defaults) | fastest fp32 ceiling/s | served/fastest | "
-          "int8 served/s | int8/fp32 served | bf16 served/s | bf16/fp32 served |")  # fmt: skip
-    print("| --- " * 9 + "|")
+          + " | ".join(f"{p} served/s | {p}/fp32 served" for p, _ in fast) + " |")  # fmt: skip
+    print("| --- " * (5 + 2 * len(fast)) + "|")
     for mix, c in default:
         best = max(levels[mix, c].ceiling for levels in fp32)
         rps = default[mix, c].served.load.rps
-        i8 = int8[mix, c].served.load.rps if int8 else float("nan")
-        b16 = bf16[mix, c].served.load.rps if bf16 else float("nan")
-        print(f"| {mix} | {c} | {rps:.1f} | {best:.1f} | {rps / best:.2f} | {i8:.1f} | "
-              f"{i8 / rps:.2f} | {b16:.1f} | {b16 / rps:.2f} |")  # fmt: skip
+        cells = []
+        for _, levels in fast:
+            got = levels[mix, c].served.load.rps if levels else float("nan")
+            cells.append(f"{got:.1f} | {got / rps:.2f}")
+        print(f"| {mix} | {c} | {rps:.1f} | {best:.1f} | {rps / best:.2f} | "
+              + " | ".join(cells) + " |")  # fmt: skip
 
 
 def options(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[tuple[str, str, str]]]:

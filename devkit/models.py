@@ -26,6 +26,15 @@ def raw_runner(
 
     torch.set_num_threads(1)
     m = load_manifest(model_dir)
+    if precision == "int8-checked":  # its int8 graph and the plain fp32 one, as a worker's
+        from ringserve.workers.runtimes.checked import CheckedRunner
+
+        int8 = open_session(f"{model_dir}/{m.onnx_for(precision)}")
+        fp32 = open_session(f"{model_dir}/{m.onnx_file}")
+        threshold = float(m.int8_checked["threshold"])
+        return CheckedRunner(
+            int8, fp32, threshold, len(m.labels), m.activation, m.max_length, max_batch
+        )
     if runtime == "onnx":
         session = open_session(f"{model_dir}/{m.onnx_for(precision, graph)}")
         return OrtRunner(session, m.max_length, max_batch, precision=precision)
@@ -47,6 +56,8 @@ def old_artifact(default_model: str, tmp_path: Path) -> Path:
     raw = json.loads((Path(default_model) / "manifest.json").read_text())
     for key in ("onnx_file", "int8_file", "int8", "fused_file", "data_files", "graphs"):
         del raw[key]
+    for key in ("checked_file", "int8_checked", "bf16"):  # formats 6 and later, when built
+        raw.pop(key, None)
     (old / "manifest.json").write_text(json.dumps(raw))
     raw["fingerprint"] = compute_fingerprint(old)
     (old / "manifest.json").write_text(json.dumps(raw))

@@ -60,7 +60,9 @@ DEFAULT_ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-mini
 #    (extra.compact, factory/compact.py).
 # 8: int8_checked: the second look's threshold (chosen on the selection split) and its cost
 #    (the publication split), for --precision int8-checked.
-ARTIFACT_FORMAT = 8
+# 9: checked_file: int8-checked's own int8 graph (model.int8-checked.onnx), the recipe whose
+#    second look promises the most speed, where that is not int8's recipe.
+ARTIFACT_FORMAT = 9
 # "plain" builds the plain ONNX graph alone: no fused graph, no int8 (served at fp32 on the plain
 # graph, as an artifact whose fused graph was not kept). For the tests' builds of artifacts read
 # on TorchScript and the plain graph only (devkit/builds.py plain_builds); unset or "all": all.
@@ -121,8 +123,10 @@ def _write_onnx(target: Path, model: Any, manifest: dict[str, Any]) -> None:
             }
         else:
             fused, graphs = _fused(plain, work / ox.FUSED_FILE, tokenizer)
-            chosen, cost = _int8(plain, fused, work, tokenizer, manifest, graphs)
+            chosen, cost, checked = _int8(plain, fused, work, tokenizer, manifest, graphs)
             files["int8_file"] = (chosen, ox.INT8_FILE)
+            if checked != chosen:
+                files["checked_file"] = (checked, ox.CHECKED_FILE)
             bf16 = _bf16(plain, tokenizer, manifest)
             if bf16:
                 manifest["bf16"] = bf16
@@ -180,28 +184,27 @@ def _int8(
     tokenizer: Any,
     manifest: dict[str, Any],
     graphs: dict[str, Any],
-) -> tuple[Path, dict[str, Any]]:
-    """The int8 graph and its published cost: the recipe search for a model with labels (its
-    record in `graphs`), else dynamic int8 with its cosine to fp32 (an embed-only model has no
-    decisions to agree on)."""
+) -> tuple[Path, dict[str, Any], Path]:
+    """The int8 graph, its published cost and int8-checked's graph: the recipe search for a
+    model with labels (its record in `graphs`, int8-checked's cost in the manifest), else
+    dynamic int8 with its cosine to fp32 (an embed-only model has no decisions to agree on,
+    and no second look)."""
     from ringserve.factory import int8
     from ringserve.factory import onnx as ox
 
     labels = list(manifest["labels"])
     if labels:
-        chosen, cost, record = int8.choose(
-            plain, fused, work, tokenizer, labels, manifest["activation"]
-        )
-        graphs["int8_selection"] = record
-        threshold = record["second_look"]["threshold"]
+        choice = int8.choose(plain, fused, work, tokenizer, labels, manifest["activation"])
+        graphs["int8_selection"] = choice.record
+        look = choice.record["second_look"]
         manifest["int8_checked"] = int8.publish_checked(
-            plain, chosen, tokenizer, labels, manifest["activation"], threshold
-        )
-        return chosen, cost
+            plain, choice.checked, tokenizer, labels, manifest["activation"], look["threshold"]
+        ) | {"recipe": look["recipe"]}
+        return choice.path, choice.cost, choice.checked
     chosen = work / ox.INT8_FILE
     ox.quantize_int8(plain, chosen)
     cost = int8.publish(plain, chosen, tokenizer, labels, manifest["activation"])
-    return chosen, cost | {"recipe": "dynamic"}
+    return chosen, cost | {"recipe": "dynamic"}, chosen
 
 
 def _bf16(plain: Path, tokenizer: Any, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from ringserve.workers.runtimes.onnx_model import open_session as open_session  
 
 ONNX_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"
+CHECKED_FILE = "model.int8-checked.onnx"  # int8-checked's graph, when not int8's own
 FUSED_FILE = "model.fused.onnx"
 DATA_SUFFIX = ".data"  # a graph's weights: model.onnx -> model.onnx.data
 FUSED_DRIFT = 1e-5  # the fused graph is kept only if its logits are this close to the plain one's

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     import torch
 
 MANIFEST_FILE = "manifest.json"
-OTHER_FILES = ("onnx_file", "int8_file", "fused_file")  # graphs beside model.pt, when present
+# graphs beside model.pt, when present
+OTHER_FILES = ("onnx_file", "int8_file", "fused_file", "checked_file")
 ACTIVATIONS = ("softmax", "sigmoid")
 # "multivector": a ColBERT model's token vectors (factory/colbert.py), with "rerank" by MaxSim;
 # "sparse": a SPLADE model's weights over the vocabulary (factory/sparse.py); "token-classify":
@@ -73,6 +74,9 @@ class Manifest:
     # int8 with an fp32 second look at close calls: its threshold and published cost ({}:
     # none; format 7; factory/int8.py publish_checked)
     int8_checked: dict[str, Any] = field(default_factory=dict)
+    # the int8 graph int8-checked runs when it is not int8's own (format 9: the fastest recipe,
+    # factory/int8.py checked_pick); "" = int8_file
+    checked_file: str = ""
     fused_file: str = ""  # ONNX Runtime's fused fp32 graph; "" = none (nothing fused, or old)
     data_files: list[str] = field(default_factory=list)  # the graphs' weights (.data files)
     graphs: dict[str, Any] = field(default_factory=dict)  # the fused graph's ops and drift
@@ -114,13 +118,15 @@ class Manifest:
     def onnx_for(self, precision: str, graph: str = "plain") -> str:
         """The ONNX file that runs `precision` on `graph` ("" when the artifact has none); a
         fused graph asked of an artifact without one is the plain graph."""
-        if precision in ("int8", "int8-checked"):  # int8-checked: the fp32 graph beside it
+        if precision == "int8-checked":  # and the plain fp32 graph beside it
+            return self.checked_file or self.int8_file
+        if precision == "int8":
             return self.int8_file
         return self.fused_file if graph == "fused" and self.fused_file else self.onnx_file
 
     def files(self) -> list[str]:
         """The fingerprinted model files beside the tokenizer, in a fixed order."""
-        graphs = (self.onnx_file, self.int8_file, self.fused_file)
+        graphs = (self.onnx_file, self.int8_file, self.fused_file, self.checked_file)
         return [self.model_file, *(f for f in graphs if f), *self.data_files]
 
 
@@ -255,6 +261,7 @@ def check_fields(directory: Path, raw: dict[str, Any]) -> Manifest:
         int8=raw.get("int8", {}),
         bf16=raw.get("bf16", {}),
         int8_checked=raw.get("int8_checked", {}),
+        checked_file=raw.get("checked_file", ""),
         fused_file=raw.get("fused_file", ""),
         data_files=list(data_files),
         graphs=raw.get("graphs", {}),

@@ -488,7 +488,8 @@ def checked_note(cost: dict[str, Any]) -> str:
     )
     if "accuracy_cost" in cost:
         said += f", accuracy cost {cost['accuracy_cost']}"
-    return said + (f", {cost['speedup']}x fp32's speed where built" if "speedup" in cost else "")
+    said += f", {cost['speedup']}x fp32's speed where built" if "speedup" in cost else ""
+    return said + (f"; int8 recipe: {cost['recipe']}" if "recipe" in cost else "")
 
 
 def pick_graph(

@@ -63,13 +63,16 @@ def weights_bytes(
     model_dir: str, manifest: Manifest, runtime: str, precision: str, graph: str = "plain"
 ) -> int:
     """The size of the weight files a worker loads for this model on `runtime`: TorchScript's
-    file, or the ONNX graph it runs and that graph's own .data files."""
+    file, or the ONNX graphs it runs (int8-checked: its int8 graph and the plain fp32 one) and
+    those graphs' own .data files."""
     names = [manifest.model_file]
     if runtime in ("onnx", "openvino"):  # OpenVINO compiles the plain graph, at any precision
-        graph_file = (
-            manifest.onnx_for(precision, graph) if runtime == "onnx" else manifest.onnx_file
-        )
-        names = [graph_file, *(f for f in manifest.data_files if f.startswith(graph_file + "."))]
+        graphs = [manifest.onnx_for(precision, graph) if runtime == "onnx" else manifest.onnx_file]
+        if runtime == "onnx" and precision == "int8-checked":
+            graphs.append(manifest.onnx_file)
+        names = [
+            f for g in graphs for f in (g, *manifest.data_files) if f == g or f.startswith(g + ".")
+        ]
     total = 0
     for name in names:
         with contextlib.suppress(OSError):

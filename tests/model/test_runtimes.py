@@ -286,6 +286,24 @@ def test_the_int8_recipe_is_the_most_faithful_fast_enough_one(default_model: str
     assert "frontier" not in cost and "publication split" in cost["split"]
 
 
+def test_int8_checked_runs_the_recipe_whose_second_look_promised_most(default_model: str) -> None:
+    """int8-checked's graph is the frontier's recipe with the highest estimated speed under its
+    own second look (the selection split), stored apart where it is not int8's recipe; its
+    threshold is that recipe's, and its cost is read on the publication split."""
+    manifest = load_manifest(default_model)
+    record = manifest.graphs["int8_selection"]
+    rows = {r["recipe"]: r for r in record["frontier"]}
+    look, published = record["second_look"], manifest.int8_checked
+    best = max(rows.values(), key=lambda r: r["checked"]["speedup_estimate"])
+    assert look["recipe"] == published["recipe"] == best["recipe"]
+    assert look["threshold"] == published["threshold"] == best["checked"]["threshold"]
+    assert "publication split" in published["split"] and "selection split" in look["split"]
+    own = look["recipe"] != manifest.int8["recipe"]
+    assert bool(manifest.checked_file) == own
+    if own:
+        assert manifest.onnx_for("int8-checked") == manifest.checked_file != manifest.int8_file
+
+
 def test_sigmoid_models_agree_label_by_label() -> None:
     base = np.array([[2.0, -1.0, 0.5], [-3.0, 0.2, 1.0]])
     moved = np.array([[1.0, -2.0, -0.1], [-3.0, 0.3, 2.0]])  # one of six decisions flips

@@ -176,3 +176,50 @@ def test_the_threshold_covers_every_selection_disagreement() -> None:
     assert chosen["disagreements"] == 2 and chosen["threshold"] == 0.1
     assert chosen["rerun_share"] == 0.4
     assert second_look(fp32, fp32, "softmax")["threshold"] == 0.0  # nothing to look at again
+
+
+def test_int8_checked_runs_the_recipe_whose_second_look_is_fastest() -> None:
+    """A recipe int8 alone would not ship (fast, less faithful) serves under a second look when
+    its int8 pass and its share of fp32 re-runs promise more speed than a faithful recipe's."""
+    from pathlib import Path
+
+    from ringserve.factory.int8 import Candidate, checked_estimate, checked_pick
+
+    fp32 = np.array([[2.0, 0.0], [0.0, 2.0], [0.1, 0.0], [0.0, 0.3], [3.0, 0.0]])
+    loose = np.array([[1.9, 0.0], [0.0, 2.1], [0.0, 0.1], [0.2, 0.0], [2.9, 0.0]])
+    fast = Candidate("dynamic", Path("a"), {"texts_per_s": 800.0, "speedup": 2.5}, loose)
+    slow = Candidate("faithful", Path("b"), {"texts_per_s": 416.0, "speedup": 1.3}, fp32)
+    for c in (fast, slow):
+        c.row["checked"] = checked_estimate(fp32, c.logits, "softmax", c.row, 320.0)
+    # fast: 2 of 5 re-run at threshold 0.1: 1 / (1/800 + 0.4/320) = 400 texts/s, 1.25x of 320
+    assert fast.row["checked"] == {
+        "threshold": 0.1, "rerun_share": 0.4, "disagreements": 2, "speedup_estimate": 1.25
+    }  # fmt: skip
+    assert slow.row["checked"]["rerun_share"] == 0.0  # nothing changed: nothing to look at
+    assert checked_pick([fast, slow]) is slow  # 1.3x, re-running nothing, against 1.25x
+    fast.row |= {"texts_per_s": 1600.0, "speedup": 5.0}  # 1 / (1/1600 + 0.4/320): 1.67x
+    fast.row["checked"] = checked_estimate(fp32, fast.logits, "softmax", fast.row, 320.0)
+    assert checked_pick([slow, fast]) is fast
+
+
+def test_close_calls_run_through_fp32_at_their_own_length() -> None:
+    from ringserve.workers.runtimes.checked import close_feed
+
+    ids = np.array([[5, 6, 7, 8], [5, 6, 0, 0], [5, 0, 0, 0]])
+    mask = (ids != 0).astype(np.int64)
+    rows, feed = close_feed(ids, mask, np.array([False, True, True]))
+    assert rows.tolist() == [1, 2]
+    assert feed["input_ids"].tolist() == [[5, 6], [5, 0]]
+    assert feed["attention_mask"].tolist() == [[1, 1], [1, 0]]
+
+
+def test_int8_checked_runs_its_own_graph_where_the_artifact_has_one() -> None:
+    from ringserve.workers.artifact import Manifest
+
+    old = Manifest("m", ["a", "b"], 128, "", onnx_file="model.onnx", int8_file="model.int8.onnx")
+    assert old.onnx_for("int8-checked") == "model.int8.onnx"  # format 8: int8's own graph
+    new = Manifest("m", ["a", "b"], 128, "", onnx_file="model.onnx", int8_file="model.int8.onnx",
+                   checked_file="model.int8-checked.onnx")  # fmt: skip
+    assert new.onnx_for("int8-checked") == "model.int8-checked.onnx"
+    assert new.onnx_for("int8") == "model.int8.onnx"
+    assert "model.int8-checked.onnx" in new.files()  # fingerprinted with the rest

@@ -199,6 +199,8 @@ def test_weights_are_what_the_runtime_loads(tmp_path: Path) -> None:
     assert weights_bytes(str(tmp_path), m, "torch", "fp32") == 50
     assert weights_bytes(str(tmp_path), m, "onnx", "fp32") == 43
     assert weights_bytes(str(tmp_path), m, "onnx", "int8") == 12
+    # int8-checked: the int8 graph and the plain fp32 one beside it
+    assert weights_bytes(str(tmp_path), m, "onnx", "int8-checked") == 12 + 43
 
 
 def test_batch_names_a_repository_model(tmp_path: Path) -> None:

@@ -32,6 +32,18 @@ def margins(scores: np.ndarray, activation: str) -> np.ndarray:
     return out
 
 
+def close_feed(
+    ids: np.ndarray, mask: np.ndarray, close: np.ndarray
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The close rows of a batch and their fp32 feed, cut to the longest of those rows (rows
+    are right padded): the batch's longest text is rarely a close call, and fp32 pays for every
+    padded column."""
+    rows = np.flatnonzero(close)
+    used = np.flatnonzero((mask[rows] != 0).any(axis=0))
+    length = int(used[-1]) + 1 if len(used) else 1
+    return rows, {"input_ids": ids[rows, :length], "attention_mask": mask[rows, :length]}
+
+
 class CheckedRunner(OrtRunner):
     """OrtRunner on the int8 graph, with an fp32 session of the plain graph beside it for the
     rows whose margin is under `threshold`. `checked` is the last forward's rows that fp32
@@ -61,9 +73,7 @@ class CheckedRunner(OrtRunner):
         close = margins(probs[:, : self.n_labels], self.decide) < self.threshold
         self.checked = close
         if close.any():
-            rows = np.flatnonzero(close)
-            ids, mask = self.views(length, n)
-            feed = {"input_ids": ids[rows], "attention_mask": mask[rows]}
+            rows, feed = close_feed(*self.views(length, n), close)
             probs[rows] = self.rows(self.fp32.run(self.outputs, feed))
         return probs
 
@@ -89,7 +99,7 @@ def checked_runner(
     if like is not None:
         int8, fp32 = like.session, like.fp32
     else:
-        int8 = open_session(where / manifest.int8_file, spec.threads)
+        int8 = open_session(where / manifest.onnx_for("int8-checked"), spec.threads)
         fp32 = open_session(where / manifest.onnx_file, spec.threads)
     return CheckedRunner(
         int8,
