@@ -25,7 +25,9 @@ avx512_bf16 or amx_bf16, Infinity `--dtype bfloat16` and the torch peers' model 
 (fp32 where it has neither).
 
 All servers of a configuration are up at once and take turns at every level: one text a
-request, closed loop, the others idle (their CPU over the draw is recorded: near 0); each draw
+request, closed loop, the others idle (their CPU over the draw is recorded: near 0; a peer that
+burns more than 5% of a core while idle, as LitServe's batching loop does, is stopped with
+SIGSTOP during the others' turns and continued for its own); each draw
 runs --runs times, the order reversed each time, the fastest kept. Before the load each server
 embeds 4 texts of each mix: the cosine of its vectors to the model's fp32 ones (ringserve's fp32;
 each row records the lowest). The output, tee'd to benchmarks/results/peers-STAMP.txt: a machine
@@ -40,6 +42,7 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,7 +67,7 @@ from benchmarks.peers_embed import (
     draw,
     start_ringserve,
 )
-from benchmarks.serving import cpu_name, simd_flags
+from benchmarks.serving import cpu_name, simd_flags, tree_cpu_s
 from devkit.launcher import AG_NEWS, ROOT, SST2, free_port, load_texts
 
 MIXES = {"short": SST2, "long": AG_NEWS}
@@ -193,10 +196,50 @@ def check_vectors(
     return model
 
 
+BUSY_IDLE_PCT = 5.0  # a peer idling above this share of a core is stopped during others' turns
+
+
+def idle_cpu(sides: list[Side], seconds: float = 2.0) -> dict[str, float]:
+    """Each side's CPU with nothing sent to any, % of one core."""
+    before = {s.name: tree_cpu_s(s.pid)[0] for s in sides}
+    time.sleep(seconds)  # a measurement window, not a wait for a state
+    return {s.name: (tree_cpu_s(s.pid)[0] - before[s.name]) * 100 / seconds for s in sides}
+
+
+def busy_idlers(sides: list[Side], peers: set[str]) -> list[Side]:
+    """The peers (in sessions of their own, `peers`) that burn CPU while idle, printed: each is
+    stopped (SIGSTOP to its group) while another server is measured, so that it takes nothing
+    from it (LitServe's batching loop polls its queue every millisecond)."""
+    idle = idle_cpu(sides)
+    print("idle CPU, % of a core: " + ", ".join(f"{n} {v:.1f}" for n, v in idle.items()))
+    busy = [s for s in sides if s.name in peers and idle[s.name] > BUSY_IDLE_PCT]
+    for s in busy:
+        print(f"{s.name} idles at {idle[s.name]:.1f}% of a core: stopped while the others are "
+              "measured")  # fmt: skip
+    return busy
+
+
+@contextlib.contextmanager
+def stopped(sides: list[Side]) -> Iterator[None]:
+    """`sides` (each the leader of its own process group) stopped for the block."""
+    for s in sides:
+        os.killpg(s.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for s in sides:
+            os.killpg(s.pid, signal.SIGCONT)
+
+
 def measure(
-    sides: list[Side], texts: dict[str, list[str]], args: argparse.Namespace, config: str
+    sides: list[Side],
+    texts: dict[str, list[str]],
+    args: argparse.Namespace,
+    config: str,
+    busy: list[Side],
 ) -> list[dict[str, Any]]:
-    """Every level of every mix, the sides in turns (the order reversed each run); a row each."""
+    """Every level of every mix, the sides in turns (the order reversed each run), the `busy`
+    ones stopped during the others' turns; a row each."""
     rows = []
     for mix, mix_texts in texts.items():
         requests = {s.name: [s.request(t) for t in mix_texts] for s in sides}
@@ -205,7 +248,8 @@ def measure(
                 order = sides if run % 2 == 0 else sides[::-1]
                 for side in order:
                     idle = [s for s in order if s is not side]
-                    d = draw(side, idle, requests[side.name], c, args.seconds)
+                    with stopped([s for s in busy if s is not side]):
+                        d = draw(side, idle, requests[side.name], c, args.seconds)
                     best = side.best.get((mix, c))
                     if best is None or d.load.rps > best.load.rps:
                         side.best[mix, c] = d
@@ -255,7 +299,8 @@ def run_config(
             for s in sides:
                 print(f"{config}: {s.name}: {s.setting}")
             model = check_vectors(sides, texts, model)
-            return measure(sides, texts, args, config), model
+            busy = busy_idlers(sides, {s.name for s in peer_sides})
+            return measure(sides, texts, args, config, busy), model
         finally:
             for proc in procs:
                 proc.close()

@@ -1,15 +1,20 @@
-"""benchmarks/peers.py's choices (each configuration's precision and options, each peer's wire)
-and benchmarks/peers_table.py's reading of a results file back into README's table of ratios and
-issue 60's bounds. No timing: a results file is written here by hand."""
+"""benchmarks/peers.py's choices (each configuration's precision and options, each peer's wire,
+a busy idler stopped during the others' turns) and benchmarks/peers_table.py's reading of a
+results file back into README's table of ratios and issue 60's bounds. No timing: a results
+file is written here by hand."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from benchmarks import peers_table
-from benchmarks.peers import dtype, options, peer_plan, ringserve_args
+from benchmarks.peers import dtype, options, peer_plan, ringserve_args, stopped
 from benchmarks.peers_embed import WIRES, Side
+from benchmarks.serving import stop_group
 
 AMX = {"avx2", "avx512f", "amx_bf16", "amx_int8"}
 ZEN4 = {"avx2", "avx512f", "avx512_bf16"}
@@ -139,3 +144,31 @@ def test_full_table_has_a_column_per_peer_and_a_dash_where_one_did_not_run(
         "| config | mix | c | ringserve/s | Infinity/s | ringserve / Infinity"
     )
     assert "| best | short | 1 | 600.0 | 100.0 | 6.0 | 120.0 | 5.0 | - | - |" in table[-4]
+
+
+def state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_busy_idler_is_stopped_for_the_block_and_continued_after() -> None:
+    """benchmarks.peers stops a peer that polls while idle (LitServe) during the others' turns:
+    a real process in a session of its own, its state read from /proc (polled with a deadline:
+    a signal's effect is not instantaneous)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)  # fmt: skip
+    sleeper = Side("litserve", 1, proc.pid, "/predict", wire="plain")
+
+    def becomes(wanted: set[str]) -> bool:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if state(proc.pid) in wanted:
+                return True
+            time.sleep(0.01)
+        return False
+
+    try:
+        with stopped([sleeper]):
+            assert becomes({"T"})
+        assert becomes({"S", "R"})
+    finally:
+        stop_group(proc)
