@@ -6,10 +6,13 @@ file is written here by hand."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from benchmarks import peers_table
 from benchmarks.peers import dtype, options, peer_plan, ringserve_args, stopped
@@ -172,3 +175,14 @@ def test_a_busy_idler_is_stopped_for_the_block_and_continued_after() -> None:
         assert becomes({"S", "R"})
     finally:
         stop_group(proc)
+
+
+def test_readmes_peers_table_is_what_peers_table_makes_of_its_file() -> None:
+    """Once README cites a peers-*.txt, its table is the generator's, unedited."""
+    readme = (peers_table.RESULTS.parents[1] / "README.md").read_text(encoding="utf-8")
+    cited = re.search(r"`benchmarks/results/(peers-\d{8}T\d{4}Z\.txt)`", readme)
+    if cited is None:
+        pytest.skip("README quotes no benchmarks.peers run yet")
+    assert peers_table.readme_table(peers_table.RESULTS / cited[1]) in readme, (
+        f"run `python -m benchmarks.peers_table benchmarks/results/{cited[1]}` and paste its table"
+    )
