@@ -41,6 +41,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -153,6 +154,15 @@ def installed(name: str, venv: Path) -> str | None:
     return None
 
 
+def reason(text: str, width: int = 300) -> str:
+    """Why a peer did not start, in a line: the last line of its log's tail that names an error
+    (a Python traceback's last, Triton's `E...` lines), else its first line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.search(r"Error|Exception|error:|^E\d{4}", ln)]
+    said = errors[-1] if errors else lines[0] if lines else "no output"
+    return said if len(said) <= width else said[: width - 3] + "..."
+
+
 def start_peers(plans: list[Plan], tmp: Path) -> tuple[list[Side], list[PeerProcess], list[str]]:
     """Every peer started at once, then each waited for: its sides, its processes to stop, and
     a line for each that did not start."""
@@ -168,8 +178,7 @@ def start_peers(plans: list[Plan], tmp: Path) -> tuple[list[Side], list[PeerProc
         try:
             proc.wait_ready(300.0)
         except (RuntimeError, TimeoutError) as exc:
-            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-            failed.append(f"not run: {plan.name}: {' | '.join(lines[-3:])}")
+            failed.append(f"not run: {plan.name}: {reason(str(exc))}")
             proc.close()
             continue
         sides.append(Side(plan.name, proc.port, proc.pid, plan.path, dict(plan.extra),
@@ -178,13 +187,14 @@ def start_peers(plans: list[Plan], tmp: Path) -> tuple[list[Side], list[PeerProc
 
 
 def check_vectors(
-    sides: list[Side], texts: dict[str, list[str]], model: list[list[float]] | None
+    sides: list[Side], texts: dict[str, list[str]], model: list[list[float]] | None, fp32: bool
 ) -> list[list[float]] | None:
     """Each side's lowest cosine to the model's fp32 vectors (`model`; in the fp32
-    configuration, ringserve's own when `model` is None), printed; the model's vectors."""
+    configuration, ringserve's own when `model` is None; without them, unmeasured: nan),
+    printed; the model's vectors."""
     sample = [t for mix in texts.values() for t in mix[:CHECKED]]
     vectors = {s.name: s.embed(sample) for s in sides}
-    if model is None and "ringserve" in vectors:
+    if model is None and fp32 and "ringserve" in vectors:
         model = vectors["ringserve"]
     for s in sides:
         if model is None:
@@ -298,7 +308,7 @@ def run_config(
             sides += peer_sides
             for s in sides:
                 print(f"{config}: {s.name}: {s.setting}")
-            model = check_vectors(sides, texts, model)
+            model = check_vectors(sides, texts, model, config == "fp32")
             busy = busy_idlers(sides, {s.name for s in peer_sides})
             return measure(sides, texts, args, config, busy), model
         finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import peers_table
-from benchmarks.peers import dtype, options, peer_plan, ringserve_args, stopped
+from benchmarks.peers import dtype, options, peer_plan, reason, ringserve_args, stopped
 from benchmarks.peers_embed import WIRES, Side
 from benchmarks.serving import stop_group
 
@@ -186,3 +186,16 @@ def test_readmes_peers_table_is_what_peers_table_makes_of_its_file() -> None:
     assert peers_table.readme_table(peers_table.RESULTS / cited[1]) in readme, (
         f"run `python -m benchmarks.peers_table benchmarks/results/{cited[1]}` and paste its table"
     )
+
+
+def test_a_peer_that_did_not_start_is_said_by_its_last_error_line() -> None:
+    tail = "PyTriton exited with 1:\nTraceback (most recent call last):\n  File x\n" \
+           "AttributeError: '_thread.RLock' object has no attribute '_recursion_count'\n\nAt:\n" \
+           "  /tmp/f/1/model.py(454): initialize\n"  # fmt: skip
+    assert reason(tail) == (
+        "AttributeError: '_thread.RLock' object has no attribute '_recursion_count'"
+    )
+    assert reason("LitServe did not answer /health in 300.0 s") == (
+        "LitServe did not answer /health in 300.0 s"
+    )
+    assert reason("x" * 400).endswith("...") and len(reason("x" * 400)) == 300
