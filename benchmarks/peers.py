@@ -59,6 +59,7 @@ from benchmarks import peers_table
 from benchmarks.peers_embed import (
     CHECKED,
     FAITHFUL,
+    NO_CACHE,
     OFFLINE,
     SERVED_NAME,
     Infinity,
@@ -130,12 +131,6 @@ def peer_plan(name: str, config: str, flags: set[str], venv: Path, model_dir: Pa
 
     return Plan(name, f"@batch torch {dt} callable, dynamic batching 32 or 5 ms, KServe v2 HTTP",
                 pytriton, "/v2/models/minilm/infer", "kserve")  # fmt: skip
-
-
-# Every text comes back many times in a run (1,000 texts a mix, thousands of requests a level):
-# ringserve's answer cache would answer them from memory, and no peer has one. Off, so that
-# every request is embedded.
-NO_CACHE = ["--cache-bytes", "0"]
 
 
 def ringserve_args(config: str, base: list[str]) -> list[str]:

