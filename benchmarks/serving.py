@@ -394,8 +394,9 @@ def wait_health(
     what: str,
     timeout: float,
     log_tail: Callable[[], str] | None = None,
+    path: str = "/health",
 ) -> None:
-    """Poll a peer's GET /health until it answers 200; an exit first is an error naming `what`
+    """Poll a peer's GET `path` until it answers 200; an exit first is an error naming `what`
     (with `log_tail()` when given), as is no answer within `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -403,10 +404,10 @@ def wait_health(
             tail = f":\n{log_tail()}" if log_tail is not None else ""
             raise RuntimeError(f"{what} exited with {proc.returncode}{tail}")
         with contextlib.suppress(OSError):
-            if http_request(port, "GET", "/health", timeout=2.0)[0] == 200:
+            if http_request(port, "GET", path, timeout=2.0)[0] == 200:
                 return
         time.sleep(0.1)
-    raise TimeoutError(f"{what} did not answer /health in {timeout} s")
+    raise TimeoutError(f"{what} did not answer {path} in {timeout} s")
 
 
 def stop_group(proc: subprocess.Popen[Any]) -> None:
