@@ -4,7 +4,12 @@ The request doorbell is posted once per published request. A worker that finds i
 waits on it; a post made after the worker's last look leaves the count above zero, so the wait
 returns at once and no wake-up is lost (no "asleep" flag, no fence needed). It is an eventfd
 with EFD_SEMAPHORE (each read takes one from the count), not a POSIX named semaphore: a file
-descriptor has no name in /dev/shm, so a killed server cannot leave one behind.
+descriptor has no name in /dev/shm, so a killed server cannot leave one behind. The lanes of a
+worker (workers/process/lanes.py) all wait on its one doorbell, each in an epoll of its own
+holding the eventfd with EPOLLEXCLUSIVE, so a post wakes one sleeping lane: with select every
+lane woke for each post and all but one slept again, a wake-up on the other core in the middle
+of a lone request's path (docs/design.md, "A lone request"). A lane that leaves texts waiting
+posts again, so a busy worker still wakes a second lane.
 
 The response doorbell is an eventfd written once per batch of answers. The front-end watches it
 with loop.add_reader and reads it (which resets it to zero) before draining the ring; an answer
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 from multiprocessing import reduction
 from typing import Any
 
@@ -61,6 +67,28 @@ class Semaphore(EventFd):
 
     FLAGS = os.EFD_NONBLOCK | os.EFD_CLOEXEC | os.EFD_SEMAPHORE
 
+    def __init__(self, fd: int | None = None) -> None:
+        super().__init__(fd)
+        self._own = threading.local()  # each waiting thread's epoll (_sleep)
+        self._epolls: list[select.epoll] = []
+
+    def _sleep(self, timeout: float | None) -> bool:
+        """Wait until the count may be above zero (or `timeout`): True when woken. Each thread
+        waits in an epoll of its own that holds the eventfd with EPOLLEXCLUSIVE, so a post
+        wakes one waiting thread, not all (the lanes of a worker wait on one doorbell)."""
+        ep = getattr(self._own, "epoll", None)
+        if ep is None:
+            ep = self._own.epoll = select.epoll()
+            ep.register(self.fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+            self._epolls.append(ep)
+        return bool(ep.poll(-1 if timeout is None else timeout, 1))
+
+    def close(self) -> None:
+        for ep in self._epolls:
+            ep.close()
+        self._epolls.clear()
+        super().close()
+
     def release(self, n: int = 1) -> None:
         try:
             os.write(self.fd, n.to_bytes(8, "little"))
@@ -74,13 +102,12 @@ class Semaphore(EventFd):
         except BlockingIOError:
             if not block:
                 return False
-        ready, _, _ = select.select([self.fd], [], [], timeout)
-        if not ready:
+        if not self._sleep(timeout):
             return False
         try:
             os.read(self.fd, 8)
             return True
-        except BlockingIOError:  # another reader took it (never in ringserve: one consumer)
+        except BlockingIOError:  # another waiter took it first
             return False
 
 
