@@ -698,8 +698,8 @@ class Config:
         for what a lane cannot do.
 
         A lane is a thread of one worker process, pinned to its own core, running the whole
-        serving loop on the one ONNX Runtime session the lanes share (or, on OpenVINO, its own
-        infer request of the one compiled model the lanes share): one copy of the weights, run
+        serving loop on the one ONNX Runtime session the lanes share (on OpenVINO, one loop runs
+        with OpenVINO's threads on the pair's cores instead): one copy of the weights, run
         on each calling thread, with buffers of its own; the lanes of a worker take their
         batches from one Batcher (workers/process/). Measured on 2 cores (docs/design.md, "A
         lane per core"): one worker of 2 lanes served 0.95-0.97 of the ceiling on short texts

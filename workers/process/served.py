@@ -193,7 +193,10 @@ class Loader:
         if spec.lanes > 1 and runtime not in ("onnx", "openvino"):  # resolve_lanes keeps it out
             raise ValueError("a worker of several lanes runs ONNX Runtime or OpenVINO only")
         runners = []
-        for _ in range(spec.lanes):  # a runner each, warmed before the worker says ready
+        # OpenVINO: one loop, its threads on every lane's core (ov_runner), not a request a lane:
+        # the requests of one compiled model ran one at a time (docs/design.md, "Lanes").
+        count = 1 if runtime == "openvino" else spec.lanes
+        for _ in range(count):  # a runner each, warmed before the worker says ready
             runners.append(self._runner(runtime, ref, manifest, grid or (max_len,), activation,
                                         pre))  # fmt: skip
             self.ctl.beat()
@@ -259,9 +262,8 @@ class Loader:
         if runtime == "openvino":  # compiled here, after any fork, as ONNX Runtime's session
             from ringserve.workers.runtimes.openvino import ov_runner
 
-            # One compiled model for every lane of the worker, each lane an infer request of
-            # its own: the bf16 weights once (with two lanes, 196 against 271 MiB; each request
-            # runs on the lane's own thread, so the lanes still run batches at once).
+            # One compiled model a worker, run by one loop on all of the worker's cores (its
+            # lanes' CPUs): two lanes' infer requests of one compiled model took turns.
             compiled = self.first.compiled if self.first is not None else None
             runner = ov_runner(
                 self.spec.for_model(ref), manifest, activation, ref.model_dir, compiled

@@ -79,6 +79,8 @@ class Worker:
     def boot(self, preloaded: dict[str, Preloaded] | None = None) -> None:
         """Load every model, then say ready."""
         self.models.load(preloaded)
+        if self.lanes.many and all(len(s.runners) == 1 for s in self.models.served.values()):
+            self.lanes = Lanes(1, self.spec.threads * self.lanes.count)  # OpenVINO: one loop
         self.models.ready()
         self.ctl.beat()
         self.spec.eventfd.ring()  # tells the supervisor at once, without waiting for its tick
