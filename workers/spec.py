@@ -84,6 +84,8 @@ class WorkerSpec:
     # Batches run at once, each by a thread pinned to its own `threads` of `cpus` with its own
     # runner, from one Batcher (workers/process/worker.py Lanes); 1: the serving loop alone.
     lanes: int = 1
+    # A batch the other lanes leave alone runs on every lane's cores (cpu.OrtRunner.duo).
+    lone_cores: bool = False
 
     def for_model(self, ref: ModelRef) -> WorkerSpec:
         """This spec as one model is served: its per-model settings over the worker's."""

@@ -439,6 +439,13 @@ class Config:
         int,
     )
     threads: int = option(1, "torch threads per worker (1 measured steadiest, docs/design.md)", int)
+    lone_cores: bool = option(
+        True,
+        "a text alone (a batch of one while the worker's other lanes are idle) runs on all of "
+        "the worker's cores (ONNX Runtime: a second session of that many threads; OpenVINO's "
+        "one loop runs every batch so)",
+        parse_flag,
+    )
     lanes: int | None = option(
         None,
         "batches one CPU worker runs at once, each on its own core, sharing one ONNX Runtime "

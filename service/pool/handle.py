@@ -92,6 +92,7 @@ def worker_spec(
         cpus=cpus,
         threads=settings.threads,
         lanes=settings.lane_count() if device == "cpu" else 1,
+        lone_cores=settings.lone_cores,
         device=device,
         model_dir=model_dir,
         channel=channel.names,

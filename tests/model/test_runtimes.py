@@ -311,3 +311,31 @@ def test_sigmoid_models_agree_label_by_label() -> None:
     assert row["argmax_agreement"] == pytest.approx(5 / 6, abs=1e-4)
     one = int8._row("r", np.array([[0.5], [-0.2]]), np.array([[0.4], [0.1]]), 1.0, "sigmoid")
     assert one["argmax_agreement"] == 0.5  # a reranker's one output still has a decision
+
+
+def test_a_text_alone_scores_the_same_on_every_core_and_lone_cores_0_keeps_one_session(
+    default_model: str, sst2_texts: list[str], agnews_texts: list[str]
+) -> None:
+    from types import SimpleNamespace
+
+    from ringserve.workers.runtimes.cpu import ort_runner
+
+    manifest = load_manifest(default_model)
+    spec = SimpleNamespace(
+        model_dir=default_model, precision="fp32", graph="plain", threads=1, lanes=2,
+        max_batch=32, lone_cores=True,
+    )  # fmt: skip
+    runner = ort_runner(spec, manifest)
+    assert runner.duo is not None and runner.duo is not runner.session
+    assert runner.duo.get_session_options().intra_op_num_threads == 2  # threads x lanes
+    other = ort_runner(spec, manifest, like=runner)  # the second lane shares both sessions
+    assert other.session is runner.session and other.duo is runner.duo
+    items = make_items(default_model, texts_of_every_length(sst2_texts, agnews_texts)[:12])
+    for it in items:
+        runner.alone = False
+        one = run(runner, [it])
+        runner.alone = True
+        both = run(runner, [it])
+        np.testing.assert_allclose(both, one, atol=1e-5, rtol=0)
+    assert ort_runner(SimpleNamespace(**{**vars(spec), "lone_cores": False}), manifest).duo is None
+    assert ort_runner(SimpleNamespace(**{**vars(spec), "lanes": 1}), manifest).duo is None

@@ -168,10 +168,18 @@ class OrtRunner(CpuRunner):
         # forward_tokens (onnx_model.TOKENS_OUTPUT).
         self.outputs = fetched_outputs(session)
         self.token_width = token_width(session)  # H, or 0: no token vectors (/embed_all)
+        # The same graph on every core of the worker (--lone-cores), for a text alone: a batch
+        # of one while no other lane runs (`alone`, set by the worker before each forward). A
+        # lone short text's forward ran 1.40x faster on two threads than on one, a long one's
+        # 1.34x; a batch of many on both cores slowed the other lane's next batch (c=32, long
+        # texts: 0.93 of the ceiling against 0.99).
+        self.duo: Any = None
+        self.alone = False
 
     def forward(self, length: int, n: int) -> np.ndarray:
         ids, mask = self.views(length, n)
-        outs = self.session.run(self.outputs, {"input_ids": ids, "attention_mask": mask})
+        session = self.duo if self.alone and self.duo is not None else self.session
+        outs = session.run(self.outputs, {"input_ids": ids, "attention_mask": mask})
         return self.rows(outs)
 
     def forward_tokens(self, length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -201,7 +209,7 @@ def ort_runner(
 
     path = Path(model_dir or spec.model_dir) / manifest.onnx_for(spec.precision, spec.graph)
     session = like.session if like is not None else open_session(path, spec.threads)
-    return OrtRunner(
+    runner = OrtRunner(
         session,
         manifest.max_length,
         spec.max_batch,
@@ -209,3 +217,8 @@ def ort_runner(
         spec.precision,
         manifest.embeds and not manifest.embed_only,
     )
+    if getattr(spec, "lone_cores", False) and getattr(spec, "lanes", 1) > 1:
+        # Made on the worker's thread before the lanes pin theirs: its pool's thread may run
+        # on any of the worker's cores, and finds the one the calling lane leaves idle.
+        runner.duo = like.duo if like is not None else open_session(path, spec.threads * spec.lanes)
+    return runner
