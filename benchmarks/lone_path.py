@@ -53,7 +53,8 @@ def alone_runner(model_dir: Path, m: Any, info: dict[str, Any]) -> Runner:
     batch 1: the model alone."""
     graph = info.get("graph") or {}
     spec = SimpleNamespace(
-        model_dir=model_dir, precision=info["precision"], threads=1, lanes=1, max_batch=1,
+        model_dir=model_dir, precision=info["precision"], threads=1, max_batch=1,
+        lanes=1, lone_cores=False,
         graph=str(graph.get("graph", "plain") if isinstance(graph, dict) else graph),
     )  # fmt: skip
     activation = ACTIVATIONS.get(m.activation, softmax)

@@ -59,6 +59,7 @@ from benchmarks import peers_table
 from benchmarks.peers_embed import (
     CHECKED,
     FAITHFUL,
+    MIXES,
     NO_CACHE,
     OFFLINE,
     SERVED_NAME,
@@ -70,9 +71,8 @@ from benchmarks.peers_embed import (
     start_ringserve,
 )
 from benchmarks.serving import cpu_name, simd_flags, tree_cpu_s
-from devkit.launcher import AG_NEWS, ROOT, SST2, free_port, load_texts
+from devkit.launcher import ROOT, free_port, load_texts
 
-MIXES = {"short": SST2, "long": AG_NEWS}
 CONFIGS = ("fp32", "best")
 PEERS = ("infinity", "litserve", "pytriton")
 HERE = Path(__file__).with_name("peers")

@@ -201,8 +201,9 @@ def runner_vectors(artifact: Path, runtime: str, texts: list[str]) -> np.ndarray
     activation = joined(softmax, len(manifest.labels))
     if runtime == "onnx":
         spec = SimpleNamespace(
-            model_dir=artifact, precision="fp32", threads=1, max_batch=32, graph="plain"
-        )
+            model_dir=artifact, precision="fp32", threads=1, max_batch=32, graph="plain",
+            lanes=1, lone_cores=False,
+        )  # fmt: skip
         runner: Any = ort_runner(spec, manifest, activation)
     else:
         runner = CpuRunner(Joined(load_model(artifact)), manifest.max_length, 32, activation)

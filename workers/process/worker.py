@@ -152,9 +152,9 @@ class Worker:
         maybe_grow(self.grow)
         runner = run.served.runners[k] if self.lanes.many else run.served.runner
         run.tokens = runner.fill(run.length, run.batch)
-        if hasattr(runner, "alone"):  # one text, no other lane running: every core is its
+        if self.lanes.many and hasattr(runner, "alone"):  # one text, the other lanes idle:
             others = any(t for j, t in enumerate(self.lanes.started_ns) if j != k)
-            runner.alone = len(run.batch) == 1 and not others
+            runner.alone = len(run.batch) == 1 and not others  # every core is its (--lone-cores)
         run.t0 = time.monotonic_ns()
         if self.models.turns.owes(run.served.ref.index):
             with self.lock:

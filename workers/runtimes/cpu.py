@@ -217,7 +217,7 @@ def ort_runner(
         spec.precision,
         manifest.embeds and not manifest.embed_only,
     )
-    if getattr(spec, "lone_cores", False) and getattr(spec, "lanes", 1) > 1:
+    if spec.lone_cores and spec.lanes > 1:
         # Made on the worker's thread before the lanes pin theirs: its pool's thread may run
         # on any of the worker's cores, and finds the one the calling lane leaves idle.
         runner.duo = like.duo if like is not None else open_session(path, spec.threads * spec.lanes)
