@@ -24,9 +24,14 @@ class ServerDied(Exception):
 
 
 def wait_for(
-    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    detail: Callable[[], str] | None = None,
 ) -> Any:
-    """Poll `predicate` until it returns something truthy, or fail after `timeout` seconds."""
+    """Poll `predicate` until it returns something truthy, or fail after `timeout` seconds,
+    saying what `detail` answers then (the state that explains a time-out)."""
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while time.monotonic() < deadline:
@@ -39,7 +44,15 @@ def wait_for(
         except Exception as exc:  # noqa: BLE001 - keep polling; report the last one
             last_exc = exc
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
+    said = ""
+    if detail is not None:
+        try:
+            said = "\n" + detail()
+        except Exception as exc:  # noqa: BLE001 - the time-out is the failure; say this too
+            said = f"\n(detail failed: {exc!r})"
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what} (last error: {last_exc}){said}"
+    )
 
 
 class ServerProc(Launched):

@@ -61,6 +61,7 @@ class Lifecycle:
 
     # -- signals --------------------------------------------------------------------------------
     def install_signals(self) -> None:
+        start_resource_tracker()  # first, while SIGHUP is not ours yet
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self.on_stop_signal, signal.Signals(sig).name)
@@ -322,6 +323,19 @@ class Admin:
         if self.state.draining:
             return "server is draining: its listeners are closed"
         return self.life.ports.handover_sockets()
+
+
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker now, ignoring SIGHUP. It is started with the
+    first spawned process and ignores SIGINT and SIGTERM only, so a SIGHUP to the server's group
+    (a reload) killed it: it was started again, empty, and printed a KeyError for each segment
+    unlinked after. An ignored signal stays ignored across exec; one the loop handles would
+    not, so this runs before install_signals takes SIGHUP."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def stop_resource_tracker() -> None:
