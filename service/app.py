@@ -192,7 +192,13 @@ class App:
         life.stop_event = asyncio.Event()
         await self.start_control()
         if not s.reuse_port:
-            await self.start_listeners()  # a port in use fails the start at once
+            try:
+                await self.start_listeners()  # a port in use fails the start at once
+            except SystemExit:  # nothing started yet but these: closed, and the socket file
+                for listener in self.ports.listeners:
+                    listener.close()
+                self.ports.remove_control()
+                raise
         life.install_signals()
         sup = asyncio.create_task(self.supervisor.run())
         sweeper = asyncio.create_task(life.sweep())

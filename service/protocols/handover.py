@@ -134,15 +134,21 @@ async def listen(
     else:
         if sock is not None:
             sock.close()
-        listener = await loop.create_server(
-            factory,
-            host,
-            port,
-            reuse_address=True,
-            reuse_port=server.settings.reuse_port or None,
-            backlog=backlog,
-            start_serving=tls is None,
-        )
+        try:
+            listener = await loop.create_server(
+                factory,
+                host,
+                port,
+                reuse_address=True,
+                reuse_port=server.settings.reuse_port or None,
+                backlog=backlog,
+                start_serving=tls is None,
+            )
+        except OSError as exc:  # a port in use, an address not ours: said, not a traceback
+            why = exc.strerror or str(exc)
+            raise SystemExit(
+                f"ringserve: cannot listen for {name} on {host}:{port}: {why}"
+            ) from None
     if tls is not None:  # the loop's server holds the socket; this one accepts on it
         s, log = server.settings, server.log
         listener = TlsListener(name, listener, factory, tls.context(name), s, backlog, log)

@@ -397,6 +397,21 @@ def test_fingerprint_mismatch_refuses_to_start(tmp_path: Path, default_model: st
     assert "fingerprint mismatch" in srv.logs()
 
 
+def test_a_port_in_use_is_said_in_a_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """A taken port fails the start at once with one line naming the listener and the address
+    (it was a traceback), and the control socket made before it is removed."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        srv = ServerProc(tmp_path, ["--port", str(port)])
+        assert srv.wait_exit(60) == 1
+    logs = srv.logs()
+    assert f"ringserve: cannot listen for http on 127.0.0.1:{port}: " in logs, logs[-2000:]
+    assert "address already in use" in logs and "Traceback" not in logs, logs[-2000:]
+    assert not Path(srv.control).exists()
+
+
 @pytest.mark.parametrize(
     "cmd",
     [
