@@ -40,6 +40,7 @@ from ringserve.workers.process.intake import Intake
 from ringserve.workers.process.lanes import Lanes
 from ringserve.workers.process.models import ModelSet
 from ringserve.workers.process.served import Preloaded
+from ringserve.workers.process.trim import Trim
 from ringserve.workers.spec import (
     EXIT_BOOT_ERROR,
     EXIT_DEVICE_ERROR,
@@ -74,6 +75,7 @@ class Worker:
         self.answers = Answers(spec, self.channel.responses, self.ctl, self.beat)
         self.intake = Intake(spec, self.channel.requests, self.ctl, self.models.served,
                              self.answers)  # fmt: skip
+        self.trim = Trim(m.model_dir for m in spec.refs())  # memory given back once idle
         self.grow: list[bytes] = []  # test-only memory growth hook
 
     def boot(self, preloaded: dict[str, Preloaded] | None = None) -> None:
@@ -136,12 +138,14 @@ class Worker:
         self.answers.expired(self.models.expire(now))
         index, wait_ns = self.models.turns.next(now, self.behind.busy)
         if index is None:
+            self.trim.idle(now, self.behind.busy or any(self.lanes.started_ns))
             return took, None, wait_ns
         served = self.models.served[index]
         batch, length = served.batcher.take()
         if not batch:
             return took, None, wait_ns
         self.lanes.started_ns[k] = now
+        self.trim.ran(now)
         if self.lanes.many and served.batcher.size:  # texts left: wake a lane that sleeps
             self.spec.doorbell.release()
         return took, Running(served, batch, length), wait_ns

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from ringserve.workers.batches import BATCH_OVERHEAD
+from ringserve.workers.pages import release_file_pages
 from ringserve.workers.runtimes.cpu import CpuRunner, softmax
 from ringserve.workers.runtimes.onnx_model import TOKENS_OUTPUT
 
@@ -106,6 +107,7 @@ def ov_runner(
     t0 = time.perf_counter()
     if compiled is None:  # a worker of lanes runs one loop, OpenVINO's threads on every core
         compiled = compile_model(path, spec.precision, spec.threads * max(1, spec.lanes))
+        release_file_pages([path.parent])
     return OvRunner(
         compiled,
         manifest.max_length,
