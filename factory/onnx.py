@@ -171,10 +171,14 @@ def length_batches(encodings: list[Any]) -> list[tuple[list[int], dict[str, np.n
 
 
 def _run(
-    session: Any, batches: list[tuple[list[int], dict[str, np.ndarray]]], out: list[np.ndarray]
+    session: Any,
+    batches: list[tuple[list[int], dict[str, np.ndarray]]],
+    out: list[np.ndarray],
+    output: str | None = None,
 ) -> None:
+    """Each batch's first output (or `output`), its rows into `out` by index."""
     for rows, feed in batches:
-        logits = session.run(None, feed)[0]
+        logits = session.run(None if output is None else [output], feed)[0]
         for r, i in enumerate(rows):
             out[i] = logits[r]
 
@@ -191,11 +195,18 @@ def logits_split(path: Path, encodings: list[Any], parts: int = 2) -> np.ndarray
     once (a thread each: ONNX Runtime releases the GIL while it runs). Each batch is the one
     logits_of runs, on a session like its own, so the logits are the same to the byte; only the
     wall time shrinks. Never for a timed pass."""
+    return split_run([open_session(path) for _ in range(parts)], encodings)
+
+
+def split_run(sessions: list[Any], encodings: list[Any], output: str | None = None) -> np.ndarray:
+    """logits_split's pass on sessions already open (their first output, or `output`)."""
     batches = length_batches(encodings)
     out: list[np.ndarray] = [np.zeros(0)] * len(encodings)
-    sessions = [open_session(path) for _ in range(parts)]
+    parts = len(sessions)
     with ThreadPoolExecutor(parts) as pool:
-        done = [pool.submit(_run, s, batches[k::parts], out) for k, s in enumerate(sessions)]
+        done = [
+            pool.submit(_run, s, batches[k::parts], out, output) for k, s in enumerate(sessions)
+        ]
         for d in done:
             d.result()
     return np.stack(out).astype(np.float32)
