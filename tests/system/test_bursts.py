@@ -95,14 +95,17 @@ def test_fifty_connections_of_four_pipelined_frames_are_answered_in_full(
     assert statuses == [[0] * 4] * 50
 
 
-def test_eight_concurrent_batches_of_32_long_texts_are_answered_in_full(
+def test_eight_concurrent_batches_of_16_long_texts_are_answered_in_full(
     srv: ServerProc, sst2_texts: list[str], long_texts: list[str]
 ) -> None:
+    """128 long texts at once (about 45 ms each here: several times --max-queue-ms, 1 s, of
+    work) are admitted whole into the empty queue and answered in full. It once sent 32 texts
+    a batch: twice the time for the same case."""
     idle_after_light_traffic(srv, sst2_texts)
 
     async def one(k: int) -> tuple[int, bytes]:
         conn = await HttpConn.open(srv.port)
-        body = json.dumps({"texts": [long_texts[(k * 32 + i) % 64] for i in range(32)]})
+        body = json.dumps({"texts": [long_texts[(k * 16 + i) % 64] for i in range(16)]})
         answer = await conn.call("POST", "/v1/classify", body.encode())
         conn.close()
         return answer.status, answer.body
@@ -112,7 +115,7 @@ def test_eight_concurrent_batches_of_32_long_texts_are_answered_in_full(
 
     answers = asyncio.run(all_at_once())
     assert [code for code, _ in answers] == [200] * 8, [body[:200] for _, body in answers]
-    assert all(len(json.loads(body)["results"]) == 32 for _, body in answers)
+    assert all(len(json.loads(body)["results"]) == 16 for _, body in answers)
 
 
 def test_a_thousand_frames_pipelined_on_one_connection_are_answered_in_full(

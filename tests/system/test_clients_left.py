@@ -35,10 +35,12 @@ def srv(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterato
 
 @pytest.fixture(scope="module")
 def warm(srv: ServerProc, sst2_texts: list[str]) -> ServerProc:
-    """The module's server after one probe window of traffic (its first batches, each lane's
-    first lengths), once: a test after another finds it warm, its queue emptied (each test
+    """The module's server after the probe's 200 texts, each classified once as the probe
+    sends them (its first batches, each lane's first lengths; a probe window of 5 s did the
+    same, a few times over): a test after another finds it warm, its queue emptied (each test
     waits for that), and measures its own unloaded window right before its attack."""
-    probe(srv, sst2_texts[:200])
+    for text in sst2_texts[:200]:
+        srv.classify(text)
     return srv
 
 

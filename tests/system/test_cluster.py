@@ -27,7 +27,7 @@ pytestmark = [
 SCENARIOS = [
     "SIGTERM one node",
     "SIGKILL one front-end",
-    "link down 3 s, then up",
+    "link down 2 s, then up",
     "rolling restart",
     "--reuse-port upgrade x1 (direct clients)",
 ]

@@ -6,7 +6,9 @@ one it forbids is refused, every answer matches its documented status, media typ
 schema, no 5xx but a documented 503 or 504, and afterwards the server is healthy.
 
 RINGSERVE_FUZZ_EXAMPLES (as in tests/system/test_fuzz.py) sizes the run: a hundredth of it is the
-examples per operation, at least 25 (`make fuzz`: 1,000).
+examples per operation, at least 10 (by default 12; `make fuzz`: 1,000). The coverage phase's
+cases (some 3,400: every operation's boundaries) do not depend on it, the fuzzing and stateful
+phases' do: at 25 an operation (the floor before) the run took 35 s here, at 12 it takes 19 s.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from devkit.openapi_checks import fuzz, summary
 from devkit.server import ServerProc, serving, wait_for
 
 INPUTS = int(os.environ.get("RINGSERVE_FUZZ_EXAMPLES", "1200"))
-EXAMPLES = max(25, INPUTS // 100)
+EXAMPLES = max(10, INPUTS // 100)
 pytestmark = pytest.mark.timeout(max(300, INPUTS // 50))
 REFERENCE = "an honest, moving and beautifully acted film"
 
