@@ -20,8 +20,8 @@ def release_file_pages(dirs: Iterable[str | Path], maps: str = "/proc/self/maps"
     on bf16 copies of its own. Dropped, a page it reads again comes back from the page cache
     (about 16 of the 86 MiB of the default model, over a grid of shapes); the mapping is
     read-only (r--s), so nothing written is lost. Measured on the default model: a worker's
-    mapping 86 -> 0 MiB after the compile, the same scores before and after (docs/design.md,
-    "bf16's memory")."""
+    mapping 86 -> 0 MiB after the compile, the same scores before and after
+    (docs/guides/runtimes.md, "bf16's memory")."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     prefixes = tuple(str(Path(d).resolve()) + "/" for d in dirs)
