@@ -88,12 +88,22 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any], str]] = {
 # sentence-transformers' name of each of our poolings.
 ST_MODE = {"mean": "mean", "cls": "cls", "max": "max", "last": "lasttoken",
            "mean_sqrt_len": "mean_sqrt_len_tokens", "weightedmean": "weightedmean"}  # fmt: skip
-# BERT is exported with every pooling, the other architectures with these four.
-BASIC = ("mean", "cls", "max", "last")
+# BERT is exported with every pooling; each other architecture with two: one over every token
+# (mean, max) and one of a single token (cls, last), each of the four on two architectures, one
+# of them its sentence-transformers directory's (ST_DIRS, whose vectors these give). The pooling
+# is one function on the encoder's token states for every body (factory/embedder.py pool): its
+# every mode is BERT's to test, each body's states (all of them, the first, the last real one)
+# the others'. (All four on each: 8 more exports, 3-4 s of the module's setup.)
+BASIC = {
+    "distilbert": ("cls", "mean"),
+    "roberta": ("last", "mean"),
+    "xlmr": ("max", "cls"),
+    "electra": ("last", "max"),
+}
 
 
 def poolings(name: str) -> tuple[str, ...]:
-    return POOLINGS if name == "bert" else BASIC
+    return POOLINGS if name == "bert" else BASIC[name]
 
 
 # The sentence-transformers directories: each architecture with one pooling, normalized or not,
