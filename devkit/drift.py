@@ -221,10 +221,17 @@ def python_files(*dirs: str) -> list[Path]:
     return out
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A Python file's syntax tree, parsed once a process: the names are read from every file
+    by several walks (script_flags, code_env, message_lines), and parsing is most of their time."""
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
 def literals(path: Path) -> Iterable[tuple[int, str]]:
     """Each string literal of a Python file (f-strings' constant parts too) but its docstrings
     (read by people in the source, not printed), with its line."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    tree = parsed(path)
     docstrings = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -241,7 +248,7 @@ def script_flags() -> set[str]:
     `"--x" in argv` or `argv == ["--x"]` in a module's own `main`)."""
     out: set[str] = set()
     for path in python_files(*PACKAGES, "benchmarks", "devkit", "tests"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare):
                 out |= {

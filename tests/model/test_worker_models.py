@@ -138,15 +138,27 @@ def runtime(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+class Booted(dict[str, InProcess]):
+    """The workers a test asks for, each booted on its first use (a test of two of the three
+    boots two: a boot is up to a second on a busy machine)."""
+
+    def __init__(self, specs: dict[str, tuple[str, tuple[ModelRef, ...]]], runtime: str) -> None:
+        super().__init__()
+        self.specs, self.runtime = specs, runtime
+
+    def __missing__(self, name: str) -> InProcess:
+        model_dir, models = self.specs[name]
+        self[name] = InProcess.booted(model_dir, models, self.runtime)
+        return self[name]
+
+
 @pytest.fixture
 def workers(default_model: str, nli: str, runtime: str) -> Iterator[dict[str, InProcess]]:
     """The two-model worker, and each model's own one-model worker (the old spec: no models)."""
-    made: dict[str, InProcess] = {}
+    both = (ModelRef(0, "sst2", 1, default_model), ModelRef(NLI, "nli", 1, nli))
+    specs = {"both": (default_model, both), "sst2": (default_model, ()), "nli": (nli, ())}
+    made = Booted(specs, runtime)
     try:
-        both = (ModelRef(0, "sst2", 1, default_model), ModelRef(NLI, "nli", 1, nli))
-        made["both"] = InProcess.booted(default_model, both, runtime)
-        made["sst2"] = InProcess.booted(default_model, (), runtime)
-        made["nli"] = InProcess.booted(nli, (), runtime)
         yield made
     finally:
         for w in made.values():
