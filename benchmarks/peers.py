@@ -67,8 +67,9 @@ from benchmarks.peers_embed import (
     PeerProcess,
     Side,
     cosine,
-    draw,
+    draw_options,
     start_ringserve,
+    turns,
 )
 from benchmarks.serving import cpu_name, simd_flags, tree_cpu_s
 from devkit.launcher import ROOT, free_port, load_texts
@@ -243,25 +244,15 @@ def measure(
     config: str,
     busy: list[Side],
 ) -> list[dict[str, Any]]:
-    """Every level of every mix, the sides in turns (the order reversed each run), the `busy`
-    ones stopped during the others' turns; a row each."""
-    rows = []
-    for mix, mix_texts in texts.items():
-        requests = {s.name: [s.request(t) for t in mix_texts] for s in sides}
-        for c in args.levels:
-            for run in range(args.runs):
-                order = sides if run % 2 == 0 else sides[::-1]
-                for side in order:
-                    idle = [s for s in order if s is not side]
-                    with stopped([s for s in busy if s is not side]):
-                        d = draw(side, idle, requests[side.name], c, args.seconds)
-                    best = side.best.get((mix, c))
-                    if best is None or d.load.rps > best.load.rps:
-                        side.best[mix, c] = d
-            row = peers_table.row(config, mix, c, sides)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    return rows
+    """peers_embed's turns, the `busy` sides stopped during the others' turns; a row each,
+    printed as it comes."""
+
+    def row(mix: str, c: int) -> dict[str, Any]:
+        made = peers_table.row(config, mix, c, sides)
+        print(json.dumps(made), flush=True)
+        return made
+
+    return turns(sides, texts, args, row, lambda side: stopped([s for s in busy if s is not side]))
 
 
 def run_config(
@@ -320,12 +311,7 @@ def srv_model(port: int) -> bytes:
 
 
 def options(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=4.0, help="each draw's load")
-    p.add_argument("--runs", type=int, default=2, help="draws a level and side, the best kept")
-    p.add_argument("--levels", default="1,32", help="concurrencies")
-    p.add_argument("--mixes", default=",".join(MIXES), help="short, long or both")
-    p.add_argument("--texts", type=int, default=1000, help="texts a mix")
+    p = draw_options(__doc__ or "", 4.0, "1,32")
     p.add_argument("--configs", default=",".join(CONFIGS), help="fp32, best or both")
     p.add_argument("--peers", default=",".join(PEERS), help="which peers run")
     p.add_argument("--ringserve-args", default="", help="`ringserve serve` options for every run")

@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,19 @@ def measure(
     sides: list[Side], texts: dict[str, list[str]], args: argparse.Namespace, label: str
 ) -> list[dict[str, Any]]:
     """Every level of every mix, the sides in turns (the order swapped each run); one row each."""
+    return turns(sides, texts, args, lambda mix, c: report(sides, mix, c, label))
+
+
+def turns(
+    sides: list[Side],
+    texts: dict[str, list[str]],
+    args: argparse.Namespace,
+    row: Callable[[str, int], dict[str, Any]],
+    during: Callable[[Side], AbstractContextManager[None]] = lambda _: nullcontext(),
+) -> list[dict[str, Any]]:
+    """Every level of every mix, the sides in turns (the order swapped each run), each side's
+    best draw kept; `row(mix, c)` once a level's runs are done. `during(side)`: what holds
+    while that side draws (benchmarks/peers.py stops the idle peers that spin)."""
     rows = []
     for mix, mix_texts in texts.items():
         requests = {s.name: [s.request(t) for t in mix_texts] for s in sides}
@@ -247,11 +261,12 @@ def measure(
                 order = sides if run % 2 == 0 else sides[::-1]
                 for side in order:
                     idle = [s for s in order if s is not side]
-                    d = draw(side, idle, requests[side.name], c, args.seconds)
+                    with during(side):
+                        d = draw(side, idle, requests[side.name], c, args.seconds)
                     best = side.best.get((mix, c))
                     if best is None or d.load.rps > best.load.rps:
                         side.best[mix, c] = d
-            rows.append(report(sides, mix, c, label))
+            rows.append(row(mix, c))
     return rows
 
 
@@ -337,13 +352,19 @@ def run_config(
                 srv.terminate(60)
 
 
-def options(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=5.0, help="each draw's load")
+def draw_options(doc: str, seconds: float, levels: str) -> argparse.ArgumentParser:
+    """The options of a run of turns (this module's and benchmarks/peers.py's)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=seconds, help="each draw's load")
     p.add_argument("--runs", type=int, default=2, help="draws a level and side, the best kept")
-    p.add_argument("--levels", default="1,32,64", help="concurrencies")
+    p.add_argument("--levels", default=levels, help="concurrencies")
     p.add_argument("--mixes", default=",".join(MIXES), help="short, long or both")
     p.add_argument("--texts", type=int, default=1000, help="texts a mix")
+    return p
+
+
+def options(argv: list[str] | None) -> argparse.Namespace:
+    p = draw_options(__doc__ or "", 5.0, "1,32,64")
     p.add_argument("--configs", default=",".join(CONFIGS), help="fp32, faithful or both")
     p.add_argument("--ringserve-args", default="", help="`ringserve serve` options for every run")
     p.add_argument("--ringserve-faithful-args", default="--precision bf16")
