@@ -205,10 +205,11 @@ def main(argv: list[str] | None = None) -> int:
             same = (logits.argmax(1) == base.argmax(1)).astype(np.float64)
             right = (logits.argmax(1) == gold_ids).astype(np.float64)
             base_right = right if base_right.size == 0 else base_right
-            cost = 100 * (base_right - right)  # paired: the same texts through both
+            cost = 100 * (base_right - right).mean()  # points
+            low, high = (100 * v for v in int8.paired_interval(base_right, right))  # paired
             print(f"| {label} | {' | '.join(f'{r:.0f}' for r in best[label])} | "
                   f"{same.mean():.4f} {ci(same, 4)} | {right.mean():.4f} {ci(right, 4)} | "
-                  f"{cost.mean():.2f} {ci(cost, 2)} |", flush=True)  # fmt: skip
+                  f"{cost:.2f} [{low:.2f}, {high:.2f}] |", flush=True)  # fmt: skip
     return 0
 
 

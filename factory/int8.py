@@ -475,17 +475,48 @@ def compare(
             f"accuracy_{precision}": round(float(right8.mean()), 4),
             "accuracy_cost": round(float((right32 - right8).mean()), 4),
             # paired: the same texts through both graphs, so the interval is of the differences
-            "accuracy_cost_ci95": interval(right32 - right8),
+            "accuracy_cost_ci95": paired_interval(right32, right8),
         }
     return cost
 
 
+Z95 = 1.959964  # the normal quantile of a two-sided 95% interval
+
+
 def interval(values: np.ndarray) -> list[float]:
-    """The mean's 95% interval (normal approximation; n is in the thousands here)."""
+    """The mean's 95% interval. Values each 0 or 1 (a share: agreement, texts re-run) get
+    Wilson's score interval, which stays inside [0, 1] and does not shrink to a point when
+    every text agrees (3,793 of 3,793: [0.999, 1.0], where the normal approximation said
+    [1.0, 1.0]); other values (cosines, overlaps) the normal approximation (n is in the
+    thousands here). A paired difference of two shares is paired_interval's."""
     n = len(values)
-    half = 1.96 * float(values.std(ddof=1)) / np.sqrt(n) if n > 1 else 0.0
+    if n == 0:
+        return [0.0, 0.0]
+    if set(np.unique(values).tolist()) <= {0.0, 1.0}:
+        k = float(values.sum())
+        z2 = Z95 * Z95
+        center = (k + z2 / 2) / (n + z2)
+        half = Z95 / (n + z2) * float(np.sqrt(k * (n - k) / n + z2 / 4))
+        return [round(max(0.0, center - half), 4), round(min(1.0, center + half), 4)]
+    half = Z95 * float(values.std(ddof=1)) / float(np.sqrt(n)) if n > 1 else 0.0
     mean = float(values.mean())
     return [round(mean - half, 4), round(mean + half, 4)]
+
+
+def paired_interval(first: np.ndarray, second: np.ndarray) -> list[float]:
+    """The 95% interval of mean(first - second), two shares (each value 0 or 1) of the same
+    texts: an accuracy cost, the texts through both graphs. Bonett and Price's adjusted Wald
+    interval for paired proportions (one success added to each discordant cell), which does not
+    shrink to a point when no text changes (3,793 texts, none changed: [-0.0007, 0.0007])."""
+    n = len(first)
+    if n == 0:
+        return [0.0, 0.0]
+    up = float(((first > 0.5) & (second < 0.5)).sum())  # right under the first graph only
+    down = float(((first < 0.5) & (second > 0.5)).sum())
+    a, b = (up + 1) / (n + 2), (down + 1) / (n + 2)
+    diff = a - b
+    half = Z95 * float(np.sqrt(max(a + b - diff * diff, 0.0) / (n + 2)))
+    return [round(max(-1.0, diff - half), 4), round(min(1.0, diff + half), 4)]
 
 
 @dataclass
