@@ -37,7 +37,7 @@ import numpy as np
 from ringserve.factory.build import default_artifact_dir
 from ringserve.workers.artifact import load_manifest, load_tokenizer
 from ringserve.workers.process.batcher import Item
-from ringserve.workers.runtimes.cpu import ACTIVATIONS, Runner, ort_runner, softmax
+from ringserve.workers.runtimes.cpu import Runner, answer_activation, ort_runner
 
 from devkit.http import HOST, get_json
 from devkit.launcher import AG_NEWS, SST2, Launched, load_texts
@@ -57,7 +57,7 @@ def alone_runner(model_dir: Path, m: Any, info: dict[str, Any]) -> Runner:
         lanes=1, lone_cores=False,
         graph=str(graph.get("graph", "plain") if isinstance(graph, dict) else graph),
     )  # fmt: skip
-    activation = ACTIVATIONS.get(m.activation, softmax)
+    activation = answer_activation(m)  # as the worker's: an embed model's rows hold both
     if info["runtime"] == "openvino":
         from ringserve.workers.runtimes.openvino import ov_runner
 

@@ -21,7 +21,7 @@ from ringserve.workers.process.longtext import LongText
 from ringserve.workers.process.multivector import MultiVectorText
 from ringserve.workers.process.sparse import sparse_limit
 from ringserve.workers.process.tokens import TokenHead, TokenLongText, token_softmax
-from ringserve.workers.runtimes.cpu import ACTIVATIONS, Runner, joined, ort_runner
+from ringserve.workers.runtimes.cpu import Runner, answer_activation, ort_runner
 from ringserve.workers.runtimes.onnx_model import choose_runtime
 from ringserve.workers.spec import ModelRef, WorkerSpec, is_gpu_device
 
@@ -184,12 +184,9 @@ class Loader:
             )  # fmt: skip
         self.ctl.beat()
         n_labels = len(manifest.labels)
-        activation = token_softmax if token_head else ACTIVATIONS[manifest.activation]
+        activation = answer_activation(manifest, token_softmax if token_head else None)
         if manifest.embeds:  # one output holds both answers: logits, then the embedding
-            activation = joined(activation, n_labels)
             check_answer_room(self.max_payload, manifest.dimension, n_labels)
-        if manifest.sparse:  # the pooled weights as the graph gives them (a copy)
-            activation = joined(activation, 0)
         if spec.lanes > 1 and runtime not in ("onnx", "openvino"):  # resolve_lanes keeps it out
             raise ValueError("a worker of several lanes runs ONNX Runtime or OpenVINO only")
         runners = []

@@ -64,6 +64,20 @@ def joined(
     return apply
 
 
+def answer_activation(
+    manifest: Any, first: Callable[[np.ndarray], np.ndarray] | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
+    """What a worker applies to a runner's output rows for this artifact: `first` (the
+    manifest's activation by default) on the label columns, an embed model's embedding and a
+    sparse model's weights kept as the graph gives them (joined)."""
+    activation = first or ACTIVATIONS[manifest.activation]
+    if manifest.embeds:  # one output holds both answers: logits, then the embedding
+        activation = joined(activation, len(manifest.labels))
+    if manifest.sparse:  # the pooled weights as the graph gives them (a copy)
+        activation = joined(activation, 0)
+    return activation
+
+
 def fill_rows(ids: np.ndarray, mask: np.ndarray, batch: list[Item]) -> int:
     """Write a batch's token ids and mask into the first rows of preallocated buffers; returns
     the real token count. Rows are cleared first so padding is always id 0, mask 0."""
