@@ -199,7 +199,8 @@ def test_batch_precision_auto_scores_with_the_chosen_precision_and_says_which(
     src = tmp_path / "in.txt"
     src.write_bytes(b"\n".join(texts) + b"\n")
     m = load_manifest(default_model)
-    want, _ = auto_precision(m.int8, bool(m.int8_file), m.bf16, bool(cpu_flags() & set(BF16_FLAGS)))
+    cpu_bf16 = bool(cpu_flags() & set(BF16_FLAGS))
+    want, _ = auto_precision(m.int8, bool(m.int8_file), m.bf16, cpu_bf16, m.int8_checked)
     runs = {"auto": want} | ({"int8": "int8"} if m.int8_file else {})
     fp32 = server.classify([t.decode() for t in texts])["results"]
     for asked, chosen in runs.items():

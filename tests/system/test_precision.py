@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ringserve.service.models.precision import MIN_AGREEMENT, MIN_MEAN_COSINE
+from ringserve.service.models.precision import MIN_AGREEMENT, MIN_MEAN_COSINE, auto_precision
 from ringserve.workers.artifact import load_manifest
 from ringserve.workers.cpu import BF16_FLAGS, cpu_flags
 
@@ -32,23 +32,33 @@ def auto(tmp_path_factory: pytest.TempPathFactory, default_model: str) -> Iterat
 
 def test_auto_names_what_it_serves_and_why(auto: ServerProc, default_model: str) -> None:
     manifest = load_manifest(default_model)
-    cost, bf16 = manifest.int8, manifest.bf16
+    cost, bf16, checked = manifest.int8, manifest.bf16, manifest.int8_checked
     doc = json.loads(auto.request("GET", "/v1/model")[2])
     why = doc["precision_chosen_by"]
     said = [x for x in auto.logs().splitlines() if x.startswith("ringserve: --precision auto")]
     assert said == [f"ringserve: --precision auto: serving {doc['precision']} ({why})"]
     assert auto.classify("a warm and funny film")["label"] in ("negative", "positive")
-    if cpu_flags() & set(BF16_FLAGS):
-        # here bf16 is faithful (agreement 0.9997, cost -0.03 points) and the fastest: it serves
+    cpu_bf16 = bool(cpu_flags() & set(BF16_FLAGS))
+    assert (doc["precision"], why) == auto_precision(
+        cost, bool(manifest.int8_file), bf16, cpu_bf16, checked
+    )
+    if doc["precision"] == "bf16":  # faithful and its published speed the highest
         assert bf16["argmax_agreement"] >= 0.99 and bf16["accuracy_cost"] <= 0.005
-        assert doc["precision"] == "bf16" and doc["runtime"] == "openvino"
+        assert doc["runtime"] == "openvino" and doc["bf16"] == bf16
         assert why.startswith(f"auto: bf16 agrees on {bf16['argmax_agreement']} of ")
         assert f"{bf16['speedup']}x fp32's speed" in why and "; int8 " in why
-        assert doc["bf16"] == bf16
+        assert not checked or bf16["speedup"] > checked["speedup"]
+        return
+    if doc["precision"] == "int8-checked":  # faithful, and faster than bf16 where bf16 runs
+        assert checked["argmax_agreement"] >= 0.99 and checked["accuracy_cost"] <= 0.005
+        assert doc["runtime"] == "onnx" and why.startswith("auto: int8-checked agrees on ")
+        assert f"{checked['speedup']}x fp32's speed" in why
+        if cpu_bf16 and bf16:
+            assert checked["speedup"] >= bf16["speedup"] and "; bf16 " in why
         return
     if cost["argmax_agreement"] >= 0.99 and cost["accuracy_cost"] <= 0.005:
         pytest.skip("this artifact's int8 is faithful: auto serves it (tests/unit covers the rule)")
-    # int8 is not faithful on the default model today: fp32 serves, and the reason is its figure
+    # no candidate is faithful and faster: fp32 serves, and the reason is each one's figure
     assert doc["precision"] == "fp32" and doc["runtime"] == "onnx"
     assert why.startswith("auto: int8 ") and f"of {cost['texts']} texts" in why
     assert "int8" not in doc  # int8's cost is shown when int8 serves
