@@ -21,10 +21,12 @@ from ringserve.workers.runtimes.onnx_model import TOKENS_OUTPUT
 HINTS = {"bf16": "bf16", "fp32": "f32"}
 
 
-def compile_model(path: str | Path, precision: str, threads: int) -> Any:
+def compile_model(path: str | Path, precision: str, threads: int, **other: Any) -> Any:
     """The CPU plugin's compiled model of an ONNX file: `threads` inference threads, one
     stream, the latency hint and no pinning of its own (workers and their lanes are pinned by
-    ringserve already; OpenVINO's pinning would move the threads it makes off their cores)."""
+    ringserve already; OpenVINO's pinning would move the threads it makes off their cores).
+    `other`: properties that replace or join these (benchmarks/bf16_ceiling.py's counters and
+    streams; a worker passes none)."""
     import openvino as ov
 
     config = {
@@ -33,7 +35,7 @@ def compile_model(path: str | Path, precision: str, threads: int) -> Any:
         "NUM_STREAMS": 1,
         "PERFORMANCE_HINT": "LATENCY",
         "ENABLE_CPU_PINNING": False,
-    }
+    } | other
     return ov.Core().compile_model(str(path), "CPU", config)
 
 
